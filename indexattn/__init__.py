@@ -1,0 +1,29 @@
+"""indexattn: attention written in Einstein index notation, compiled to readable PyTorch,
+LaTeX, and exact symbolic counts.
+
+>>> import indexattn
+>>> spec = indexattn.compile_spec("specs/mha.attn")  # doctest: +SKIP
+"""
+
+from .errors import IndexAttnError, ShapeError, SpecError
+
+__all__ = [
+    "CompiledSpec",
+    "IndexAttnError",
+    "ShapeError",
+    "SpecError",
+    "SpecModule",
+    "compile_spec",
+]
+__version__ = "0.1.0"
+
+_LAZY = {"compile_spec", "CompiledSpec", "SpecModule"}
+
+
+def __getattr__(name: str):
+    # torch is imported on first use, so that `indexattn latex` and `count` start fast.
+    if name in _LAZY:
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'indexattn' has no attribute {name!r}")

@@ -1,0 +1,99 @@
+"""Syntax tree -> canonical spec text, re-printed from parsed values (never the source)."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from . import syntax as ast
+
+PRECEDENCE = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "==": 4,
+    "!=": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "neg": 7,
+    "^": 8,
+}
+
+
+def subscript(axes: tuple[ast.Axis, ...]) -> str:
+    """`(μBa)i` for the axes of `W_<(μBa)i>`."""
+    return "".join(_axis(axis) for axis in axes)
+
+
+def _axis(axis: ast.Axis) -> str:
+    if isinstance(axis, ast.Group):
+        return "(" + "".join(_axis(item) for item in axis.items) + ")"
+    if isinstance(axis, ast.Literal):
+        return str(axis.value)
+    return axis.glyph
+
+
+def ref(node: ast.Ref) -> str:
+    return f"{node.name}_<{subscript(node.axes)}>"
+
+
+def equation(eq: ast.Equation) -> str:
+    """`Y_<τi> = W_O_<i(μa)> O_<μτa> + b_O_<i>`."""
+    return f"{ref(eq.lhs)} = {unparse(eq.rhs)}"
+
+
+@singledispatch
+def unparse(node: ast.Expr, outer: int = 0) -> str:
+    raise TypeError(node)
+
+
+@unparse.register
+def _(node: ast.Ref, outer: int = 0) -> str:
+    return ref(node)
+
+
+@unparse.register
+def _(node: ast.Num, outer: int = 0) -> str:
+    return repr(node.value)
+
+
+@unparse.register
+def _(node: ast.Inf, outer: int = 0) -> str:
+    return "inf"
+
+
+@unparse.register
+def _(node: ast.Name, outer: int = 0) -> str:
+    return node.name
+
+
+@unparse.register
+def _(node: ast.Unary, outer: int = 0) -> str:
+    level = PRECEDENCE["not" if node.op == "not" else "neg"]
+    text = ("not " if node.op == "not" else node.op) + unparse(node.operand, level)
+    return f"({text})" if level < outer else text
+
+
+@unparse.register
+def _(node: ast.Binary, outer: int = 0) -> str:
+    level = PRECEDENCE[node.op]
+    right_level = level + (node.op != "^")
+    left, right = unparse(node.left, level + (node.op == "^")), unparse(node.right, right_level)
+    if node.op == "*":
+        text = f"{left} {right}"
+    elif node.op == "^":
+        text = f"{left}^{right}"
+    else:
+        text = f"{left} {node.op} {right}"
+    return f"({text})" if level < outer else text
+
+
+@unparse.register
+def _(node: ast.Call, outer: int = 0) -> str:
+    over = f"_<{''.join(i.glyph for i in node.over)}>" if node.over else ""
+    return f"{node.func}{over}({', '.join(unparse(arg) for arg in node.args)})"

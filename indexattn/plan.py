@@ -1,0 +1,344 @@
+"""IR -> ordered steps: how each equation is computed (einsum order from opt_einsum, fused
+axes split once, masks, safe softmax). Steps are frozen values; codegen only prints them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import opt_einsum
+import sympy
+
+from . import ir
+from .ir import Index, Spec, Tensor
+from .shapes import Recipe, recipe
+
+# Sizes used to choose contraction orders when a spec leaves them symbolic.
+PLANNING_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor variable with axes (..., *dims); `select` picks literal slices of its
+    leading axes (None keeps an axis)."""
+
+    var: str
+    dims: tuple[Index, ...]
+    batched: bool
+    select: tuple[int | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class Number:
+    """A tensor-free, index-free value: numbers, sizes and scalars."""
+
+    expr: sympy.Basic
+
+
+Arg = Operand | Number
+
+
+@dataclass(frozen=True)
+class Unfuse:
+    """Split an argument's fused axes once: `rearrange(W, "(mu B a) i -> B mu a i", ...)`."""
+
+    out: Operand
+    tensor: Tensor
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A tensor of index variables: `torch.where(tau_p > tau, -inf, 0.0)`."""
+
+    out: Operand
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class Contract:
+    """einsum over its operands, times a scale."""
+
+    out: Operand
+    args: tuple[Operand, ...]
+    scale: sympy.Basic = sympy.S.One
+
+
+@dataclass(frozen=True)
+class Add:
+    out: Operand
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    out: Operand
+    fn: str
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    out: Operand
+    fn: str  # sum max min mean logsumexp softmax
+    arg: Operand
+    over: tuple[Index, ...]
+    safe: bool = False  # softmax whose rows may be all -inf: zeros, not NaN
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """Merge a result's axes into the fused layout of its left-hand side."""
+
+    out: Operand
+    arg: Operand
+    tensor: Tensor
+
+
+Step = Unfuse | Grid | Contract | Add | Elementwise | Reduction | Fuse
+
+
+@dataclass(frozen=True)
+class Block:
+    """The steps of one equation, headed by the equation."""
+
+    text: str
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    sizes: Recipe
+    blocks: tuple[Block, ...]
+    results: tuple[Operand, ...]  # the outputs, in their declared layouts
+    field_dtype: bool = field(default=False)  # whether device/dtype are needed
+
+    def __str__(self) -> str:
+        out = [f"plan for {self.spec.name}", str(self.sizes)]
+        for block in self.blocks:
+            out.append(f"# {block.text}")
+            out.extend(
+                f"  {type(s).__name__}: {s.out.var} {_dims(s.out.dims)}" for s in block.steps
+            )
+        return "\n".join(out)
+
+
+def _dims(dims: tuple[Index, ...]) -> str:
+    return "(" + ", ".join(i.glyph for i in dims) + ")"
+
+
+def plan(spec: Spec) -> Plan:
+    """`plan(check(text, "mha"))` -> the steps the generated function takes."""
+    return Planner(spec).plan()
+
+
+class Planner:
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.taken = (
+            {t.ascii for t in spec.tensors}
+            | {i.ascii for i in spec.indices}
+            | {s.ascii for s in spec.scalars}
+            | {ir.ascii_name(str(s)) for s in spec.sizes}
+        )
+        self.held: dict[str, Operand] = {}
+        self.masked: dict[str, bool] = {
+            t.name: t.role in ("input", "buffer") for t in spec.arguments
+        }
+        self.literals = _literal_positions(spec)
+        self.steps: list[Step] = []
+        self.order: tuple[Index, ...] = ()
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}{k}" if not base.endswith(tuple("0123456789")) else f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def plan(self) -> Plan:
+        blocks = []
+        for eq in self.spec.equations:
+            self.steps = []
+            self.equation(eq)
+            blocks.append(Block(eq.text, tuple(self.steps)))
+        self.steps = []
+        results = tuple(self.result(t) for t in self.spec.outputs)
+        if self.steps:
+            blocks.append(Block("outputs in their declared layouts", tuple(self.steps)))
+        grids = any(isinstance(s, Grid) for b in blocks for s in b.steps)
+        return Plan(self.spec, recipe(self.spec), tuple(blocks), results, grids)
+
+    def ordered(self, dims: tuple[Index, ...]) -> tuple[Index, ...]:
+        """Axes in the order of the left-hand side, so results need no transposes."""
+        rank = {index: k for k, index in enumerate(self.order)}
+        return tuple(sorted(dims, key=lambda i: rank.get(i, len(rank))))
+
+    def equation(self, eq: ir.Equation) -> None:
+        self.order = eq.indices
+        value = self.as_tensor(self.node(eq.rhs, eq.tensor.ascii), eq.tensor.ascii)
+        last = self.steps[-1] if self.steps else None
+        if last is not None and last.out == value and value.dims == eq.indices:
+            value = replace(value, var=eq.tensor.ascii)
+            self.steps[-1] = replace(last, out=value)
+        if value.dims != eq.indices or value.var != eq.tensor.ascii:
+            out = Operand(eq.tensor.ascii, eq.indices, value.batched)
+            self.steps.append(Elementwise(out, "align", (value,)))
+            value = out
+        self.held[eq.tensor.name] = value
+        self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
+
+    def result(self, tensor: Tensor) -> Operand:
+        value = self.held[tensor.name]
+        if not tensor.fused:
+            return value
+        out = Operand(self.fresh(tensor.ascii + "_out"), value.dims, value.batched)
+        self.steps.append(Fuse(out, value, tensor))
+        return out
+
+    def as_tensor(self, value: Arg, name: str) -> Operand:
+        if isinstance(value, Operand):
+            return value
+        out = Operand(self.fresh(name), (), False)
+        self.steps.append(Elementwise(out, "full", (value,)))
+        return out
+
+    # -- nodes -> steps; each returns the value's operand
+
+    def node(self, node: ir.Node, name: str) -> Arg:
+        return getattr(self, "node_" + type(node).__name__)(node, name)
+
+    def node_Field(self, node: ir.Field, name: str) -> Arg:
+        if not node.free:
+            return Number(node.expr)
+        out = Operand(self.fresh(name), self.ordered(node.free), False)
+        self.steps.append(Grid(out, node.expr))
+        return out
+
+    def node_Ref(self, node: ir.Ref, name: str) -> Arg:
+        tensor = node.tensor
+        positions = self.literals.get(tensor.name, ())
+        if tensor.name not in self.held:
+            self.held[tensor.name] = self.unfuse(tensor, positions)
+        base = self.held[tensor.name]
+        written = [i for axis in node.axes for i in axis]
+        chosen = [written[tensor.indices.index(d)] for d in base.dims]
+        select = tuple(c if isinstance(c, int) else None for c in chosen[: len(positions)])
+        while select and select[-1] is None:
+            select = select[:-1]
+        dims = tuple(c for c in chosen if not isinstance(c, int))
+        return Operand(base.var, dims, base.batched, select)
+
+    def unfuse(self, tensor: Tensor, positions: tuple[int, ...]) -> Operand:
+        flat = tensor.indices
+        order = tuple(flat[p] for p in positions) + tuple(
+            i for k, i in enumerate(flat) if k not in positions
+        )
+        if not tensor.fused and not positions:
+            return Operand(tensor.ascii, order, tensor.batched)
+        out = Operand(self.fresh(tensor.ascii + "_"), order, tensor.batched)
+        self.steps.append(Unfuse(out, tensor))
+        return out
+
+    def node_Product(self, node: ir.Product, name: str) -> Arg:
+        scale = sympy.Integer(1)
+        tensors: list[Operand] = []
+        for factor in node.factors:
+            value = self.node(factor, name)
+            if isinstance(value, Number):
+                scale = scale * value.expr
+            else:
+                tensors.append(value)
+        if len(tensors) <= 2:
+            return self.contract(tensors, node.free, scale, name)
+        return self.contract_path(tensors, node, scale, name)
+
+    def contract(
+        self, args: list[Operand], dims: tuple[Index, ...], scale: sympy.Basic, name: str
+    ) -> Operand:
+        out = Operand(self.fresh(name), self.ordered(dims), any(a.batched for a in args))
+        self.steps.append(Contract(out, tuple(args), scale))
+        return out
+
+    def contract_path(
+        self, args: list[Operand], node: ir.Product, scale: sympy.Basic, name: str
+    ) -> Operand:
+        """Pairwise contractions in the order opt_einsum chooses."""
+        letters = {i: opt_einsum.get_symbol(k) for k, i in enumerate(node.free + node.summed)}
+        inputs = ["".join(letters[i] for i in a.dims) for a in args]
+        shapes = [tuple(_planning_size(i) for i in a.dims) for a in args]
+        path, _ = opt_einsum.contract_path(
+            ",".join(inputs) + "->" + "".join(letters[i] for i in node.free),
+            *shapes,
+            shapes=True,
+            optimize="optimal",
+        )
+        pending = list(args)
+        for pair in path:
+            chosen = [pending[k] for k in pair]
+            pending = [a for k, a in enumerate(pending) if k not in pair]
+            rest = {i for a in pending for i in a.dims} | set(node.free)
+            dims = tuple(dict.fromkeys(i for a in chosen for i in a.dims if i in rest))
+            last = not pending
+            pending.append(
+                self.contract(
+                    chosen, node.free if last else dims, scale if last else sympy.Integer(1), name
+                )
+            )
+        return pending[0]
+
+    def node_Sum(self, node: ir.Sum, name: str) -> Arg:
+        args = tuple(self.node(term, name) for term in node.terms)
+        out = Operand(self.fresh(name), self.ordered(node.free), any(map(_batched, args)))
+        self.steps.append(Add(out, args))
+        return out
+
+    def node_Apply(self, node: ir.Apply, name: str) -> Arg:
+        args = tuple(self.node(arg, name) for arg in node.args)
+        out = Operand(self.fresh(name), self.ordered(node.free), any(map(_batched, args)))
+        self.steps.append(Elementwise(out, node.fn, args))
+        return out
+
+    def node_Reduce(self, node: ir.Reduce, name: str) -> Arg:
+        body = self.as_tensor(self.node(node.body, name), name)
+        safe = node.fn == "softmax" and _may_be_masked(node.body, self.masked)
+        free = node.free if node.fn == "softmax" else self.ordered(node.free)
+        out = Operand(self.fresh(name), body.dims if node.fn == "softmax" else free, body.batched)
+        self.steps.append(Reduction(out, node.fn, body, node.over, safe))
+        return out
+
+
+def _batched(arg: Arg) -> bool:
+    return isinstance(arg, Operand) and arg.batched
+
+
+def _planning_size(index: Index) -> int:
+    return int(index.size) if index.size.is_Integer else PLANNING_SIZE
+
+
+def _literal_positions(spec: Spec) -> dict[str, tuple[int, ...]]:
+    """For each tensor, the flat positions that some reference selects with a literal."""
+    found: dict[str, set[int]] = {}
+    for eq in spec.equations:
+        for ref in _refs(eq.rhs):
+            written = [i for axis in ref.axes for i in axis]
+            hits = {k for k, i in enumerate(written) if isinstance(i, int)}
+            if hits:
+                found.setdefault(ref.tensor.name, set()).update(hits)
+    return {name: tuple(sorted(hits)) for name, hits in found.items()}
+
+
+def _refs(node: ir.Node):
+    if isinstance(node, ir.Ref):
+        yield node
+    for child in ir.children(node):
+        yield from _refs(child)
+
+
+def _may_be_masked(node: ir.Node, masked: dict[str, bool]) -> bool:
+    """Whether a value can hold -inf: an inf written in the spec, or data passed in."""
+    if isinstance(node, ir.Field):
+        return bool(node.expr.has(sympy.oo, -sympy.oo))
+    if isinstance(node, ir.Ref):
+        return masked.get(node.tensor.name, False)
+    return any(_may_be_masked(child, masked) for child in ir.children(node))

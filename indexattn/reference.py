@@ -1,0 +1,153 @@
+"""The literal interpreter: the oracle every generated kernel is tested against.
+
+It reads the IR equation by equation with plain torch operations: every tensor is held with
+one axis per index (fused axes split, literal slices selected), every product is one einsum,
+every mask is materialised, softmax is written out. No fusion, no kernel choice, nothing
+shared with the planner or the code generator; index-variable fields are evaluated by sympy's
+own numpy printer on a float64 grid.
+"""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+import sympy
+import torch
+import torch.nn.functional as F
+
+from . import ir
+from .ir import Index, Spec
+from .shapes import recipe, solve
+
+Value = tuple[torch.Tensor, tuple[Index, ...]]  # (..., one axis per index)
+
+
+def evaluate(spec: Spec, *, training: bool = False, **kwargs) -> tuple[torch.Tensor, ...]:
+    """`evaluate(check(text, "mha"), X=x, W=w, ...)` -> the outputs, read literally."""
+    arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
+    shapes = {name: tuple(value.shape) for name, value in arguments.items()}
+    sizes = solve(spec, recipe(spec), shapes, kwargs)
+    scalars = {s.symbol: float(kwargs.get(s.ascii, s.value)) for s in spec.scalars}
+    like = next(iter(arguments.values()))
+    run = Interpreter(sizes, scalars, like.dtype, like.device, training)
+    held = {t.name: run.unfuse(arguments[t.ascii], t) for t in spec.arguments}
+    for eq in spec.equations:
+        held[eq.tensor.name] = (run.align(run.node(eq.rhs, held), eq.indices), eq.indices)
+    return tuple(run.fuse(held[t.name][0], t) for t in spec.outputs)
+
+
+class Interpreter:
+    def __init__(
+        self, sizes: dict, scalars: dict, dtype: torch.dtype, device: torch.device, training: bool
+    ) -> None:
+        self.sizes, self.scalars = sizes, scalars
+        self.dtype, self.device, self.training = dtype, device, training
+
+    def size(self, index: Index) -> int:
+        return int(index.size.subs(self.sizes))
+
+    def unfuse(self, tensor: torch.Tensor, decl: ir.Tensor) -> Value:
+        flat = decl.indices
+        batch = tensor.shape[: tensor.dim() - len(decl.layout)]
+        return tensor.reshape(*batch, *(self.size(i) for i in flat)), flat
+
+    def fuse(self, tensor: torch.Tensor, decl: ir.Tensor) -> torch.Tensor:
+        batch = tensor.shape[: tensor.dim() - len(decl.indices)]
+        return tensor.reshape(*batch, *(int(s.subs(self.sizes)) for s in decl.shape))
+
+    def align(self, value: Value, target: tuple[Index, ...]) -> torch.Tensor:
+        """The value with axes (..., *target): permuted, and size 1 where it lacks an index."""
+        tensor, have = value
+        batch = tensor.dim() - len(have)
+        order = [batch + have.index(i) for i in target if i in have]
+        tensor = tensor.permute((*range(batch), *order))
+        shape = list(tensor.shape[:batch]) + [self.size(i) if i in have else 1 for i in target]
+        return tensor.reshape(shape)
+
+    def node(self, node: ir.Node, held: dict[str, Value]) -> Value:
+        return getattr(self, type(node).__name__.lower())(node, held)
+
+    def ref(self, node: ir.Ref, held: dict[str, Value]) -> Value:
+        tensor, _ = held[node.tensor.name]
+        written = [i for axis in node.axes for i in axis]
+        batch = tensor.dim() - len(written)
+        index = (Ellipsis, *(i if isinstance(i, int) else slice(None) for i in written))
+        return tensor[index] if batch >= 0 else tensor, node.free
+
+    def field(self, node: ir.Field, held: dict[str, Value]) -> Value:
+        expr = node.expr.subs({**self.sizes, **self.scalars})
+        symbols = [i.symbol for i in node.free]
+        grids = np.meshgrid(
+            *(np.arange(self.size(i), dtype=np.float64) for i in node.free), indexing="ij"
+        )
+        result = np.asarray(sympy.lambdify(symbols, expr, modules="numpy")(*grids))
+        result = np.broadcast_to(result, tuple(self.size(i) for i in node.free))
+        dtype = torch.bool if result.dtype == np.bool_ else self.dtype
+        return torch.as_tensor(result.copy(), device=self.device).to(dtype), node.free
+
+    def product(self, node: ir.Product, held: dict[str, Value]) -> Value:
+        values = [self.node(f, held) for f in node.factors]
+        letters = dict(zip(node.free + node.summed, string.ascii_letters))
+        inputs = ",".join("..." + "".join(letters[i] for i in have) for _, have in values)
+        output = "..." + "".join(letters[i] for i in node.free)
+        return torch.einsum(f"{inputs}->{output}", *(t for t, _ in values)), node.free
+
+    def sum(self, node: ir.Sum, held: dict[str, Value]) -> Value:
+        total = None
+        for term in node.terms:
+            value = self.align(self.node(term, held), node.free)
+            total = value if total is None else total + value
+        return total, node.free
+
+    def apply(self, node: ir.Apply, held: dict[str, Value]) -> Value:
+        args = [self.align(self.node(a, held), node.free) for a in node.args]
+        return ELEMENTWISE[node.fn](self, *args), node.free
+
+    def reduce(self, node: ir.Reduce, held: dict[str, Value]) -> Value:
+        body = self.align(self.node(node.body, held), node.body.free)
+        dims = tuple(node.body.free.index(i) - len(node.body.free) for i in node.over)
+        if node.fn == "softmax":
+            return softmax(body, dims), node.free
+        return REDUCTIONS[node.fn](body, dims), node.free
+
+
+def softmax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """exp(x - max) / sum(exp(x - max)); a row of -inf only gives zeros."""
+    top = x.amax(dim=dims, keepdim=True)
+    top = torch.where(top == -torch.inf, torch.zeros_like(top), top)
+    e = torch.exp(x - top)
+    total = e.sum(dim=dims, keepdim=True)
+    return e / torch.where(total == 0, torch.ones_like(total), total)
+
+
+REDUCTIONS = {
+    "sum": lambda x, d: x.sum(dim=d),
+    "max": lambda x, d: x.amax(dim=d),
+    "min": lambda x, d: x.amin(dim=d),
+    "mean": lambda x, d: x.mean(dim=d),
+    "logsumexp": lambda x, d: torch.logsumexp(x, dim=d),
+}
+
+ELEMENTWISE = {
+    "exp": lambda self, x: torch.exp(x),
+    "log": lambda self, x: torch.log(x),
+    "sqrt": lambda self, x: torch.sqrt(x),
+    "tanh": lambda self, x: torch.tanh(x),
+    "sigmoid": lambda self, x: torch.sigmoid(x),
+    "relu": lambda self, x: torch.relu(x),
+    "gelu": lambda self, x: F.gelu(x),
+    "abs": lambda self, x: torch.abs(x),
+    "pow": lambda self, x, y: torch.pow(x, y),
+    "where": lambda self, c, a, b: torch.where(c, a, b),
+    "dropout": lambda self, x, p: F.dropout(x, float(p.reshape(-1)[0]), self.training),
+    "<": lambda self, a, b: a < b,
+    "<=": lambda self, a, b: a <= b,
+    ">": lambda self, a, b: a > b,
+    ">=": lambda self, a, b: a >= b,
+    "==": lambda self, a, b: a == b,
+    "!=": lambda self, a, b: a != b,
+    "and": lambda self, a, b: a & b,
+    "or": lambda self, a, b: a | b,
+    "not": lambda self, a: ~a,
+}

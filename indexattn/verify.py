@@ -1,0 +1,86 @@
+"""Generated code against the literal interpreter on random data: what `indexattn check` and
+the test suite run for every spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from . import reference
+from .ir import Spec
+from .notation.names import ascii_name
+from .runtime import CompiledSpec
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+
+
+def sample_sizes(spec: Spec, seed: int = 0) -> dict[str, int]:
+    """Small, pairwise different sizes, so that a swapped axis cannot go unnoticed."""
+    values = [3, 4, 5, 2, 6, 7, 8, 9] if seed % 2 == 0 else [5, 2, 3, 4, 7, 6, 9, 8]
+    return {
+        ascii_name(str(s)): values[k % len(values)] + 8 * (k // len(values))
+        for k, s in enumerate(spec.sizes)
+    }
+
+
+def sample_arguments(
+    spec: Spec,
+    sizes: dict[str, int],
+    batch: tuple[int, ...] = (),
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Random tensors for every input, param and buffer, inputs with leading `batch` axes."""
+    generator = torch.Generator().manual_seed(seed)
+    values = {s: sizes[ascii_name(str(s))] for s in spec.sizes}
+    out = {}
+    for tensor in spec.arguments:
+        shape = tuple(int(sympy.sympify(s).subs(values)) for s in tensor.shape)
+        shape = (*batch, *shape) if tensor.batched else shape
+        data = torch.randn(shape, generator=generator, dtype=torch.float64) * 0.5
+        out[tensor.ascii] = data.to(device=device, dtype=dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    dtype: torch.dtype
+    batch: tuple[int, ...]
+    error: float  # max |generated - literal| / (1 + max |literal|), over all outputs
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= TOLERANCE[self.dtype]
+
+
+def compare(
+    spec: CompiledSpec,
+    dtype: torch.dtype = torch.float64,
+    batch: tuple[int, ...] = (),
+    seed: int = 0,
+) -> Comparison:
+    """Runs the generated function and the literal interpreter on the same random data."""
+    sizes = sample_sizes(spec.ir, seed)
+    args = sample_arguments(spec.ir, sizes, batch, dtype, seed)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    generated = _tuple(spec(**args, **given))
+    literal = reference.evaluate(spec.ir, **args, **given)
+    return Comparison(dtype, batch, max(_error(g, r) for g, r in zip(generated, literal)))
+
+
+def _tuple(value) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _error(got: torch.Tensor, want: torch.Tensor) -> float:
+    if got.shape != want.shape:
+        return float("inf")
+    got, want = got.double(), want.double()
+    same_inf = (got == want) & torch.isinf(want)
+    diff = torch.where(same_inf, torch.zeros_like(got), (got - want).abs())
+    finite = want[torch.isfinite(want)]
+    scale = 1 + (finite.abs().max().item() if finite.numel() else 0.0)
+    return float(diff.nan_to_num(float("inf")).max().item() / scale) if diff.numel() else 0.0
