@@ -6,6 +6,7 @@ LaTeX, and exact symbolic counts.
 """
 
 from .errors import IndexAttnError, ShapeError, SpecError
+from .relayout import relayout  # needs no torch until called; the function hides the module
 
 __all__ = [
     "CompiledSpec",
@@ -14,6 +15,7 @@ __all__ = [
     "SpecError",
     "SpecModule",
     "compile_spec",
+    "relayout",
 ]
 __version__ = "0.1.0"
 

@@ -19,11 +19,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except UsageError as error:
+        parser.print_usage(sys.stderr)
+        print(f"indexattn: error: {error}", file=sys.stderr)
+        return 2
     except IndexAttnError as error:
         print(error, file=sys.stderr)
         return 1
     except (OSError, UnicodeDecodeError) as error:
         print(f"indexattn: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # a bug of ours: one line, not a traceback, and a way to report
+        print(
+            f"indexattn: internal error ({type(error).__name__}: {error}); this is a bug in "
+            "indexattn, please report it with the spec",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -42,7 +53,62 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("specs", type=Path, nargs="+", metavar="SPEC")
     check.set_defaults(run=run_check)
+
+    latex = commands.add_parser(
+        "latex", help="print or write the equations as LaTeX; --pdf: a whole document and its PDF"
+    )
+    latex.add_argument("spec", type=Path)
+    _output_options(latex, "OUT.tex")
+    latex.add_argument(
+        "--pdf",
+        action="store_true",
+        help="write a whole document to OUT.tex (default NAME.tex) and compile it to OUT.pdf",
+    )
+    latex.add_argument(
+        "--raised", action="store_true", help="write a contracted index up on its second use"
+    )
+    latex.add_argument("--sums", action="store_true", help="write the sums over contracted indices")
+    _size_option(latex)
+    latex.set_defaults(run=run_latex)
+
+    count = commands.add_parser(
+        "count", help="parameters per tensor and FLOPs per equation, symbolic and numeric"
+    )
+    count.add_argument("spec", type=Path)
+    _size_option(count)
+    count.set_defaults(run=run_count)
+
+    docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
+    docs.add_argument("specs", type=Path, nargs="+", metavar="SPEC")
+    docs.add_argument("-o", "--output", type=Path, metavar="DIR", required=True)
+    docs.add_argument(
+        "--force", action="store_true", help="overwrite files that indexattn did not write"
+    )
+    _size_option(docs)
+    docs.set_defaults(run=run_docs)
     return parser
+
+
+class UsageError(Exception):
+    """A command line that cannot be carried out as written (exit status 2)."""
+
+
+def _size_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--size",
+        type=_size,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a size for the numbers (default: GPT-2 small where the names fit, else 64)",
+    )
+
+
+def _size(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not name or not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a positive integer: {text!r}")
+    return name.strip(), int(value)
 
 
 def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
@@ -98,29 +164,106 @@ def run_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def emit(text: str, output: Path | None, force: bool) -> None:
-    """Prints text, or writes it atomically; never overwrites a file indexattn did not write."""
+def emit(content: str | bytes, output: Path | None, force: bool) -> None:
+    """Prints text, or writes text or bytes (a PDF) atomically; never overwrites a file
+    indexattn did not write (one without the marker near its start or its end)."""
     if output is None:
-        sys.stdout.write(text)
+        if isinstance(content, bytes):
+            sys.stdout.buffer.write(content)
+        else:
+            sys.stdout.write(content)
         return
-    if output.exists() and not force and MARKER not in _head(output):
+    if output.exists() and not force and MARKER.encode() not in _ends(output):
         raise FileExistsError(
             f"{output} exists and was not written by indexattn; pass --force to overwrite it"
         )
     output.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
+        with os.fdopen(handle, "wb") as file:
+            file.write(content if isinstance(content, bytes) else content.encode("utf-8"))
         os.replace(temporary, output)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
 
 
-def _head(path: Path) -> str:
-    with open(path, encoding="utf-8", errors="replace") as file:
-        return file.read(2000)
+def _ends(path: Path) -> bytes:
+    """The first 2000 bytes and the last 64 KiB: where text files and PDFs (in their
+    document information) carry the marker."""
+    with open(path, "rb") as file:
+        head = file.read(2000)
+        file.seek(max(0, path.stat().st_size - 65536))
+        return head + b"\n" + file.read()
+
+
+# -- latex, count, docs: no torch on these paths (docs imports it for the generated code)
+
+
+def _checked(path: Path):
+    from .ir import check
+
+    return check(path.read_text(encoding="utf-8"), path.stem, str(path))
+
+
+def _report(spec, sizes: list[tuple[str, int]]):
+    from .cost import sizes_for
+    from .plan import plan
+    from .report import report
+
+    try:
+        values = sizes_for(spec, dict(sizes))
+    except KeyError as error:
+        raise UsageError(error.args[0]) from None
+    return report(spec, plan(spec), values)
+
+
+def run_latex(args: argparse.Namespace) -> int:
+    from . import latex
+
+    spec = _checked(args.spec)
+    if not args.pdf:
+        header = (
+            f"% {MARKER} from the spec {latex.text(spec.name)}. Edit the spec, not this file.\n"
+        )
+        emit(
+            header + latex.latex(spec, raised=args.raised, sums=args.sums), args.output, args.force
+        )
+        return 0
+    from . import texdoc
+    from .docs import file_stem
+
+    document = texdoc.document(_report(spec, args.size), raised=args.raised, sums=args.sums)
+    pdf = texdoc.pdf(document)  # a TeX error writes nothing
+    tex = args.output or Path(f"{file_stem(spec.name)}.tex")
+    emit(document.text, tex, args.force)
+    emit(pdf, tex.with_suffix(".pdf"), args.force)
+    print(f"wrote {tex} and {tex.with_suffix('.pdf')}", file=sys.stderr)
+    return 0
+
+
+def run_count(args: argparse.Namespace) -> int:
+    sys.stdout.write(str(_report(_checked(args.spec), args.size)))
+    return 0
+
+
+def run_docs(args: argparse.Namespace) -> int:
+    from . import docs
+    from .codegen import generate
+    from .cost import size_names
+
+    specs = [_checked(path) for path in args.specs]
+    unknown = sorted({n for n, _ in args.size} - {n for s in specs for n in size_names(s)})
+    if unknown:
+        raise UsageError(f"no spec has a size {', '.join(unknown)}")
+    pages = []
+    for spec in specs:
+        report = _report(spec, [(n, v) for n, v in args.size if n in size_names(spec)])
+        pages.append(docs.Page(report, generate(report.plan)))
+    for name, content in docs.files(pages).items():
+        emit(content, args.output / name, args.force)
+    print(f"wrote {len(pages)} pages and an index to {args.output}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ numbers are re-printed from parsed values, and comments are escaped."""
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -11,20 +12,23 @@ import sympy
 from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.pytorch import TorchPrinter
 
-from .ir import Index
+from .ir import CONDITIONS, Index
 from .notation.names import ascii_name
 from .plan import (
     Add,
     Arg,
+    Attention,
     Block,
     Contract,
     Elementwise,
     Fuse,
     Grid,
+    Linear,
     Number,
     Operand,
     Plan,
     Reduction,
+    Split,
     Unfuse,
 )
 
@@ -72,11 +76,17 @@ def comment(text: str) -> str:
     )
 
 
+def _float(expr) -> str:
+    """A float re-printed from its value; one beyond float64 is an infinity, as in float64."""
+    value = float(expr)
+    return repr(value) if math.isfinite(value) else ("-" if value < 0 else "") + "math.inf"
+
+
 class ScalarPrinter(PythonCodePrinter):
     """Index-free sympy -> Python: `1/math.sqrt(d_k)`; floats re-printed exactly."""
 
     def _print_Float(self, expr) -> str:
-        return repr(float(expr))
+        return _float(expr)
 
     def _print_Infinity(self, expr) -> str:
         return "math.inf"
@@ -101,7 +111,7 @@ class GridPrinter(TorchPrinter):
         return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
 
     def _print_Float(self, expr) -> str:
-        return repr(float(expr))
+        return _float(expr)
 
 
 def generate(plan: Plan) -> str:
@@ -115,7 +125,7 @@ class Writer:
         self.names = {s: sympy.Symbol(ascii_name(str(s))) for s in self.spec.sizes} | {
             s.symbol: sympy.Symbol(s.ascii) for s in self.spec.scalars
         }
-        self.aranges: dict[Index, None] = {}
+        self.caches: list[str] = []
 
     def module(self) -> str:
         title = comment(self.spec.title or f"{self.spec.name}: attention in index notation")
@@ -123,13 +133,13 @@ class Writer:
         body = [line for block in self.plan.blocks for line in self.block(block)]
         returns = ", ".join(r.var for r in self.plan.results)
         body.append(f"return {returns}")
-        aranges = self.arange_lines()
-        prologue = self.sizes(body + aranges) + aranges
+        prologue = self.sizes(body)
         if _uses(body + prologue, ("device", "dtype")):
             first = self.spec.arguments[0].ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")
         lines = [self.signature()] + ["    " + line for line in prologue + body]
-        return head + "\n" + _imports(lines) + "\n\n" + "\n".join(lines) + "\n"
+        sections = [_imports(lines), *(["\n".join(self.caches) + "\n"] if self.caches else [])]
+        return head + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(lines) + "\n"
 
     def signature(self) -> str:
         tensors = [t.ascii for t in self.spec.arguments]
@@ -156,19 +166,14 @@ class Writer:
             )
         return out
 
-    def arange_lines(self) -> list[str]:
-        return [
-            f"{i.ascii} = torch.arange({self.size(i)}, device=device, dtype=torch.float64)"
-            for i in self.aranges
-        ]
-
     def block(self, block: Block) -> list[str]:
-        lines = [f"# {comment(block.text)}"]
+        lines = [f"# {comment(text)}" for text in block.texts]
         for step in block.steps:
             code = getattr(self, "step_" + type(step).__name__)(step)
             code = code if isinstance(code, list) else [code]
             lines.extend(code[:-1])
-            lines.append(f"{code[-1]}  # {_axes(step.out)}")
+            axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
+            lines.append(f"{code[-1]}  # {axes or _axes(step.out)}")
         return lines
 
     # -- values
@@ -178,6 +183,10 @@ class Writer:
 
     def scalar(self, expr: sympy.Basic) -> str:
         return ScalarPrinter({"fully_qualified_modules": True}).doprint(expr.xreplace(self.names))
+
+    def number(self, expr: sympy.Basic) -> str:
+        """A Python float: printed from its value when it is a number."""
+        return repr(float(expr)) if expr.is_number else self.scalar(expr)
 
     def ref(self, arg: Operand) -> str:
         if not arg.select:
@@ -190,19 +199,7 @@ class Writer:
         """An argument aligned to `dims` for broadcasting (a number stays a number)."""
         if isinstance(arg, Number):
             return _wrap(self.scalar(arg.expr))
-        code = self.ref(arg)
-        if arg.dims == dims:
-            return code
-        target = [i for i in dims]
-        if not arg.batched:
-            while target and target[0] not in arg.dims:
-                target.pop(0)
-        if list(arg.dims) == target:
-            return code
-        pattern = f"{_names(arg.dims, arg.batched)} -> " + _names(
-            tuple(target), arg.batched, missing=set(target) - set(arg.dims)
-        )
-        return f'rearrange({code}, "{pattern}")'
+        return expand(self.ref(arg), arg.dims, dims, arg.batched)
 
     # -- steps
 
@@ -224,30 +221,74 @@ class Writer:
         extra = "".join(", " + length for length in lengths)
         return f'{step.out.var} = rearrange({tensor.ascii}, "{source} -> {target}"{extra})'
 
-    def step_Grid(self, step: Grid) -> str:
+    def step_Grid(self, step: Grid) -> list[str]:
+        """Built once per shape: the module-level dict keeps the last one."""
         dims = step.out.dims
         views = {}
         for k, index in enumerate(dims):
-            self.aranges[index] = None
             shaped = [":" if j == k else "None" for j in range(len(dims))]
             view = index.ascii if len(dims) == 1 else f"{index.ascii}[{', '.join(shaped)}]"
             views[index.symbol] = sympy.Symbol(view)
         expr = step.expr.xreplace({**self.names, **views})
         code = GridPrinter(frozenset(views.values())).doprint(expr)
-        boolean = isinstance(
-            step.expr, (sympy.logic.boolalg.Boolean, sympy.core.relational.Relational)
-        )
-        return f"{step.out.var} = " + (code if boolean else f"{_wrap(code)}.to(dtype)")
+        if not all(i.symbol in step.expr.free_symbols for i in dims):  # sympy simplified some away
+            shape = ", ".join(self.size(i) for i in dims)
+            code = f"torch.broadcast_to(torch.as_tensor({code}, device=device), ({shape},))"
+        boolean = isinstance(step.expr, CONDITIONS)
+        code = code if boolean else f"{_wrap(code)}.to(dtype)"
+        used = {self.names[s] for i in dims for s in i.size.free_symbols}
+        used |= {self.names[s] for s in step.expr.free_symbols if s in self.names}
+        key = ", ".join([*sorted(map(str, used)), "device", *([] if boolean else ["dtype"])])
+        cache = self.cache_name(step.out.var)
+        self.caches.append(f"{cache} = {{}}  # {step.out.var} for the last shape it was built for")
+        return [
+            f"if ({key}) not in {cache}:",
+            f"    {cache}.clear()",
+            *(
+                f"    {i.ascii} = torch.arange({self.size(i)}, device=device, dtype=torch.float64)"
+                for i in dims
+            ),
+            f"    {cache}[{key}] = {code}",
+            f"{step.out.var} = {cache}[{key}]",
+        ]
+
+    def cache_name(self, var: str) -> str:
+        """A module-level name: no local can clash with it, the function's name could."""
+        name = "_" + var
+        return name + "_cache" if name == ascii_name(self.spec.name) else name
 
     def step_Contract(self, step: Contract) -> str:
         out = step.out
         if len(step.args) == 1:
             code = self.arg(step.args[0], out.dims, out.batched)
+        elif len(step.args) == 2 and not _summed(step):
+            code = " * ".join(self.arg(a, out.dims, out.batched) for a in step.args)
         else:
-            pattern = ", ".join(_names(a.dims, a.batched) for a in step.args)
-            pattern += " -> " + _names(out.dims, out.batched)
-            code = f'einsum({", ".join(self.ref(a) for a in step.args)}, "{pattern}")'
+            code = self.matmul(step) or self.einsum(step)
         return f"{out.var} = {code}{self.scaled(step.scale)}"
+
+    def einsum(self, step: Contract) -> str:
+        pattern = ", ".join(_names(a.dims, a.batched) for a in step.args)
+        pattern += " -> " + _names(step.out.dims, step.out.batched)
+        return f'einsum({", ".join(self.ref(a) for a in step.args)}, "{pattern}")'
+
+    def matmul(self, step: Contract) -> str | None:
+        """`a @ b` when the result is (batch..., m, n), a holds m and b holds n, and one index
+        is summed: the two operands are viewed, not copied."""
+        summed, out = _summed(step), step.out.dims
+        if len(step.args) != 2 or len(summed) != 1 or len(out) < 2:
+            return None
+        a, b = step.args
+        if out[-2] in b.dims and out[-1] in a.dims:
+            a, b = b, a
+        batch, (m, n), k = out[:-2], out[-2:], summed[0]
+        if m in b.dims or n in a.dims or m not in a.dims or n not in b.dims:
+            return None
+        if any(i not in a.dims or i not in b.dims for i in batch) or a.batched != b.batched:
+            return None  # torch.matmul would copy the operand it broadcasts; einsum does not
+        left = expand(self.ref(a), a.dims, (*batch, m, k), a.batched)
+        right = expand(self.ref(b), b.dims, (*batch, k, n), b.batched)
+        return f"{_wrap(left)} @ {_wrap(right)}"
 
     def scaled(self, scale: sympy.Basic) -> str:
         if scale == 1:
@@ -294,15 +335,14 @@ class Writer:
             ]
         if not step.safe:
             return f"{out.var} = torch.softmax({x}, dim={dim})"
-        masked = f"{out.var}_empty"
         return [
-            f"{masked} = {x}.amax(dim={dim}, keepdim=True) == -math.inf"
-            "  # rows masked everywhere give 0, not NaN",
-            f"{out.var} = torch.softmax({x}.masked_fill({masked}, 0.0), dim={dim})"
-            f".masked_fill({masked}, 0.0)",
+            "# rows that are -inf everywhere give 0, not NaN (values and gradients)",
+            f"{out.var} = torch.ops.aten._safe_softmax.default({x}, {dim})",
         ]
 
     def step_Fuse(self, step: Fuse) -> str:
+        if step.arg.dims == step.tensor.indices:
+            return f"{step.out.var} = {step.arg.var}{_flatten(step.tensor.layout)}"
         target = " ".join(
             "(" + " ".join(i.ascii for i in axis) + ")" if len(axis) > 1 else axis[0].ascii
             for axis in step.tensor.layout
@@ -310,6 +350,131 @@ class Writer:
         source = " ".join(i.ascii for i in step.arg.dims)
         dots = "... " if step.arg.batched else ""
         return f'{step.out.var} = rearrange({step.arg.var}, "{dots}{source} -> {dots}{target}")'
+
+    def step_Linear(self, step: Linear) -> list[str]:
+        out, x = step.out, step.x
+        rest = tuple(i for i in x.dims if i not in step.inner)
+        code = expand(self.ref(x), x.dims, rest + step.inner, x.batched)
+        code += f".flatten({-len(step.inner)})" if len(step.inner) > 1 else ""
+        lines = [] if code == self.ref(x) else [f"{out.var} = {code}  # {_axes(x, rest)}"]
+        x_code = out.var if lines else code
+        weight = _matrix(step.weight, step.out_axes, step.transposed)
+        if step.bias is not None:
+            bias = step.bias.ascii + (".flatten()" if len(step.bias.layout) > 1 else "")
+            weight = weight + ".mT" if step.transposed else weight
+            call = f"F.linear({x_code}, {weight}, {bias})"
+        else:
+            call = (
+                f"{_wrap(x_code)} @ {weight}"
+                if step.transposed
+                else f"F.linear({x_code}, {weight})"
+            )
+        outer = out.dims[len(rest) :]
+        if len(outer) > 1:
+            call = _wrap(call) + f".unflatten(-1, ({', '.join(self.size(i) for i in outer)}))"
+        return [*lines, f"{out.var} = {call}"]
+
+    def step_Split(self, step: Split) -> str:
+        dims = step.arg.dims
+        unbind = f"{self.ref(step.arg)}.unbind({dims.index(step.over) - len(dims)})"
+        return f"{', '.join(o.var for o in step.outs)} = {unbind}"
+
+    def step_Attention(self, step: Attention) -> list[str]:
+        out = step.out
+        args = [
+            self.heads(step.q, step.q_dims, step.heads),
+            self.heads(step.k, step.k_dims, step.kv_heads),
+            self.heads(step.v, step.v_dims, step.kv_heads),
+        ]
+        if step.mask is not None:
+            args.append(f"attn_mask={self.attention_mask(step)}")
+        if step.dropout is not None:
+            args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
+        if step.causal:
+            args.append("is_causal=True")
+        args.append(f"scale={self.number(step.scale)}")
+        if step.grouped:
+            args.append("enable_gqa=True")
+        lines = [f"{out.var} = F.scaled_dot_product_attention({', '.join(args)})"]
+        if step.heads == 0:
+            lines.append(f"{out.var} = {out.var}.squeeze(-3)")
+        elif step.heads > 1:
+            sizes = ", ".join(self.size(i) for i in out.dims[-2 - step.heads : -2])
+            lines.append(f"{out.var} = {out.var}.unflatten(-3, ({sizes}))")
+        return lines
+
+    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int) -> str:
+        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
+        code = relayout(self.ref(arg), arg.dims, dims)
+        if heads == 0:
+            return code + ".unsqueeze(-3)"
+        return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
+
+    def attention_mask(self, step: Attention) -> str:
+        """The mask against (…, heads, query, key): a unit axis for heads it lacks."""
+        mask = step.mask
+        head = step.mask_dims[0] if step.heads == 1 else None
+        target = (head, *step.mask_dims[-2:])
+        return expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
+
+
+def relayout(code: str, have: tuple, want: tuple) -> str:
+    """`code` with axes (…, *have) viewed as (…, *want), a permutation: a transpose when two
+    axes swap, else movedim."""
+    if have == want:
+        return code
+    n = len(have)
+    moved = [k for k in range(n) if have[k] != want[k]]
+    if len(moved) == 2:
+        return f"{code}.transpose({moved[0] - n}, {moved[1] - n})"
+    for src, index in enumerate(have):
+        rest = [i for i in have if i != index]
+        dst = want.index(index)
+        if (*rest[:dst], index, *rest[dst:]) == want:
+            return f"{code}.movedim({src - n}, {dst - n})"
+    source = tuple(range(-n, 0))
+    return f"{code}.movedim({source}, {tuple(want.index(i) - n for i in have)})"
+
+
+def expand(code: str, have: tuple, target: tuple, batched: bool, keep: int = 0) -> str:
+    """`code` (…, *have) aligned to broadcast against (…, *target): permuted, with a unit
+    axis where it lacks one; leading unit axes are left out when unbatched (all but `keep`)."""
+    present = tuple(i for i in target if i in have)
+    code = relayout(code, have, present)
+    slots = [":" if i in have else "None" for i in target]
+    if not batched:
+        while len(slots) > keep and slots[0] == "None":
+            slots.pop(0)
+    if "None" not in slots:
+        return code
+    while not batched and slots[-1] == ":":
+        slots.pop()
+    return f"{code}[{'..., ' if batched else ''}{', '.join(slots)}]"
+
+
+def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:
+    """Views that merge each group of `layout`, from axes already in its order: left to
+    right, as counting from the end leaves the places of the later groups unchanged."""
+    code, left = "", sum(map(len, layout))
+    for axis in layout:
+        if len(axis) > 1:
+            end = -left + len(axis) - 1
+            code += f".flatten({-left})" if end == -1 else f".flatten({-left}, {end})"
+        left -= len(axis)
+    return code
+
+
+def _matrix(weight, out_axes: int, transposed: bool) -> str:
+    """A declared weight as a matrix: its out block and its in block each flattened."""
+    n = len(weight.layout)
+    first = n - out_axes if transposed else out_axes
+    code = weight.ascii + (f".flatten({first})" if n - first > 1 else "")
+    return code + (f".flatten(0, {first - 1})" if first > 1 else "")
+
+
+def _summed(step: Contract) -> list[Index]:
+    seen = [i for a in step.args for i in a.dims]
+    return [i for i in dict.fromkeys(seen) if seen.count(i) > 1 and i not in step.out.dims]
 
 
 def _imports(lines: list[str]) -> str:
@@ -328,9 +493,20 @@ def _names(dims: tuple[Index, ...], batched: bool, missing: set[Index] = frozens
     return " ".join((["..."] if batched else []) + names)
 
 
-def _axes(out: Operand) -> str:
+def _axes(out: Operand, dims: tuple[Index, ...] | None = None) -> str:
+    """The axes in the spec's glyphs; `dims` (then a flattened group) when given."""
     glyphs = ", ".join(i.glyph for i in out.dims)
+    if dims is not None:
+        flat = "".join(i.glyph for i in out.dims if i not in dims)
+        glyphs = ", ".join([*(i.glyph for i in dims), f"({flat})"])
     return "(…, " + glyphs + ")" if out.batched and glyphs else f"({glyphs})"
+
+
+def _layout(tensor, batched: bool) -> str:
+    """A declared layout in the spec's glyphs: `(…, τ, (μa))`."""
+    axes = ["".join(i.glyph for i in axis) for axis in tensor.layout]
+    axes = [f"({a})" if len(axis) > 1 else a for a, axis in zip(axes, tensor.layout)]
+    return "(" + ", ".join((["…"] if batched else []) + axes) + ")"
 
 
 def _wrap(code: str) -> str:

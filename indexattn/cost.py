@@ -1,10 +1,95 @@
-"""IR -> symbolic counts: parameters (and, with the plan, floating-point operations)."""
+"""IR/plan -> symbolic counts: learnable parameters, and floating-point operations counted
+along the steps the generated code takes, each step kind costed by a registered function.
+
+FLOPs are those of one forward pass in eval mode for one batch element (inputs without
+leading batch axes), as sympy expressions in the size symbols:
+
+- a contraction of two operands: 2 per multiply-add (2·M·N·K for a matrix product), over the
+  pairwise path the plan took; a product that sums nothing: 1 per multiply; a scale
+  (`/ sqrt(d_k)`): 1 per element of the result;
+- softmax: 5 per element (max, subtract, exp, sum, divide), also when masked rows are guarded;
+  logsumexp: 4 per element; sum, max, min, mean: 1 per element reduced;
+- sums of terms: 1 per addition and element; elementwise functions, comparisons, `where`:
+  1 per element; dropout: 0 (the identity in eval mode);
+- masks and other index-variable fields: sympy's `count_ops` of the expression (at least 1)
+  per element;
+- splitting and merging fused axes, renaming axes: 0 (they move data, no arithmetic).
+
+A step kind without a registered cost raises: register one with `@step_cost.register`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import singledispatch
+
 import sympy
 
-from .ir import Spec
+from .ir import Index, Spec, Tensor
+from .notation.names import ascii_name
+from .plan import (
+    Add,
+    Attention,
+    Block,
+    Contract,
+    Elementwise,
+    Fuse,
+    Grid,
+    Linear,
+    Operand,
+    Plan,
+    Reduction,
+    Split,
+    Unfuse,
+)
+
+SOFTMAX_PER_ELEMENT = 5
+REDUCTION_PER_ELEMENT = {"softmax": SOFTMAX_PER_ELEMENT, "logsumexp": 4}  # others: 1
+ELEMENTWISE_PER_ELEMENT = {"align": 0, "full": 0, "dropout": 0}  # others: 1
+
+# Sizes for numbers in `indexattn count`, `latex --pdf` and `docs` when none are given:
+# GPT-2 small (n_embd 768, n_head 12, head width 64, n_ctx 1024) under the names the shipped
+# specs use; grouped-query heads as 4 groups of 3 (12 query heads). Any other size: 64.
+DEFAULT_SIZES = {
+    **dict.fromkeys(("N", "N_q", "N_kv", "L", "n_ctx", "T"), 1024),
+    **dict.fromkeys(("d", "d_m", "d_model", "d_in", "d_out", "d_q", "d_c", "n_embd"), 768),
+    **dict.fromkeys(("h", "n_head", "n_heads"), 12),
+    **dict.fromkeys(("d_k", "d_v", "d_head"), 64),
+    "h_kv": 4,
+    "n_rep": 3,
+}
+FALLBACK_SIZE = 64
+SIZES_NOTE = (
+    "Numbers are at GPT-2 small sizes where the spec's sizes have those names (sequence "
+    "1024, width 768, 12 heads of width 64; grouped-query heads as 4 groups of 3), else 64, "
+    "unless given with --size NAME=VALUE."
+)
+FLOP_NOTE = (
+    "FLOPs of one forward pass in eval mode, per batch element, along the steps the "
+    "generated code takes: 2 per multiply-add, 5 per softmax element, 1 per element of "
+    "other elementwise operations and sums, none for dropout and rearranging."
+)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs of one step: the matrix-product part (what torch's FlopCounterMode counts) and
+    the rest."""
+
+    matmul: sympy.Expr = sympy.S.Zero
+    other: sympy.Expr = sympy.S.Zero
+
+    @property
+    def total(self) -> sympy.Expr:
+        return sympy.expand(self.matmul + self.other)
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(
+            sympy.expand(self.matmul + other.matmul), sympy.expand(self.other + other.other)
+        )
+
+
+# -- parameters
 
 
 def param_count(spec: Spec) -> sympy.Expr:
@@ -15,4 +100,133 @@ def param_count(spec: Spec) -> sympy.Expr:
     >>> param_count(check(text, "linear"))
     d**2
     """
-    return sympy.expand(sympy.Add(*(sympy.Mul(*t.shape) for t in spec.tensors_of("param"))))
+    return sympy.expand(sympy.Add(*(count for _, count in params(spec))))
+
+
+def params(spec: Spec) -> tuple[tuple[Tensor, sympy.Expr], ...]:
+    """Each param with its number of elements."""
+    return tuple((t, sympy.Mul(*t.shape)) for t in spec.tensors_of("param"))
+
+
+# -- FLOPs
+
+
+def flops(plan: Plan) -> sympy.Expr:
+    """Floating-point operations of one forward pass, per batch element.
+
+    >>> from indexattn.ir import check
+    >>> from indexattn.plan import plan as make_plan
+    >>> text = "index i, j : d\\nindex t : n\\ninput x_<ti>\\nparam W_<ji>\\ny_<tj> = W_<ji> x_<ti>"
+    >>> flops(make_plan(check(text, "linear")))
+    2*d**2*n
+    """
+    return sum((cost for _, cost in block_costs(plan)), Cost()).total
+
+
+def block_costs(plan: Plan) -> tuple[tuple[Block, Cost], ...]:
+    """The cost of each block of the plan (one equation, or several the plan computes
+    together), in order."""
+    return tuple((b, sum(map(step_cost, b.steps), Cost())) for b in plan.blocks)
+
+
+@singledispatch
+def step_cost(step) -> Cost:
+    """The FLOPs of one plan step; step kinds register their own."""
+    raise NotImplementedError(
+        f"no FLOP count for the plan step kind {type(step).__name__}: register one in "
+        "indexattn/cost.py with @step_cost.register"
+    )
+
+
+def elements(indices) -> sympy.Expr:
+    """The number of elements spanned by some indices."""
+    return sympy.Mul(*(i.size for i in indices))
+
+
+def _size(operand: Operand) -> sympy.Expr:
+    return elements(operand.dims)
+
+
+@step_cost.register
+def _(step: Contract) -> Cost:
+    scale = _size(step.out) if step.scale != 1 else sympy.S.Zero
+    if len(step.args) < 2:
+        return Cost(other=scale)
+    every: dict[Index, None] = dict.fromkeys(i for a in step.args for i in a.dims)
+    space = elements(every)
+    if set(every) - set(step.out.dims):
+        return Cost(matmul=2 * (len(step.args) - 1) * space, other=scale)
+    return Cost(other=(len(step.args) - 1) * space + scale)
+
+
+@step_cost.register
+def _(step: Add) -> Cost:
+    return Cost(other=(len(step.args) - 1) * _size(step.out))
+
+
+@step_cost.register
+def _(step: Elementwise) -> Cost:
+    return Cost(other=ELEMENTWISE_PER_ELEMENT.get(step.fn, 1) * _size(step.out))
+
+
+@step_cost.register
+def _(step: Reduction) -> Cost:
+    return Cost(other=REDUCTION_PER_ELEMENT.get(step.fn, 1) * _size(step.arg))
+
+
+@step_cost.register
+def _(step: Grid) -> Cost:
+    return Cost(other=max(1, sympy.count_ops(step.expr)) * _size(step.out))
+
+
+@step_cost.register(Unfuse)
+@step_cost.register(Fuse)
+@step_cost.register(Split)
+def _(step) -> Cost:
+    return Cost()
+
+
+@step_cost.register
+def _(step: Linear) -> Cost:
+    bias = _size(step.out) if step.bias is not None else sympy.S.Zero
+    return Cost(matmul=2 * _size(step.out) * elements(step.inner), other=bias)
+
+
+@step_cost.register
+def _(step: Attention) -> Cost:
+    """Two matrix products (scores, weighted sum); per score: the scale, the mask added (none
+    for is_causal, which only selects), the softmax; dropout is the identity in eval mode."""
+    heads = elements(step.q_dims[:-2])
+    scores = heads * elements(step.q_dims[-2:-1]) * elements(step.k_dims[-2:-1])
+    matmul = 2 * scores * (elements(step.q_dims[-1:]) + elements(step.v_dims[-1:]))
+    per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
+    return Cost(matmul=matmul, other=per_score * scores)
+
+
+# -- sizes for numbers
+
+
+def sizes_for(spec: Spec, given: dict[str, int] | None = None) -> dict[sympy.Symbol, int]:
+    """A value for every size of the spec: the given ones (by spec or ASCII name), else the
+    defaults above. Unknown names raise KeyError."""
+    given = dict(given or {})
+    by_name = size_names(spec)
+    unknown = sorted(set(given) - set(by_name))
+    if unknown:
+        raise KeyError(
+            f"{spec.name} has no size {', '.join(unknown)}; its sizes are "
+            + ", ".join(str(s) for s in spec.sizes)
+        )
+    values = {by_name[name]: int(value) for name, value in given.items()}
+    return {s: values.get(s, DEFAULT_SIZES.get(str(s), FALLBACK_SIZE)) for s in spec.sizes}
+
+
+def size_names(spec: Spec) -> dict[str, sympy.Symbol]:
+    """Each size by its spec name and its ASCII name."""
+    return {name: s for s in spec.sizes for name in (str(s), ascii_name(str(s)))}
+
+
+def evaluate(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int | sympy.Expr:
+    """An integer at the sizes (scalars such as a window can stay symbolic)."""
+    value = sympy.expand(sympy.sympify(expr).subs(sizes))
+    return int(value) if value.is_Integer else value

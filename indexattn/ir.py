@@ -4,6 +4,8 @@ rules of Einstein summation. Every later stage reads this, never the syntax tree
 from __future__ import annotations
 
 import difflib
+import math
+import unicodedata
 from dataclasses import dataclass, field
 
 import sympy
@@ -227,6 +229,7 @@ class Checker:
         self.scalars: dict[str, Scalar] = {}
         self.names: dict[str, tuple[str, Span]] = {}  # spec name -> (kind, where)
         self.asciis: dict[str, str] = {}  # ascii name -> spec name
+        self.spellings: dict[str, tuple[str, Span]] = {}  # name -> first spelling, where
         self.equations: list[Equation] = []
         self.defined_later = {s.lhs.name: s for s in doc.statements if isinstance(s, ast.Equation)}
 
@@ -249,6 +252,12 @@ class Checker:
         if not self.equations:
             raise self.error(
                 "a spec needs at least one equation", None, "write e.g. Y_<τi> = X_<τi>."
+            )
+        if not any(t.role != "derived" for t in self.tensors.values()):
+            raise self.error(
+                "a spec needs at least one input, param or buffer",
+                None,
+                "declare the data it works on, e.g. input X_<τi>.",
             )
         return Spec(
             self.doc.name,
@@ -312,6 +321,7 @@ class Checker:
         else:
             size = self.sizes.get(stmt.size.name) or self.new_size(stmt.size)
         for name in stmt.names:
+            self.spelled(name.glyph, name.span)
             ascii = self.claim(name.glyph, "an index", name.span)
             symbol = sympy.Symbol(name.glyph, integer=True, nonnegative=True)
             self.indices[name.glyph] = Index(name.glyph, ascii, size, stmt.doc, symbol)
@@ -370,7 +380,23 @@ class Checker:
             )
         seen[item.glyph] = item.span
 
+    def spelled(self, name: str, span: Span) -> None:
+        """NFKC makes µ (micro sign) and μ (mu) one letter; a spec that mixes them is told."""
+        line = self.doc.source.split("\n")[span.line - 1]
+        key = line[span.col - 1 : span.col - 1 + span.length]
+        if key.startswith("\\"):  # \mu names μ whichever way μ is written elsewhere
+            return
+        first = self.spellings.setdefault(name, (key, span))
+        if first[0] != key:
+            raise self.error(
+                f"{_codepoints(key)} here and {_codepoints(first[0])} at line {first[1].line} "
+                "are one name after Unicode normalisation (NFKC)",
+                span,
+                f"write {name} the same way throughout.",
+            )
+
     def index(self, item: ast.IndexName) -> Index:
+        self.spelled(item.glyph, item.span)
         found = self.indices.get(item.glyph)
         if found is None:
             raise self.error(
@@ -399,7 +425,9 @@ class Checker:
                 "give the new tensor its own name.",
             )
         layout = self.layout(lhs, "left-hand side")
-        rhs = Analysis(self, frozenset(i for axis in layout for i in axis)).top(self.expr(stmt.rhs))
+        rhs = Analysis(self, frozenset(i for axis in layout for i in axis)).top(
+            self.number(stmt.rhs)
+        )
         indices = tuple(i for axis in layout for i in axis)
         self.check_lhs(lhs, indices, rhs)
         ascii = self.claim(lhs.name, "a tensor", lhs.span)
@@ -422,7 +450,17 @@ class Checker:
     # -- expressions: syntax -> IR nodes, folding tensor-free parts into sympy Fields
 
     def expr(self, node: ast.Expr) -> Node:
-        return getattr(self, "expr_" + type(node).__name__)(node)
+        result = getattr(self, "expr_" + type(node).__name__)(node)
+        constants = children(result) if isinstance(result, (Product, Sum)) else (result,)
+        if any(
+            isinstance(c, Field) and c.expr.has(sympy.zoo, sympy.nan, sympy.I) for c in constants
+        ):
+            raise self.error(
+                "this value is not a real number",
+                node.span,
+                "look for a division by zero, log(0), the sqrt of a negative number or inf - inf.",
+            )
+        return result
 
     def expr_Num(self, node: ast.Num) -> Node:
         value = (
@@ -434,6 +472,7 @@ class Checker:
         return Field(sympy.oo, (), node.span)
 
     def expr_Name(self, node: ast.Name) -> Node:
+        self.spelled(node.name, node.span)
         if node.name in self.indices:
             index = self.indices[node.name]
             return Field(index.symbol, (index,), node.span)
@@ -529,8 +568,20 @@ class Checker:
             )
         return index
 
+    def number(self, node: ast.Expr) -> Node:
+        """An expression used as a value: a comparison is not one."""
+        result = self.expr(node)
+        if _is_condition(result):
+            raise self.error(
+                "a comparison is used as a number here",
+                node.span,
+                "comparisons go in where(...) and and/or/not; for 1 where it holds and 0 where "
+                "it does not, write where(condition, 1, 0).",
+            )
+        return result
+
     def expr_Unary(self, node: ast.Unary) -> Node:
-        operand = self.expr(node.operand)
+        operand = (self.expr if node.op == "not" else self.number)(node.operand)
         if node.op == "+":
             return operand
         if node.op == "not":
@@ -538,7 +589,8 @@ class Checker:
         return _product((Field(sympy.Integer(-1), (), node.span), operand), node.span)
 
     def expr_Binary(self, node: ast.Binary) -> Node:
-        left, right = self.expr(node.left), self.expr(node.right)
+        operand = self.expr if node.op in ("and", "or") else self.number
+        left, right = operand(node.left), operand(node.right)
         op = node.op
         if op in ("+", "-"):
             if op == "-":
@@ -550,7 +602,8 @@ class Checker:
             return _product((left, _reciprocal(right, node.span)), node.span)
         if op == "^":
             if isinstance(left, Field) and isinstance(right, Field):
-                return Field(left.expr**right.expr, _union(left.free, right.free), node.span)
+                power = self.power(left.expr, right.expr, node.span)
+                return Field(power, _union(left.free, right.free), node.span)
             return Apply("pow", (left, right), node.span)
         if op in COMPARE_SYMPY:
             if isinstance(left, Field) and isinstance(right, Field):
@@ -558,6 +611,18 @@ class Checker:
                 return Field(expr, _union(left.free, right.free), node.span)
             return Apply(op, (left, right), node.span)
         return self.logic(op, (left, right), node.span)
+
+    def power(self, base: sympy.Expr, exponent: sympy.Expr, span: Span) -> sympy.Expr:
+        """base^exponent, exact unless the exact number would be too large to hold."""
+        if not (base.is_number and exponent.is_number) or base.is_zero:
+            return base**exponent
+        bits = abs(float(exponent)) * max(1.0, abs(math.log2(abs(float(base)))))
+        if bits <= 4096:
+            return base**exponent
+        try:
+            return sympy.Float(float(base) ** float(exponent))
+        except (OverflowError, ZeroDivisionError, TypeError):
+            raise self.error("this power is too large for a float", span) from None
 
     def logic(self, op: str, args: tuple[Node, ...], span: Span) -> Node:
         for arg in args:
@@ -573,7 +638,10 @@ class Checker:
         return Apply(op, args, span)
 
     def expr_Call(self, node: ast.Call) -> Node:
-        args = tuple(self.expr(arg) for arg in node.args)
+        args = tuple(
+            self.expr(arg) if node.func == "where" and k == 0 else self.number(arg)
+            for k, arg in enumerate(node.args)
+        )
         if node.over:
             over = tuple(self.index(i) for i in node.over)
             if len(set(over)) != len(over):
@@ -617,6 +685,12 @@ class Checker:
         return Apply("dropout", (body, p), node.span)
 
 
+def _codepoints(text: str) -> str:
+    """`µ` -> `µ (U+00B5 MICRO SIGN)`."""
+    names = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '?')}" for c in text if c != "'")
+    return f"{text} ({names})"
+
+
 def _flat_items(ref: ast.Ref) -> list[ast.IndexName]:
     out = []
     for axis in ref.axes:
@@ -624,39 +698,43 @@ def _flat_items(ref: ast.Ref) -> list[ast.IndexName]:
     return out
 
 
+CONDITIONS = (
+    sympy.core.relational.Relational,
+    sympy.logic.boolalg.BooleanFunction,  # And, Or, Not
+    sympy.logic.boolalg.BooleanAtom,  # true, false
+)  # not sympy's Boolean: every Symbol is one
+
+
 def _is_condition(node: Node) -> bool:
     if isinstance(node, Field):
-        return isinstance(
-            node.expr, (sympy.logic.boolalg.Boolean, sympy.core.relational.Relational)
-        )
+        return isinstance(node.expr, CONDITIONS)
     return isinstance(node, Apply) and node.fn in (*COMPARE_SYMPY, "and", "or", "not")
 
 
 def _product(factors: tuple[Node, ...], span: Span) -> Node:
-    """Flattens nested products and folds their tensor-free factors into one sympy Field."""
-    flat: list[Node] = []
-    for f in factors:
-        flat.extend(f.factors if isinstance(f, Product) else (f,))
-    fields = [f for f in flat if isinstance(f, Field)]
-    others = [f for f in flat if not isinstance(f, Field)]
-    if fields:
-        merged = Field(
-            sympy.Mul(*(f.expr for f in fields)), _union(*(f.free for f in fields)), fields[0].span
-        )
-        if not others:
-            return Field(merged.expr, merged.free, span)
-        if merged.expr != 1:
-            others.append(merged)
-    return others[0] if len(others) == 1 else Product(tuple(others), (), span)
+    return _fold(factors, span, Product, sympy.Mul, 1)
 
 
 def _sum(terms: tuple[Node, ...], span: Span) -> Node:
+    return _fold(terms, span, Sum, sympy.Add, 0)
+
+
+def _fold(parts: tuple[Node, ...], span: Span, kind: type, combine, identity: int) -> Node:
+    """Flattens nested products (or sums) and folds their tensor-free parts into one Field."""
     flat: list[Node] = []
-    for t in terms:
-        flat.extend(t.terms if isinstance(t, Sum) else (t,))
-    if all(isinstance(t, Field) for t in flat):
-        return Field(sympy.Add(*(t.expr for t in flat)), _union(*(t.free for t in flat)), span)
-    return Sum(tuple(flat), span)
+    for part in parts:
+        flat.extend(children(part) if isinstance(part, kind) else (part,))
+    fields = [p for p in flat if isinstance(p, Field)]
+    others = [p for p in flat if not isinstance(p, Field)]
+    if fields:
+        expr, free = combine(*(f.expr for f in fields)), _union(*(f.free for f in fields))
+        if not others:
+            return Field(expr, free, span)
+        if expr != identity:
+            others.append(Field(expr, free, fields[0].span))
+    if len(others) == 1:
+        return others[0]
+    return Product(tuple(others), (), span) if kind is Product else Sum(tuple(others), span)
 
 
 def _reciprocal(node: Node, span: Span) -> Node:

@@ -1,14 +1,25 @@
-"""IR -> ordered steps: how each equation is computed (einsum order from opt_einsum, fused
-axes split once, masks, safe softmax). Steps are frozen values; codegen only prints them."""
+"""IR -> ordered steps: how each equation is computed (fused kernels where the equations
+mean exactly what they compute, einsum order from opt_einsum, fused axes split once, masks,
+safe softmax). Steps are frozen values; codegen only prints them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import opt_einsum
 import sympy
 
 from . import ir
+from .fusion import (
+    AttentionMatch,
+    LinearForm,
+    ProjectionGroup,
+    declared_outer,
+    find_attention,
+    linear_form,
+    projection_groups,
+)
 from .ir import Index, Spec, Tensor
 from .shapes import Recipe, recipe
 
@@ -47,7 +58,8 @@ class Unfuse:
 
 @dataclass(frozen=True)
 class Grid:
-    """A tensor of index variables: `torch.where(tau_p > tau, -inf, 0.0)`."""
+    """A tensor of index variables: `torch.where(tau_p > tau, -inf, 0.0)`, built once per
+    shape (the generated module keeps the last one)."""
 
     out: Operand
     expr: sympy.Basic
@@ -93,15 +105,76 @@ class Fuse:
     tensor: Tensor
 
 
-Step = Unfuse | Grid | Contract | Add | Elementwise | Reduction | Fuse
+@dataclass(frozen=True)
+class Linear:
+    """`F.linear(x, weight, bias)`: x's `inner` axes (flattened) against a weight stored
+    [out, in], or `x @ weight` for [in, out]; the out axis is unflattened into `out`'s last
+    indices. Weight and bias are declared tensors, read whole without copies."""
+
+    out: Operand
+    x: Operand
+    inner: tuple[Index, ...]  # contracted, in the weight's order
+    weight: Tensor
+    out_axes: int  # how many declared axes of the weight form its out block
+    bias: Tensor | None = None
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class Split:
+    """`Q, K, V = QKV.unbind(...)`: one result per value of the literal index `over`, each
+    with the other axes of `arg` in their order."""
+
+    outs: tuple[Operand, ...]
+    arg: Operand
+    over: Index
+
+    @property
+    def out(self) -> Operand:
+        return self.outs[0]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """`F.scaled_dot_product_attention`: softmax over the key of q·k·scale + mask, times v.
+
+    q, k, v and the mask are viewed with the given axes (heads first, merged into one axis);
+    `out` comes back with its heads unmerged."""
+
+    out: Operand
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: Operand | None
+    q_dims: tuple[Index, ...]  # (heads..., query, width)
+    k_dims: tuple[Index, ...]  # (key heads..., key, width)
+    v_dims: tuple[Index, ...]  # (key heads..., key, value width)
+    mask_dims: tuple[Index, ...]  # (heads..., query, key); the mask may lack some
+    heads: int  # query head indices; 0 adds a unit axis, 2 or more are merged
+    kv_heads: int
+    scale: sympy.Basic
+    causal: bool = False
+    dropout: sympy.Basic | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Several query heads share a key head: the kernel's enable_gqa."""
+        return self.heads != self.kv_heads
+
+
+Step = Unfuse | Grid | Contract | Add | Elementwise | Reduction | Fuse | Linear | Split | Attention
 
 
 @dataclass(frozen=True)
 class Block:
-    """The steps of one equation, headed by the equation."""
+    """The steps of one equation (or of several that one kernel computes), headed by them."""
 
-    text: str
+    texts: tuple[str, ...]
     steps: tuple[Step, ...]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.texts)
 
 
 @dataclass(frozen=True)
@@ -115,7 +188,7 @@ class Plan:
     def __str__(self) -> str:
         out = [f"plan for {self.spec.name}", str(self.sizes)]
         for block in self.blocks:
-            out.append(f"# {block.text}")
+            out.extend(f"# {text}" for text in block.texts)
             out.extend(
                 f"  {type(s).__name__}: {s.out.var} {_dims(s.out.dims)}" for s in block.steps
             )
@@ -147,6 +220,11 @@ class Planner:
         self.literals = _literal_positions(spec)
         self.steps: list[Step] = []
         self.order: tuple[Index, ...] = ()
+        self.attention = {m.output.tensor.name: m for m in find_attention(spec)}
+        self.groups = {g.equations[0].tensor.name: g for g in projection_groups(spec)}
+        self.skip = {eq.tensor.name for m in self.attention.values() for eq in m.equations}
+        self.skip |= {eq.tensor.name for g in self.groups.values() for eq in g.equations[1:]}
+        self.skip -= set(self.attention)
 
     def fresh(self, base: str) -> str:
         name, k = base, 1
@@ -159,13 +237,15 @@ class Planner:
     def plan(self) -> Plan:
         blocks = []
         for eq in self.spec.equations:
-            self.steps = []
-            self.equation(eq)
-            blocks.append(Block(eq.text, tuple(self.steps)))
+            if eq.tensor.name not in self.skip:
+                self.steps = []
+                texts = self.block(eq)
+                blocks.append(Block(texts, tuple(self.steps)))
+            self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
         self.steps = []
         results = tuple(self.result(t) for t in self.spec.outputs)
         if self.steps:
-            blocks.append(Block("outputs in their declared layouts", tuple(self.steps)))
+            blocks.append(Block(("outputs in their declared layouts",), tuple(self.steps)))
         grids = any(isinstance(s, Grid) for b in blocks for s in b.steps)
         return Plan(self.spec, recipe(self.spec), tuple(blocks), results, grids)
 
@@ -174,11 +254,24 @@ class Planner:
         rank = {index: k for k, index in enumerate(self.order)}
         return tuple(sorted(dims, key=lambda i: rank.get(i, len(rank))))
 
-    def equation(self, eq: ir.Equation) -> None:
+    def block(self, eq: ir.Equation) -> tuple[str, ...]:
+        """Plans one equation, or the equations one kernel computes; returns their texts."""
+        name = eq.tensor.name
+        if name in self.groups:
+            return self.projections(self.groups[name])
         self.order = eq.indices
-        value = self.as_tensor(self.node(eq.rhs, eq.tensor.ascii), eq.tensor.ascii)
+        if name in self.attention:
+            match = self.attention[name]
+            self.assign(eq, self.attend(match, eq.tensor.ascii))
+            return tuple(e.text for e in match.equations)
+        self.assign(eq, self.as_tensor(self.node(eq.rhs, eq.tensor.ascii), eq.tensor.ascii))
+        return (eq.text,)
+
+    def assign(self, eq: ir.Equation, value: Operand) -> None:
+        """Names the value after the left-hand side, in its index order."""
         last = self.steps[-1] if self.steps else None
-        if last is not None and last.out == value and value.dims == eq.indices:
+        ours = last is not None and not isinstance(last, Split) and last.out == value
+        if ours and value.dims == eq.indices:
             value = replace(value, var=eq.tensor.ascii)
             self.steps[-1] = replace(last, out=value)
         if value.dims != eq.indices or value.var != eq.tensor.ascii:
@@ -186,7 +279,6 @@ class Planner:
             self.steps.append(Elementwise(out, "align", (value,)))
             value = out
         self.held[eq.tensor.name] = value
-        self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
 
     def result(self, tensor: Tensor) -> Operand:
         value = self.held[tensor.name]
@@ -202,6 +294,86 @@ class Planner:
         out = Operand(self.fresh(name), (), False)
         self.steps.append(Elementwise(out, "full", (value,)))
         return out
+
+    # -- fused kernels
+
+    def projections(self, group: ProjectionGroup) -> tuple[str, ...]:
+        """One matrix product for all slices of a weight, split into the group's tensors."""
+        eqs = group.equations
+        self.order = eqs[0].indices
+        first = group.forms[0]
+        names = [eq.tensor.ascii for eq in eqs]
+        fused = self.linear(first, ("" if all(len(n) == 1 for n in names) else "_").join(names))
+        over = fused.dims[len(fused.dims) - len(first.outer) + first.literal]
+        # Split first, then view each slice in its own order: the gradients of the slices
+        # then stack straight into the layout of the product (no copy in the backward).
+        kept = [k for k, i in enumerate(fused.dims) if i != over]
+        outs = []
+        for eq, form in zip(eqs, group.forms):
+            names = self.linear_dims(form, self.node(form.x, eq.tensor.ascii))
+            dims = tuple(names[k] for k in kept)
+            var = eq.tensor.ascii if dims == eq.indices else self.fresh(eq.tensor.ascii)
+            outs.append(Operand(var, dims, fused.batched))
+        self.steps.append(Split(tuple(outs), fused, over))
+        for eq, out in zip(eqs, outs):
+            self.assign(eq, out)
+        return tuple(eq.text for eq in eqs)
+
+    def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
+        rest = tuple(i for i in x.dims if i not in form.inner)
+        return rest + declared_outer(form)
+
+    def linear(self, form: LinearForm, name: str) -> Operand:
+        x = self.as_tensor(self.node(form.x, name), name)
+        out = Operand(self.fresh(name), self.linear_dims(form, x), x.batched)
+        bias = form.bias.tensor if form.bias is not None else None
+        step = Linear(out, x, form.inner, form.weight.tensor, form.out_axes, bias, form.transposed)
+        self.steps.append(step)
+        return out
+
+    def attend(self, match: AttentionMatch, name: str) -> Operand:
+        self.order, scores = match.scores.indices, match.scores.tensor.ascii
+        q, k = (self.as_tensor(self.node(n, scores), scores) for n in (match.q, match.k))
+        mask = self.mask(match, scores)
+        self.order = match.output.indices
+        v = self.as_tensor(self.node(match.v, name), name)
+        rename = dict(match.rename)
+        heads = match.heads + match.groups
+        out = (*(rename[i] for i in (*heads, match.query)), match.value_width)
+        step = Attention(
+            Operand(self.fresh(name), out, q.batched or k.batched or v.batched),
+            q=q,
+            k=k,
+            v=v,
+            mask=mask,
+            q_dims=(*heads, match.query, match.width),
+            k_dims=(*match.heads, match.key, match.width),
+            v_dims=(*(rename[i] for i in match.heads), rename[match.key], match.value_width),
+            mask_dims=(*heads, match.query, match.key),
+            heads=len(heads),
+            kv_heads=len(match.heads),
+            scale=match.scale,
+            causal=match.causal,
+            dropout=match.p,
+        )
+        self.steps.append(step)
+        return step.out
+
+    def mask(self, match: AttentionMatch, name: str) -> Operand | None:
+        """None for is_causal; a boolean grid for predicates; else the terms, summed."""
+        if match.causal or not match.terms:
+            return None
+        if match.keep is not None:
+            base = match.masks[0].tensor.ascii + "_keep" if match.masks else "keep"
+            free = match.keep.free_symbols
+            dims = tuple(i for i in self.order if i.symbol in free)
+            out = Operand(self.fresh(base), dims, False)
+            self.steps.append(Grid(out, match.keep))
+            return out
+        node = (
+            match.terms[0] if len(match.terms) == 1 else ir.Sum(match.terms, match.scores.rhs.span)
+        )
+        return self.as_tensor(self.node(node, name), name)
 
     # -- nodes -> steps; each returns the value's operand
 
@@ -241,6 +413,9 @@ class Planner:
         return out
 
     def node_Product(self, node: ir.Product, name: str) -> Arg:
+        form = linear_form(node)
+        if form is not None and _whole(form):
+            return self.linear(form, name)
         scale = sympy.Integer(1)
         tensors: list[Operand] = []
         for factor in node.factors:
@@ -256,9 +431,21 @@ class Planner:
     def contract(
         self, args: list[Operand], dims: tuple[Index, ...], scale: sympy.Basic, name: str
     ) -> Operand:
+        if scale != 1 and len(args) > 1:
+            args = self.prescale(args, scale)
+            scale = sympy.Integer(1)
         out = Operand(self.fresh(name), self.ordered(dims), any(a.batched for a in args))
         self.steps.append(Contract(out, tuple(args), scale))
         return out
+
+    def prescale(self, args: list[Operand], scale: sympy.Basic) -> list[Operand]:
+        """The scale goes onto the smallest factor, before the product: Q / sqrt(d_k) keeps
+        float16 scores from overflowing where (Q K) / sqrt(d_k) would not."""
+        k = min(range(len(args)), key=lambda j: _planning_count(args[j].dims))
+        arg = args[k]
+        out = Operand(self.fresh(arg.var.rstrip("_") + "_scaled"), arg.dims, arg.batched)
+        self.steps.append(Contract(out, (arg,), scale))
+        return [*args[:k], out, *args[k + 1 :]]
 
     def contract_path(
         self, args: list[Operand], node: ir.Product, scale: sympy.Basic, name: str
@@ -288,9 +475,13 @@ class Planner:
         return pending[0]
 
     def node_Sum(self, node: ir.Sum, name: str) -> Arg:
-        args = tuple(self.node(term, name) for term in node.terms)
+        form = linear_form(node)
+        if form is not None and form.bias is not None and _whole(form):
+            return self.linear(form, name)
+        # Smallest tensors first, numbers last: `M + P + S` adds the masks once, not per head.
+        args = sorted((self.node(term, name) for term in node.terms), key=_planning_elements)
         out = Operand(self.fresh(name), self.ordered(node.free), any(map(_batched, args)))
-        self.steps.append(Add(out, args))
+        self.steps.append(Add(out, tuple(args)))
         return out
 
     def node_Apply(self, node: ir.Apply, name: str) -> Arg:
@@ -306,6 +497,19 @@ class Planner:
         out = Operand(self.fresh(name), body.dims if node.fn == "softmax" else free, body.batched)
         self.steps.append(Reduction(out, node.fn, body, node.over, safe))
         return out
+
+
+def _whole(form: LinearForm) -> bool:
+    """The weight is used whole: no literal picks a slice of it."""
+    return all(isinstance(i, Index) for i in form.outer)
+
+
+def _planning_count(dims: tuple[Index, ...]) -> int:
+    return math.prod(_planning_size(i) for i in dims)
+
+
+def _planning_elements(arg: Arg) -> float:
+    return _planning_count(arg.dims) if isinstance(arg, Operand) else math.inf
 
 
 def _batched(arg: Arg) -> bool:

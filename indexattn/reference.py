@@ -50,11 +50,11 @@ class Interpreter:
     def unfuse(self, tensor: torch.Tensor, decl: ir.Tensor) -> Value:
         flat = decl.indices
         batch = tensor.shape[: tensor.dim() - len(decl.layout)]
-        return tensor.reshape(*batch, *(self.size(i) for i in flat)), flat
+        return tensor.reshape((*batch, *(self.size(i) for i in flat))), flat
 
     def fuse(self, tensor: torch.Tensor, decl: ir.Tensor) -> torch.Tensor:
         batch = tensor.shape[: tensor.dim() - len(decl.indices)]
-        return tensor.reshape(*batch, *(int(s.subs(self.sizes)) for s in decl.shape))
+        return tensor.reshape((*batch, *(int(s.subs(self.sizes)) for s in decl.shape)))
 
     def align(self, value: Value, target: tuple[Index, ...]) -> torch.Tensor:
         """The value with axes (..., *target): permuted, and size 1 where it lacks an index."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 import linecache
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import sympy
@@ -19,7 +19,7 @@ from .codegen import generate
 from .errors import ShapeError
 from .notation.names import ascii_name
 from .plan import Plan, plan
-from .shapes import solve
+from .shapes import solve, whole
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 
@@ -55,6 +55,11 @@ class CompiledSpec:
         self.plan = plan(self.ir)
         self.source = generate(self.plan)
         self.function = _load(self.source, self.ir.name)
+        # Plain attributes, read on every call (and by torch.compile, which cannot trace the
+        # lock of a cached_property).
+        self.required = tuple(ascii_name(str(s)) for s in self.plan.sizes.required)
+        self.size_names = frozenset(ascii_name(str(s)) for s in self.ir.sizes)
+        self.arguments = tuple(t.ascii for t in self.ir.arguments)
 
     @property
     def name(self) -> str:
@@ -64,17 +69,8 @@ class CompiledSpec:
     def sizes(self) -> tuple[sympy.Symbol, ...]:
         return self.ir.sizes
 
-    @cached_property
-    def required(self) -> tuple[str, ...]:
-        """ASCII names of the sizes that the shapes cannot determine."""
-        return tuple(ascii_name(str(s)) for s in self.plan.sizes.required)
-
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(t.ascii for t in self.ir.arguments)}>"
-
-    @cached_property
-    def size_names(self) -> frozenset[str]:
-        return frozenset(ascii_name(str(s)) for s in self.ir.sizes)
 
     def __call__(self, *, training: bool = False, **kwargs):
         """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name."""
@@ -86,10 +82,14 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        return self._run(tuple(tensors.values()), given, scalars, training)
+
+    def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
+        """The generated function on tensors in argument order, sizes solved and checked."""
         # Shapes are checked by eager calls; a compiled graph calls the function directly.
         sizes = given if torch.compiler.is_compiling() else self.solve(tensors, given)
         required = {name: sizes[name] for name in self.required}
-        out = self.function(*tensors.values(), **required, **scalars, training=training)
+        out = self.function(*tensors, **required, **scalars, training=training)
         return out[0] if len(self.ir.outputs) == 1 and isinstance(out, tuple) else out
 
     def _tensors(self, kwargs: dict) -> dict[str, torch.Tensor]:
@@ -110,11 +110,12 @@ class CompiledSpec:
         names = [t.ascii for t in self.ir.arguments] + list(self.required)
         return ", ".join(names + [f"{s.ascii}={s.value!r}" for s in self.ir.scalars])
 
-    def solve(self, tensors: dict[str, torch.Tensor], given: dict) -> dict[str, int]:
-        """Sizes by ASCII name, solved once per distinct shapes and given sizes."""
-        key = (tuple(tuple(t.shape) for t in tensors.values()), tuple(sorted(given.items())))
+    def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
+        """Sizes by ASCII name, solved once per distinct shapes and given sizes; `tensors` in
+        argument order."""
+        key = (tuple([t.shape for t in tensors]), tuple(given.items()))
         if key not in self._shapes:
-            shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+            shapes = {name: tuple(t.shape) for name, t in zip(self.arguments, tensors)}
             values = solve(self.ir, self.plan.sizes, shapes, given)
             self._batch(shapes)
             self._shapes[key] = {ascii_name(str(s)): v for s, v in values.items()}
@@ -134,10 +135,11 @@ class CompiledSpec:
                 f"{self.name}: the inputs' leading batch axes do not broadcast: {listed}"
             ) from None
 
-    def _same_kind(self, tensors: dict[str, torch.Tensor]) -> None:
-        first_name, first = next(iter(tensors.items()))
-        for name, t in tensors.items():
-            if t.dtype != first.dtype or t.device != first.device:
+    def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
+        first_name, first = self.arguments[0], tensors[0]
+        dtype, device = first.dtype, first.device
+        for name, t in zip(self.arguments, tensors):
+            if t.dtype != dtype or t.device != device:
                 raise ShapeError(
                     f"{self.name}: {name} is {t.dtype} on {t.device}, but "
                     f"{first_name} is {first.dtype} on {first.device}; convert "
@@ -147,6 +149,28 @@ class CompiledSpec:
     def param_count(self) -> sympy.Expr:
         """Learnable numbers in the size symbols, e.g. 4*d_m**2 + d_m."""
         return cost.param_count(self.ir)
+
+    def flops(self) -> sympy.Expr:
+        """Floating-point operations of one forward pass per batch element, along the steps
+        the generated code takes (see indexattn/cost.py for what each step costs)."""
+        return cost.flops(self.plan)
+
+    def latex(self, *, raised: bool = False, sums: bool = False) -> str:
+        r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted
+        index up on its second use (`X_{\tau}{}^{i}`), `sums=True` writes the sums."""
+        from . import latex
+
+        return latex.latex(self.ir, raised=raised, sums=sums)
+
+    def _repr_latex_(self) -> str:
+        from . import latex
+
+        return "$$" + latex.latex(self.ir, environment="aligned") + "$$"
+
+    def _repr_markdown_(self) -> str:
+        from . import docs
+
+        return docs.head(self.ir, index=False) + "\n" + docs.equations(self.ir, docs.NOTEBOOK_MATH)
 
     def module(self, **kwargs) -> SpecModule:
         """An nn.Module whose parameters are the spec's params, built at the given sizes."""
@@ -170,7 +194,9 @@ class SpecModule(nn.Module):
         self.spec = spec
         ir_spec = spec.ir
         size_names = {ascii_name(str(s)): s for s in ir_spec.sizes}
-        self.sizes = {k: int(kwargs.pop(k)) for k in list(kwargs) if k in size_names}
+        self.sizes = {
+            k: whole(spec.name, k, kwargs.pop(k)) for k in list(kwargs) if k in size_names
+        }
         values = {size_names[k]: v for k, v in self.sizes.items()}
         for tensor in ir_spec.tensors_of("buffer"):
             data = kwargs.pop(tensor.ascii, None)
@@ -187,8 +213,28 @@ class SpecModule(nn.Module):
             setattr(self, scalar.ascii, float(kwargs.pop(scalar.ascii, scalar.value)))
         if kwargs:
             raise TypeError(f"{spec.name}.module() got unexpected keywords: {', '.join(kwargs)}")
+        self._inputs = tuple(t.ascii for t in ir_spec.tensors_of("input"))
+        self._scalars = tuple(s.ascii for s in ir_spec.scalars)
+        # each argument of the function: the position of an input, or the name of a tensor held
+        self._order = tuple(
+            self._inputs.index(t.ascii) if t.role == "input" else t.ascii for t in ir_spec.arguments
+        )
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
+        spec = self.spec
+        if not kwargs and len(args) == len(self._inputs) and all(map(_is_tensor, args)):
+            # The common call, in few Python steps: its cost is per call, like a kernel launch.
+            params = self._parameters
+            tensors = [
+                args[k] if isinstance(k, int) else params[k] if k in params else getattr(self, k)
+                for k in self._order
+            ]
+            scalars = {name: getattr(self, name) for name in self._scalars}
+            return spec._run(tensors, self.sizes, scalars, self.training)
+        return self._forward(args, kwargs)
+
+    def _forward(self, args: tuple, kwargs: dict):
+        """Inputs by keyword, and wrong calls: every check of the spec's own call."""
         inputs = [t.ascii for t in self.spec.ir.tensors_of("input")]
         if len(args) > len(inputs):
             raise TypeError(
@@ -205,6 +251,10 @@ class SpecModule(nn.Module):
         return f"spec={self.spec.name}, " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())
 
 
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
 def _shape(tensor: ir.Tensor, values: dict, name: str) -> tuple[int, ...]:
     shape = [s.subs(values) for s in tensor.shape]
     missing = sorted({str(x) for s in shape for x in s.free_symbols})
@@ -218,20 +268,26 @@ def _shape(tensor: ir.Tensor, values: dict, name: str) -> tuple[int, ...]:
 
 
 def fan_in(spec: ir.Spec, tensor: ir.Tensor, values: dict) -> int:
-    """The size a param is contracted over where it is used (nn.Linear's in_features); for a
-    param contracted over nothing (a bias), the largest contraction of its equation."""
+    """nn.Linear's in_features: the size of a param's axes that its product sums over; a param
+    summed over nothing (a bias) takes the fan-in of a weight in its equation, as nn.Linear's
+    bias does."""
     for eq in spec.equations:
-        products = list(_products(eq.rhs))
-        own = [
-            p
-            for p in products
-            if any(isinstance(f, ir.Ref) and f.tensor == tensor for f in p.factors)
+        if not _mentions(eq.rhs, tensor):
+            continue
+        fans = [
+            (f.tensor, set(p.summed) & set(f.tensor.indices))
+            for p in _products(eq.rhs)
+            for f in p.factors
+            if isinstance(f, ir.Ref) and f.tensor.role == "param"
         ]
-        if own and set(own[0].summed) & set(tensor.indices):
-            return _size(set(own[0].summed) & set(tensor.indices), values)
-        if own or _mentions(eq.rhs, tensor):
-            return max((_size(set(p.summed), values) for p in products), default=1)
+        own = [fan for t, fan in fans if t == tensor and fan]
+        known = [_size(fan, values) for _, fan in fans if fan and _known(fan, values)]
+        return _size(own[0], values) if own else max(known, default=1)
     return 1
+
+
+def _known(indices: set[ir.Index], values: dict) -> bool:
+    return all(s in values for i in indices for s in i.size.free_symbols)
 
 
 def _size(indices: set[ir.Index], values: dict) -> int:

@@ -65,26 +65,27 @@ def _next_step(tensors: tuple[Tensor, ...], known: set[sympy.Symbol]) -> Step | 
 def solve(
     spec: Spec, plan: Recipe, shapes: dict[str, tuple[int, ...]], given: dict[str, int]
 ) -> dict[sympy.Symbol, int]:
-    """Sizes from the shapes of the arguments (by ASCII name) and the given sizes, checked."""
+    """Sizes from the shapes of the arguments and the given sizes (both by ASCII name)."""
+    given = {name: whole(spec.name, name, value) for name, value in given.items()}
     values: dict[sympy.Symbol, int] = {}
     for symbol in plan.required:
-        if str(symbol) not in given and _ascii(spec, symbol) not in given:
+        if _ascii(symbol) not in given:
             raise ShapeError(
                 f"{spec.name}: the size {symbol} cannot be read from the shapes; "
-                f"pass it: {_ascii(spec, symbol)}=..."
+                f"pass it: {_ascii(symbol)}=..."
             )
-        values[symbol] = int(given.get(_ascii(spec, symbol), given.get(str(symbol))))
+        values[symbol] = given[_ascii(symbol)]
     for tensor in spec.arguments:
         _check_rank(spec, tensor, shapes[tensor.ascii])
     for step in plan.steps:
         actual = shapes[step.tensor.ascii][step.axis]
         divisor = int(sympy.Mul(*step.divisors).subs(values))
-        if divisor <= 0 or actual % divisor:
+        if actual % divisor or actual == 0:
             raise ShapeError(_axis_message(spec, step.tensor, step.axis, actual, values))
         values[step.size] = actual // divisor
     for symbol in spec.sizes:
-        value = given.get(_ascii(spec, symbol), given.get(str(symbol)))
-        if value is not None and int(value) != values[symbol]:
+        value = given.get(_ascii(symbol))
+        if value is not None and value != values[symbol]:
             raise ShapeError(
                 f"{spec.name}: {symbol} was given as {value}, but the shapes say {values[symbol]}"
             )
@@ -93,7 +94,14 @@ def solve(
     return values
 
 
-def _ascii(spec: Spec, symbol: sympy.Symbol) -> str:
+def whole(spec: str, name: str, value) -> int:
+    """A size as given by a caller: a positive whole number, never silently truncated."""
+    if isinstance(value, bool) or not float(value).is_integer() or int(value) <= 0:
+        raise ShapeError(f"{spec}: the size {name} must be a positive whole number, got {value!r}")
+    return int(value)
+
+
+def _ascii(symbol: sympy.Symbol) -> str:
     return ascii_name(str(symbol))
 
 
@@ -123,7 +131,13 @@ def _axis_message(
     glyphs = "".join(i.glyph for i in tensor.layout[position])
     expected = tensor.shape[position]
     known = expected.subs(values)
-    value = f" = {known}" if known.is_Integer and known != expected else ""
+    if known.is_Integer:
+        value = f" = {known}" if known != expected else ""
+    else:  # only some factors are known: the axis must be a multiple of them
+        part = sympy.Mul(*(f for f in expected.args if f.subs(values).is_Integer))
+        number = part.subs(values)
+        shown = f"{part} = {number}" if part != number else f"{number}"
+        value = f" (a multiple of {shown})" if number != 1 else ""
     return (
         f"{spec.name}: {tensor!r}, axis {position} ({glyphs}): expected size "
         f"{expected}{value}, got {actual}"

@@ -5,18 +5,22 @@ ConcatHeads) and loaded strictly; outputs and the gradients of every input and p
 must agree to 1e-10. See tests/reference/MAPPING.md.
 """
 
+import doctest
 import functools
+import re
 from pathlib import Path
 
 import pytest
 import sympy
 import torch
 from reference.buggy import HeadMajorGPT2, RepeatKVGQA, ReshapeHeadsMHA
-from reference.cases import CASES
+from reference.cases import CASES, SDPA_CASES
 
 indexattn = pytest.importorskip("indexattn")
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+DOCS = ROOT / "docs" / "variants.md"
 ATOL = 1e-10
 
 BUGGY = {  # spec -> the module with the bug that spec rules out, at the spec's sizes
@@ -92,3 +96,100 @@ def test_parameter_count(case):
     for sizes in [case.sizes, *case.real.values()]:
         value = count.subs({s: sizes[str(s)] for s in count.free_symbols})
         assert value == sympy.sympify(case.count).subs(sizes), sizes
+
+
+@pytest.mark.parametrize("case", SDPA_CASES, ids=lambda c: c.spec)
+def test_spec_matches_sdpa_with_an_explicit_bias(case):
+    """Variant 12 against F.scaled_dot_product_attention, the mask or ALiBi bias given as an
+    explicit attn_mask: outputs and gradients, as for every other module."""
+    test_spec_matches_module(case)
+
+
+# The specs with dropout (and their modules: nn.Dropout, or nn.MultiheadAttention's dropout).
+DROPOUT = ("causal_head", "mha_separate", "gpt2", "sliding_window", "alibi", "torch_mha")
+
+
+def test_every_spec_with_dropout_is_checked_in_train_mode():
+    calls = ("F.dropout(", "dropout_p=")  # torch's dropout, alone or inside the fused kernel
+    with_dropout = {c.spec for c in CASES if any(f in compiled(c.spec).source for f in calls)}
+    assert with_dropout == set(DROPOUT)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.spec in DROPOUT], ids=lambda c: c.spec)
+def test_train_mode_draws_the_same_dropout_masks(case):
+    """With one seed, the module's dropout and the spec's F.dropout draw the same masks: both
+    call torch's dropout in the same order on tensors of the same shape and memory order. So
+    in train mode, too, outputs and gradients agree; and dropout did drop something."""
+    ref, spec_module, inputs = setup(case, case.build)
+    ref.train()
+    spec_module.train()
+    torch.manual_seed(1)
+    want = as_tuple(case.call(ref, inputs))
+    torch.manual_seed(1)
+    got = as_tuple(spec_module(*inputs.values()))
+    assert_all_close(got, want)
+
+    cotangents = [torch.randn_like(w) for w in want]
+    want_inputs, want_params = gradients(want, cotangents, inputs, ref)
+    got_inputs, got_params = gradients(got, cotangents, inputs, spec_module)
+    assert_all_close(list(got_inputs.values()), list(want_inputs.values()))
+    want_params = case.mapping(want_params)
+    assert_all_close([got_params[k] for k in want_params], list(want_params.values()))
+
+    evaluated = as_tuple(spec_module.eval()(*inputs.values()))
+    assert not torch.allclose(got[0], evaluated[0], atol=1e-6)
+
+
+JOURNEY = [  # "Your journey starts with one step", 3-wide embeddings
+    [0.43, 0.15, 0.89],
+    [0.55, 0.87, 0.66],
+    [0.57, 0.85, 0.64],
+    [0.22, 0.58, 0.33],
+    [0.77, 0.25, 0.10],
+    [0.05, 0.80, 0.55],
+]
+
+
+def test_simple_spec_reproduces_the_published_example():
+    """Variant 1's published numbers, from the spec itself: the query "journey" (row 1)."""
+    context, weights = compiled("simple")(X=torch.tensor(JOURNEY, dtype=torch.float64))
+    published = [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581]
+    torch.testing.assert_close(weights[1], torch.tensor(published).double(), atol=5e-5, rtol=0)
+    published = [0.4419, 0.6515, 0.5683]
+    torch.testing.assert_close(context[1], torch.tensor(published).double(), atol=5e-5, rtol=0)
+
+
+def docs_table():
+    """The rows of the table in docs/variants.md: spec, parameter formula, counts."""
+    rows = []
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        link = (
+            re.fullmatch(r"\[`(\w+)`\]\(\.\./specs/\1\.attn\)", cells[2])
+            if len(cells) == 7
+            else None
+        )
+        if link:
+            counts = [int(n.replace(",", "")) for n in cells[6].split(" / ")]
+            rows.append((link[1], cells[4].strip("`"), counts))
+    return rows
+
+
+def test_the_table_in_docs_variants_is_right():
+    rows = docs_table()
+    assert sorted(spec for spec, _, _ in rows) == sorted(c.spec for c in CASES)
+    for spec, formula, counts in rows:
+        case = next(c for c in CASES if c.spec == spec)
+        count = compiled(spec).param_count()
+        symbols = {str(s): s for s in count.free_symbols}  # with the spec's assumptions
+        assert sympy.expand(count - sympy.sympify(formula, locals=symbols)) == 0, spec
+        at = list(case.real.values()) or [case.sizes]
+        want = [int(count.subs({s: sizes[str(s)] for s in count.free_symbols})) for sizes in at]
+        assert counts == want, spec
+
+
+def test_the_examples_in_docs_variants_run(monkeypatch):
+    """The 24-heads ShapeError and the relayout examples are quoted from real runs."""
+    monkeypatch.chdir(ROOT)
+    result = doctest.testfile(str(DOCS), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -11,6 +11,35 @@ import pytest
 import indexattn
 
 ERRORS = sorted((Path(__file__).parent / "errors").glob("*.attn"))
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+
+
+def errors_page() -> str:
+    """docs/errors.md: every error with the smallest spec that makes it, and its message."""
+    out = [
+        "# Every spec error, with a spec that makes it",
+        "",
+        "Generated from `tests/errors/` by `python tests/test_errors.py`; the test suite",
+        "fails when this page is stale. Each message names the place, quotes the line, puts",
+        "a caret under the mistake and says what to write instead.",
+        "",
+    ]
+    for path in ERRORS:
+        message = path.with_suffix(".txt").read_text(encoding="utf-8").rstrip("\n")
+        headline = message.splitlines()[0].split(" error: ", 1)[-1]
+        out += [
+            f"## {headline}",
+            "",
+            "```",
+            path.read_text(encoding="utf-8").rstrip("\n"),
+            "```",
+            "",
+            "```",
+            message,
+            "```",
+            "",
+        ]
+    return "\n".join(out)
 
 
 @pytest.mark.parametrize("path", ERRORS, ids=[p.stem for p in ERRORS])
@@ -18,6 +47,10 @@ def test_error_message_is_golden(path):
     with pytest.raises(indexattn.SpecError) as caught:
         indexattn.compile_spec(path.read_text(encoding="utf-8"), name=path.stem)
     assert str(caught.value) + "\n" == path.with_suffix(".txt").read_text(encoding="utf-8")
+
+
+def test_errors_page_is_current():
+    assert PAGE.read_text(encoding="utf-8") == errors_page()
 
 
 def test_the_corpus_covers_every_required_kind():
@@ -52,3 +85,7 @@ def test_a_file_spec_error_names_the_file(tmp_path):
 def test_spec_errors_and_shape_errors_share_one_root():
     assert issubclass(indexattn.SpecError, indexattn.IndexAttnError)
     assert issubclass(indexattn.ShapeError, indexattn.IndexAttnError)
+
+
+if __name__ == "__main__":
+    PAGE.write_text(errors_page(), encoding="utf-8")

@@ -61,12 +61,26 @@ def test_precedence_juxtaposition_and_powers():
     assert equation(doc.statements[1]) == "m_<μ> = 2^(-8 (μ + 1) / h) - -1^2^3"
 
 
-def test_micro_sign_and_mu_are_one_index():
-    # NFKC, as Python itself normalises identifiers: U+00B5 µ is U+03BC μ.
-    spec = indexattn.compile_spec(
-        "index \u00b5 : h\ninput x_<\u03bc>\ny_<\u00b5> = x_<\u03bc>", name="micro"
-    )
-    assert [i.glyph for i in spec.ir.indices] == ["\u03bc"]
+def test_micro_sign_and_mu_are_one_index_but_not_silently():
+    # NFKC, as Python itself normalises identifiers: U+00B5 µ is U+03BC μ ...
+    text = "index \u00b5 : h\ninput x_<\u00b5>\ny_<\u00b5> = x_<\u00b5>"
+    spec = indexattn.compile_spec(text, name="micro")
+    assert [(i.glyph, i.ascii) for i in spec.ir.indices] == [("\u03bc", "mu")]
+    # ... but a spec that mixes the two spellings is told so
+    mixed = "index \u00b5 : h\ninput x_<\u03bc>\ny_<\u00b5> = x_<\u00b5>"
+    with pytest.raises(
+        indexattn.SpecError,
+        match=r"U\+03BC GREEK SMALL LETTER MU\) here and "
+        r"µ \(U\+00B5 MICRO SIGN\) at line 1",
+    ):
+        indexattn.compile_spec(mixed, name="micro")
+
+
+def test_a_negative_factor_is_reprinted_with_parentheses():
+    doc = parse("index i : n\ninput a_<i>\ninput b_<i>\ny_<i> = a_<i> * -b_<i> - 2 -b_<i>", "n")
+    text = equation(doc.statements[3])
+    assert text == "y_<i> = a_<i> (-b_<i>) - 2 - b_<i>"
+    assert equation(parse(f"index i : n\n{text}", "again").statements[1]) == text
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def test_shape_error_for_an_unsplittable_fused_axis():
     with pytest.raises(
         indexattn.ShapeError,
         match=r"W_<\(μBa\)i>, axis 0 \(μBa\): expected "
-        r"size 3\*d_k\*h, got 35",
+        r"size 3\*d_k\*h \(a multiple of 3\*h = 9\), got 35",
     ):
         indexattn.compile_spec(MHA)(**args, h=3)
 
@@ -153,3 +153,19 @@ def test_torch_compile_fullgraph():
     x = torch.randn(2, 5, 12)
     compiled = torch.compile(m, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_mixed_devices_are_a_shape_error():
+    spec = indexattn.compile_spec(MHA)
+    args = mha_args()
+    args["W_O"] = args["W_O"].to("meta")
+    with pytest.raises(indexattn.ShapeError, match=r"W_O is torch\.float64 on meta, but X"):
+        spec(**args, h=3)
+
+
+def test_sizes_must_be_whole_numbers():
+    spec = indexattn.compile_spec(MHA)
+    with pytest.raises(indexattn.ShapeError, match=r"the size h must be a positive whole number"):
+        spec(**mha_args(), h=1.5)
+    with pytest.raises(indexattn.ShapeError, match=r"the size d_k must be a positive whole"):
+        spec.module(d_m=12, h=3, d_k=4.5)

@@ -11,7 +11,8 @@ from ..errors import Span, SpecError
 from .names import GREEK, normalise
 from .syntax import Group, IndexName, Literal
 
-NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+NUMBER = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+DIGITS = frozenset("0123456789")
 OPERATORS = (
     "**",
     "<=",
@@ -136,7 +137,7 @@ class Lexer:
         ch = self.src[self.pos]
         if ch == "\\" or _starts_name(ch):
             return self.name(spaced)
-        if ch.isdigit() or (ch == "." and self.src[self.pos + 1 : self.pos + 2].isdigit()):
+        if ch in DIGITS or (ch == "." and self.src[self.pos + 1 : self.pos + 2] in DIGITS):
             return self.number(spaced)
         for op in OPERATORS:
             if self.src.startswith(op, self.pos):
@@ -281,7 +282,7 @@ class Lexer:
                     )
                 )
                 group = None
-            elif ch.isdigit():
+            elif ch in DIGITS:
                 self.pos += 1
                 target.append(Literal(int(ch), span))
             elif ch == "\\" or ch.isalpha():

@@ -15,6 +15,8 @@ DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 KEYWORDS = frozenset({"and", "or", "not", "inf"})
+MAX_DEPTH = 32  # parentheses, calls, signs and powers nested in one expression
+MAX_TOKENS = 1000  # in one statement
 
 
 def parse(source: str, name: str, file: str = "<spec>") -> ast.Document:
@@ -57,6 +59,26 @@ class StatementParser:
         last = tokens[-1].span
         end = Token("END", "", Span(last.line, last.col + last.length, 1))
         self.tokens, self.pos, self.source, self.file = (*tokens, end), 0, source, file
+        self.depth = 0
+        if len(tokens) > MAX_TOKENS:
+            raise self.error(
+                f"a statement of more than {MAX_TOKENS} tokens",
+                tokens[0].span,
+                "split it into several equations.",
+            )
+
+    def nested(self, parse, *args):
+        """Parses a nested part, refusing nesting deeper than any equation needs."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(
+                f"an expression nested more than {MAX_DEPTH} levels deep",
+                hint="name the inner parts in equations of their own.",
+            )
+        try:
+            return parse(*args)
+        finally:
+            self.depth -= 1
 
     def lines(self) -> range:
         return range(self.tokens[0].span.line, self.tokens[-1].span.line + 1)
@@ -262,7 +284,7 @@ class StatementParser:
     def negation(self) -> ast.Expr:
         if self.at("not"):
             tok = self.advance()
-            operand = self.negation()
+            operand = self.nested(self.negation)
             return ast.Unary("not", operand, cover(tok.span, operand.span))
         return self.comparison()
 
@@ -309,7 +331,7 @@ class StatementParser:
     def unary(self) -> ast.Expr:
         if self.at("-", "+"):
             tok = self.advance()
-            operand = self.unary()
+            operand = self.nested(self.unary)
             return ast.Unary(tok.text, operand, cover(tok.span, operand.span))
         return self.power()
 
@@ -317,7 +339,7 @@ class StatementParser:
         base = self.atom()
         if self.at("^", "**"):
             self.advance()
-            exponent = self.unary()
+            exponent = self.nested(self.unary)
             return ast.Binary("^", base, exponent, cover(base.span, exponent.span))
         return base
 
@@ -332,7 +354,7 @@ class StatementParser:
             return self.name_or_call()
         if self.at("("):
             self.advance()
-            inner = self.expression()
+            inner = self.nested(self.expression)
             self.expect(")", "close the parenthesis.")
             return inner
         found = "the end of the line" if tok.kind == "END" else f"'{tok.text}'"
@@ -399,10 +421,10 @@ class StatementParser:
 
     def call(self, func: str, over: tuple[ast.IndexName, ...], span: Span) -> ast.Call:
         self.expect("(")
-        args = [self.expression()]
+        args = [self.nested(self.expression)]
         while self.at(","):
             self.advance()
-            args.append(self.expression())
+            args.append(self.nested(self.expression))
         close = self.expect(")", f"close the call to {func}.")
         if len(args) != FUNCTIONS[func]:
             raise self.error(

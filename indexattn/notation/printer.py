@@ -82,7 +82,8 @@ def _(node: ast.Unary, outer: int = 0) -> str:
 @unparse.register
 def _(node: ast.Binary, outer: int = 0) -> str:
     level = PRECEDENCE[node.op]
-    right_level = level + (node.op != "^")
+    # a right factor with a sign needs parentheses: `a (-b)`, since `a -b` is a subtraction
+    right_level = PRECEDENCE["neg"] + 1 if node.op == "*" else level + (node.op != "^")
     left, right = unparse(node.left, level + (node.op == "^")), unparse(node.right, right_level)
     if node.op == "*":
         text = f"{left} {right}"

@@ -4,34 +4,25 @@
 import math
 
 import torch
-from einops import einsum, rearrange
+import torch.nn.functional as F
 
 
 def mha(X, W, W_O, b_O, *, h, training=False):
-    device, dtype = X.device, X.dtype
-    N = X.shape[-2]
     d_k = W.shape[-2] // (3*h)
-    tau = torch.arange(N, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # Q_<μτa> = W_<(μ0a)i> X_<τi>
-    W_ = rearrange(W, "(mu B a) i -> B mu a i", mu=h, B=3)  # (B, μ, a, i)
-    Q = einsum(W_[0], X, "mu a i, ... tau i -> ... mu tau a")  # (…, μ, τ, a)
     # K_<μτa> = W_<(μ1a)i> X_<τi>
-    K = einsum(W_[1], X, "mu a i, ... tau i -> ... mu tau a")  # (…, μ, τ, a)
     # V_<μτa> = W_<(μ2a)i> X_<τi>
-    V = einsum(W_[2], X, "mu a i, ... tau i -> ... mu tau a")  # (…, μ, τ, a)
+    QKV = F.linear(X, W).unflatten(-1, (h, 3, d_k))  # (…, τ, μ, B, a)
+    Q2, K2, V2 = QKV.unbind(-2)  # (…, τ, μ, a)
+    Q = Q2.transpose(-3, -2)  # (…, μ, τ, a)
+    K = K2.transpose(-3, -2)  # (…, μ, τ, a)
+    V = V2.transpose(-3, -2)  # (…, μ, τ, a)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
-    S2 = einsum(Q, K, "... mu tau a, ... mu tau_p a -> ... mu tau tau_p") / math.sqrt(d_k)  # (…, μ, τ, τ')
-    S = S2 + M  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    A_empty = S.amax(dim=-1, keepdim=True) == -math.inf  # rows masked everywhere give 0, not NaN
-    A = torch.softmax(S.masked_fill(A_empty, 0.0), dim=-1).masked_fill(A_empty, 0.0)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = einsum(A, V, "... mu tau tau_p, ... mu tau_p a -> ... mu tau a")  # (…, μ, τ, a)
+    O = F.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
     # Y_<τi> = W_O_<i(μa)> O_<μτa> + b_O_<i>
-    W_O_ = rearrange(W_O, "i (mu a) -> i mu a", mu=h)  # (i, μ, a)
-    Y2 = einsum(W_O_, O, "i mu a, ... mu tau a -> ... tau i")  # (…, τ, i)
-    Y = Y2 + b_O  # (…, τ, i)
+    Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
+    Y = F.linear(Y, W_O, b_O)  # (…, τ, i)
     return Y

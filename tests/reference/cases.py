@@ -244,3 +244,23 @@ CASES = [
         call=torch_mha_call,
     ),
 ]
+
+
+# Variant 12 once more: the same specs against F.scaled_dot_product_attention with the mask or
+# the ALiBi bias given explicitly (tests/test_classic_variants.py, test_spec_matches_sdpa).
+SDPA_CASES = [
+    Case(
+        "sliding_window",
+        lambda s: classic.SlidingWindowSDPA(s["d_in"], s["d_out"], s["h"], window=s["w"]),
+        tokens("d_in"),
+        {**MHA_SIZES, "w": 3},
+        MHA_COUNT,
+    ),
+    Case(
+        "alibi",
+        lambda s: classic.ALiBiSDPA(s["d_in"], s["d_out"], s["h"]),
+        tokens("d_in"),
+        {**MHA_SIZES, "h": 4, "d_k": 2},
+        MHA_COUNT,
+    ),
+]

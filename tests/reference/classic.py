@@ -6,6 +6,7 @@ the matching spec parameter (see MAPPING.md).
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -290,3 +291,53 @@ class ALiBiAttention(MultiHeadAttention):
         distance = torch.arange(n_q, **kw)[:, None] - torch.arange(n_k, **kw)[None, :]
         attn_scores = attn_scores - slopes[:, None, None] * distance
         return super().mask_scores(attn_scores)
+
+
+class ExplicitBiasSDPA(MultiHeadAttention):
+    """MultiHeadAttention through F.scaled_dot_product_attention with an explicit additive
+    bias of shape (h, n, n) (variant 12 once more: the fused kernel against the same spec)."""
+
+    def bias(self, n, like):
+        raise NotImplementedError
+
+    def forward(self, x):
+        queries = self.split_heads(self.W_query(x))
+        keys = self.split_heads(self.W_key(x))
+        values = self.split_heads(self.W_value(x))
+        bias = self.bias(x.shape[-2], queries)
+        p = self.dropout.p if self.training else 0.0
+        context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, dropout_p=p)
+        return self.out_proj(merge_heads(context))
+
+
+def positions(n, like):
+    """Query position i (a column) and key position j (a row), in the dtype of `like`."""
+    kw = {"device": like.device, "dtype": like.dtype}
+    return torch.arange(n, **kw)[:, None], torch.arange(n, **kw)[None, :]
+
+
+class SlidingWindowSDPA(ExplicitBiasSDPA):
+    """Variant 12a by SDPA: bias 0 where 0 <= i - j < window, -inf elsewhere."""
+
+    def __init__(self, d_in, d_out, num_heads, window, dropout=0.1, qkv_bias=False):
+        super().__init__(d_in, d_out, num_heads, dropout, qkv_bias)
+        self.window = window
+
+    def bias(self, n, like):
+        i, j = positions(n, like)
+        seen = (i - j >= 0) & (i - j < self.window)
+        bias = torch.zeros(n, n, dtype=like.dtype, device=like.device).masked_fill(
+            ~seen, -torch.inf
+        )
+        return bias.expand(self.num_heads, n, n)
+
+
+class ALiBiSDPA(ExplicitBiasSDPA):
+    """Variant 12b by SDPA: bias -m_μ (i - j) with m_μ = 2^(-8(μ+1)/h), -inf where j > i."""
+
+    def bias(self, n, like):
+        i, j = positions(n, like)
+        h = self.num_heads
+        slopes = 2 ** (-8 * torch.arange(1, h + 1, dtype=like.dtype, device=like.device) / h)
+        bias = -slopes[:, None, None] * (i - j)
+        return bias.masked_fill(j > i, -torch.inf)

@@ -1,0 +1,390 @@
+"""IR patterns that one PyTorch call computes exactly: the attention core of
+`F.scaled_dot_product_attention`, and products with a weight that `F.linear` computes.
+
+Matching reads the structure of the equations (which index is contracted, which is
+softmaxed, which tensor is used where), never names or axis orders; the planner turns a match
+into steps. Anything that does not match exactly is left to the general steps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import sympy
+from sympy.logic.boolalg import to_nnf
+
+from . import ir
+from .ir import Equation, Index, Spec
+
+# -- projections: a product with a weight stored [out, in] or [in, out]
+
+
+@dataclass(frozen=True)
+class LinearForm:
+    """`weight · x` over the weight's whole `inner` block (+ a bias shaped like its out block)."""
+
+    weight: ir.Ref
+    x: ir.Node
+    bias: ir.Ref | None
+    out_axes: int  # how many of the weight's axes hold its out indices
+    transposed: bool  # the out block is last: [in, out]
+    inner: tuple[Index, ...]  # the contracted indices, in the weight's order
+    outer: tuple[Index | int, ...]  # the weight's out block, flat, as written
+
+    @property
+    def literal(self) -> int | None:
+        """The flat position, in the out block, of the one literal it selects (or None)."""
+        hits = [k for k, item in enumerate(self.outer) if isinstance(item, int)]
+        return hits[0] if len(hits) == 1 else None
+
+
+def linear_form(node: ir.Node) -> LinearForm | None:
+    """`W_<(μa)i> X_<τi>` or `W_<(μa)i> X_<τi> + b_<(μa)>`: one weight whose contracted axes
+    form its last (or first) block, times anything else, plus an optional matching bias."""
+    product, bias = node, None
+    if isinstance(node, ir.Sum) and len(node.terms) == 2:
+        product, bias = node.terms
+        if not isinstance(product, ir.Product):
+            product, bias = bias, product
+    if not isinstance(product, ir.Product) or len(product.factors) != 2:
+        return None
+    if bias is not None and not isinstance(bias, ir.Ref):
+        return None
+    for weight, x in (product.factors, product.factors[::-1]):
+        form = _weight_form(weight, x, product.summed)
+        if form is not None and (bias is None or _fits_bias(form, bias)):
+            return LinearForm(weight, x, bias, *form)
+    return None
+
+
+def _weight_form(weight: ir.Node, x: ir.Node, summed: tuple[Index, ...]):
+    if not isinstance(weight, ir.Ref) or weight.tensor.role not in ("param", "buffer"):
+        return None
+    if isinstance(x, ir.Field) or not summed or set(weight.free) & set(x.free) != set(summed):
+        return None
+    flags = [all(item in summed for item in axis) for axis in weight.axes]
+    n = len(flags)
+    for transposed in (False, True):
+        k = flags.index(not transposed) if (not transposed) in flags else n
+        if 0 < k < n and flags == [transposed] * k + [not transposed] * (n - k):
+            first = [i for axis in weight.axes[:k] for i in axis]
+            rest = [i for axis in weight.axes[k:] for i in axis]
+            inner, outer = (first, rest) if transposed else (rest, first)
+            if set(inner) == set(summed):
+                return (n - k if transposed else k), transposed, tuple(inner), tuple(outer)
+    return None
+
+
+def _fits_bias(form: tuple, bias: ir.Ref) -> bool:
+    """A bias read with exactly the weight's out block (same indices, literals and grouping)."""
+    flat = tuple(item for axis in bias.axes for item in axis)
+    return bias.tensor.role in ("param", "buffer") and not bias.tensor.batched and flat == form[3]
+
+
+@dataclass(frozen=True)
+class ProjectionGroup:
+    """Equations that read the slices B = 0, 1, ... of one weight against one operand: one
+    matrix product computes them all, and a split hands out the slices."""
+
+    equations: tuple[Equation, ...]  # in the order of the literal they select
+    forms: tuple[LinearForm, ...]
+
+
+def projection_groups(spec: Spec) -> tuple[ProjectionGroup, ...]:
+    """Every full set of literal slices of one weight against the same operand."""
+    found: dict[tuple, list[tuple[Equation, LinearForm]]] = {}
+    for eq in spec.equations:
+        form = linear_form(eq.rhs)
+        if form is not None and form.literal is not None and isinstance(form.x, ir.Ref):
+            found.setdefault(_signature(form), []).append((eq, form))
+    groups = []
+    for members in found.values():
+        members.sort(key=lambda m: m[1].outer[m[1].literal])
+        values = [form.outer[form.literal] for _, form in members]
+        declared = _declared_outer(members[0][1])[members[0][1].literal]
+        if declared.size.is_Integer and values == list(range(int(declared.size))):
+            groups.append(ProjectionGroup(*map(tuple, zip(*members))))
+    return tuple(groups)
+
+
+def _signature(form: LinearForm) -> tuple:
+    """What equal slices share: tensors, the literal's place, and which axes pair up."""
+    x_flat = [i for axis in form.x.axes for i in axis]
+    w_flat = [i for axis in form.weight.axes for i in axis]
+    pairs = tuple(w_flat.index(i) if i in w_flat else -1 for i in x_flat)
+    bias = form.bias.tensor.name if form.bias else None
+    return (form.weight.tensor.name, form.literal, form.x.tensor.name, pairs, bias)
+
+
+def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
+    """The weight's declared indices at the positions of the out block."""
+    declared = form.weight.tensor.layout
+    block = declared[-form.out_axes :] if form.transposed else declared[: form.out_axes]
+    return tuple(i for axis in block for i in axis)
+
+
+def declared_outer(form: LinearForm) -> tuple[Index, ...]:
+    """The out block with each literal replaced by the declared index it selects from."""
+    declared = _declared_outer(form)
+    return tuple(d if isinstance(w, int) else w for w, d in zip(form.outer, declared))
+
+
+# -- the attention core
+
+
+@dataclass(frozen=True)
+class AttentionMatch:
+    """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation.
+
+    Indices are named as in the scores equation, except `value_width` and `rename` (scores
+    names -> output names), which belong to the output equation."""
+
+    masks: tuple[Equation, ...]  # predicate masks used by the scores alone: absorbed
+    scores: Equation
+    weights: Equation
+    dropout: Equation | None
+    output: Equation
+    q: ir.Node
+    k: ir.Node
+    v: ir.Node
+    scale: sympy.Basic
+    terms: tuple[ir.Node, ...]  # the additive terms of the scores (masks, biases)
+    keep: sympy.Basic | None  # when every term is a predicate mask: where attention is allowed
+    heads: tuple[Index, ...]  # shared by queries and keys
+    groups: tuple[Index, ...]  # query heads that share a key head (grouped-query attention)
+    query: Index
+    key: Index
+    width: Index
+    value_width: Index
+    rename: tuple[tuple[Index, Index], ...]
+    p: sympy.Basic | None  # dropout probability on the weights
+
+    @property
+    def equations(self) -> tuple[Equation, ...]:
+        chain = (self.scores, self.weights, self.dropout, self.output)
+        return self.masks + tuple(eq for eq in chain if eq is not None)
+
+    @property
+    def causal(self) -> bool:
+        """The mask is exactly key > query, on one range: the kernel's is_causal."""
+        q, k = self.query.symbol, self.key.symbol
+        return (
+            self.query.size == self.key.size
+            and self.keep is not None
+            and self.keep in (sympy.Le(k, q), sympy.Ge(q, k))
+        )
+
+
+def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
+    """Every attention core in the spec that the fused kernel computes exactly."""
+    uses = _uses(spec)
+    defined = {eq.tensor.name: eq for eq in spec.equations}
+    found = []
+    for eq in spec.equations:
+        match = _Matcher(defined, uses).match(eq)
+        if match is not None:
+            found.append(match)
+    return tuple(found)
+
+
+def _uses(spec: Spec) -> Counter:
+    counts: Counter = Counter(t.name for t in spec.outputs)
+    for eq in spec.equations:
+        counts.update(ref.tensor.name for ref in refs(eq.rhs))
+    return counts
+
+
+def refs(node: ir.Node):
+    if isinstance(node, ir.Ref):
+        yield node
+    for child in ir.children(node):
+        yield from refs(child)
+
+
+def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
+    """The referenced tensor's left-hand indices -> the indices written in `ref`."""
+    written = [i for axis in ref.axes for i in axis]
+    if any(isinstance(i, int) for i in written):
+        return None
+    return dict(zip(ref.tensor.indices, written))
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """From the output back to the scores: A = softmax(S), maybe Ã = dropout(A, p)."""
+
+    weights: Equation
+    dropout: Equation | None
+    p: sympy.Basic | None
+    scores: Equation
+    ref: ir.Ref  # the output's reference to A (or Ã)
+    inner: ir.Ref | None  # Ã's reference to A
+
+
+class _Matcher:
+    """Walks back from an output equation O = A V through A = softmax(S), S = Q K s + M."""
+
+    def __init__(self, defined: dict[str, Equation], uses: Counter) -> None:
+        self.defined, self.uses = defined, uses
+
+    def single(self, ref: ir.Node) -> Equation | None:
+        """The equation of a derived tensor used by this one reference and nothing else."""
+        if not isinstance(ref, ir.Ref) or ref.tensor.name not in self.defined:
+            return None
+        return self.defined[ref.tensor.name] if self.uses[ref.tensor.name] == 1 else None
+
+    def match(self, output: Equation) -> AttentionMatch | None:
+        node = output.rhs
+        if not isinstance(node, ir.Product) or len(node.factors) != 2 or len(node.summed) != 1:
+            return None
+        for ref, v in (node.factors, node.factors[::-1]):
+            chain = self.chain(ref)
+            if chain is not None:
+                return self.core(output, v, chain)
+        return None
+
+    def chain(self, ref: ir.Node) -> _Chain | None:
+        """A (or dropout of A) with A = softmax over one index of S, S used only there."""
+        eq = self.single(ref)
+        dropout = p = inner = None
+        if eq is not None and isinstance(eq.rhs, ir.Apply) and eq.rhs.fn == "dropout":
+            dropout, (inner, p_node) = eq, eq.rhs.args
+            p = p_node.expr
+            eq = self.single(inner)
+        if eq is None or not isinstance(eq.rhs, ir.Reduce) or eq.rhs.fn != "softmax":
+            return None
+        scores = self.single(eq.rhs.body)
+        if scores is None or len(eq.rhs.over) != 1:
+            return None
+        return _Chain(eq, dropout, p, scores, ref, inner)
+
+    def core(self, output: Equation, v: ir.Node, chain: _Chain) -> AttentionMatch | None:
+        """Index roles: the key is softmaxed and summed against V; the rest follow."""
+        renames = [_rename(chain.weights.rhs.body), _rename(chain.ref)]
+        renames.insert(1, _rename(chain.inner) if chain.inner is not None else {})
+        if any(r is None for r in renames):
+            return None
+        to_weights, to_dropped, to_output = renames
+        rename = {i: to_output[to_dropped.get(w, w)] for i, w in to_weights.items()}
+        key = {w: i for i, w in to_weights.items()}[chain.weights.rhs.over[0]]
+        if output.rhs.summed != (rename[key],):
+            return None
+        parts = self.scores(chain.scores, key)
+        return None if parts is None else self.assemble(output, v, chain, rename, key, *parts)
+
+    def scores(self, eq: Equation, key: Index):
+        """S = Q K · scale + terms: two tensors contracted over one index."""
+        node = eq.rhs
+        terms = list(node.terms) if isinstance(node, ir.Sum) else [node]
+        products = [t for t in terms if isinstance(t, ir.Product) and t.summed]
+        if len(products) != 1:
+            return None
+        product = products[0]
+        terms.remove(product)
+        tensors = [f for f in product.factors if not isinstance(f, ir.Field)]
+        fields = [f for f in product.factors if isinstance(f, ir.Field)]
+        if len(tensors) != 2 or len(product.summed) != 1 or any(f.free for f in fields):
+            return None
+        q, k = tensors if key not in tensors[0].free else tensors[::-1]
+        if key in q.free or key not in k.free:
+            return None
+        scale = sympy.Mul(*(f.expr for f in fields))
+        return q, k, scale, tuple(terms), product.summed[0]
+
+    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, width):
+        heads = tuple(i for i in q.free if i in k.free and i != width)
+        alone = [i for i in q.free if i not in k.free]
+        if [i for i in k.free if i not in q.free] != [key] or not alone:
+            return None
+        query = _query(alone, key)
+        groups = tuple(i for i in alone if i != query)
+        value_width = [i for i in v.free if i not in rename.values()]
+        v_heads = {i for i in v.free if i in rename.values()} - {rename[key]}
+        if len(value_width) != 1 or v_heads != {rename[i] for i in heads}:
+            return None
+        if not _same_batching(q, k, v):
+            return None
+        keep, masks = self.masks(terms, (*heads, *groups, query, key), q)
+        if keep is False:
+            return None
+        return AttentionMatch(
+            masks=masks,
+            scores=chain.scores,
+            weights=chain.weights,
+            dropout=chain.dropout,
+            output=output,
+            q=q,
+            k=k,
+            v=v,
+            scale=scale,
+            terms=terms,
+            keep=keep,
+            heads=heads,
+            groups=groups,
+            query=query,
+            key=key,
+            width=width,
+            value_width=value_width[0],
+            rename=tuple(rename.items()),
+            p=chain.p,
+        )
+
+    def masks(self, terms, allowed, q):
+        """(keep predicate or None, absorbed mask equations); keep is False for no match."""
+        if any(set(t.free) - set(allowed) or not t.free for t in terms):
+            return False, ()
+        head_count = len(allowed) - 2
+        if head_count > 1 and any(set(t.free) - set(allowed[-2:]) for t in terms):
+            return False, ()  # a per-head mask cannot follow heads merged into one axis
+        if any(_batched(t) and not _batched(q) for t in terms):
+            return False, ()
+        keeps, absorbed = [], []
+        for term in terms:
+            keep, eq = self.predicate(term)
+            if keep is None:
+                return None, ()  # an additive mask: the terms are summed as they are
+            keeps.append(keep)
+            absorbed.extend([eq] if eq is not None else [])
+        return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed)
+
+    def predicate(self, term: ir.Node):
+        """where(cond, -inf, 0) (or its mirror), inline or as a tensor used only here."""
+        if isinstance(term, ir.Field):
+            return _keep(term.expr), None
+        eq = self.single(term)
+        if eq is None or not isinstance(eq.rhs, ir.Field):
+            return None, None
+        keep = _keep(eq.rhs.expr)
+        rename = _rename(term)
+        if keep is None or rename is None:
+            return None, None
+        return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq
+
+
+def _query(alone: list[Index], key: Index) -> Index:
+    """Of the indices only queries carry, the sequence: the one ranging like the key, or the
+    last one."""
+    alike = [i for i in alone if i.size == key.size]
+    return alike[0] if len(alike) == 1 else alone[-1]
+
+
+def _same_batching(*nodes: ir.Node) -> bool:
+    return len({_batched(n) for n in nodes}) == 1
+
+
+def _batched(node: ir.Node) -> bool:
+    return any(ref.tensor.batched for ref in refs(node))
+
+
+def _keep(expr: sympy.Basic) -> sympy.Basic | None:
+    """For where(cond, -inf, 0): not cond; for where(cond, 0, -inf): cond; else None."""
+    if not isinstance(expr, sympy.Piecewise) or len(expr.args) != 2:
+        return None
+    (first, cond), (second, otherwise) = expr.args
+    if otherwise is not sympy.true:
+        return None
+    if first == -sympy.oo and second == 0:
+        return sympy.Not(cond)
+    if first == 0 and second == -sympy.oo:
+        return cond
+    return None

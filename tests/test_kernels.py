@@ -1,0 +1,338 @@
+"""Kernel selection: where the equations mean exactly softmax(Q·Kᵀ·s + M)·V the plan calls
+F.scaled_dot_product_attention (and nowhere else), projections become F.linear, and the
+result still equals the literal interpreter, in values and gradients."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import indexattn
+from indexattn import reference
+from indexattn.plan import Attention, Linear, Split
+from indexattn.verify import compare, sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# shipped spec -> how the kernel is called (None: no fused kernel, the weights are returned)
+SHIPPED = {
+    "mha": "is_causal",
+    "mha_math": "is_causal",
+    "mha_separate": "is_causal",
+    "causal_head": "is_causal",
+    "gqa": "is_causal",
+    "mqa": "is_causal",
+    "sliding_window": "attn_mask",
+    "alibi": "attn_mask",
+    "dk_dv_mask": "attn_mask",
+    "single_head": "plain",
+    "dk_dv": "plain",
+    "concat_heads": "plain",
+    "concat_heads_proj": "plain",
+    "cross": "plain",
+    "gpt2": None,
+    "torch_mha": None,
+    "sdpa": None,
+    "simple": None,
+}
+
+
+def steps(spec, kind):
+    return [s for b in spec.plan.blocks for s in b.steps if isinstance(s, kind)]
+
+
+def code(spec):
+    """The generated source without its comments (which quote the equations)."""
+    return "\n".join(line.split("#")[0] for line in spec.source.splitlines())
+
+
+def compile_text(text, name="t"):
+    return indexattn.compile_spec(text, name=name)
+
+
+def assert_equals_literal(spec, batch=(2,)):
+    """Values (float64, 1e-12) and the gradients of every argument, against the oracle."""
+    assert compare(spec, torch.float64, batch).ok
+    sizes = sample_sizes(spec.ir, seed=1)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    args = sample_arguments(spec.ir, sizes, batch, torch.float64, seed=2)
+    mine = {k: v.clone().requires_grad_() for k, v in args.items()}
+    theirs = {k: v.clone().requires_grad_() for k, v in args.items()}
+    got = spec(**mine, **given)
+    want = reference.evaluate(spec.ir, **theirs, **given)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=0)
+        weights = torch.randn_like(w)
+        (g * weights).sum().backward(retain_graph=True)
+        (w * weights).sum().backward(retain_graph=True)
+    for name in args:
+        torch.testing.assert_close(mine[name].grad, theirs[name].grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_specs_call_the_kernel_exactly_where_it_computes_them(name):
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    fused = steps(spec, Attention)
+    if SHIPPED[name] is None:
+        assert not fused and "scaled_dot_product_attention" not in spec.source
+        return
+    assert len(fused) == 1
+    assert ("is_causal=True" in spec.source) == (SHIPPED[name] == "is_causal")
+    assert ("attn_mask=" in spec.source) == (SHIPPED[name] == "attn_mask")
+    assert ("enable_gqa=True" in spec.source) == (name in ("gqa", "mqa"))
+    assert "einsum(" not in code(spec) and "softmax" not in code(spec)
+
+
+def test_no_materialised_scores_when_the_kernel_runs():
+    """The causal specs build no N x N tensor at all: no mask, no scores."""
+    for name, how in SHIPPED.items():
+        if how == "is_causal":
+            source = code(indexattn.compile_spec(ROOT / "specs" / f"{name}.attn"))
+            assert "arange" not in source and "torch.where" not in source, name
+
+
+def test_fused_projections_are_one_matrix_product_and_a_split():
+    for name in ("mha", "mha_math", "gpt2"):
+        spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+        qkv, _ = steps(spec, Linear)
+        assert steps(spec, Split) and spec.source.count("F.linear(") == 2
+        assert qkv.bias == (spec.ir.tensors[3] if name == "gpt2" else None)
+        assert "rearrange" not in spec.source and ".contiguous()" not in spec.source
+
+
+# Near misses: each is one change away from the kernel's mathematics.
+HEAD = """index τ, τ' : N
+index μ : h
+index a : d_k
+input Q_<μτa>
+input K_<μτ'a>
+input V_<μτ'a>
+"""
+CORE = {
+    "S": "S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)",
+    "A": "A_<μττ'> = softmax_<τ'>(S_<μττ'>)",
+    "O": "O_<μτa> = A_<μττ'> V_<μτ'a>",
+}
+
+
+def core(output="O", **changes):
+    lines = [changes.pop(k, v) for k, v in CORE.items()] + list(changes.values())
+    return HEAD + "\n".join(lines) + f"\noutput {output}\n"
+
+
+NEAR_MISSES = {
+    "softmax over the query": core(A="A_<μττ'> = softmax_<τ>(S_<μττ'>)"),
+    "softmax over two indices": core(A="A_<μττ'> = softmax_<μτ'>(S_<μττ'>)"),
+    "exp instead of softmax": core(A="A_<μττ'> = exp(S_<μττ'>)"),
+    "scores used twice": core(R="R_<μτ> = sum_<τ'>(S_<μττ'>)", output="O, R"),
+    "weights returned": core(output="O, A"),
+    "scores an output": core(output="O, S"),
+    "dropout on the scores": core(
+        A="D_<μττ'> = dropout(S_<μττ'>, 0.1)\nA_<μττ'> = softmax_<τ'>(D_<μττ'>)"
+    ),
+    "dropped weights returned": core(
+        O="D_<μττ'> = dropout(A_<μττ'>, 0.1)\nO_<μτa> = D_<μττ'> V_<μτ'a>", output="O, D"
+    ),
+    "mask multiplied, not added": core(
+        S="M_<ττ'> = where(τ' > τ, 0, 1)\nS_<μττ'> = Q_<μτa> K_<μτ'a> M_<ττ'>"
+    ),
+    "mask inside the scale": core(
+        S="M_<ττ'> = where(τ' > τ, -inf, 0)\nS_<μττ'> = (Q_<μτa> K_<μτ'a> + M_<ττ'>) / 2"
+    ),
+    "a constant added": core(S="S_<μττ'> = Q_<μτa> K_<μτ'a> + 1"),
+    "the output scaled": core(O="O_<μτa> = A_<μττ'> V_<μτ'a> / 2"),
+    "values summed over the query": HEAD.replace("input V_<μτ'a>", "input V_<μτa>")
+    + "\n".join([CORE["S"], CORE["A"], "O_<μτ'a> = A_<μττ'> V_<μτa>"]),
+    "values carry the query": HEAD.replace("input V_<μτ'a>", "input V_<μττ'a>")
+    + "\n".join([CORE["S"], CORE["A"], "O_<μτa> = A_<μττ'> V_<μττ'a>"]),
+}
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES.values(), ids=NEAR_MISSES.keys())
+def test_near_misses_do_not_use_the_kernel(text):
+    spec = compile_text(text)
+    assert not steps(spec, Attention)
+    assert "scaled_dot_product_attention" not in spec.source
+    assert_equals_literal(spec)
+
+
+GROUPED = """index τ, τ' : N
+index g : h_kv
+index r : n_rep
+index a : d_k
+input Q_<grτa>
+input K_<gτ'a>
+input V_<gτ'a>
+input P_<rτ'>
+S_<grττ'> = Q_<grτa> K_<gτ'a> + P_<rτ'>
+A_<grττ'> = softmax_<τ'>(S_<grττ'>)
+O_<grτa> = A_<grττ'> V_<gτ'a>
+"""
+
+
+def test_no_kernel_for_a_mask_per_query_head_of_grouped_heads():
+    """Merged into one head axis (g r), the heads cannot keep a mask that varies along r."""
+    spec = compile_text(GROUPED)
+    assert not steps(spec, Attention)
+    assert_equals_literal(spec)
+
+
+CAUSAL_LOOKALIKES = {
+    "not strict": "where(τ' >= τ, -inf, 0)",
+    "shifted": "where(τ' > τ + 1, -inf, 0)",
+    "mirrored": "where(τ > τ', -inf, 0)",
+    "as a keep mask": "where(τ' <= τ, 0, -inf)",
+    "with a padding mask": "where(τ' > τ, -inf, 0) + P_<τ'>",
+}
+
+
+@pytest.mark.parametrize("mask", CAUSAL_LOOKALIKES.values(), ids=CAUSAL_LOOKALIKES.keys())
+def test_is_causal_only_for_exactly_key_after_query(mask):
+    text = core(S=f"S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + {mask}")
+    spec = compile_text(text.replace("input V", "input P_<τ'>\ninput V"))
+    (step,) = steps(spec, Attention)
+    assert step.causal == (mask == CAUSAL_LOOKALIKES["as a keep mask"])
+    assert ("attn_mask=" in spec.source) != step.causal
+    assert_equals_literal(spec)
+
+
+def test_is_causal_needs_one_range_for_queries_and_keys():
+    """With N queries and L keys, τ' > τ is a boolean mask, not the kernel's is_causal."""
+    text = core(S="S_<μττ'> = Q_<μτa> K_<μτ'a> + where(τ' > τ, -inf, 0)")
+    text = text.replace("index τ, τ' : N", "index τ : N\nindex τ' : L")
+    spec = compile_text(text)
+    (step,) = steps(spec, Attention)
+    assert not step.causal and "attn_mask=" in spec.source
+    assert_equals_literal(spec)
+
+
+RENAMED = """index s, t : n
+index c : w
+index H : heads
+input Q_<sHc>
+input K_<cHt>
+input V_<tcH>
+S_<Hts> = Q_<sHc> K_<cHt> * 0.3 + where(t > s, -inf, 0)
+A_<sHt> = softmax_<t>(S_<Hts>)
+O_<cHs> = A_<sHt> V_<tcH>
+"""
+
+SELF = """index τ, σ : N
+index i : d
+input X_<τi>
+S_<τσ> = X_<τi> X_<σi>
+A_<τσ> = softmax_<σ>(S_<τσ>)
+Z_<τi> = A_<τσ> X_<σi>
+"""
+
+GROUPED_RG = """index τ, τ' : N
+index g : h_kv
+index r : n_rep
+index a : d_k
+input Q_<rτga>
+input K_<τ'ga>
+input V_<gτ'a>
+S_<grττ'> = Q_<rτga> K_<τ'ga> / sqrt(d_k) + where(τ' > τ, -inf, 0)
+A_<grττ'> = softmax_<τ'>(S_<grττ'>)
+O_<τrga> = A_<grττ'> V_<gτ'a>
+"""
+
+FIRES = {"renamed and reordered": RENAMED, "queries are keys": SELF, "grouped (r g)": GROUPED_RG}
+
+
+@pytest.mark.parametrize("text", FIRES.values(), ids=FIRES.keys())
+def test_the_match_reads_structure_not_names_or_axis_orders(text):
+    spec = compile_text(text)
+    assert len(steps(spec, Attention)) == 1
+    for batch in ((), (2,), (2, 3)):
+        assert compare(spec, torch.float64, batch).ok, batch
+    assert_equals_literal(spec)
+
+
+def test_rows_masked_everywhere_give_zeros_with_the_kernel():
+    """A predicate that hides all of row 1, and an additive mask of -inf on row 2."""
+    text = core(S="S_<μττ'> = Q_<μτa> K_<μτ'a> + where(τ' > τ or τ == 1, -inf, 0) + M_<ττ'>")
+    spec = compile_text(text.replace("input V", "input M_<ττ'>\ninput V"))
+    assert steps(spec, Attention)
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes)
+    args["M"] = torch.zeros_like(args["M"])
+    args["M"][..., 2, :] = -torch.inf
+    leaves = {k: v.requires_grad_() for k, v in args.items() if k != "M"}
+    out = spec(**args)
+    assert torch.all(out[..., 1:3, :] == 0) and not out.isnan().any()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in leaves.values())
+    assert compare(spec, torch.float64).ok
+
+
+def test_dropout_on_the_weights_is_the_kernels_dropout_p():
+    spec = indexattn.compile_spec(ROOT / "specs" / "mha_separate.attn")
+    assert "dropout_p=p if training else 0.0" in spec.source and "F.dropout" not in spec.source
+
+
+def test_weights_stored_in_out_use_matmul_without_copies():
+    text = """index τ : N
+index i : d
+index j : e
+input X_<τi>
+param W_<ij>
+param U_<ij>
+param b_<j>
+Y_<τj> = W_<ij> X_<τi>
+Z_<τj> = U_<ij> X_<τi> + b_<j>
+output Y, Z
+"""
+    spec = compile_text(text)
+    assert "Y = X @ W" in spec.source and "Z = F.linear(X, U.mT, b)" in spec.source
+    assert_equals_literal(spec)
+
+
+def test_slices_that_do_not_cover_the_weight_are_not_fused():
+    """Two of three slices: one product over the whole weight would waste a third."""
+    text = """index τ : N
+index i : d
+index a : k
+index B : 3
+input X_<τi>
+param W_<(Ba)i>
+Q_<τa> = W_<(0a)i> X_<τi>
+K_<τa> = W_<(1a)i> X_<τi>
+Y_<τa> = Q_<τa> K_<τa>
+"""
+    spec = compile_text(text)
+    assert not steps(spec, Split)
+    assert_equals_literal(spec)
+
+
+def test_masks_from_positions_are_built_once_per_shape():
+    spec = indexattn.compile_spec(ROOT / "specs" / "sliding_window.attn")
+    cache = spec.function.__globals__["_M_keep"]
+    for n in (5, 5, 6):
+        sizes = {**sample_sizes(spec.ir), "N": n}
+        args = sample_arguments(spec.ir, sizes)
+        spec(**args, h=sizes["h"], w=3)
+        (key,) = cache
+        assert key[:2] == (n, 3)
+    first = cache[key]
+    spec(**args, h=sizes["h"], w=3)
+    assert cache[key] is first
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_torch_compile_fullgraph_on_every_generated_module(name):
+    """Dynamo traces the module whole (no graph break), twice: the mask caches too."""
+    torch._dynamo.reset()
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float32)
+    module = spec.module(**sizes).eval()
+    module.load_state_dict({k: args[k] for k in module.state_dict()})
+    inputs = [args[t.ascii] for t in spec.ir.tensors_of("input")]
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    for _ in range(2):
+        got, want = compiled(*inputs), module(*inputs)
+        got, want = (x if isinstance(x, tuple) else (x,) for x in (got, want))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)

@@ -1,0 +1,99 @@
+"""Numbers stay finite where the mathematics is finite: fully masked rows give zeros (values and
+gradients) on every code path and dtype, huge logits give a finite softmax, two finfo.min masks
+never make NaN, and float16/bfloat16 agree with float64 within the dtype's tolerance."""
+
+import pytest
+import torch
+
+import indexattn
+from indexattn import reference
+from indexattn.verify import TOLERANCE, sample_arguments, sample_sizes
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+HEAD = """index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+input P_<ττ'>
+input R_<ττ'>
+param W_q_<(μa)i>
+param W_k_<(μa)i>
+param W_v_<(μa)i>
+Q_<μτa> = W_q_<(μa)i> X_<τi>
+K_<μτa> = W_k_<(μa)i> X_<τi>
+V_<μτa> = W_v_<(μa)i> X_<τi>
+S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + P_<ττ'> + R_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+"""
+# The same attention with the weights as an output (no fused kernel can return them) and
+# without (a fused kernel may compute it): both code paths are held to the same rules.
+PATHS = {"weights out": HEAD + "output O, A\n", "output only": HEAD + "output O\n"}
+
+
+def attention(path: str, dtype: torch.dtype, fill: float, rows=(0,), n=5):
+    spec = indexattn.compile_spec(PATHS[path], name=path.replace(" ", "_"))
+    gen = torch.Generator().manual_seed(0)
+    args = {
+        name: (torch.randn(shape, generator=gen, dtype=torch.float64) * 0.5).to(dtype)
+        for name, shape in (("X", (2, n, 8)), ("W_q", (8, 8)), ("W_k", (8, 8)), ("W_v", (8, 8)))
+    }
+    mask = torch.zeros(n, n, dtype=dtype)
+    mask[list(rows)] = fill  # every key of these query rows is masked
+    mask[1, 3] = fill  # and one entry of another row
+    args["P"], args["R"] = mask.clone(), mask.clone()
+    leaves = {k: v.requires_grad_() for k, v in args.items()}
+    out = spec(**leaves, h=2)
+    return spec, leaves, out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_a_fully_masked_row_gives_zeros_and_zero_gradients(path, dtype):
+    _, leaves, outputs = attention(path, dtype, float("-inf"))
+    for out in outputs:
+        assert torch.all(torch.isfinite(out)), f"{path}: non-finite output in {dtype}"
+        assert torch.all(out[:, :, 0] == 0), "the masked row must be zeros"
+    sum(o.float().sum() for o in outputs).backward()
+    for name, leaf in leaves.items():
+        assert torch.all(torch.isfinite(leaf.grad)), f"{path}: NaN gradient of {name}"
+    assert torch.all(leaves["P"].grad[0] == 0) and leaves["P"].grad[1, 3] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS)
+def test_two_finfo_min_masks_never_make_nan(path, dtype):
+    _, leaves, outputs = attention(path, dtype, torch.finfo(dtype).min, rows=())
+    for out in outputs:
+        assert torch.all(torch.isfinite(out))
+    sum(o.float().sum() for o in outputs).backward()
+    assert all(torch.all(torch.isfinite(leaf.grad)) for leaf in leaves.values())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_huge_logits_give_a_finite_softmax(path):
+    spec = indexattn.compile_spec(PATHS[path], name="huge")
+    x = torch.randn(2, 5, 8, dtype=torch.float32) * 100
+    w = torch.randn(8, 8) * 10  # scores of order 1e4 and beyond
+    zeros = torch.zeros(5, 5)
+    out = spec(X=x, W_q=w, W_k=w, W_v=torch.eye(8), P=zeros, R=zeros, h=2)
+    for o in out if isinstance(out, tuple) else (out,):
+        assert torch.all(torch.isfinite(o))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_reduced_precision_agrees_with_float64(shipped, dtype):
+    sizes = sample_sizes(shipped.ir, seed=0)
+    given = {k: v for k, v in sizes.items() if k in shipped.required}
+    exact = sample_arguments(shipped.ir, sizes, (2,), torch.float64, seed=0)
+    low = {k: v.to(dtype) for k, v in exact.items()}
+    rounded = {k: v.double() for k, v in low.items()}  # the same inputs, rounded once
+    got = shipped(**low, **given)
+    want = reference.evaluate(shipped.ir, **rounded, **given)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+        assert g.dtype == dtype
+        scale = 1 + w.abs().max().item()
+        error = (g.double() - w).abs().max().item() / scale
+        assert error <= TOLERANCE[dtype], f"{shipped.name}: {error:.2e} in {dtype}"
