@@ -190,15 +190,8 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
 def _uses(spec: Spec) -> Counter:
     counts: Counter = Counter(t.name for t in spec.outputs)
     for eq in spec.equations:
-        counts.update(ref.tensor.name for ref in refs(eq.rhs))
+        counts.update(ref.tensor.name for ref in ir.refs(eq.rhs))
     return counts
-
-
-def refs(node: ir.Node):
-    if isinstance(node, ir.Ref):
-        yield node
-    for child in ir.children(node):
-        yield from refs(child)
 
 
 def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
@@ -373,7 +366,7 @@ def _same_batching(*nodes: ir.Node) -> bool:
 
 
 def _batched(node: ir.Node) -> bool:
-    return any(ref.tensor.batched for ref in refs(node))
+    return any(ref.tensor.batched for ref in ir.refs(node))
 
 
 def _keep(expr: sympy.Basic) -> sympy.Basic | None:

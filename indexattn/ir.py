@@ -763,6 +763,14 @@ def children(node: Node) -> tuple[Node, ...]:
     return ()
 
 
+def refs(node: Node):
+    """Every tensor reference in a node, depth first in the order written."""
+    if isinstance(node, Ref):
+        yield node
+    for child in children(node):
+        yield from refs(child)
+
+
 class Analysis:
     """Einstein summation, top-down: which indices each product sums, and the mistakes."""
 

@@ -237,7 +237,7 @@ def _context(eq: ir.Equation, tree: ast.Expr) -> Context:
     """Products are matched to the syntax by what they read: the references they own (not
     through a nested product) and their nested products, both sides built the same way as the
     checker builds products (flattening `*`, `/` and unary minus; `a - b` negates b)."""
-    refs = sorted(references(eq.rhs), key=lambda r: (r.span.line, r.span.col))
+    refs = sorted(ir.refs(eq.rhs), key=lambda r: (r.span.line, r.span.col))
     ir_rank = {r.span: k for k, r in enumerate(refs)}
     products: dict[Signature, ir.Product] = {}
     _ir_own(eq.rhs, ir_rank, products)
@@ -254,14 +254,6 @@ def _context(eq: ir.Equation, tree: ast.Expr) -> Context:
         for ref in _later_occurrences(product, index)
     )
     return context
-
-
-def references(node: ir.Node):
-    """Every tensor reference in an IR node, in the order written."""
-    if isinstance(node, ir.Ref):
-        yield node
-    for child in ir.children(node):
-        yield from references(child)
 
 
 def _ir_own(node: ir.Node, rank: dict, products: dict) -> Signature:

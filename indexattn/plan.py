@@ -524,19 +524,12 @@ def _literal_positions(spec: Spec) -> dict[str, tuple[int, ...]]:
     """For each tensor, the flat positions that some reference selects with a literal."""
     found: dict[str, set[int]] = {}
     for eq in spec.equations:
-        for ref in _refs(eq.rhs):
+        for ref in ir.refs(eq.rhs):
             written = [i for axis in ref.axes for i in axis]
             hits = {k for k, i in enumerate(written) if isinstance(i, int)}
             if hits:
                 found.setdefault(ref.tensor.name, set()).update(hits)
     return {name: tuple(sorted(hits)) for name, hits in found.items()}
-
-
-def _refs(node: ir.Node):
-    if isinstance(node, ir.Ref):
-        yield node
-    for child in ir.children(node):
-        yield from _refs(child)
 
 
 def _may_be_masked(node: ir.Node, masked: dict[str, bool]) -> bool:

@@ -272,7 +272,7 @@ def fan_in(spec: ir.Spec, tensor: ir.Tensor, values: dict) -> int:
     summed over nothing (a bias) takes the fan-in of a weight in its equation, as nn.Linear's
     bias does."""
     for eq in spec.equations:
-        if not _mentions(eq.rhs, tensor):
+        if all(ref.tensor != tensor for ref in ir.refs(eq.rhs)):
             continue
         fans = [
             (f.tensor, set(p.summed) & set(f.tensor.indices))
@@ -299,12 +299,6 @@ def _products(node: ir.Node):
         yield node
     for child in ir.children(node):
         yield from _products(child)
-
-
-def _mentions(node: ir.Node, tensor: ir.Tensor) -> bool:
-    if isinstance(node, ir.Ref):
-        return node.tensor == tensor
-    return any(_mentions(child, tensor) for child in ir.children(node))
 
 
 def _initialise(param: nn.Parameter, tensor: ir.Tensor, fan: int) -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import sympy
 
 from . import ir
-from .latex import references
 
 CHAR = 8.4  # width of one character of the 14px monospace font
 ROW = 92  # from one layer to the next
@@ -63,7 +62,7 @@ class Graph:
         self.spec = spec
         found: dict[tuple[ir.Tensor, ir.Tensor], list[str]] = {}
         for eq in spec.equations:
-            for ref in references(eq.rhs):
+            for ref in ir.refs(eq.rhs):
                 labels = found.setdefault((ref.tensor, eq.tensor), [])
                 written = [i for axis in ref.axes for i in axis]
                 labels += [
