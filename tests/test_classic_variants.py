@@ -14,7 +14,7 @@ import pytest
 import sympy
 import torch
 from reference.buggy import HeadMajorGPT2, RepeatKVGQA, ReshapeHeadsMHA
-from reference.cases import CASES, SDPA_CASES
+from reference.cases import CASES, JOURNEY, SDPA_CASES, assert_reproduces_journey
 
 indexattn = pytest.importorskip("indexattn")
 
@@ -66,6 +66,18 @@ def setup(case, build):
     return ref, spec_module, inputs
 
 
+def assert_same_gradients(case, want, got, inputs, ref, spec_module, same_keys=False):
+    """Input and parameter gradients of the module and the spec, for the same cotangents."""
+    cotangents = [torch.randn_like(w) for w in want]
+    want_inputs, want_params = gradients(want, cotangents, inputs, ref)
+    got_inputs, got_params = gradients(got, cotangents, inputs, spec_module)
+    assert_all_close(list(got_inputs.values()), list(want_inputs.values()))
+    want_params = case.mapping(want_params)
+    if same_keys:
+        assert got_params.keys() == want_params.keys()
+    assert_all_close([got_params[k] for k in want_params], list(want_params.values()))
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.spec)
 def test_spec_matches_module(case):
     ref, spec_module, inputs = setup(case, case.build)
@@ -73,13 +85,7 @@ def test_spec_matches_module(case):
     got = as_tuple(spec_module(*inputs.values()))
     assert_all_close(got, want)
 
-    cotangents = [torch.randn_like(w) for w in want]
-    want_inputs, want_params = gradients(want, cotangents, inputs, ref)
-    got_inputs, got_params = gradients(got, cotangents, inputs, spec_module)
-    assert_all_close(list(got_inputs.values()), list(want_inputs.values()))
-    want_params = case.mapping(want_params)
-    assert got_params.keys() == want_params.keys()
-    assert_all_close([got_params[k] for k in want_params], list(want_params.values()))
+    assert_same_gradients(case, want, got, inputs, ref, spec_module, same_keys=True)
 
 
 @pytest.mark.parametrize("spec", BUGGY)
@@ -129,34 +135,16 @@ def test_train_mode_draws_the_same_dropout_masks(case):
     got = as_tuple(spec_module(*inputs.values()))
     assert_all_close(got, want)
 
-    cotangents = [torch.randn_like(w) for w in want]
-    want_inputs, want_params = gradients(want, cotangents, inputs, ref)
-    got_inputs, got_params = gradients(got, cotangents, inputs, spec_module)
-    assert_all_close(list(got_inputs.values()), list(want_inputs.values()))
-    want_params = case.mapping(want_params)
-    assert_all_close([got_params[k] for k in want_params], list(want_params.values()))
+    assert_same_gradients(case, want, got, inputs, ref, spec_module)
 
     evaluated = as_tuple(spec_module.eval()(*inputs.values()))
     assert not torch.allclose(got[0], evaluated[0], atol=1e-6)
 
 
-JOURNEY = [  # "Your journey starts with one step", 3-wide embeddings
-    [0.43, 0.15, 0.89],
-    [0.55, 0.87, 0.66],
-    [0.57, 0.85, 0.64],
-    [0.22, 0.58, 0.33],
-    [0.77, 0.25, 0.10],
-    [0.05, 0.80, 0.55],
-]
-
-
 def test_simple_spec_reproduces_the_published_example():
     """Variant 1's published numbers, from the spec itself: the query "journey" (row 1)."""
     context, weights = compiled("simple")(X=torch.tensor(JOURNEY, dtype=torch.float64))
-    published = [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581]
-    torch.testing.assert_close(weights[1], torch.tensor(published).double(), atol=5e-5, rtol=0)
-    published = [0.4419, 0.6515, 0.5683]
-    torch.testing.assert_close(context[1], torch.tensor(published).double(), atol=5e-5, rtol=0)
+    assert_reproduces_journey(context, weights)
 
 
 def docs_table():

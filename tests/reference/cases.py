@@ -15,6 +15,25 @@ from torch import nn
 
 from . import classic
 
+# Variant 1's published example, "Your journey starts with one step" (3-wide embeddings), and
+# its numbers for the query "journey" (row 1), to 4 decimals.
+JOURNEY = [
+    [0.43, 0.15, 0.89],
+    [0.55, 0.87, 0.66],
+    [0.57, 0.85, 0.64],
+    [0.22, 0.58, 0.33],
+    [0.77, 0.25, 0.10],
+    [0.05, 0.80, 0.55],
+]
+JOURNEY_WEIGHTS = [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581]
+JOURNEY_CONTEXT = [0.4419, 0.6515, 0.5683]
+
+
+def assert_reproduces_journey(context: torch.Tensor, weights: torch.Tensor) -> None:
+    for got, published in ((weights[1], JOURNEY_WEIGHTS), (context[1], JOURNEY_CONTEXT)):
+        torch.testing.assert_close(got, torch.tensor(published).double(), atol=5e-5, rtol=0)
+
+
 BATCH = (2,)  # leading batch axes of the test inputs
 N, N_KV = 5, 7  # query and key/value lengths of the test inputs
 
