@@ -13,7 +13,7 @@ from handwritten import GPT2, GQA, MHA, Cross
 from torch import nn
 
 import indexattn
-from indexattn import reference
+from indexattn.oracle import reference
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 IMPLEMENTATIONS = ("generated", "fused", "classic", "nn.MultiheadAttention", "literal")

@@ -129,8 +129,8 @@ def run_check(args: argparse.Namespace) -> int:
     import torch
 
     from .errors import SpecError
+    from .oracle.verify import compare
     from .runtime import compile_spec
-    from .verify import compare
 
     failed = 0
     for path in args.specs:
@@ -207,9 +207,9 @@ def _checked(path: Path):
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
-    from .cost import sizes_for
-    from .plan import plan
-    from .report import report
+    from .lower.plan import plan
+    from .views.cost import sizes_for
+    from .views.report import report
 
     try:
         values = sizes_for(spec, dict(sizes))
@@ -219,7 +219,7 @@ def _report(spec, sizes: list[tuple[str, int]]):
 
 
 def run_latex(args: argparse.Namespace) -> int:
-    from . import latex
+    from .views import latex
 
     spec = _checked(args.spec)
     if not args.pdf:
@@ -230,8 +230,8 @@ def run_latex(args: argparse.Namespace) -> int:
             header + latex.latex(spec, raised=args.raised, sums=args.sums), args.output, args.force
         )
         return 0
-    from . import texdoc
-    from .docs import file_stem
+    from .views import texdoc
+    from .views.markdown import file_stem
 
     document = texdoc.document(_report(spec, args.size), raised=args.raised, sums=args.sums)
     pdf = texdoc.pdf(document)  # a TeX error writes nothing
@@ -248,9 +248,9 @@ def run_count(args: argparse.Namespace) -> int:
 
 
 def run_docs(args: argparse.Namespace) -> int:
-    from . import docs
-    from .codegen import generate
-    from .cost import size_names
+    from .lower.codegen import generate
+    from .views import markdown as docs
+    from .views.cost import size_names
 
     specs = [_checked(path) for path in args.specs]
     unknown = sorted({n for n, _ in args.size} - {n for s in specs for n in size_names(s)})

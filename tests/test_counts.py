@@ -11,9 +11,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
-from indexattn import cost
 from indexattn.cli import main
-from indexattn.verify import sample_arguments, sample_sizes
+from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.views import cost
 
 ROOT = Path(__file__).resolve().parent.parent
 

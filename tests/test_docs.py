@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from indexattn import docs, svg
 from indexattn.cli import main
 from indexattn.ir import check
+from indexattn.views import markdown as docs
+from indexattn.views import svg
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import indexattn
-from indexattn import reference
-from indexattn.plan import Attention, Linear, Split
-from indexattn.verify import compare, sample_arguments, sample_sizes
+from indexattn.lower.plan import Attention, Linear, Split
+from indexattn.oracle import reference
+from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from indexattn import cost, latex, texdoc
 from indexattn.cli import main
 from indexattn.ir import check
-from indexattn.plan import plan
-from indexattn.report import report
+from indexattn.lower.plan import plan
+from indexattn.views import cost, latex, texdoc
+from indexattn.views.report import report
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))

@@ -4,8 +4,8 @@ float64 and float32, with 0, 1 and 2 leading batch axes, in values and in gradie
 import pytest
 import torch
 
-from indexattn import reference
-from indexattn.verify import compare, sample_arguments, sample_sizes
+from indexattn.oracle import reference
+from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 
 BATCHES = [(), (3,), (2, 3)]
 

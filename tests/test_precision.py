@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import indexattn
-from indexattn import reference
-from indexattn.verify import TOLERANCE, _error, sample_arguments, sample_sizes
+from indexattn.oracle import reference
+from indexattn.oracle.verify import TOLERANCE, _error, sample_arguments, sample_sizes
 
 LOW = [torch.float16, torch.bfloat16]
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import indexattn
 from indexattn import cli
-from indexattn.verify import compare
+from indexattn.oracle.verify import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "specs").glob("*.attn"))]

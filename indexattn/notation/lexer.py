@@ -61,7 +61,6 @@ TRAILING = frozenset(
 )
 # ... and so does a statement whose next line starts with one of these.
 LEADING = frozenset({"+", "-", "*", "/", "^", "**"})
-WORD_OPERATORS = frozenset({"and", "or", "not"})
 
 
 @dataclass(frozen=True)

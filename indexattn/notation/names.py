@@ -86,13 +86,6 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-def macro_glyph(name: str) -> str | None:
-    """`mu` -> `μ`; a single ASCII letter stands for itself; None for an unknown macro."""
-    if name in GREEK:
-        return GREEK[name]
-    return None
-
-
 def ascii_name(glyph: str) -> str:
     """A readable ASCII identifier for a spec name: `τ'` -> `tau_p`, `Ã` -> `A_tilde`."""
     base = glyph.rstrip("'")

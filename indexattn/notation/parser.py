@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import difflib
 
+from .. import ops
 from ..errors import Span, SpecError
 from . import syntax as ast
 from .lexer import Token, lex
 
-REDUCTIONS = ("softmax", "sum", "max", "min", "mean", "logsumexp")
-ELEMENTWISE = ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "abs")
-FUNCTIONS = {**{f: 1 for f in ELEMENTWISE}, **{f: 1 for f in REDUCTIONS}, "where": 3, "dropout": 2}
+REDUCTIONS = tuple(ops.REDUCTIONS)
+FUNCTIONS = {name: op.arity for name, op in ops.CALLABLE.items()}
 DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
-COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+COMPARISONS = ops.COMPARISONS
 KEYWORDS = frozenset({"and", "or", "not", "inf"})
 MAX_DEPTH = 32  # parentheses, calls, signs and powers nested in one expression
 MAX_TOKENS = 1000  # in one statement

@@ -4,25 +4,10 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from ..ops import OPERATORS
 from . import syntax as ast
 
-PRECEDENCE = {
-    "or": 1,
-    "and": 2,
-    "not": 3,
-    "<": 4,
-    "<=": 4,
-    ">": 4,
-    ">=": 4,
-    "==": 4,
-    "!=": 4,
-    "+": 5,
-    "-": 5,
-    "*": 6,
-    "/": 6,
-    "neg": 7,
-    "^": 8,
-}
+PRECEDENCE = {name: op.level for name, op in OPERATORS.items()}
 
 
 def subscript(axes: tuple[ast.Axis, ...]) -> str:

@@ -14,12 +14,13 @@ import sympy
 import torch
 from torch import nn
 
-from . import cost, ir
-from .codegen import generate
-from .errors import ShapeError
-from .notation.names import ascii_name
-from .plan import Plan, plan
-from .shapes import solve, whole
+from .. import ir
+from ..errors import ShapeError
+from ..ir.shapes import solve, whole
+from ..lower.codegen import generate
+from ..lower.plan import Plan, plan
+from ..notation.names import ascii_name
+from ..views import cost
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 
@@ -57,8 +58,8 @@ class CompiledSpec:
         self.function = _load(self.source, self.ir.name)
         # Plain attributes, read on every call (and by torch.compile, which cannot trace the
         # lock of a cached_property).
-        self.required = tuple(ascii_name(str(s)) for s in self.plan.sizes.required)
-        self.size_names = frozenset(ascii_name(str(s)) for s in self.ir.sizes)
+        self.required = tuple(self.ir.size_ascii(s) for s in self.plan.sizes.required)
+        self.size_names = frozenset(self.ir.size_asciis)
         self.arguments = tuple(t.ascii for t in self.ir.arguments)
 
     @property
@@ -118,7 +119,7 @@ class CompiledSpec:
             shapes = {name: tuple(t.shape) for name, t in zip(self.arguments, tensors)}
             values = solve(self.ir, self.plan.sizes, shapes, given)
             self._batch(shapes)
-            self._shapes[key] = {ascii_name(str(s)): v for s, v in values.items()}
+            self._shapes[key] = {self.ir.size_ascii(s): v for s, v in values.items()}
         self._same_kind(tensors)
         return self._shapes[key]
 
@@ -158,17 +159,17 @@ class CompiledSpec:
     def latex(self, *, raised: bool = False, sums: bool = False) -> str:
         r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted
         index up on its second use (`X_{\tau}{}^{i}`), `sums=True` writes the sums."""
-        from . import latex
+        from ..views import latex
 
         return latex.latex(self.ir, raised=raised, sums=sums)
 
     def _repr_latex_(self) -> str:
-        from . import latex
+        from ..views import latex
 
         return "$$" + latex.latex(self.ir, environment="aligned") + "$$"
 
     def _repr_markdown_(self) -> str:
-        from . import docs
+        from ..views import markdown as docs
 
         return docs.head(self.ir, index=False) + "\n" + docs.equations(self.ir, docs.NOTEBOOK_MATH)
 
@@ -193,7 +194,7 @@ class SpecModule(nn.Module):
         super().__init__()
         self.spec = spec
         ir_spec = spec.ir
-        size_names = {ascii_name(str(s)): s for s in ir_spec.sizes}
+        size_names = {v: k for k, v in ir_spec.size_names.items()}
         self.sizes = {
             k: whole(spec.name, k, kwargs.pop(k)) for k in list(kwargs) if k in size_names
         }

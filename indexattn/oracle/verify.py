@@ -8,10 +8,9 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from ..ir import Spec
+from ..runtime import CompiledSpec
 from . import reference
-from .ir import Spec
-from .notation.names import ascii_name
-from .runtime import CompiledSpec
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 
@@ -20,8 +19,8 @@ def sample_sizes(spec: Spec, seed: int = 0) -> dict[str, int]:
     """Small, pairwise different sizes, so that a swapped axis cannot go unnoticed."""
     values = [3, 4, 5, 2, 6, 7, 8, 9] if seed % 2 == 0 else [5, 2, 3, 4, 7, 6, 9, 8]
     return {
-        ascii_name(str(s)): values[k % len(values)] + 8 * (k // len(values))
-        for k, s in enumerate(spec.sizes)
+        name: values[k % len(values)] + 8 * (k // len(values))
+        for k, name in enumerate(spec.size_asciis)
     }
 
 
@@ -35,7 +34,7 @@ def sample_arguments(
 ) -> dict[str, torch.Tensor]:
     """Random tensors for every input, param and buffer, inputs with leading `batch` axes."""
     generator = torch.Generator().manual_seed(seed)
-    values = {s: sizes[ascii_name(str(s))] for s in spec.sizes}
+    values = {s: sizes[a] for s, a in spec.size_names.items()}
     out = {}
     for tensor in spec.arguments:
         shape = tuple(int(sympy.sympify(s).subs(values)) for s in tensor.shape)

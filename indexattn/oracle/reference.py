@@ -16,9 +16,9 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from . import ir
-from .ir import Index, Spec
-from .shapes import recipe, solve
+from .. import ir
+from ..ir import Index, Spec
+from ..ir.shapes import recipe, solve
 
 Value = tuple[torch.Tensor, tuple[Index, ...]]  # (..., one axis per index)
 

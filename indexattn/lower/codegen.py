@@ -12,8 +12,8 @@ import sympy
 from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.pytorch import TorchPrinter
 
-from .ir import CONDITIONS, Index
-from .notation.names import ascii_name
+from ..ir import CONDITIONS, Index
+from ..notation.names import ascii_name
 from .plan import (
     Add,
     Arg,
@@ -122,7 +122,7 @@ def generate(plan: Plan) -> str:
 class Writer:
     def __init__(self, plan: Plan) -> None:
         self.plan, self.spec = plan, plan.spec
-        self.names = {s: sympy.Symbol(ascii_name(str(s))) for s in self.spec.sizes} | {
+        self.names = {s: sympy.Symbol(a) for s, a in self.spec.size_names.items()} | {
             s.symbol: sympy.Symbol(s.ascii) for s in self.spec.scalars
         }
         self.caches: list[str] = []
@@ -143,7 +143,7 @@ class Writer:
 
     def signature(self) -> str:
         tensors = [t.ascii for t in self.spec.arguments]
-        keywords = [ascii_name(str(s)) for s in self.plan.sizes.required]
+        keywords = [self.spec.size_ascii(s) for s in self.plan.sizes.required]
         keywords += [f"{s.ascii}={s.value!r}" for s in self.spec.scalars]
         keywords.append("training=False")
         return f"def {ascii_name(self.spec.name)}({', '.join(tensors)}, *, {', '.join(keywords)}):"

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import cost, ir
-from .plan import Plan
+from .. import ir
+from ..lower.plan import Plan
+from . import cost
 
 
 @dataclass(frozen=True)

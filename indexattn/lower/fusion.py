@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import sympy
 from sympy.logic.boolalg import to_nnf
 
-from . import ir
-from .ir import Equation, Index, Spec
+from .. import ir
+from ..ir import Equation, Index, Spec
 
 # -- projections: a product with a weight stored [out, in] or [in, out]
 

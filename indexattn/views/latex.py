@@ -19,10 +19,11 @@ from typing import ClassVar
 import sympy
 from sympy.printing.latex import LatexPrinter
 
-from . import ir
-from .notation import parse
-from .notation import syntax as ast
-from .notation.names import ACCENTS, GLYPH_TO_MACRO, ascii_name
+from .. import ir
+from ..errors import Span
+from ..notation import parse
+from ..notation import syntax as ast
+from ..notation.names import ACCENTS, GLYPH_TO_MACRO, ascii_name
 
 # Greek capitals that LaTeX writes as Latin letters (there is no \Alpha).
 LATIN_LOOKALIKE = dict(
@@ -543,7 +544,7 @@ def tensor(t: ir.Tensor) -> str:
     return SpecPrinter()._print(ast.Ref(t.name, axes, NOWHERE))
 
 
-NOWHERE = ir.Span(0, 0, 0)
+NOWHERE = Span(0, 0, 0)
 
 
 def _index_name(index: ir.Index) -> ast.IndexName:

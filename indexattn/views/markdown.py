@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..ir import Spec
 from . import cost, latex, svg
-from .ir import Spec
 from .latex import formula
 from .report import CountRow, Report
 

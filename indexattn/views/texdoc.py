@@ -12,8 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import IndexAttnError
 from . import cost, latex
-from .errors import IndexAttnError
 from .latex import formula, math_name, text
 from .report import CountRow, Report
 

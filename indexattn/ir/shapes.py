@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from .errors import ShapeError
-from .ir import Spec, Tensor
-from .notation.names import ascii_name
+from ..errors import ShapeError
+from .nodes import Spec, Tensor
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,12 @@ def solve(
     given = {name: whole(spec.name, name, value) for name, value in given.items()}
     values: dict[sympy.Symbol, int] = {}
     for symbol in plan.required:
-        if _ascii(symbol) not in given:
+        if spec.size_ascii(symbol) not in given:
             raise ShapeError(
                 f"{spec.name}: the size {symbol} cannot be read from the shapes; "
-                f"pass it: {_ascii(symbol)}=..."
+                f"pass it: {spec.size_ascii(symbol)}=..."
             )
-        values[symbol] = given[_ascii(symbol)]
+        values[symbol] = given[spec.size_ascii(symbol)]
     for tensor in spec.arguments:
         _check_rank(spec, tensor, shapes[tensor.ascii])
     for step in plan.steps:
@@ -84,7 +83,7 @@ def solve(
             raise ShapeError(_axis_message(spec, step.tensor, step.axis, actual, values))
         values[step.size] = actual // divisor
     for symbol in spec.sizes:
-        value = given.get(_ascii(symbol))
+        value = given.get(spec.size_ascii(symbol))
         if value is not None and value != values[symbol]:
             raise ShapeError(
                 f"{spec.name}: {symbol} was given as {value}, but the shapes say {values[symbol]}"
@@ -99,10 +98,6 @@ def whole(spec: str, name: str, value) -> int:
     if isinstance(value, bool) or not float(value).is_integer() or int(value) <= 0:
         raise ShapeError(f"{spec}: the size {name} must be a positive whole number, got {value!r}")
     return int(value)
-
-
-def _ascii(symbol: sympy.Symbol) -> str:
-    return ascii_name(str(symbol))
 
 
 def _check_rank(spec: Spec, tensor: Tensor, shape: tuple[int, ...]) -> None:

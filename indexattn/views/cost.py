@@ -25,9 +25,8 @@ from functools import singledispatch
 
 import sympy
 
-from .ir import Index, Spec, Tensor
-from .notation.names import ascii_name
-from .plan import (
+from ..ir import Index, Spec, Tensor
+from ..lower.plan import (
     Add,
     Attention,
     Block,
@@ -223,7 +222,7 @@ def sizes_for(spec: Spec, given: dict[str, int] | None = None) -> dict[sympy.Sym
 
 def size_names(spec: Spec) -> dict[str, sympy.Symbol]:
     """Each size by its spec name and its ASCII name."""
-    return {name: s for s in spec.sizes for name in (str(s), ascii_name(str(s)))}
+    return {name: s for s, a in spec.size_names.items() for name in (str(s), a)}
 
 
 def evaluate(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int | sympy.Expr:

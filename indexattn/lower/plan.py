@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, replace
 import opt_einsum
 import sympy
 
-from . import ir
+from .. import ir
+from ..ir import Index, Spec, Tensor
+from ..ir.shapes import Recipe, recipe
 from .fusion import (
     AttentionMatch,
     LinearForm,
@@ -20,8 +22,6 @@ from .fusion import (
     linear_form,
     projection_groups,
 )
-from .ir import Index, Spec, Tensor
-from .shapes import Recipe, recipe
 
 # Sizes used to choose contraction orders when a spec leaves them symbolic.
 PLANNING_SIZE = 64
@@ -211,7 +211,7 @@ class Planner:
             {t.ascii for t in spec.tensors}
             | {i.ascii for i in spec.indices}
             | {s.ascii for s in spec.scalars}
-            | {ir.ascii_name(str(s)) for s in spec.sizes}
+            | set(spec.size_asciis)
         )
         self.held: dict[str, Operand] = {}
         self.masked: dict[str, bool] = {

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import ir
+from .. import ir
 
 CHAR = 8.4  # width of one character of the 14px monospace font
 ROW = 92  # from one layer to the next

@@ -1,0 +1,179 @@
+"""Syntax -> meaning: each statement of a Document read once against the spec's scope,
+declarations into indices, sizes, tensors and scalars, equations into checked IR."""
+
+from __future__ import annotations
+
+import sympy
+
+from ..errors import Span
+from ..notation import equation as unparse_equation
+from ..notation import parse
+from ..notation import syntax as ast
+from .einstein import Analysis
+from .expressions import Expressions, repeated
+from .nodes import Equation, Index, Node, Scalar, Spec, Tensor, batched
+from .scope import Scope
+
+
+def check(source: str, name: str, file: str = "<spec>") -> Spec:
+    """`check(text, "mha")` -> the Spec IR, or SpecError naming the first mistake."""
+    return Checker(parse(source, name, file)).spec()
+
+
+class Checker:
+    """Walks a Document once, building the IR and raising SpecError at the first mistake."""
+
+    def __init__(self, doc: ast.Document) -> None:
+        self.doc, self.scope = doc, Scope(doc)
+        self.expressions = Expressions(self.scope)
+        self.error = self.scope.error
+        self.equations: list[Equation] = []
+
+    def spec(self) -> Spec:
+        outputs: tuple[ast.Name, ...] | None = None
+        for stmt in self.doc.statements:
+            if isinstance(stmt, ast.OutputDecl):
+                if outputs is not None:
+                    raise self.error(
+                        "a second output line",
+                        stmt.span,
+                        "name every output on one line: output Y, A.",
+                    )
+                outputs = stmt.names
+            else:
+                getattr(self, "stmt_" + type(stmt).__name__)(stmt)
+        scope = self.scope
+        if not self.equations:
+            raise self.error(
+                "a spec needs at least one equation", None, "write e.g. Y_<τi> = X_<τi>."
+            )
+        if not any(t.role != "derived" for t in scope.tensors.values()):
+            raise self.error(
+                "a spec needs at least one input, param or buffer",
+                None,
+                "declare the data it works on, e.g. input X_<τi>.",
+            )
+        return Spec(
+            self.doc.name,
+            self.doc.title,
+            self.doc.description,
+            tuple(scope.indices.values()),
+            tuple(scope.sizes.values()),
+            tuple(scope.tensors.values()),
+            tuple(scope.scalars.values()),
+            tuple(self.equations),
+            self.output_tensors(outputs),
+            tuple(scope.size_asciis.values()),
+        )
+
+    def output_tensors(self, names: tuple[ast.Name, ...] | None) -> tuple[Tensor, ...]:
+        if names is None:
+            return (self.equations[-1].tensor,)
+        out = []
+        for name in names:
+            tensor = self.scope.tensors.get(name.name)
+            if tensor is None or tensor.role != "derived":
+                raise self.error(
+                    f"{name.name} is not defined by an equation",
+                    name.span,
+                    "an output names a tensor on the left of an equation."
+                    + self.scope.suggest(name.name, self.scope.tensors),
+                )
+            if tensor in out:
+                raise self.error(f"{name.name} is named twice", name.span)
+            out.append(tensor)
+        return tuple(out)
+
+    # -- declarations
+
+    def stmt_IndexDecl(self, stmt: ast.IndexDecl) -> None:
+        scope = self.scope
+        if isinstance(stmt.size, ast.Num):
+            size: sympy.Expr = sympy.Integer(stmt.size.value)
+        else:
+            size = scope.sizes.get(stmt.size.name) or scope.new_size(stmt.size)
+        for name in stmt.names:
+            scope.spelled(name.glyph, name.span)
+            ascii = scope.claim(name.glyph, "an index", name.span)
+            symbol = sympy.Symbol(name.glyph, integer=True, nonnegative=True)
+            scope.indices[name.glyph] = Index(name.glyph, ascii, size, stmt.doc, symbol)
+
+    def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
+        layout = self.layout(stmt.ref, "declaration")
+        ascii = self.scope.claim(stmt.ref.name, "a tensor", stmt.ref.span)
+        self.scope.tensors[stmt.ref.name] = Tensor(
+            stmt.ref.name,
+            ascii,
+            stmt.role,
+            layout,
+            stmt.role == "input",
+            stmt.init,
+            stmt.doc,
+            stmt.ref.span,
+        )
+
+    def stmt_ScalarDecl(self, stmt: ast.ScalarDecl) -> None:
+        ascii = self.scope.claim(stmt.name, "a scalar", stmt.span)
+        self.scope.scalars[stmt.name] = Scalar(
+            stmt.name, ascii, stmt.value, sympy.Symbol(stmt.name, real=True), stmt.doc
+        )
+
+    def layout(self, ref: ast.Ref, where: str) -> tuple[tuple[Index, ...], ...]:
+        """The axes of a declaration or a left-hand side: indices and groups, no literals."""
+        seen: dict[str, Span] = {}
+        axes = []
+        for axis in ref.axes:
+            items = axis.items if isinstance(axis, ast.Group) else (axis,)
+            for item in items:
+                if isinstance(item, ast.Literal):
+                    raise self.error(
+                        f"a literal index in a {where}",
+                        item.span,
+                        "a literal selects a slice where a tensor is used; "
+                        "declare the axis with an index.",
+                    )
+                repeated(self.scope, item, seen, ref)
+            axes.append(tuple(self.scope.index(item) for item in items))
+        return tuple(axes)
+
+    # -- equations
+
+    def stmt_Equation(self, stmt: ast.Equation) -> None:
+        lhs, scope = stmt.lhs, self.scope
+        if lhs.name in scope.tensors:
+            earlier = scope.tensors[lhs.name]
+            what = (
+                "defined twice"
+                if earlier.role == "derived"
+                else f"an {earlier.role}"
+                if earlier.role == "input"
+                else f"a {earlier.role}"
+            )
+            raise self.error(
+                f"{lhs.name} is {what}; a tensor is defined once",
+                lhs.span,
+                "give the new tensor its own name.",
+            )
+        layout = self.layout(lhs, "left-hand side")
+        indices = frozenset(i for axis in layout for i in axis)
+        rhs = Analysis(scope, indices).top(self.expressions.number(stmt.rhs))
+        self.check_lhs(lhs, layout, rhs)
+        ascii = scope.claim(lhs.name, "a tensor", lhs.span)
+        tensor = Tensor(lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span)
+        scope.tensors[lhs.name] = tensor
+        self.equations.append(Equation(tensor, rhs, unparse_equation(stmt), stmt.doc, stmt))
+
+    def check_lhs(self, lhs: ast.Ref, layout, rhs: Node) -> None:
+        items = [
+            i for axis in lhs.axes for i in (axis.items if isinstance(axis, ast.Group) else (axis,))
+        ]
+        for index, item in zip((i for axis in layout for i in axis), items):
+            if index not in rhs.free:
+                raise self.error(
+                    f"index {index.glyph} is on the left but not on the right",
+                    item.span,
+                    "every left-hand index must appear on the "
+                    "right, in a tensor or as an index variable; to repeat a "
+                    f"value along {index.glyph}, multiply by a tensor that "
+                    "carries it.",
+                )

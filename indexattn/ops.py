@@ -1,0 +1,144 @@
+"""The operator table: every function and operator of the spec language, once, with what each
+stage needs of it. The parser reads names and arities, the checker the sympy form, the code
+generator the torch template, the LaTeX printer its template and binding strength, the
+counts its FLOPs. The literal interpreter keeps its own torch code (it is the oracle); a test
+checks that it covers every entry.
+
+Templates take the arguments in order as `{0}`, `{1}`, ...; a reduction's torch template
+takes `{x}` and `{dim}`. A torch template names only `torch`, `F` and `math`, which the code
+generator reserves and imports as each template declares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+
+ATOM = 10  # binds tighter than any operator: never bracketed
+
+
+@dataclass(frozen=True)
+class Op:
+    """One function or operator: how each stage reads, computes, prints and counts it."""
+
+    name: str  # as written in a spec: "exp", "softmax_<j>", "+", "<"
+    kind: str  # function, reduction, arithmetic, comparison, logic
+    arity: int
+    torch: str  # the code template
+    latex: str  # the LaTeX template
+    flops: int  # per element of the result; a reduction: per element reduced
+    sympy: Callable | None = None  # the tensor-free form; None: never folded into a Field
+    imports: frozenset[str] = frozenset({"torch"})  # names the torch template uses
+    level: int = ATOM  # binding strength as written: higher binds tighter
+
+    @property
+    def condition(self) -> bool:
+        """Whether its value is true/false rather than a number."""
+        return self.kind in ("comparison", "logic")
+
+
+def _sigmoid(x):
+    return 1 / (1 + sympy.exp(-x))
+
+
+def _gelu(x):
+    return x * (1 + sympy.erf(x / sympy.sqrt(2))) / 2
+
+
+def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
+    return Op(name, "function", 1, torch, latex, flops, form, frozenset(imports))
+
+
+def _named(word: str) -> str:
+    return r"\operatorname{" + word + r"}\left({0}\right)"
+
+
+FUNCTIONS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        _function("exp", "torch.exp({0})", r"\exp\left({0}\right)", sympy.exp),
+        _function("log", "torch.log({0})", r"\log\left({0}\right)", sympy.log),
+        _function("sqrt", "torch.sqrt({0})", r"\sqrt{{{0}}}", sympy.sqrt),
+        _function("tanh", "torch.tanh({0})", r"\tanh\left({0}\right)", sympy.tanh),
+        _function("sigmoid", "torch.sigmoid({0})", _named("sigmoid"), _sigmoid),
+        _function("relu", "torch.relu({0})", _named("ReLU"), lambda x: sympy.Max(x, 0)),
+        _function("gelu", "F.gelu({0})", _named("GELU"), _gelu, ("F",)),
+        _function("abs", "torch.abs({0})", r"\left|{0}\right|", sympy.Abs),
+        Op(
+            "where",
+            "function",
+            3,
+            "torch.where({0}, {1}, {2})",
+            r"\begin{{cases}} {1} & \text{{if }} {0} \\ {2} & \text{{otherwise}} \end{{cases}}",
+            1,
+            lambda c, a, b: sympy.Piecewise((a, c), (b, True)),
+        ),
+        Op(
+            "dropout",
+            "function",
+            2,
+            "F.dropout({0}, {1}, training=training)",
+            _named("dropout").replace("{0}", "{0}, {1}"),
+            0,  # the identity in eval mode, where FLOPs are counted
+            None,
+            frozenset({"F"}),
+        ),
+    )
+}
+
+
+def _reduction(name: str, torch: str, latex: str, flops: int = 1) -> Op:
+    return Op(name, "reduction", 1, torch, latex, flops)
+
+
+REDUCTIONS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        # softmax keeps its index; its code is the planner's choice (safe or not, fused or not)
+        _reduction("softmax", "torch.softmax({x}, dim={dim})", r"\operatorname{softmax}", 5),
+        _reduction("sum", "{x}.sum(dim={dim})", r"\sum"),
+        _reduction("max", "{x}.amax(dim={dim})", r"\max"),
+        _reduction("min", "{x}.amin(dim={dim})", r"\min"),
+        _reduction("mean", "{x}.mean(dim={dim})", r"\operatorname{mean}"),
+        _reduction("logsumexp", "torch.logsumexp({x}, dim={dim})", r"\operatorname{logsumexp}", 4),
+    )
+}
+
+
+def _operator(name, kind, level, torch, latex, form, arity=2) -> Op:
+    return Op(name, kind, arity, torch, latex, 1, form, frozenset(), level)
+
+
+OPERATORS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        _operator("or", "logic", 1, "{0} | {1}", r"{0} \lor {1}", sympy.Or),
+        _operator("and", "logic", 2, "{0} & {1}", r"{0} \land {1}", sympy.And),
+        _operator("not", "logic", 3, "~{0}", r"\lnot {0}", sympy.Not, arity=1),
+        _operator("<", "comparison", 4, "{0} < {1}", "{0} < {1}", sympy.Lt),
+        _operator("<=", "comparison", 4, "{0} <= {1}", r"{0} \leq {1}", sympy.Le),
+        _operator(">", "comparison", 4, "{0} > {1}", "{0} > {1}", sympy.Gt),
+        _operator(">=", "comparison", 4, "{0} >= {1}", r"{0} \geq {1}", sympy.Ge),
+        _operator("==", "comparison", 4, "{0} == {1}", "{0} = {1}", sympy.Eq),
+        _operator("!=", "comparison", 4, "{0} != {1}", r"{0} \neq {1}", sympy.Ne),
+        _operator("+", "arithmetic", 5, "{0} + {1}", "{0} + {1}", sympy.Add),
+        _operator("-", "arithmetic", 5, "{0} - {1}", "{0} - {1}", None),
+        _operator("*", "arithmetic", 6, "{0} * {1}", "{0} {1}", sympy.Mul),
+        _operator("/", "arithmetic", 6, "{0} / {1}", r"\frac{{{0}}}{{{1}}}", None),
+        _operator("neg", "arithmetic", 7, "-{0}", "-{0}", None, arity=1),
+        _operator("^", "arithmetic", 8, "{0} ** {1}", "{0}^{{{1}}}", None),
+    )
+}
+# `^` between tensors is kept as the function pow (a Field folds it exactly instead).
+POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8)
+
+CALLABLE: dict[str, Op] = {**FUNCTIONS, **REDUCTIONS}  # what a spec may call by name
+COMPARISONS = tuple(name for name, op in OPERATORS.items() if op.kind == "comparison")
+
+
+def lookup(name: str) -> Op:
+    """The entry of a function, reduction or operator the IR names (`pow` included)."""
+    if name == "pow":
+        return POW
+    return CALLABLE.get(name) or OPERATORS[name]

@@ -1,0 +1,1 @@
+"""The literal interpreter, and generated code compared against it on random data."""
