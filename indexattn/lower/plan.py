@@ -167,14 +167,16 @@ Step = Unfuse | Grid | Contract | Add | Elementwise | Reduction | Fuse | Linear 
 
 @dataclass(frozen=True)
 class Block:
-    """The steps of one equation (or of several that one kernel computes), headed by them."""
+    """The steps of one equation (or of several that one kernel computes), headed by them;
+    a block of no equation (the outputs put in their declared layouts) has a note instead."""
 
-    texts: tuple[str, ...]
+    equations: tuple[ir.Equation, ...]
     steps: tuple[Step, ...]
+    note: str = ""
 
     @property
-    def text(self) -> str:
-        return "\n".join(self.texts)
+    def texts(self) -> tuple[str, ...]:
+        return tuple(eq.text for eq in self.equations) or (self.note,)
 
 
 @dataclass(frozen=True)
@@ -239,13 +241,13 @@ class Planner:
         for eq in self.spec.equations:
             if eq.tensor.name not in self.skip:
                 self.steps = []
-                texts = self.block(eq)
-                blocks.append(Block(texts, tuple(self.steps)))
+                equations = self.block(eq)
+                blocks.append(Block(equations, tuple(self.steps)))
             self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
         self.steps = []
         results = tuple(self.result(t) for t in self.spec.outputs)
         if self.steps:
-            blocks.append(Block(("outputs in their declared layouts",), tuple(self.steps)))
+            blocks.append(Block((), tuple(self.steps), "outputs in their declared layouts"))
         grids = any(isinstance(s, Grid) for b in blocks for s in b.steps)
         return Plan(self.spec, recipe(self.spec), tuple(blocks), results, grids)
 
@@ -254,8 +256,8 @@ class Planner:
         rank = {index: k for k, index in enumerate(self.order)}
         return tuple(sorted(dims, key=lambda i: rank.get(i, len(rank))))
 
-    def block(self, eq: ir.Equation) -> tuple[str, ...]:
-        """Plans one equation, or the equations one kernel computes; returns their texts."""
+    def block(self, eq: ir.Equation) -> tuple[ir.Equation, ...]:
+        """Plans one equation, or the equations one kernel computes; returns them."""
         name = eq.tensor.name
         if name in self.groups:
             return self.projections(self.groups[name])
@@ -263,9 +265,9 @@ class Planner:
         if name in self.attention:
             match = self.attention[name]
             self.assign(eq, self.attend(match, eq.tensor.ascii))
-            return tuple(e.text for e in match.equations)
+            return match.equations
         self.assign(eq, self.as_tensor(self.node(eq.rhs, eq.tensor.ascii), eq.tensor.ascii))
-        return (eq.text,)
+        return (eq,)
 
     def assign(self, eq: ir.Equation, value: Operand) -> None:
         """Names the value after the left-hand side, in its index order."""
@@ -297,7 +299,7 @@ class Planner:
 
     # -- fused kernels
 
-    def projections(self, group: ProjectionGroup) -> tuple[str, ...]:
+    def projections(self, group: ProjectionGroup) -> tuple[ir.Equation, ...]:
         """One matrix product for all slices of a weight, split into the group's tensors."""
         eqs = group.equations
         self.order = eqs[0].indices
@@ -317,7 +319,7 @@ class Planner:
         self.steps.append(Split(tuple(outs), fused, over))
         for eq, out in zip(eqs, outs):
             self.assign(eq, out)
-        return tuple(eq.text for eq in eqs)
+        return eqs
 
     def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
         rest = tuple(i for i in x.dims if i not in form.inner)

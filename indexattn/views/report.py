@@ -4,7 +4,6 @@ table `indexattn count` prints; the PDF and the Markdown pages render the same v
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import sympy
@@ -114,14 +113,9 @@ def flop_rows(spec: ir.Spec, plan: Plan, sizes: dict) -> tuple[CountRow, ...]:
     """One row per block of the plan that computes something: the equations it implements."""
     rows = []
     for block, spent in cost.block_costs(plan):
-        eqs = tuple(eq for eq in spec.equations if _quotes(block.text, eq.text))
+        eqs = block.equations
         if not eqs and spent.total == 0:
             continue
-        label = ", ".join(repr(eq.tensor) for eq in eqs) or block.text
+        label = ", ".join(repr(eq.tensor) for eq in eqs) or block.note
         rows.append(CountRow(label, eqs, spent.total, cost.evaluate(spent.total, sizes)))
     return tuple(rows)
-
-
-def _quotes(block: str, equation: str) -> bool:
-    """Whether a block's heading quotes an equation (a block may implement several)."""
-    return re.search(rf"(?:^|\s){re.escape(equation)}(?:$|\s)", block) is not None
