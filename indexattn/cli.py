@@ -259,7 +259,7 @@ def run_docs(args: argparse.Namespace) -> int:
     pages = []
     for spec in specs:
         report = _report(spec, [(n, v) for n, v in args.size if n in size_names(spec)])
-        pages.append(docs.Page(report, generate(report.plan)))
+        pages.append(docs.Page(report, generate(report.plan).text))
     for name, content in docs.files(pages).items():
         emit(content, args.output / name, args.force)
     print(f"wrote {len(pages)} pages and an index to {args.output}", file=sys.stderr)

@@ -69,7 +69,8 @@ def test_shape_error_for_rank_batch_dtype_and_given_size():
         spec(**{**args, "b_O": torch.randn(2, 12, dtype=torch.float64)}, h=3)
     with pytest.raises(indexattn.ShapeError, match=r"is torch\.float32 on cpu, but X"):
         spec(**{**args, "W": args["W"].float()}, h=3)
-    with pytest.raises(indexattn.ShapeError, match="d_k was given as 5, but the shapes say 4"):
+    given = r"d_k was given as 5, but W_<\(μBa\)i>, axis 0 \(μBa\) has size 36, which makes d_k = 4"
+    with pytest.raises(indexattn.ShapeError, match=given):
         spec(**args, h=3, d_k=5)
 
 

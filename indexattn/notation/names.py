@@ -66,18 +66,10 @@ ACCENTS = {
     "\u20d7": "vec",
 }
 
-# Names the generated module itself uses; a spec name equal to one of them gets a trailing "_".
+# Names the generated module itself uses (imports, keywords of the function, builtins); a spec
+# name equal to one of them gets a trailing "_". lower/naming.py allocates every other name.
 RESERVED = frozenset(
-    {
-        "torch",
-        "F",
-        "math",
-        "einsum",
-        "rearrange",
-        "training",
-        "device",
-        "dtype",
-    }
+    {"torch", "F", "math", "einsum", "rearrange", "training", "constants", "device", "dtype"}
 ) | frozenset(dir(builtins))
 
 

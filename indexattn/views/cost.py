@@ -26,25 +26,26 @@ from functools import singledispatch
 import sympy
 
 from ..ir import Index, Spec, Tensor
-from ..lower.plan import (
+from ..lower.steps import (
     Add,
     Attention,
     Block,
     Contract,
     Elementwise,
+    Full,
     Fuse,
     Grid,
     Linear,
     Operand,
     Plan,
     Reduction,
+    Rename,
     Split,
     Unfuse,
 )
+from ..ops import REDUCTIONS, lookup
 
-SOFTMAX_PER_ELEMENT = 5
-REDUCTION_PER_ELEMENT = {"softmax": SOFTMAX_PER_ELEMENT, "logsumexp": 4}  # others: 1
-ELEMENTWISE_PER_ELEMENT = {"align": 0, "full": 0, "dropout": 0}  # others: 1
+SOFTMAX_PER_ELEMENT = REDUCTIONS["softmax"].flops
 
 # Sizes for numbers in `indexattn count`, `latex --pdf` and `docs` when none are given:
 # GPT-2 small (n_embd 768, n_head 12, head width 64, n_ctx 1024) under the names the shipped
@@ -133,7 +134,7 @@ def step_cost(step) -> Cost:
     """The FLOPs of one plan step; step kinds register their own."""
     raise NotImplementedError(
         f"no FLOP count for the plan step kind {type(step).__name__}: register one in "
-        "indexattn/cost.py with @step_cost.register"
+        "indexattn/views/cost.py with @step_cost.register"
     )
 
 
@@ -165,12 +166,12 @@ def _(step: Add) -> Cost:
 
 @step_cost.register
 def _(step: Elementwise) -> Cost:
-    return Cost(other=ELEMENTWISE_PER_ELEMENT.get(step.fn, 1) * _size(step.out))
+    return Cost(other=lookup(step.fn).flops * _size(step.out))
 
 
 @step_cost.register
 def _(step: Reduction) -> Cost:
-    return Cost(other=REDUCTION_PER_ELEMENT.get(step.fn, 1) * _size(step.arg))
+    return Cost(other=REDUCTIONS[step.fn].flops * _size(step.arg))
 
 
 @step_cost.register
@@ -181,6 +182,8 @@ def _(step: Grid) -> Cost:
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)
 @step_cost.register(Split)
+@step_cost.register(Rename)
+@step_cost.register(Full)
 def _(step) -> Cost:
     return Cost()
 

@@ -1,0 +1,119 @@
+"""The planner's fused kernels: one matrix product for all the slices of a weight, and the
+attention core as one `F.scaled_dot_product_attention`, from the matches of `fusion`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import ir
+from ..ir import Index, Spec
+from .fusion import (
+    AttentionMatch,
+    LinearForm,
+    ProjectionGroup,
+    declared_outer,
+    find_attention,
+    projection_groups,
+)
+from .steps import Attention, Grid, Operand, Split
+
+if TYPE_CHECKING:
+    from .plan import Planner
+
+
+class Kernels:
+    """Which equations a kernel computes, and the steps that compute them."""
+
+    def __init__(self, planner: Planner, spec: Spec) -> None:
+        self.planner = planner
+        self.attention = {m.output.tensor.name: m for m in find_attention(spec)}
+        self.groups = {g.equations[0].tensor.name: g for g in projection_groups(spec)}
+        skip = {eq.tensor.name for m in self.attention.values() for eq in m.equations}
+        skip |= {eq.tensor.name for g in self.groups.values() for eq in g.equations[1:]}
+        self.skip = skip - set(self.attention)
+
+    def skipped(self, eq: ir.Equation) -> bool:
+        """Computed by a kernel planned with another equation."""
+        return eq.tensor.name in self.skip
+
+    def block(self, eq: ir.Equation) -> tuple[ir.Equation, ...] | None:
+        """The equations a kernel computes from this one, planned; None where none does."""
+        name = eq.tensor.name
+        if name in self.groups:
+            return self.projections(self.groups[name])
+        if name in self.attention:
+            match = self.attention[name]
+            self.planner.order = eq.indices
+            self.planner.assign(eq, self.attend(match, eq.tensor.ascii))
+            return match.equations
+        return None
+
+    def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
+        rest = tuple(i for i in x.dims if i not in form.inner)
+        return rest + declared_outer(form)
+
+    def projections(self, group: ProjectionGroup) -> tuple[ir.Equation, ...]:
+        """One matrix product for all slices of a weight, split into the group's tensors."""
+        planner, eqs = self.planner, group.equations
+        planner.order = eqs[0].indices
+        first = group.forms[0]
+        names = [eq.tensor.ascii for eq in eqs]
+        fused = planner.linear(first, ("" if all(len(n) == 1 for n in names) else "_").join(names))
+        over = fused.dims[len(fused.dims) - len(first.outer) + first.literal]
+        # Split first, then view each slice in its own order: the gradients of the slices
+        # then stack straight into the layout of the product (no copy in the backward).
+        kept = [k for k, i in enumerate(fused.dims) if i != over]
+        outs = []
+        for eq, form in zip(eqs, group.forms):
+            names = self.linear_dims(form, planner.node(form.x, eq.tensor.ascii))
+            dims = tuple(names[k] for k in kept)
+            hint = eq.tensor.ascii if dims == eq.indices else eq.tensor.ascii + "_proj"
+            outs.append(Operand(planner.var(hint), dims, fused.batched))
+        planner.steps.append(Split(tuple(outs), fused, over))
+        for eq, out in zip(eqs, outs):
+            planner.assign(eq, out)
+        return eqs
+
+    def attend(self, match: AttentionMatch, name: str) -> Operand:
+        planner = self.planner
+        planner.order, scores = match.scores.indices, match.scores.tensor.ascii
+        q, k = (planner.as_tensor(planner.node(n, scores), scores) for n in (match.q, match.k))
+        mask = self.mask(match, scores)
+        planner.order = match.output.indices
+        v = planner.as_tensor(planner.node(match.v, name), name)
+        rename = dict(match.rename)
+        heads = match.heads + match.groups
+        out = (*(rename[i] for i in (*heads, match.query)), match.value_width)
+        batched = q.batched or k.batched or v.batched
+        return planner.add(
+            Attention(
+                Operand(planner.var(name + "_attn"), out, batched),
+                q=q,
+                k=k,
+                v=v,
+                mask=mask,
+                q_dims=(*heads, match.query, match.width),
+                k_dims=(*match.heads, match.key, match.width),
+                v_dims=(*(rename[i] for i in match.heads), rename[match.key], match.value_width),
+                mask_dims=(*heads, match.query, match.key),
+                heads=len(heads),
+                kv_heads=len(match.heads),
+                scale=match.scale,
+                causal=match.causal,
+                dropout=match.p,
+            )
+        )
+
+    def mask(self, match: AttentionMatch, scores: str) -> Operand | None:
+        """None for is_causal; a boolean grid for predicates; else the terms, summed."""
+        planner = self.planner
+        if match.causal or not match.terms:
+            return None
+        if match.keep is not None:
+            base = match.masks[0].tensor.ascii + "_keep" if match.masks else scores + "_keep"
+            free = match.keep.free_symbols
+            dims = tuple(i for i in planner.order if i.symbol in free)
+            return planner.add(Grid(Operand(planner.var(base), dims, False), match.keep))
+        terms = match.terms
+        node = terms[0] if len(terms) == 1 else ir.Sum(terms, match.scores.rhs.span)
+        return planner.as_tensor(planner.node(node, scores + "_bias"), scores + "_bias")

@@ -1,0 +1,90 @@
+"""sympy -> Python for the generated code: index-free expressions with `math`, expressions
+over index variables with `torch`; floats re-printed from their values; every module a
+printed expression uses is recorded, so imports follow from what was printed."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+from sympy.printing.pycode import PythonCodePrinter
+from sympy.printing.pytorch import TorchPrinter
+
+
+def float_text(expr) -> str:
+    """A float re-printed from its value; one beyond float64 is an infinity, as in float64."""
+    value = float(expr)
+    return repr(value) if math.isfinite(value) else ("-" if value < 0 else "") + "math.inf"
+
+
+class ScalarPrinter(PythonCodePrinter):
+    """Index-free sympy -> Python: `1/math.sqrt(d_k)`; floats re-printed exactly."""
+
+    def __init__(self) -> None:
+        super().__init__({"fully_qualified_modules": True})
+
+    def _print_Float(self, expr) -> str:
+        text = float_text(expr)
+        if "math" in text:
+            self.module_imports["math"].add("inf")
+        return text
+
+    def _print_Infinity(self, expr) -> str:
+        self.module_imports["math"].add("inf")
+        return "math.inf"
+
+    def _print_NegativeInfinity(self, expr) -> str:
+        self.module_imports["math"].add("inf")
+        return "-math.inf"
+
+
+class GridPrinter(TorchPrinter):
+    """sympy over index variables -> torch; index-free parts go to a ScalarPrinter."""
+
+    def __init__(self, indices: frozenset[sympy.Symbol], scalar: ScalarPrinter) -> None:
+        super().__init__()
+        self.indices, self.scalar = indices, scalar
+
+    def _print(self, expr, **kwargs) -> str:
+        if isinstance(expr, sympy.Basic) and not expr.free_symbols & self.indices:
+            return wrap(self.scalar.doprint(expr))
+        return super()._print(expr, **kwargs)
+
+    def _print_Relational(self, expr) -> str:
+        return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
+
+    def _print_Float(self, expr) -> str:
+        return self.scalar._print_Float(expr)
+
+
+def wrap(code: str) -> str:
+    """Parenthesised unless it is a name, a number, a call or already parenthesised."""
+    if _plain(code):
+        return code
+    head = _call_head(code)
+    if head and _closing(code, head - 1) == len(code) - 1:
+        return code
+    return f"({code})"
+
+
+def _plain(code: str) -> bool:
+    body = code[1:] if code.startswith("-") else code
+    return bool(body) and all(c.isalnum() or c in "_." for c in body)
+
+
+def _call_head(code: str) -> int:
+    """The position just after the `(` of a leading `name(`, or 0."""
+    k = 0
+    while k < len(code) and (code[k].isalnum() or code[k] in "_."):
+        k += 1
+    return k + 1 if k < len(code) and code[k] == "(" else 0
+
+
+def _closing(code: str, start: int) -> int:
+    """The position of the parenthesis that closes the one at `start`."""
+    depth = 0
+    for k in range(start, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[k], 0)
+        if depth == 0:
+            return k
+    return -1

@@ -1,0 +1,234 @@
+"""The plan's values: variables (named only when printed), operands, the step kinds, blocks
+and the plan itself. Every value is frozen and prints as a readable line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .. import ir
+from ..ir import Index, Spec, Tensor
+from ..ir.shapes import Recipe
+
+
+@dataclass(frozen=True)
+class Var:
+    """A variable of the generated code. `hint` says what it holds (a spec name, or
+    `{tensor}_{what}` for a part of an equation); the code generator's name allocator turns
+    hints into distinct identifiers. An argument's name is its hint, exactly."""
+
+    id: int
+    hint: str
+    argument: bool = False
+
+    def __str__(self) -> str:
+        return self.hint if self.argument else f"{self.hint}#{self.id}"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A variable with axes (..., *dims); `select` picks literal slices of its leading axes
+    (None keeps an axis)."""
+
+    var: Var
+    dims: tuple[Index, ...]
+    batched: bool
+    select: tuple[int | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class Number:
+    """A tensor-free, index-free value: numbers, sizes and scalars."""
+
+    expr: sympy.Basic
+
+
+Arg = Operand | Number
+
+
+@dataclass(frozen=True)
+class Unfuse:
+    """Split an argument's fused axes once: `rearrange(W, "(mu B a) i -> B mu a i", ...)`."""
+
+    out: Operand
+    tensor: Tensor
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A tensor of index variables, sizes and scalars only: `where(τ' > τ, -inf, 0)`. The
+    generated module builds these in a function of their own, once per shape."""
+
+    out: Operand
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class Contract:
+    """einsum over its operands, times a scale."""
+
+    out: Operand
+    args: tuple[Operand, ...]
+    scale: sympy.Basic = sympy.S.One
+
+
+@dataclass(frozen=True)
+class Add:
+    out: Operand
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """An entry of the operator table applied elementwise (functions, pow, comparisons)."""
+
+    out: Operand
+    fn: str
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A value given the name and axis order of its left-hand side: a view, no arithmetic."""
+
+    out: Operand
+    arg: Operand
+
+
+@dataclass(frozen=True)
+class Full:
+    """A number made a tensor of the call's dtype and device (an equation with no tensor)."""
+
+    out: Operand
+    value: Number
+
+
+@dataclass(frozen=True)
+class Reduction:
+    out: Operand
+    fn: str  # sum max min mean logsumexp softmax
+    arg: Operand
+    over: tuple[Index, ...]
+    safe: bool = False  # softmax whose rows may be all -inf: zeros, not NaN
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """Merge a result's axes into the fused layout of its left-hand side."""
+
+    out: Operand
+    arg: Operand
+    tensor: Tensor
+
+
+@dataclass(frozen=True)
+class Linear:
+    """`F.linear(x, weight, bias)`: x's `inner` axes (flattened) against a weight stored
+    [out, in], or `x @ weight` for [in, out]; the out axis is unflattened into `out`'s last
+    indices. Weight and bias are declared tensors, read whole without copies."""
+
+    out: Operand
+    x: Operand
+    inner: tuple[Index, ...]  # contracted, in the weight's order
+    weight: Tensor
+    out_axes: int  # how many declared axes of the weight form its out block
+    bias: Tensor | None = None
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class Split:
+    """`Q, K, V = QKV.unbind(...)`: one result per value of the literal index `over`, each
+    with the other axes of `arg` in their order."""
+
+    outs: tuple[Operand, ...]
+    arg: Operand
+    over: Index
+
+    @property
+    def out(self) -> Operand:
+        return self.outs[0]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """`F.scaled_dot_product_attention`: softmax over the key of q·k·scale + mask, times v.
+
+    q, k, v and the mask are viewed with the given axes (heads first, merged into one axis);
+    `out` comes back with its heads unmerged."""
+
+    out: Operand
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: Operand | None
+    q_dims: tuple[Index, ...]  # (heads..., query, width)
+    k_dims: tuple[Index, ...]  # (key heads..., key, width)
+    v_dims: tuple[Index, ...]  # (key heads..., key, value width)
+    mask_dims: tuple[Index, ...]  # (heads..., query, key); the mask may lack some
+    heads: int  # query head indices; 0 adds a unit axis, 2 or more are merged
+    kv_heads: int
+    scale: sympy.Basic
+    causal: bool = False
+    dropout: sympy.Basic | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Several query heads share a key head: the kernel's enable_gqa."""
+        return self.heads != self.kv_heads
+
+
+Step = (
+    Unfuse
+    | Grid
+    | Contract
+    | Add
+    | Elementwise
+    | Rename
+    | Full
+    | Reduction
+    | Fuse
+    | Linear
+    | Split
+    | Attention
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """The steps of one equation (or of several that one kernel computes), headed by them;
+    a block of no equation (the outputs put in their declared layouts) has a note instead."""
+
+    equations: tuple[ir.Equation, ...]
+    steps: tuple[Step, ...]
+    note: str = ""
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(eq.text for eq in self.equations) or (self.note,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    sizes: Recipe
+    blocks: tuple[Block, ...]
+    results: tuple[Operand, ...]  # the outputs, in their declared layouts
+
+    def __str__(self) -> str:
+        out = [f"plan for {self.spec.name}", str(self.sizes)]
+        for block in self.blocks:
+            out.extend(f"# {text}" for text in block.texts)
+            out.extend(
+                f"  {type(s).__name__}: {s.out.var} {_dims(s.out.dims)}" for s in block.steps
+            )
+        return "\n".join(out)
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(s for block in self.blocks for s in block.steps)
+
+
+def _dims(dims: tuple[Index, ...]) -> str:
+    return "(" + ", ".join(i.glyph for i in dims) + ")"
