@@ -23,7 +23,7 @@ from ..ir.shapes import recipe, solve
 Value = tuple[torch.Tensor, tuple[Index, ...]]  # (..., one axis per index)
 
 
-def evaluate(spec: Spec, *, training: bool = False, **kwargs) -> tuple[torch.Tensor, ...]:
+def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.Tensor, ...]:
     """`evaluate(check(text, "mha"), X=x, W=w, ...)` -> the outputs, read literally."""
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
     shapes = {name: tuple(value.shape) for name, value in arguments.items()}

@@ -218,7 +218,7 @@ class CompiledSpec:
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
 
-    def module(self, **kwargs):
+    def module(self, /, **kwargs):
         """An nn.Module whose parameters are the spec's params, built at the given sizes."""
         from .module import SpecModule
 

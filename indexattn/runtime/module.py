@@ -21,7 +21,7 @@ from .compiled import CompiledSpec
 class SpecModule(nn.Module):
     """The spec as a layer; `module.scalars` holds the scalars (p, w, ...) it calls with."""
 
-    def __init__(self, spec: CompiledSpec, **kwargs) -> None:
+    def __init__(self, spec: CompiledSpec, /, **kwargs) -> None:
         super().__init__()
         self.spec = spec
         ir_spec = spec.ir
