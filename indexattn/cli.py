@@ -268,10 +268,13 @@ def _read_spec(path: Path) -> str:
     bytes is refused, so `indexattn compile /dev/zero` ends at once."""
     # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with open(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # checked on what was opened
             raise Refused(f"{path} is not a regular file; a spec is read from a text file")
-        data = file.read(SPEC_LIMIT + 1)
+        with open(descriptor, "rb", closefd=False) as file:
+            data = file.read(SPEC_LIMIT + 1)
+    finally:
+        os.close(descriptor)
     if len(data) > SPEC_LIMIT:
         raise Refused(f"{path} is larger than {SPEC_LIMIT >> 20} MiB; a spec is a few kB")
     # Newlines as Path.read_text reads them, so the CLI sees what compile_spec(path) sees.
