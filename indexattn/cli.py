@@ -137,9 +137,7 @@ def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    from .runtime import CompiledSpec
-
-    emit(CompiledSpec(_checked(args.spec)).source, args.output, args.force)
+    emit(_compiled(args.spec).source, args.output, args.force)
     return 0
 
 
@@ -148,12 +146,11 @@ def run_check(args: argparse.Namespace) -> int:
 
     from .errors import SpecError
     from .oracle.verify import compare
-    from .runtime import CompiledSpec
 
     failed = 0
     for path in args.specs:
         try:
-            spec = CompiledSpec(_checked(path))
+            spec = _compiled(path)
         except SpecError as error:
             print(error, file=sys.stderr)
             failed += 1
@@ -288,6 +285,15 @@ def _checked(path: Path):
     from .ir import check
 
     return check(_read_spec(path), path.stem, str(path))
+
+
+def _compiled(path: Path):
+    """The spec at `path`, read once with a bound, compiled (errors name the file)."""
+    from .ir import check
+    from .runtime import CompiledSpec
+
+    text = _read_spec(path)
+    return CompiledSpec(check(text, path.stem, str(path)), text, str(path))
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
