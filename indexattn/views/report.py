@@ -5,12 +5,13 @@ table `indexattn count` prints; the PDF and the Markdown pages render the same v
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import singledispatch
 
 import sympy
 
 from .. import ir
 from ..lower.plan import Plan
-from . import cost
+from . import cost, latex
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,87 @@ class TensorRow:
 
 @dataclass(frozen=True)
 class CountRow:
-    """A param's elements, or the FLOPs of one block of the plan."""
+    """A param's elements, the FLOPs of one block of the plan, or a total."""
 
-    label: str
-    equations: tuple[ir.Equation, ...]  # the equations a FLOP row computes
     expr: sympy.Expr
     value: int | sympy.Expr
+    param: ir.Tensor | None = None
+    equations: tuple[ir.Equation, ...] = ()  # the equations a FLOP row computes
+    note: str = ""  # a block that computes no equation (the plan's note), or "total"
+
+    @property
+    def label(self) -> str:
+        if self.param is not None:
+            return repr(self.param)
+        return ", ".join(repr(eq.tensor) for eq in self.equations) or self.note
+
+
+# -- tables: what a cell shows, typed; each rendering (text, Markdown, TeX) formats the types
+
+
+@dataclass(frozen=True)
+class Text:
+    """Words, from the spec (a description) or ours (a role)."""
+
+    value: str
+
+
+@dataclass(frozen=True)
+class Math:
+    """LaTeX math, already printed: index and scalar names."""
+
+    tex: str
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A size or count in the size symbols."""
+
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class Number:
+    """A value at the sizes: digits grouped; symbolic when a size has no value."""
+
+    value: int | float | sympy.Basic
+
+
+@dataclass(frozen=True)
+class TensorName:
+    tensor: ir.Tensor
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A tensor's axes, each the product of its indices' sizes (or values)."""
+
+    axes: tuple[tuple[int | sympy.Basic, ...], ...]
+    batched: bool  # led by the inputs' batch axes
+
+
+@dataclass(frozen=True)
+class Equations:
+    """The equations a block of the plan computes, with their numbers in the spec."""
+
+    equations: tuple[ir.Equation, ...]
+    numbers: tuple[int, ...]
+
+
+Cell = Text | Math | Formula | Number | TensorName | Shape | Equations
+
+
+@dataclass(frozen=True)
+class Table:
+    header: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+    total: tuple[Cell, ...] = ()  # set apart below the rows
+    wide: int = -1  # the column that takes the rest of the page's width
+
+    def numeric(self, column: int) -> bool:
+        """Whether a column holds numbers (set flush right)."""
+        first = self.rows[0] if self.rows else self.total
+        return bool(first) and isinstance(first[column], Number)
 
 
 @dataclass(frozen=True)
@@ -53,20 +129,17 @@ class Report:
 
     def total(self, rows: tuple[CountRow, ...]) -> CountRow:
         expr = sympy.expand(sympy.Add(*(r.expr for r in rows)))
-        return CountRow("total", (), expr, cost.evaluate(expr, self.sizes))
+        return CountRow(expr, cost.evaluate(expr, self.sizes), note="total")
 
     def sizes_text(self) -> str:
         return ", ".join(f"{s} = {v}" for s, v in self.sizes.items())
 
     def __str__(self) -> str:
         groups = (
-            ("parameters", self.params),
-            ("FLOPs of one forward pass, per batch element", self.flops),
+            ("parameters", param_table(self)),
+            ("FLOPs of one forward pass, per batch element", flop_table(self)),
         )
-        tables = [
-            [(r.label, str(r.expr), _number(r.value)) for r in (*rows, self.total(rows))]
-            for _, rows in groups
-        ]
+        tables = [[[plain(c) for c in row] for row in (*t.rows, t.total)] for _, t in groups]
         width = [max(len(row[k]) for table in tables for row in table) for k in range(3)]
         out = [f"{self.spec.name} at {self.sizes_text()}" if self.sizes else self.spec.name]
         for (title, _), table in zip(groups, tables):
@@ -75,8 +148,101 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def _number(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
+def index_table(report: Report) -> Table:
+    rows = tuple(
+        (
+            Math(", ".join(latex.math_name(i.glyph) for i in row.indices)),
+            Formula(row.size),
+            Number(row.value),
+            Text(row.doc),
+        )
+        for row in report.indices
+    )
+    return Table(("Index", "Range", "At sizes", "Description"), rows, wide=3)
+
+
+def scalar_table(report: Report) -> Table:
+    rows = tuple(
+        (Math(latex.math_name(s.name)), Number(s.value), Text(s.doc)) for s in report.spec.scalars
+    )
+    return Table(("Scalar", "Default", "Description"), rows, wide=2)
+
+
+def tensor_table(report: Report) -> Table:
+    rows = tuple(
+        (
+            TensorName(row.tensor),
+            Text(row.role),
+            Shape(row.axes, row.tensor.batched),
+            Shape(tuple((v,) for v in row.values), row.tensor.batched),
+            Text(row.tensor.doc),
+        )
+        for row in report.tensors
+    )
+    return Table(("Tensor", "Role", "Shape", "At sizes", "Description"), rows, wide=4)
+
+
+def param_table(report: Report) -> Table:
+    rows = tuple(_count_cells(report, r) for r in report.params)
+    total = _count_cells(report, report.total(report.params))
+    return Table(("Parameter", "Elements", "At sizes"), rows, total, wide=1)
+
+
+def flop_table(report: Report) -> Table:
+    rows = tuple(_count_cells(report, r) for r in report.flops)
+    total = _count_cells(report, report.total(report.flops))
+    return Table(("Equations", "FLOPs", "At sizes"), rows, total, wide=1)
+
+
+def _count_cells(report: Report, row: CountRow) -> tuple[Cell, ...]:
+    return (_subject(report, row), Formula(row.expr), Number(row.value))
+
+
+def _subject(report: Report, row: CountRow) -> Cell:
+    if row.param is not None:
+        return TensorName(row.param)
+    if row.equations:
+        numbers = tuple(report.spec.equations.index(eq) + 1 for eq in row.equations)
+        return Equations(row.equations, numbers)
+    return Text(row.note)
+
+
+@singledispatch
+def plain(cell) -> str:
+    """A cell as plain text, for `indexattn count`."""
+    raise TypeError(f"no plain text for {cell!r}")
+
+
+@plain.register
+def _(cell: Text) -> str:
+    return cell.value
+
+
+@plain.register
+def _(cell: TensorName) -> str:
+    return repr(cell.tensor)
+
+
+@plain.register
+def _(cell: Equations) -> str:
+    return ", ".join(repr(eq.tensor) for eq in cell.equations)
+
+
+@plain.register
+def _(cell: Formula) -> str:
+    return str(cell.expr)
+
+
+@plain.register
+def _(cell: Number) -> str:
+    return grouped(cell.value, ",") or str(cell.value)
+
+
+def grouped(value, separator: str) -> str:
+    """An integer (or a float that is one) with its digits in groups of three; "" otherwise."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value:,}".replace(",", separator) if isinstance(value, int) else ""
 
 
 def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
@@ -87,7 +253,7 @@ def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
         sizes,
         index_rows(spec, sizes),
         tuple(_tensor_row(t, spec, sizes) for t in spec.tensors),
-        tuple(CountRow(repr(t), (), n, cost.evaluate(n, sizes)) for t, n in cost.params(spec)),
+        tuple(CountRow(n, cost.evaluate(n, sizes), t) for t, n in cost.params(spec)),
         flop_rows(spec, plan, sizes),
     )
 
@@ -116,6 +282,6 @@ def flop_rows(spec: ir.Spec, plan: Plan, sizes: dict) -> tuple[CountRow, ...]:
         eqs = block.equations
         if not eqs and spent.total == 0:
             continue
-        label = ", ".join(repr(eq.tensor) for eq in eqs) or block.note
-        rows.append(CountRow(label, eqs, spent.total, cost.evaluate(spent.total, sizes)))
+        value = cost.evaluate(spent.total, sizes)
+        rows.append(CountRow(spent.total, value, equations=eqs, note=block.note))
     return tuple(rows)
