@@ -247,7 +247,9 @@ def code(source: str, language: str) -> str:
 def code_span(value: str) -> str:
     """Inline code that shows `value` as itself: its fence is longer than any run of backticks
     inside, and a space pads it where Markdown would strip one or join a backtick to the fence."""
-    flat = " ".join(value.split())
+    flat = " ".join(value.split())  # a line break could start a block (a heading, a list)
+    if not flat:
+        return ""
     pad = " " if flat[:1] in ("`", " ") or flat[-1:] in ("`", " ") else ""
     fence = _fence(flat, 1)
     return f"{fence}{pad}{flat}{pad}{fence}"
