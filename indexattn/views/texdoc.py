@@ -256,10 +256,29 @@ TEX_ENVIRONMENT = {
 }
 
 
+# The files the document loads (PREAMBLE, and what those load in turn; from pdflatex
+# -recorder), by the Debian package that ships them.
+TEX_PACKAGES = {
+    **dict.fromkeys(("iftex.sty", "ifvtex.sty"), "texlive-base"),
+    **dict.fromkeys(
+        (
+            *("article.cls", "size11.clo", "omlcmr.fd", "keyval.sty"),
+            *("amsmath.sty", "amsgen.sty", "amstext.sty", "amsbsy.sty", "amsopn.sty"),
+            *("array.sty", "tabularx.sty", "geometry.sty"),
+        ),
+        "texlive-latex-base",
+    ),
+    "booktabs.sty": "texlive-latex-recommended",
+}
+
+
 def _failure(doc: TexDocument, log: str) -> str:
     error = re.search(r"^! (.*)$", log, re.M)
-    place = re.search(r"^l\.(\d+) ?(.*)$", log, re.M)
     message = error.group(1) if error else "pdflatex failed"
+    missing = re.search(r"File `([^']+)' not found", message)
+    if missing:
+        return f"{doc.name}: TeX error: {message}\n  {_install_hint(missing.group(1))}"
+    place = re.search(r"^l\.(\d+) ?(.*)$", log, re.M)
     if place is None:
         return f"{doc.name}: TeX error: {message}"
     line = int(place.group(1))
@@ -267,3 +286,12 @@ def _failure(doc: TexDocument, log: str) -> str:
         f"{doc.name}: TeX error in {doc.origin(line)}: {message}\n"
         f"  line {line} of the document: {place.group(2).strip()}"
     )
+
+
+def _install_hint(file: str) -> str:
+    """What to install for a TeX file that is missing (a TeX installation, not the spec, is
+    at fault, so the line of the document would not help)."""
+    if file in TEX_PACKAGES:
+        package = TEX_PACKAGES[file]
+        return f"{file} is in the Debian package {package}: apt-get install {package}"
+    return f"find the package that ships {file}: apt-file search {file} (or tlmgr search --file)"
