@@ -200,7 +200,6 @@ def test_a_tex_error_names_the_equation():
     assert "Undefined control sequence" in message
 
 
-
 MISSING_LOG = r"""This is pdfTeX, Version 3.141592653-2.6-1.40.25 (TeX Live 2023/Debian)
 (./spec.tex
 LaTeX2e <2023-11-01> patch level 1
