@@ -5,13 +5,25 @@ table `indexattn count` prints; the PDF and the Markdown pages render the same v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import singledispatch
 
 import sympy
 
 from .. import ir
 from ..lower.plan import Plan
 from . import cost, latex
+from .tables import (
+    Cell,
+    Equations,
+    Formula,
+    Math,
+    Number,
+    Shape,
+    Table,
+    TensorName,
+    Text,
+    grouped,
+    show,
+)
 
 
 @dataclass(frozen=True)
@@ -49,74 +61,6 @@ class CountRow:
         return ", ".join(repr(eq.tensor) for eq in self.equations) or self.note
 
 
-# -- tables: what a cell shows, typed; each rendering (text, Markdown, TeX) formats the types
-
-
-@dataclass(frozen=True)
-class Text:
-    """Words, from the spec (a description) or ours (a role)."""
-
-    value: str
-
-
-@dataclass(frozen=True)
-class Math:
-    """LaTeX math, already printed: index and scalar names."""
-
-    tex: str
-
-
-@dataclass(frozen=True)
-class Formula:
-    """A size or count in the size symbols."""
-
-    expr: sympy.Basic
-
-
-@dataclass(frozen=True)
-class Number:
-    """A value at the sizes: digits grouped; symbolic when a size has no value."""
-
-    value: int | float | sympy.Basic
-
-
-@dataclass(frozen=True)
-class TensorName:
-    tensor: ir.Tensor
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A tensor's axes, each the product of its indices' sizes (or values)."""
-
-    axes: tuple[tuple[int | sympy.Basic, ...], ...]
-    batched: bool  # led by the inputs' batch axes
-
-
-@dataclass(frozen=True)
-class Equations:
-    """The equations a block of the plan computes, with their numbers in the spec."""
-
-    equations: tuple[ir.Equation, ...]
-    numbers: tuple[int, ...]
-
-
-Cell = Text | Math | Formula | Number | TensorName | Shape | Equations
-
-
-@dataclass(frozen=True)
-class Table:
-    header: tuple[str, ...]
-    rows: tuple[tuple[Cell, ...], ...]
-    total: tuple[Cell, ...] = ()  # set apart below the rows
-    wide: int = -1  # the column that takes the rest of the page's width
-
-    def numeric(self, column: int) -> bool:
-        """Whether a column holds numbers (set flush right)."""
-        first = self.rows[0] if self.rows else self.total
-        return bool(first) and isinstance(first[column], Number)
-
-
 @dataclass(frozen=True)
 class Report:
     spec: ir.Spec
@@ -139,7 +83,7 @@ class Report:
             ("parameters", param_table(self)),
             ("FLOPs of one forward pass, per batch element", flop_table(self)),
         )
-        tables = [[[plain(c) for c in row] for row in (*t.rows, t.total)] for _, t in groups]
+        tables = [[[show(c, PLAIN) for c in row] for row in (*t.rows, t.total)] for _, t in groups]
         width = [max(len(row[k]) for table in tables for row in table) for k in range(3)]
         out = [f"{self.spec.name} at {self.sizes_text()}" if self.sizes else self.spec.name]
         for (title, _), table in zip(groups, tables):
@@ -207,42 +151,13 @@ def _subject(report: Report, row: CountRow) -> Cell:
     return Text(row.note)
 
 
-@singledispatch
-def plain(cell) -> str:
-    """A cell as plain text, for `indexattn count`."""
-    raise TypeError(f"no plain text for {cell!r}")
-
-
-@plain.register
-def _(cell: Text) -> str:
-    return cell.value
-
-
-@plain.register
-def _(cell: TensorName) -> str:
-    return repr(cell.tensor)
-
-
-@plain.register
-def _(cell: Equations) -> str:
-    return ", ".join(repr(eq.tensor) for eq in cell.equations)
-
-
-@plain.register
-def _(cell: Formula) -> str:
-    return str(cell.expr)
-
-
-@plain.register
-def _(cell: Number) -> str:
-    return grouped(cell.value, ",") or str(cell.value)
-
-
-def grouped(value, separator: str) -> str:
-    """An integer (or a float that is one) with its digits in groups of three; "" otherwise."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return f"{value:,}".replace(",", separator) if isinstance(value, int) else ""
+PLAIN = {  # a cell as plain text, for `indexattn count`
+    Text: lambda cell: cell.value,
+    TensorName: lambda cell: repr(cell.tensor),
+    Equations: lambda cell: ", ".join(repr(eq.tensor) for eq in cell.equations),
+    Formula: lambda cell: str(cell.expr),
+    Number: lambda cell: grouped(cell.value, ",") or str(cell.value),
+}
 
 
 def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
