@@ -54,12 +54,6 @@ class CountRow:
     equations: tuple[ir.Equation, ...] = ()  # the equations a FLOP row computes
     note: str = ""  # a block that computes no equation (the plan's note), or "total"
 
-    @property
-    def label(self) -> str:
-        if self.param is not None:
-            return repr(self.param)
-        return ", ".join(repr(eq.tensor) for eq in self.equations) or self.note
-
 
 @dataclass(frozen=True)
 class Report:
