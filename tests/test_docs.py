@@ -152,3 +152,89 @@ def test_docs_keep_files_they_did_not_write(tmp_path, capsys):
 
 def test_docs_with_a_size_no_spec_has(tmp_path):
     assert main(["docs", str(SPECS[0]), "-o", str(tmp_path), "--size", "zz=1"]) == 2
+
+
+# -- a hostile spec name (a file stem may hold any character), title and description
+
+EVIL_NAME = "a`b``<img src=x onerror=alert(1)>` "
+EVIL_TEXT = (
+    "# ``<img src=x onerror=alert(1)>`` `x\n#\n# <img src=x onerror=alert(1)> [a](b) ` `\n"
+    "index i : n\ninput x_<i>\ny_<i> = 2 x_<i>\n"
+)
+
+
+def outside_code(markdown: str) -> tuple[str, list[str]]:
+    """The text outside inline code spans and the spans' contents, as CommonMark reads them:
+    outside a span a backslash escapes the next character; a run of n backticks opens a span
+    that the next run of exactly n backticks closes (or is literal when none does)."""
+    text, spans, k = "", [], 0
+    while k < len(markdown):
+        run = re.compile(r"`+").match(markdown, k)
+        if run is None:
+            step = 2 if markdown[k] == "\\" and k + 1 < len(markdown) else 1
+            text, k = text + markdown[k : k + step], k + step
+            continue
+        fence = run.group()
+        end = re.compile(r"(?<!`)" + fence + r"(?!`)").search(markdown, run.end())
+        if end is None:
+            text, k = text + fence, run.end()
+            continue
+        content = markdown[run.end() : end.start()]
+        if content.startswith(" ") and content.endswith(" ") and content.strip():
+            content = content[1:-1]
+        spans.append(content)
+        k = end.end()
+    return text, spans
+
+
+def assert_inert(markdown: str) -> None:
+    markdown = re.sub(r"(`{3,})\w*\n.*?\n\1\n", "", markdown, flags=re.S)  # code blocks
+    text, _ = outside_code(markdown)
+    assert not re.search(r"(?<!\\)<img", text), text
+    assert not re.search(r"(?<!\\)`", text), "an unclosed code span"
+
+
+def evil_page() -> docs.Page:
+    from indexattn.lower.plan import plan
+    from indexattn.views.cost import sizes_for
+    from indexattn.views.report import report
+
+    spec = check(EVIL_TEXT, EVIL_NAME)
+    return docs.Page(report(spec, plan(spec), sizes_for(spec)), "pass\n")
+
+
+def test_a_hostile_spec_name_stays_in_its_code_span():
+    page = evil_page()
+    head = docs.head(page.spec)
+    assert_inert(head)
+    assert EVIL_NAME.strip() in outside_code(head)[1]
+    for name, content in docs.files([page]).items():
+        if name.endswith(".md"):
+            assert_inert(content)
+    assert "\\<img src=x onerror=alert(1)\\>" in docs.files([page])["README.md"]
+
+
+def test_a_hostile_title_and_description_are_escaped_text():
+    page = docs.markdown(evil_page())
+    assert_inert(page)
+    assert "# \\`\\`\\<img src=x onerror=alert(1)\\>\\`\\` \\`x\n" in page
+    assert "\\[a\\](b)" in page
+
+
+def test_notebook_markdown_of_a_hostile_spec_is_inert():
+    import indexattn
+
+    compiled = indexattn.compile_spec(EVIL_TEXT, name=EVIL_NAME)
+    assert_inert(compiled._repr_markdown_())
+
+
+@pytest.mark.parametrize("value", ["x", "`", "a`b", "``", " a ", "`a", "a``", " ", ""])
+def test_a_code_span_shows_any_text_as_itself(value):
+    text, spans = outside_code(docs.code_span(value))
+    shown = " ".join(value.split())
+    assert text == "" and spans == ([shown] if shown else [])
+
+
+def test_a_pipe_in_a_table_cell_cannot_split_the_row():
+    row = docs._grid(["a", "b"], "ll", [[docs.code_span("x|y"), docs.md("p|q")]]).splitlines()[2]
+    assert row == "| `x\\|y` | p\\|q |"

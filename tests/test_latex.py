@@ -1,6 +1,7 @@
 """LaTeX: golden strings for mha.attn in the notation of SPEC_LANGUAGE.md, the two options,
 names, escaping of spec text, and a PDF for every shipped spec (pdflatex)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -197,6 +198,64 @@ def test_a_tex_error_names_the_equation():
     message = str(caught.value)
     assert "equation 5 (S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>)" in message
     assert "Undefined control sequence" in message
+
+
+MISSING_LOG = r"""This is pdfTeX, Version 3.141592653-2.6-1.40.25 (TeX Live 2023/Debian)
+(./spec.tex
+LaTeX2e <2023-11-01> patch level 1
+(/usr/share/texlive/texmf-dist/tex/latex/amsmath/amsmath.sty)
+
+! LaTeX Error: File `{file}' not found.
+
+Type X to quit or <RETURN> to proceed,
+or enter new name. (Default extension: sty)
+
+Enter file name:
+! Emergency stop.
+<read *>
+
+l.8 \usepackage
+                {{booktabs}}^^M
+"""
+
+
+@pytest.mark.parametrize(
+    "file, package",
+    [
+        ("booktabs.sty", "texlive-latex-recommended"),
+        ("amsmath.sty", "texlive-latex-base"),
+        ("article.cls", "texlive-latex-base"),
+        ("tabularx.sty", "texlive-latex-base"),
+    ],
+)
+def test_a_missing_tex_package_names_the_debian_package(file, package):
+    doc = texdoc.TexDocument("mha", (texdoc.Part("x\n" * 20, "the preamble"),))
+    message = texdoc._failure(doc, MISSING_LOG.format(file=file))
+    assert f"File `{file}' not found" in message
+    assert f"apt-get install {package}" in message
+
+
+def test_every_package_the_document_uses_has_a_debian_package():
+    used = re.findall(r"\\(usepackage|documentclass)(?:\[[^]]*\])?\{\{(\w+)\}\}", texdoc.PREAMBLE)
+    files = [f"{name}.{'cls' if kind == 'documentclass' else 'sty'}" for kind, name in used]
+    assert len(files) == 6 and set(files) <= set(texdoc.TEX_PACKAGES)
+
+
+def test_an_unknown_missing_file_says_how_to_find_its_package():
+    doc = texdoc.TexDocument("mha", ())
+    message = texdoc._failure(doc, MISSING_LOG.format(file="fancy.sty"))
+    assert "apt-file search fancy.sty" in message
+
+
+@needs_pdflatex
+def test_a_real_missing_package_is_reported_with_a_hint():
+    spec = spec_of("mha")
+    doc = texdoc.document(report(spec, plan(spec), cost.sizes_for(spec)))
+    parts = (texdoc.Part(doc.parts[0].text.replace("{booktabs}", "{nosuchpkg}"), "x"),)
+    with pytest.raises(texdoc.TexError) as caught:
+        texdoc.pdf(texdoc.TexDocument(doc.name, parts + doc.parts[1:]))
+    assert "File `nosuchpkg.sty' not found" in str(caught.value)
+    assert "apt-file search nosuchpkg.sty" in str(caught.value)
 
 
 # -- the command line

@@ -2,11 +2,12 @@ r"""Spec -> LaTeX: the equations as a paper prints them, by a subclass of sympy'
 (sympy prints sizes, numbers and counts; our `_print_<Node>` methods print tensor references
 and operators), in plain ASCII that pdflatex accepts.
 
-The equations are printed from their syntax tree, re-parsed from the IR's canonical text, so
-they read as written: `Q K / sqrt(d_k) - m (τ - τ')` stays that, where the IR has folded the
+The equations are printed from the syntax tree the IR was checked from, so they read as
+written: `Q K / sqrt(d_k) - m (τ - τ')` stays that, where the IR has folded the
 constants into one sympy factor and reordered `τ' > τ` to `τ < τ'`. The IR supplies what the
 syntax cannot: which indices each product sums, for the two options (contracted indices
-raised on their second occurrence, explicit `\sum`).
+raised on their second occurrence, explicit `\sum`). Templates and binding strengths of
+functions and operators come from the operator table (indexattn/ops.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from sympy.printing.latex import LatexPrinter
 
 from .. import ir
 from ..errors import Span
-from ..notation import parse
 from ..notation import syntax as ast
 from ..notation.names import ACCENTS, GLYPH_TO_MACRO, ascii_name
+from ..ops import ATOM, FUNCTIONS, OPERATORS, REDUCTIONS
 
 # Greek capitals that LaTeX writes as Latin letters (there is no \Alpha).
 LATIN_LOOKALIKE = dict(
@@ -32,40 +33,9 @@ LATIN_LOOKALIKE = dict(
         "ABEZHIKMNOPTXo",
     )
 )
-FUNCTIONS = {
-    "exp": r"\exp\left({}\right)",
-    "log": r"\log\left({}\right)",
-    "tanh": r"\tanh\left({}\right)",
-    "sqrt": r"\sqrt{{{}}}",
-    "abs": r"\left|{}\right|",
-    "sigmoid": r"\operatorname{{sigmoid}}\left({}\right)",
-    "relu": r"\operatorname{{ReLU}}\left({}\right)",
-    "gelu": r"\operatorname{{GELU}}\left({}\right)",
-    "dropout": r"\operatorname{{dropout}}\left({}, {}\right)",
-    "where": r"\begin{{cases}} {1} & \text{{if }} {0} \\ {2} & \text{{otherwise}} \end{{cases}}",
-}
-REDUCTIONS = {
-    "softmax": r"\operatorname{softmax}",
-    "max": r"\max",
-    "min": r"\min",
-    "mean": r"\operatorname{mean}",
-    "logsumexp": r"\operatorname{logsumexp}",
-}
-OPERATORS = {
-    "+": " + ",
-    "-": " - ",
-    "<": " < ",
-    "<=": r" \leq ",
-    ">": " > ",
-    ">=": r" \geq ",
-    "==": " = ",
-    "!=": r" \neq ",
-    "and": r" \land ",
-    "or": r" \lor ",
-}
-# Binding strength as printed: a fraction is set apart by its bar; an atom by its brackets.
-LEVEL = {"or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "neg": 7, "^": 8}
-FRACTION, ATOM = 9, 10
+# A fraction is set apart by its bar: it binds tighter than any operator, as printed.
+FRACTION = ATOM - 1
+TIMES = OPERATORS["*"].level
 
 
 # -- names and text
@@ -210,62 +180,26 @@ def _text_char(ch: str) -> str:
     return r"\texttt{[U+" + f"{ord(ch):04X}" + "]}"
 
 
-# -- which indices each product sums (from the IR), located in the syntax tree
+# -- which indices each product sums: the IR's products, at the syntax nodes they were built at
 
 
-Signature = tuple  # (frozenset of reference ranks, frozenset of nested product signatures)
-NOTHING: Signature = (frozenset(), frozenset())
-
-
-def _merge(parts) -> Signature:
-    refs, nested = set(), set()
-    for r, n in parts:
-        refs |= r
-        nested |= n
-    return frozenset(refs), frozenset(nested)
-
-
-@dataclass
+@dataclass(frozen=True)
 class Context:
     """What the printer knows of one equation beyond its syntax."""
 
-    ranks: dict = field(default_factory=dict)  # syntax Ref -> its place among the references
     sums: dict = field(default_factory=dict)  # syntax node -> indices its product sums
-    raised: frozenset = frozenset()  # (rank, glyph): an index written as a superscript
+    raised: dict = field(default_factory=dict)  # syntax Ref -> glyphs written as superscripts
 
 
-def _context(eq: ir.Equation, tree: ast.Expr) -> Context:
-    """Products are matched to the syntax by what they read: the references they own (not
-    through a nested product) and their nested products, both sides built the same way as the
-    checker builds products (flattening `*`, `/` and unary minus; `a - b` negates b)."""
-    refs = sorted(ir.refs(eq.rhs), key=lambda r: (r.span.line, r.span.col))
-    ir_rank = {r.span: k for k, r in enumerate(refs)}
-    products: dict[Signature, ir.Product] = {}
-    _ir_own(eq.rhs, ir_rank, products)
-    context = Context(ranks={r: k for k, r in enumerate(_ast_refs(tree))})
-    chains: dict[ast.Expr, Signature] = {}
-    _ast_own(tree, context.ranks, chains)
-    for node, signature in chains.items():
-        if signature in products and products[signature].summed:
-            context.sums[node] = products[signature].summed
-    context.raised = frozenset(
-        (ir_rank[ref.span], index.glyph)
-        for product in products.values()
-        for index in product.summed
-        for ref in _later_occurrences(product, index)
-    )
-    return context
-
-
-def _ir_own(node: ir.Node, rank: dict, products: dict) -> Signature:
-    if isinstance(node, ir.Ref):
-        return frozenset({rank[node.span]}), frozenset()
-    parts = [_ir_own(child, rank, products) for child in ir.children(node)]
-    if not isinstance(node, ir.Product):
-        return _merge(parts)
-    signature = _merge(parts)
-    products[signature] = node
-    return frozenset(), frozenset({signature})
+def _context(eq: ir.Equation) -> Context:
+    products = [n for n in ir.walk(eq.rhs) if isinstance(n, ir.Product) and n.summed]
+    raised: dict[ast.Ref, set[str]] = {}
+    for product in products:
+        for index in product.summed:
+            for ref in _later_occurrences(product, index):
+                raised.setdefault(ref.source, set()).add(index.glyph)
+    sums = {p.source: p.summed for p in products if p.source is not None}
+    return Context(sums, raised)
 
 
 def _later_occurrences(product: ir.Product, index: ir.Index):
@@ -282,64 +216,6 @@ def _bound_refs(node: ir.Node, index: ir.Index):
         return
     for child in ir.children(node):
         yield from _bound_refs(child, index)
-
-
-def _ast_children(node: ast.Expr) -> tuple:
-    if isinstance(node, ast.Binary):
-        return (node.left, node.right)
-    if isinstance(node, ast.Unary):
-        return (node.operand,)
-    if isinstance(node, ast.Call):
-        return node.args
-    return ()
-
-
-def _ast_refs(node: ast.Expr):
-    if isinstance(node, ast.Ref):
-        yield node
-    for child in _ast_children(node):
-        yield from _ast_refs(child)
-
-
-def _is_chain(node: ast.Expr) -> bool:
-    return (isinstance(node, ast.Binary) and node.op in "*/") or (
-        isinstance(node, ast.Unary) and node.op == "-"
-    )
-
-
-def _ast_own(node: ast.Expr, rank: dict, chains: dict) -> Signature:
-    if isinstance(node, ast.Ref):
-        return frozenset({rank[node]}), frozenset()
-    if _is_chain(node):
-        return _product(node, _merge(_factors(node, rank, chains)), chains)
-    if isinstance(node, ast.Binary) and node.op == "-":
-        right = _ast_own(node.right, rank, chains)
-        if not _is_chain(node.right):
-            right = _product(node.right, right, chains)
-        return _merge([_ast_own(node.left, rank, chains), right])
-    return _merge(_ast_own(child, rank, chains) for child in _ast_children(node))
-
-
-def _product(node: ast.Expr, own: Signature, chains: dict) -> Signature:
-    """A product the checker builds here, unless it reads no tensor (then it is a constant)."""
-    if own == NOTHING:
-        return NOTHING
-    chains[node] = own
-    return frozenset(), frozenset({own})
-
-
-def _factors(node: ast.Expr, rank: dict, chains: dict) -> list[Signature]:
-    if isinstance(node, ast.Unary):
-        inner = [node.operand]
-    else:
-        inner = [node.left] + ([node.right] if node.op == "*" else [])
-    out = [
-        _merge(_factors(x, rank, chains)) if _is_chain(x) else _ast_own(x, rank, chains)
-        for x in inner
-    ]
-    if isinstance(node, ast.Binary) and node.op == "/":
-        out.append(_ast_own(node.right, rank, chains))
-    return out
 
 
 # -- the printer
@@ -375,13 +251,13 @@ class SpecPrinter(LatexPrinter):
     def level(self, node: ast.Expr) -> int:
         """How tightly a node binds as printed: its operands below this get brackets."""
         if isinstance(node, ast.Binary):
-            if node.op == "/":
-                return FRACTION
-            return LEVEL.get(node.op, LEVEL["cmp"])
-        if isinstance(node, ast.Unary):
-            return LEVEL["neg"] if node.op == "-" else LEVEL["not"]
+            return FRACTION if node.op == "/" else OPERATORS[node.op].level
+        if isinstance(node, ast.Unary) and node.op != "+":
+            return OPERATORS[UNARY[node.op]].level
+        if isinstance(node, ast.Unary):  # printed as its operand alone
+            return self.level(node.operand)
         if self._settings["sums"] and node in self.context.sums:
-            return LEVEL["*"]
+            return TIMES
         return ATOM
 
     def wrapped(self, node: ast.Expr, level: int) -> str:
@@ -396,8 +272,7 @@ class SpecPrinter(LatexPrinter):
         name = math_name(node.name)
         if "_" in name.replace(r"\_", ""):
             name = f"({name})"
-        rank = self.context.ranks.get(node)
-        up = {g for r, g in self.context.raised if r == rank} if self._settings["raised"] else set()
+        up = self.context.raised.get(node, set()) if self._settings["raised"] else set()
         runs: list[tuple[bool, list[str]]] = []
         for axis in node.axes:
             items = axis.items if isinstance(axis, ast.Group) else (axis,)
@@ -433,8 +308,7 @@ class SpecPrinter(LatexPrinter):
     def _print_Unary(self, node: ast.Unary) -> str:
         if node.op == "+":
             return self._print(node.operand)
-        sign = "-" if node.op == "-" else r"\lnot "
-        return sign + self.wrapped(node.operand, self.level(node))
+        return fill(OPERATORS[UNARY[node.op]].latex, self.wrapped(node.operand, self.level(node)))
 
     def _print_Binary(self, node: ast.Binary) -> str:
         return getattr(
@@ -444,19 +318,19 @@ class SpecPrinter(LatexPrinter):
     def _binary_infix(self, node: ast.Binary) -> str:
         level = self.level(node)
         left, right = self.wrapped(node.left, level), self.wrapped(node.right, level + 1)
-        return left + OPERATORS[node.op] + right
+        return fill(OPERATORS[node.op].latex, left, right)
 
     def _binary_times(self, node: ast.Binary) -> str:
         # A unary minus after juxtaposition is bracketed: `a (-b)`, never `a -b`.
-        left = self.wrapped(node.left, LEVEL["*"])
-        right = self.wrapped(node.right, LEVEL["neg"] + 1)
+        left = self.wrapped(node.left, TIMES)
+        right = self.wrapped(node.right, OPERATORS["neg"].level + 1)
         if right[:1].isdigit():
             return left + r" \cdot " + right
         tensors = isinstance(_rightmost(node.left), ast.Ref) and isinstance(node.right, ast.Ref)
         return left + (r" \, " if tensors else " ") + right
 
     def _binary_over(self, node: ast.Binary) -> str:
-        return rf"\frac{{{self._print(node.left)}}}{{{self._print(node.right)}}}"
+        return fill(OPERATORS["/"].latex, self._print(node.left), self._print(node.right))
 
     def _binary_power(self, node: ast.Binary) -> str:
         base = self._print(node.left)
@@ -464,16 +338,32 @@ class SpecPrinter(LatexPrinter):
             base = "{" + base + "}"
         elif not isinstance(node.left, (ast.Name, ast.Num, ast.Inf)):
             base = rf"\left({base}\right)"
-        return f"{base}^{{{self._print(node.right)}}}"
+        return fill(OPERATORS["^"].latex, base, self._print(node.right))
 
     def _print_Call(self, node: ast.Call) -> str:
-        args = [self._print(a) for a in node.args]
         if not node.over:
-            return FUNCTIONS[node.func].format(*args)
+            return fill(FUNCTIONS[node.func].latex, *map(self._print, node.args))
         over = "_{" + _join(math_name(i.glyph) for i in node.over) + "}"
+        head = REDUCTIONS[node.func].latex + over
         if node.func == "sum":
-            return r"\sum" + over + " " + self.wrapped(node.args[0], LEVEL["*"])
-        return REDUCTIONS[node.func] + over + rf"\left({args[0]}\right)"
+            return head + " " + self.wrapped(node.args[0], TIMES)
+        return head + rf"\left({self._print(node.args[0])}\right)"
+
+
+UNARY = {"-": "neg", "not": "not"}  # a unary operator's entry in the operator table
+
+
+def fill(template: str, *args: str) -> str:
+    r"""An operator table template with its arguments: `{0}`, `{1}` are the arguments, `{{`
+    and `}}` braces; any other brace is kept, so `\operatorname{ReLU}` needs no doubling.
+
+    >>> fill(r"\sqrt{{{0}}}", "x")
+    '\\sqrt{x}'
+    """
+    return PLACEHOLDER.sub(lambda m: args[int(m[1])] if m[1] else m[0][0], template)
+
+
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(\d)\}")
 
 
 def _rightmost(node: ast.Expr) -> ast.Expr:
@@ -513,9 +403,8 @@ def equations(spec: ir.Spec, *, raised: bool = False, sums: bool = False) -> tup
     settings = {"raised": raised, "sums": sums}
     out = []
     for eq in spec.equations:
-        tree = parse(eq.text, spec.name).statements[0]
-        printer = SpecPrinter(settings, _context(eq, tree.rhs))
-        out.append(Equation(printer._print(tree.lhs), printer._print(tree.rhs), eq))
+        printer = SpecPrinter(settings, _context(eq))
+        out.append(Equation(printer._print(eq.source.lhs), printer._print(eq.source.rhs), eq))
     return tuple(out)
 
 

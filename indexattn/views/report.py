@@ -10,7 +10,20 @@ import sympy
 
 from .. import ir
 from ..lower.plan import Plan
-from . import cost
+from . import cost, latex
+from .tables import (
+    Cell,
+    Equations,
+    Formula,
+    Math,
+    Number,
+    Shape,
+    Table,
+    TensorName,
+    Text,
+    grouped,
+    show,
+)
 
 
 @dataclass(frozen=True)
@@ -33,12 +46,13 @@ class TensorRow:
 
 @dataclass(frozen=True)
 class CountRow:
-    """A param's elements, or the FLOPs of one block of the plan."""
+    """A param's elements, the FLOPs of one block of the plan, or a total."""
 
-    label: str
-    equations: tuple[ir.Equation, ...]  # the equations a FLOP row computes
     expr: sympy.Expr
     value: int | sympy.Expr
+    param: ir.Tensor | None = None
+    equations: tuple[ir.Equation, ...] = ()  # the equations a FLOP row computes
+    note: str = ""  # a block that computes no equation (the plan's note), or "total"
 
 
 @dataclass(frozen=True)
@@ -53,20 +67,17 @@ class Report:
 
     def total(self, rows: tuple[CountRow, ...]) -> CountRow:
         expr = sympy.expand(sympy.Add(*(r.expr for r in rows)))
-        return CountRow("total", (), expr, cost.evaluate(expr, self.sizes))
+        return CountRow(expr, cost.evaluate(expr, self.sizes), note="total")
 
     def sizes_text(self) -> str:
         return ", ".join(f"{s} = {v}" for s, v in self.sizes.items())
 
     def __str__(self) -> str:
         groups = (
-            ("parameters", self.params),
-            ("FLOPs of one forward pass, per batch element", self.flops),
+            ("parameters", param_table(self)),
+            ("FLOPs of one forward pass, per batch element", flop_table(self)),
         )
-        tables = [
-            [(r.label, str(r.expr), _number(r.value)) for r in (*rows, self.total(rows))]
-            for _, rows in groups
-        ]
+        tables = [[[show(c, PLAIN) for c in row] for row in (*t.rows, t.total)] for _, t in groups]
         width = [max(len(row[k]) for table in tables for row in table) for k in range(3)]
         out = [f"{self.spec.name} at {self.sizes_text()}" if self.sizes else self.spec.name]
         for (title, _), table in zip(groups, tables):
@@ -75,8 +86,72 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def _number(value) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
+def index_table(report: Report) -> Table:
+    rows = tuple(
+        (
+            Math(", ".join(latex.math_name(i.glyph) for i in row.indices)),
+            Formula(row.size),
+            Number(row.value),
+            Text(row.doc),
+        )
+        for row in report.indices
+    )
+    return Table(("Index", "Range", "At sizes", "Description"), rows, wide=3)
+
+
+def scalar_table(report: Report) -> Table:
+    rows = tuple(
+        (Math(latex.math_name(s.name)), Number(s.value), Text(s.doc)) for s in report.spec.scalars
+    )
+    return Table(("Scalar", "Default", "Description"), rows, wide=2)
+
+
+def tensor_table(report: Report) -> Table:
+    rows = tuple(
+        (
+            TensorName(row.tensor),
+            Text(row.role),
+            Shape(row.axes, row.tensor.batched),
+            Shape(tuple((v,) for v in row.values), row.tensor.batched),
+            Text(row.tensor.doc),
+        )
+        for row in report.tensors
+    )
+    return Table(("Tensor", "Role", "Shape", "At sizes", "Description"), rows, wide=4)
+
+
+def param_table(report: Report) -> Table:
+    rows = tuple(_count_cells(report, r) for r in report.params)
+    total = _count_cells(report, report.total(report.params))
+    return Table(("Parameter", "Elements", "At sizes"), rows, total, wide=1)
+
+
+def flop_table(report: Report) -> Table:
+    rows = tuple(_count_cells(report, r) for r in report.flops)
+    total = _count_cells(report, report.total(report.flops))
+    return Table(("Equations", "FLOPs", "At sizes"), rows, total, wide=1)
+
+
+def _count_cells(report: Report, row: CountRow) -> tuple[Cell, ...]:
+    return (_subject(report, row), Formula(row.expr), Number(row.value))
+
+
+def _subject(report: Report, row: CountRow) -> Cell:
+    if row.param is not None:
+        return TensorName(row.param)
+    if row.equations:
+        numbers = tuple(report.spec.equations.index(eq) + 1 for eq in row.equations)
+        return Equations(row.equations, numbers)
+    return Text(row.note)
+
+
+PLAIN = {  # a cell as plain text, for `indexattn count`
+    Text: lambda cell: cell.value,
+    TensorName: lambda cell: repr(cell.tensor),
+    Equations: lambda cell: ", ".join(repr(eq.tensor) for eq in cell.equations),
+    Formula: lambda cell: str(cell.expr),
+    Number: lambda cell: grouped(cell.value, ",") or str(cell.value),
+}
 
 
 def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
@@ -87,7 +162,7 @@ def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
         sizes,
         index_rows(spec, sizes),
         tuple(_tensor_row(t, spec, sizes) for t in spec.tensors),
-        tuple(CountRow(repr(t), (), n, cost.evaluate(n, sizes)) for t, n in cost.params(spec)),
+        tuple(CountRow(n, cost.evaluate(n, sizes), t) for t, n in cost.params(spec)),
         flop_rows(spec, plan, sizes),
     )
 
@@ -116,6 +191,6 @@ def flop_rows(spec: ir.Spec, plan: Plan, sizes: dict) -> tuple[CountRow, ...]:
         eqs = block.equations
         if not eqs and spent.total == 0:
             continue
-        label = ", ".join(repr(eq.tensor) for eq in eqs) or block.note
-        rows.append(CountRow(label, eqs, spent.total, cost.evaluate(spent.total, sizes)))
+        value = cost.evaluate(spent.total, sizes)
+        rows.append(CountRow(spent.total, value, equations=eqs, note=block.note))
     return tuple(rows)

@@ -1,7 +1,8 @@
 """Spec -> a dataflow diagram as SVG, drawn by plain code (no graphviz): tensors are boxes in
 layers from top to bottom, each equation draws arrows from the tensors it reads to the one it
-defines, and dashed frames mark the fused projections (one tensor read in literal slices) and
-the attention core (scores, mask, softmax, weighted sum)."""
+defines, and dashed frames mark what the planner fuses: the projections (one weight read in
+literal slices, one matrix product) and the attention core (mask, scores, softmax, weighted
+sum: one kernel)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import sympy
 
 from .. import ir
+from ..lower import fusion
 
 CHAR = 8.4  # width of one character of the 14px monospace font
 ROW = 92  # from one layer to the next
@@ -89,11 +91,11 @@ class Graph:
 
 def bands(graph: Graph) -> dict[ir.Tensor, str]:
     """Where each tensor is drawn, left to right: what comes before the frames, the fused
-    projections, the attention core (with the masks only it reads), and what comes after."""
-    sliced = {e.source for e in graph.edges if e.label}
-    band = dict.fromkeys(sliced, "projection")
-    band.update({e.target: "projection" for e in graph.edges if e.source in sliced})
-    band.update(dict.fromkeys(core(graph), "core"))
+    projections and the attention cores (exactly what lower/fusion.py fuses), and what comes
+    after."""
+    band = dict.fromkeys(_projections(graph.spec), "projection")
+    for match in fusion.find_attention(graph.spec):
+        band.update(dict.fromkeys((eq.tensor for eq in match.equations), "core"))
     for eq in graph.spec.equations:
         after = any(band.get(t) in ("core", "right") for t in graph.reads[eq.tensor])
         if eq.tensor not in band and after:
@@ -105,51 +107,13 @@ def bands(graph: Graph) -> dict[ir.Tensor, str]:
     return {t: band.get(t, "left") for t in graph.spec.tensors}
 
 
-def core(graph: Graph) -> set[ir.Tensor]:
-    """The softmax results, the scores they normalise with the masks added only to them,
-    what the weights go through elementwise (dropout), and the weighted sum."""
-    found: set[ir.Tensor] = set()
-    defined = {eq.tensor: eq.rhs for eq in graph.spec.equations}
-    for eq in graph.spec.equations:
-        if not _has_softmax(eq.rhs):
-            continue
-        scores = {t for t in graph.reads[eq.tensor] if t.role == "derived"}
-        added = {
-            term.tensor
-            for s in scores
-            if isinstance(defined[s], ir.Sum)
-            for term in defined[s].terms
-            if isinstance(term, ir.Ref)
-        }
-        masks = {
-            t
-            for t in graph.spec.tensors
-            if graph.source(t)
-            and (t.role == "derived" or t in added)
-            and set(graph.readers[t]) <= scores
-        }
-        found |= {eq.tensor} | scores | masks | _weighted(eq.tensor, graph)
-    return found
-
-
-def _has_softmax(node: ir.Node) -> bool:
-    if isinstance(node, ir.Reduce) and node.fn == "softmax":
-        return True
-    return any(_has_softmax(child) for child in ir.children(node))
-
-
-def _weighted(weights: ir.Tensor, graph: Graph) -> set[ir.Tensor]:
-    """The weights' elementwise successors and the first product that sums over them."""
-    out: set[ir.Tensor] = set()
-    current = weights
-    for eq in graph.spec.equations:
-        if current not in graph.reads[eq.tensor]:
-            continue
-        out.add(eq.tensor)
-        if isinstance(eq.rhs, ir.Product) and eq.rhs.summed:
-            break
-        current = eq.tensor
-    return out
+def _projections(spec: ir.Spec):
+    """The tensors of each fused projection: the sliced weight (and bias) and the slices."""
+    for group in fusion.projection_groups(spec):
+        for eq, form in zip(group.equations, group.forms):
+            yield from (form.weight.tensor, eq.tensor)
+            if form.bias is not None:
+                yield form.bias.tensor
 
 
 # -- layout
