@@ -51,7 +51,7 @@ def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops
 
 
 def _named(word: str) -> str:
-    return r"\operatorname{" + word + r"}\left({0}\right)"
+    return r"\operatorname{{" + word + r"}}\left({0}\right)"
 
 
 FUNCTIONS: dict[str, Op] = {

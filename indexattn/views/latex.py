@@ -308,7 +308,8 @@ class SpecPrinter(LatexPrinter):
     def _print_Unary(self, node: ast.Unary) -> str:
         if node.op == "+":
             return self._print(node.operand)
-        return fill(OPERATORS[UNARY[node.op]].latex, self.wrapped(node.operand, self.level(node)))
+        operand = self.wrapped(node.operand, self.level(node))
+        return OPERATORS[UNARY[node.op]].latex.format(operand)
 
     def _print_Binary(self, node: ast.Binary) -> str:
         return getattr(
@@ -318,7 +319,7 @@ class SpecPrinter(LatexPrinter):
     def _binary_infix(self, node: ast.Binary) -> str:
         level = self.level(node)
         left, right = self.wrapped(node.left, level), self.wrapped(node.right, level + 1)
-        return fill(OPERATORS[node.op].latex, left, right)
+        return OPERATORS[node.op].latex.format(left, right)
 
     def _binary_times(self, node: ast.Binary) -> str:
         # A unary minus after juxtaposition is bracketed: `a (-b)`, never `a -b`.
@@ -330,7 +331,7 @@ class SpecPrinter(LatexPrinter):
         return left + (r" \, " if tensors else " ") + right
 
     def _binary_over(self, node: ast.Binary) -> str:
-        return fill(OPERATORS["/"].latex, self._print(node.left), self._print(node.right))
+        return OPERATORS["/"].latex.format(self._print(node.left), self._print(node.right))
 
     def _binary_power(self, node: ast.Binary) -> str:
         base = self._print(node.left)
@@ -338,11 +339,11 @@ class SpecPrinter(LatexPrinter):
             base = "{" + base + "}"
         elif not isinstance(node.left, (ast.Name, ast.Num, ast.Inf)):
             base = rf"\left({base}\right)"
-        return fill(OPERATORS["^"].latex, base, self._print(node.right))
+        return OPERATORS["^"].latex.format(base, self._print(node.right))
 
     def _print_Call(self, node: ast.Call) -> str:
         if not node.over:
-            return fill(FUNCTIONS[node.func].latex, *map(self._print, node.args))
+            return FUNCTIONS[node.func].latex.format(*map(self._print, node.args))
         over = "_{" + _join(math_name(i.glyph) for i in node.over) + "}"
         head = REDUCTIONS[node.func].latex + over
         if node.func == "sum":
@@ -351,19 +352,6 @@ class SpecPrinter(LatexPrinter):
 
 
 UNARY = {"-": "neg", "not": "not"}  # a unary operator's entry in the operator table
-
-
-def fill(template: str, *args: str) -> str:
-    r"""An operator table template with its arguments: `{0}`, `{1}` are the arguments, `{{`
-    and `}}` braces; any other brace is kept, so `\operatorname{ReLU}` needs no doubling.
-
-    >>> fill(r"\sqrt{{{0}}}", "x")
-    '\\sqrt{x}'
-    """
-    return PLACEHOLDER.sub(lambda m: args[int(m[1])] if m[1] else m[0][0], template)
-
-
-PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(\d)\}")
 
 
 def _rightmost(node: ast.Expr) -> ast.Expr:

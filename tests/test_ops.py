@@ -1,0 +1,59 @@
+"""The operator table is the one list of functions: every stage reads it, and the literal
+interpreter, which keeps its own torch code, covers every entry. Each function, reduction and
+operator is compiled from a one-line spec and compared with the literal reading."""
+
+import pytest
+import torch
+
+import indexattn
+from indexattn import ops
+from indexattn.oracle import reference
+from indexattn.oracle.verify import compare
+from indexattn.views import cost
+
+APPLIED = {*ops.FUNCTIONS, *(n for n, op in ops.OPERATORS.items() if op.kind != "arithmetic")}
+
+
+def test_the_oracle_covers_every_entry():
+    assert APPLIED | {"pow"} <= set(reference.ELEMENTWISE)
+    assert set(ops.REDUCTIONS) - {"softmax"} <= set(reference.REDUCTIONS)
+
+
+def test_every_entry_is_complete():
+    for op in [*ops.CALLABLE.values(), *ops.OPERATORS.values()]:
+        assert op.torch and op.latex and op.flops >= 0, op
+        assert op.imports <= {"torch", "F", "math"}, op
+
+
+def call(name: str) -> str:
+    op = ops.FUNCTIONS[name]
+    args = {1: "abs(x_<i>) + 0.5", 2: "x_<i>, 0.25", 3: "x_<i> > 0, x_<i>, 2 x_<i>"}[op.arity]
+    return f"index i : n\ninput x_<i>\ny_<i> = {name}({args})\n"
+
+
+@pytest.mark.parametrize("name", sorted(ops.FUNCTIONS))
+def test_each_function_equals_the_literal_reading(name):
+    spec = indexattn.compile_spec(call(name), name=name)
+    result = compare(spec)
+    assert result.ok, (result.error, spec.source)
+    assert "y" in spec.latex()
+    assert cost.flops(spec.plan).free_symbols <= set(spec.sizes)
+
+
+@pytest.mark.parametrize("name", sorted(ops.REDUCTIONS))
+def test_each_reduction_equals_the_literal_reading(name):
+    text = f"index i, j : n\ninput x_<ij>\ny_<i> = {name}_<j>(x_<ij>) + 0 x_<ij>\n"
+    text = (
+        text.replace(" + 0 x_<ij>", "")
+        if name != "softmax"
+        else text.replace("y_<i>", "y_<ij>").replace(" + 0 x_<ij>", "")
+    )
+    spec = indexattn.compile_spec(text, name=name)
+    assert compare(spec).ok, spec.source
+
+
+def test_a_wrong_template_is_seen():
+    # the twin: the comparison notices when generated code computes another function
+    spec = indexattn.compile_spec(call("exp"), name="exp")
+    x = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    assert not torch.allclose(spec.function(x), torch.log(x.abs() + 1))
