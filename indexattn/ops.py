@@ -64,6 +64,7 @@ FUNCTIONS: dict[str, Op] = {
         _function("sigmoid", "torch.sigmoid({0})", _named("sigmoid"), _sigmoid),
         _function("relu", "torch.relu({0})", _named("ReLU"), lambda x: sympy.Max(x, 0)),
         _function("gelu", "F.gelu({0})", _named("GELU"), _gelu, ("F",)),
+        _function("silu", "F.silu({0})", _named("SiLU"), lambda x: x * _sigmoid(x), ("F",)),
         _function("abs", "torch.abs({0})", r"\left|{0}\right|", sympy.Abs),
         Op(
             "where",

@@ -137,6 +137,7 @@ ELEMENTWISE = {
     "sigmoid": lambda self, x: torch.sigmoid(x),
     "relu": lambda self, x: torch.relu(x),
     "gelu": lambda self, x: F.gelu(x),
+    "silu": lambda self, x: x * torch.sigmoid(x),
     "abs": lambda self, x: torch.abs(x),
     "pow": lambda self, x, y: torch.pow(x, y),
     "where": lambda self, c, a, b: torch.where(c, a, b),
