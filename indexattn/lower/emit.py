@@ -1,118 +1,27 @@
-"""Plan steps -> lines of Python, one operation per line. Names come from the module's
-allocator; what each line needs (imports, sizes, device and dtype) is recorded as it is
-printed, never recovered from the text."""
+"""Plan steps -> lines of Python, one operation per line: the general steps here, the fused
+kernels' in `kernels_emit`."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import sympy
 
 from .. import ops
-from ..ir import CONDITIONS, Index, Spec
-from .naming import Names
+from ..ir import CONDITIONS, Index
+from .kernels_emit import KernelSteps
 from .printers import GridPrinter, ScalarPrinter, wrap
-from .steps import (
-    Add,
-    Arg,
-    Attention,
-    Contract,
-    Elementwise,
-    Full,
-    Fuse,
-    Grid,
-    Linear,
-    Number,
-    Operand,
-    Reduction,
-    Rename,
-    Split,
-    Unfuse,
-)
+from .steps import Add, Contract, Elementwise, Full, Fuse, Grid, Number, Reduction, Rename, Unfuse
+from .values import Values, axes_comment, expand
 
 
-@dataclass
-class Needs:
-    """What printed lines use beyond their own variables."""
-
-    imports: set[str] = field(default_factory=set)  # torch, F, math, einsum, rearrange
-    sizes: set[sympy.Symbol] = field(default_factory=set)
-    scalars: set[sympy.Symbol] = field(default_factory=set)
-    indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
-    device: bool = False
-    dtype: bool = False
-
-
-class Emitter:
-    """Prints steps; `needs` accumulates what the printed lines use."""
-
-    def __init__(self, spec: Spec, names: Names) -> None:
-        self.spec, self.names, self.needs = spec, names, Needs()
-        self.symbols = {s: sympy.Symbol(a) for s, a in spec.size_names.items()}
-        self.symbols |= {s.symbol: sympy.Symbol(s.ascii) for s in spec.scalars}
-        self.scalar_symbols = {s.symbol for s in spec.scalars}
+class Emitter(KernelSteps, Values):
+    """Prints each kind of step by its `step_<Kind>` method."""
 
     def lines(self, step) -> list[str]:
         """The step's code, its last line commented with the axes of its result."""
         code = getattr(self, "step_" + type(step).__name__)(step)
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
-        return [*code[:-1], f"{code[-1]}  # {axes or _axes(step.out)}"]
-
-    # -- values
-
-    def use(self, *modules: str) -> None:
-        self.needs.imports.update(modules)
-
-    def scalar(self, expr: sympy.Basic) -> str:
-        """A sizes-and-scalars expression, in the generated code's names."""
-        self.needs.sizes |= expr.free_symbols & set(self.spec.sizes)
-        self.needs.scalars |= expr.free_symbols & self.scalar_symbols
-        printer = ScalarPrinter()
-        code = printer.doprint(expr.xreplace(self.symbols))
-        self.use(*printer.module_imports)
-        return code
-
-    def size(self, index: Index) -> str:
-        return self.scalar(index.size)
-
-    def number(self, expr: sympy.Basic) -> str:
-        """A Python float: printed from its value when it is a number."""
-        return repr(float(expr)) if expr.is_number else self.scalar(expr)
-
-    def tensor_of(self, number: str) -> str:
-        self.use("torch")
-        self.needs.device = self.needs.dtype = True
-        return f"torch.tensor({number}, device=device, dtype=dtype)"
-
-    def var(self, operand: Operand) -> str:
-        return self.names.var(operand.var)
-
-    def ref(self, arg: Operand) -> str:
-        name = self.var(arg)
-        if not arg.select:
-            return name
-        lead = "..., " if arg.batched else ""
-        picks = ", ".join(":" if s is None else str(s) for s in arg.select)
-        return f"{name}[{lead}{picks}]"
-
-    def arg(self, arg: Arg, dims: tuple[Index, ...]) -> str:
-        """An argument aligned to `dims` for broadcasting (a number stays a number)."""
-        if isinstance(arg, Number):
-            return wrap(self.scalar(arg.expr))
-        return expand(self.ref(arg), arg.dims, dims, arg.batched)
-
-    def pattern(self, axes, batched: bool) -> str:
-        """An einops pattern side: `... mu tau a`, `(mu B a) i`."""
-        words = [
-            "(" + " ".join(self.names.axis(i) for i in axis) + ")"
-            if isinstance(axis, tuple)
-            else self.names.axis(axis)
-            for axis in axes
-        ]
-        return " ".join((["..."] if batched else []) + words)
-
-    # -- steps
+        return [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]
 
     def step_Unfuse(self, step: Unfuse) -> str:
         tensor = step.tensor
@@ -242,106 +151,6 @@ class Emitter:
         source = self.pattern(step.arg.dims, step.arg.batched)
         return f'{out} = rearrange({arg}, "{source} -> {target}")'
 
-    def step_Linear(self, step: Linear) -> list[str]:
-        out, x = self.var(step.out), step.x
-        rest = tuple(i for i in x.dims if i not in step.inner)
-        code = expand(self.ref(x), x.dims, rest + step.inner, x.batched)
-        code += f".flatten({-len(step.inner)})" if len(step.inner) > 1 else ""
-        lines = [] if code == self.ref(x) else [f"{out} = {code}  # {_axes(x, rest)}"]
-        x_code = out if lines else code
-        weight = _matrix(step.weight, step.out_axes, step.transposed)
-        self.use("F")
-        if step.bias is not None:
-            bias = step.bias.ascii + (".flatten()" if len(step.bias.layout) > 1 else "")
-            weight = weight + ".mT" if step.transposed else weight
-            call = f"F.linear({x_code}, {weight}, {bias})"
-        elif step.transposed:
-            call = f"{wrap(x_code)} @ {weight}"
-        else:
-            call = f"F.linear({x_code}, {weight})"
-        outer = step.out.dims[len(rest) :]
-        if len(outer) > 1:
-            call = wrap(call) + f".unflatten(-1, ({', '.join(self.size(i) for i in outer)}))"
-        return [*lines, f"{out} = {call}"]
-
-    def step_Split(self, step: Split) -> str:
-        dims = step.arg.dims
-        unbind = f"{self.ref(step.arg)}.unbind({dims.index(step.over) - len(dims)})"
-        return f"{', '.join(self.var(o) for o in step.outs)} = {unbind}"
-
-    def step_Attention(self, step: Attention) -> list[str]:
-        out = self.var(step.out)
-        args = [
-            self.heads(step.q, step.q_dims, step.heads),
-            self.heads(step.k, step.k_dims, step.kv_heads),
-            self.heads(step.v, step.v_dims, step.kv_heads),
-        ]
-        if step.mask is not None:
-            args.append(f"attn_mask={self.attention_mask(step)}")
-        if step.dropout is not None:
-            args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
-        if step.causal:
-            args.append("is_causal=True")
-        args.append(f"scale={self.number(step.scale)}")
-        if step.grouped:
-            args.append("enable_gqa=True")
-        self.use("F")
-        lines = [f"{out} = F.scaled_dot_product_attention({', '.join(args)})"]
-        if step.heads == 0:
-            lines.append(f"{out} = {out}.squeeze(-3)")
-        elif step.heads > 1:
-            sizes = ", ".join(self.size(i) for i in step.out.dims[-2 - step.heads : -2])
-            lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
-        return lines
-
-    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int) -> str:
-        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
-        code = relayout(self.ref(arg), arg.dims, dims)
-        if heads == 0:
-            return code + ".unsqueeze(-3)"
-        return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
-
-    def attention_mask(self, step: Attention) -> str:
-        """The mask against (…, heads, query, key): a unit axis for heads it lacks."""
-        mask = step.mask
-        head = step.mask_dims[0] if step.heads == 1 else None
-        target = (head, *step.mask_dims[-2:])
-        return expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
-
-
-def relayout(code: str, have: tuple, want: tuple) -> str:
-    """`code` with axes (…, *have) viewed as (…, *want), a permutation: a transpose when two
-    axes swap, else movedim."""
-    if have == want:
-        return code
-    n = len(have)
-    moved = [k for k in range(n) if have[k] != want[k]]
-    if len(moved) == 2:
-        return f"{code}.transpose({moved[0] - n}, {moved[1] - n})"
-    for src, index in enumerate(have):
-        rest = [i for i in have if i != index]
-        dst = want.index(index)
-        if (*rest[:dst], index, *rest[dst:]) == want:
-            return f"{code}.movedim({src - n}, {dst - n})"
-    source = tuple(range(-n, 0))
-    return f"{code}.movedim({source}, {tuple(want.index(i) - n for i in have)})"
-
-
-def expand(code: str, have: tuple, target: tuple, batched: bool, keep: int = 0) -> str:
-    """`code` (…, *have) aligned to broadcast against (…, *target): permuted, with a unit
-    axis where it lacks one; leading unit axes are left out when unbatched (all but `keep`)."""
-    present = tuple(i for i in target if i in have)
-    code = relayout(code, have, present)
-    slots = [":" if i in have else "None" for i in target]
-    if not batched:
-        while len(slots) > keep and slots[0] == "None":
-            slots.pop(0)
-    if "None" not in slots:
-        return code
-    while not batched and slots[-1] == ":":
-        slots.pop()
-    return f"{code}[{'..., ' if batched else ''}{', '.join(slots)}]"
-
 
 def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:
     """Views that merge each group of `layout`, from axes already in its order: left to
@@ -355,26 +164,9 @@ def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:
     return code
 
 
-def _matrix(weight, out_axes: int, transposed: bool) -> str:
-    """A declared weight as a matrix: its out block and its in block each flattened."""
-    n = len(weight.layout)
-    first = n - out_axes if transposed else out_axes
-    code = weight.ascii + (f".flatten({first})" if n - first > 1 else "")
-    return code + (f".flatten(0, {first - 1})" if first > 1 else "")
-
-
 def _summed(step: Contract) -> list[Index]:
     seen = [i for a in step.args for i in a.dims]
     return [i for i in dict.fromkeys(seen) if seen.count(i) > 1 and i not in step.out.dims]
-
-
-def _axes(out: Operand, dims: tuple[Index, ...] | None = None) -> str:
-    """The axes in the spec's glyphs; `dims` (then a flattened group) when given."""
-    glyphs = ", ".join(i.glyph for i in out.dims)
-    if dims is not None:
-        flat = "".join(i.glyph for i in out.dims if i not in dims)
-        glyphs = ", ".join([*(i.glyph for i in dims), f"({flat})"])
-    return "(…, " + glyphs + ")" if out.batched and glyphs else f"({glyphs})"
 
 
 def _layout(tensor, batched: bool) -> str:

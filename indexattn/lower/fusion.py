@@ -57,6 +57,11 @@ def linear_form(node: ir.Node) -> LinearForm | None:
     return None
 
 
+def whole(form: LinearForm) -> bool:
+    """The weight is used whole: no literal picks a slice of it."""
+    return all(isinstance(i, Index) for i in form.outer)
+
+
 def _weight_form(weight: ir.Node, x: ir.Node, summed: tuple[Index, ...]):
     if not isinstance(weight, ir.Ref) or weight.tensor.role not in ("param", "buffer"):
         return None

@@ -14,14 +14,14 @@ import sympy
 from .. import ir
 from ..ir import Index, Spec, Tensor
 from ..ir.shapes import recipe
-from .fusion import LinearForm, linear_form
+from .fusion import LinearForm, linear_form, whole
 from .kernels import Kernels
-from .order import pairwise, planning_count
+from .order import planning_count
+from .products import Products
 from .steps import (
     Add,
     Arg,
     Block,
-    Contract,
     Elementwise,
     Full,
     Fuse,
@@ -44,7 +44,7 @@ def plan(spec: Spec) -> Plan:
     return Planner(spec).plan()
 
 
-class Planner:
+class Planner(Products):
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec) -> None:
@@ -164,62 +164,9 @@ class Planner:
         out = Operand(self.var(tensor.ascii + "_split"), order, tensor.batched)
         return self.add(Unfuse(out, tensor))
 
-    def node_Product(self, node: ir.Product, hint: str) -> Arg:
-        form = linear_form(node)
-        if form is not None and _whole(form):
-            return self.linear(form, hint + "_proj")
-        scale = sympy.Integer(1)
-        tensors: list[Operand] = []
-        for factor in node.factors:
-            value = self.node(factor, hint)
-            if isinstance(value, Number):
-                scale = scale * value.expr
-            else:
-                tensors.append(value)
-        if len(tensors) <= 2:
-            return self.contract(tensors, node.free, scale, hint)
-        return self.contract_path(tensors, node, scale, hint)
-
-    def contract(
-        self, args: list[Operand], dims: tuple[Index, ...], scale: sympy.Basic, hint: str
-    ) -> Operand:
-        if scale != 1 and len(args) > 1:
-            args = self.prescale(args, scale)
-            scale = sympy.Integer(1)
-        out = Operand(self.var(hint + "_prod"), self.ordered(dims), any(a.batched for a in args))
-        return self.add(Contract(out, tuple(args), scale))
-
-    def prescale(self, args: list[Operand], scale: sympy.Basic) -> list[Operand]:
-        """The scale goes onto the smallest factor, before the product: Q / sqrt(d_k) keeps
-        float16 scores from overflowing where (Q K) / sqrt(d_k) would not."""
-        k = min(range(len(args)), key=lambda j: planning_count(args[j].dims))
-        arg = args[k]
-        out = Operand(
-            self.var(arg.var.hint.removesuffix("_split") + "_scaled"), arg.dims, arg.batched
-        )
-        return [*args[:k], self.add(Contract(out, (arg,), scale)), *args[k + 1 :]]
-
-    def contract_path(
-        self, args: list[Operand], node: ir.Product, scale: sympy.Basic, hint: str
-    ) -> Operand:
-        """Pairwise contractions in the order opt_einsum chooses."""
-        pending = list(args)
-        for pair in pairwise([a.dims for a in args], node.free):
-            chosen = [pending[k] for k in pair]
-            pending = [a for k, a in enumerate(pending) if k not in pair]
-            last = not pending
-            rest = {i for a in pending for i in a.dims} | set(node.free)
-            dims = (
-                node.free
-                if last
-                else tuple(dict.fromkeys(i for a in chosen for i in a.dims if i in rest))
-            )
-            pending.append(self.contract(chosen, dims, scale if last else sympy.Integer(1), hint))
-        return pending[0]
-
     def node_Sum(self, node: ir.Sum, hint: str) -> Arg:
         form = linear_form(node)
-        if form is not None and form.bias is not None and _whole(form):
+        if form is not None and form.bias is not None and whole(form):
             return self.linear(form, hint + "_proj")
         # Smallest tensors first, numbers last: `M + P + S` adds the masks once, not per head.
         args = sorted((self.node(term, hint) for term in node.terms), key=_planning_elements)
@@ -246,11 +193,6 @@ def _word(fn: str) -> str:
     """A function or operator as a part of a name: `exp`, `pow`, `less`, `and`."""
     words = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
     return words.get(fn, fn)
-
-
-def _whole(form: LinearForm) -> bool:
-    """The weight is used whole: no literal picks a slice of it."""
-    return all(isinstance(i, Index) for i in form.outer)
 
 
 def _planning_elements(arg: Arg) -> float:

@@ -1,0 +1,87 @@
+"""Plan steps of the fused kernels -> Python: `F.linear`, `unbind`, and
+`F.scaled_dot_product_attention` with the heads merged and the mask aligned."""
+
+from __future__ import annotations
+
+from ..ir import Index
+from .printers import wrap
+from .steps import Attention, Linear, Operand, Split
+from .values import axes_comment, expand, relayout
+
+
+class KernelSteps:
+    """The kernels' step printers; mixed into the Emitter, which supplies the values."""
+
+    def step_Linear(self, step: Linear) -> list[str]:
+        out, x = self.var(step.out), step.x
+        rest = tuple(i for i in x.dims if i not in step.inner)
+        code = expand(self.ref(x), x.dims, rest + step.inner, x.batched)
+        code += f".flatten({-len(step.inner)})" if len(step.inner) > 1 else ""
+        lines = [] if code == self.ref(x) else [f"{out} = {code}  # {axes_comment(x, rest)}"]
+        x_code = out if lines else code
+        weight = _matrix(step.weight, step.out_axes, step.transposed)
+        self.use("F")
+        if step.bias is not None:
+            bias = step.bias.ascii + (".flatten()" if len(step.bias.layout) > 1 else "")
+            weight = weight + ".mT" if step.transposed else weight
+            call = f"F.linear({x_code}, {weight}, {bias})"
+        elif step.transposed:
+            call = f"{wrap(x_code)} @ {weight}"
+        else:
+            call = f"F.linear({x_code}, {weight})"
+        outer = step.out.dims[len(rest) :]
+        if len(outer) > 1:
+            call = wrap(call) + f".unflatten(-1, ({', '.join(self.size(i) for i in outer)}))"
+        return [*lines, f"{out} = {call}"]
+
+    def step_Split(self, step: Split) -> str:
+        dims = step.arg.dims
+        unbind = f"{self.ref(step.arg)}.unbind({dims.index(step.over) - len(dims)})"
+        return f"{', '.join(self.var(o) for o in step.outs)} = {unbind}"
+
+    def step_Attention(self, step: Attention) -> list[str]:
+        out = self.var(step.out)
+        args = [
+            self.heads(step.q, step.q_dims, step.heads),
+            self.heads(step.k, step.k_dims, step.kv_heads),
+            self.heads(step.v, step.v_dims, step.kv_heads),
+        ]
+        if step.mask is not None:
+            args.append(f"attn_mask={self.attention_mask(step)}")
+        if step.dropout is not None:
+            args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
+        if step.causal:
+            args.append("is_causal=True")
+        args.append(f"scale={self.number(step.scale)}")
+        if step.grouped:
+            args.append("enable_gqa=True")
+        self.use("F")
+        lines = [f"{out} = F.scaled_dot_product_attention({', '.join(args)})"]
+        if step.heads == 0:
+            lines.append(f"{out} = {out}.squeeze(-3)")
+        elif step.heads > 1:
+            sizes = ", ".join(self.size(i) for i in step.out.dims[-2 - step.heads : -2])
+            lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
+        return lines
+
+    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int) -> str:
+        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
+        code = relayout(self.ref(arg), arg.dims, dims)
+        if heads == 0:
+            return code + ".unsqueeze(-3)"
+        return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
+
+    def attention_mask(self, step: Attention) -> str:
+        """The mask against (…, heads, query, key): a unit axis for heads it lacks."""
+        mask = step.mask
+        head = step.mask_dims[0] if step.heads == 1 else None
+        target = (head, *step.mask_dims[-2:])
+        return expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
+
+
+def _matrix(weight, out_axes: int, transposed: bool) -> str:
+    """A declared weight as a matrix: its out block and its in block each flattened."""
+    n = len(weight.layout)
+    first = n - out_axes if transposed else out_axes
+    code = weight.ascii + (f".flatten({first})" if n - first > 1 else "")
+    return code + (f".flatten(0, {first - 1})" if first > 1 else "")

@@ -1,0 +1,134 @@
+"""Values in generated code: names from the module's allocator, sizes and scalars printed
+from sympy, operands aligned for broadcasting; what printed lines use (imports, sizes,
+device and dtype) is recorded as they are printed, never recovered from the text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir import Index, Spec
+from .naming import Names
+from .printers import ScalarPrinter, wrap
+from .steps import Arg, Number, Operand
+
+
+@dataclass
+class Needs:
+    """What printed lines use beyond their own variables."""
+
+    imports: set[str] = field(default_factory=set)  # torch, F, math, einsum, rearrange
+    sizes: set[sympy.Symbol] = field(default_factory=set)
+    scalars: set[sympy.Symbol] = field(default_factory=set)
+    indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
+    device: bool = False
+    dtype: bool = False
+
+
+class Values:
+    """Prints values; `needs` accumulates what the printed lines use."""
+
+    def __init__(self, spec: Spec, names: Names) -> None:
+        self.spec, self.names, self.needs = spec, names, Needs()
+        self.symbols = {s: sympy.Symbol(a) for s, a in spec.size_names.items()}
+        self.symbols |= {s.symbol: sympy.Symbol(s.ascii) for s in spec.scalars}
+        self.scalar_symbols = {s.symbol for s in spec.scalars}
+
+    # -- values
+
+    def use(self, *modules: str) -> None:
+        self.needs.imports.update(modules)
+
+    def scalar(self, expr: sympy.Basic) -> str:
+        """A sizes-and-scalars expression, in the generated code's names."""
+        self.needs.sizes |= expr.free_symbols & set(self.spec.sizes)
+        self.needs.scalars |= expr.free_symbols & self.scalar_symbols
+        printer = ScalarPrinter()
+        code = printer.doprint(expr.xreplace(self.symbols))
+        self.use(*printer.module_imports)
+        return code
+
+    def size(self, index: Index) -> str:
+        return self.scalar(index.size)
+
+    def number(self, expr: sympy.Basic) -> str:
+        """A Python float: printed from its value when it is a number."""
+        return repr(float(expr)) if expr.is_number else self.scalar(expr)
+
+    def tensor_of(self, number: str) -> str:
+        self.use("torch")
+        self.needs.device = self.needs.dtype = True
+        return f"torch.tensor({number}, device=device, dtype=dtype)"
+
+    def var(self, operand: Operand) -> str:
+        return self.names.var(operand.var)
+
+    def ref(self, arg: Operand) -> str:
+        name = self.var(arg)
+        if not arg.select:
+            return name
+        lead = "..., " if arg.batched else ""
+        picks = ", ".join(":" if s is None else str(s) for s in arg.select)
+        return f"{name}[{lead}{picks}]"
+
+    def arg(self, arg: Arg, dims: tuple[Index, ...]) -> str:
+        """An argument aligned to `dims` for broadcasting (a number stays a number)."""
+        if isinstance(arg, Number):
+            return wrap(self.scalar(arg.expr))
+        return expand(self.ref(arg), arg.dims, dims, arg.batched)
+
+    def pattern(self, axes, batched: bool) -> str:
+        """An einops pattern side: `... mu tau a`, `(mu B a) i`."""
+        words = [
+            "(" + " ".join(self.names.axis(i) for i in axis) + ")"
+            if isinstance(axis, tuple)
+            else self.names.axis(axis)
+            for axis in axes
+        ]
+        return " ".join((["..."] if batched else []) + words)
+
+    # -- steps
+
+
+def relayout(code: str, have: tuple, want: tuple) -> str:
+    """`code` with axes (…, *have) viewed as (…, *want), a permutation: a transpose when two
+    axes swap, else movedim."""
+    if have == want:
+        return code
+    n = len(have)
+    moved = [k for k in range(n) if have[k] != want[k]]
+    if len(moved) == 2:
+        return f"{code}.transpose({moved[0] - n}, {moved[1] - n})"
+    for src, index in enumerate(have):
+        rest = [i for i in have if i != index]
+        dst = want.index(index)
+        if (*rest[:dst], index, *rest[dst:]) == want:
+            return f"{code}.movedim({src - n}, {dst - n})"
+    source = tuple(range(-n, 0))
+    return f"{code}.movedim({source}, {tuple(want.index(i) - n for i in have)})"
+
+
+def expand(code: str, have: tuple, target: tuple, batched: bool, keep: int = 0) -> str:
+    """`code` (…, *have) aligned to broadcast against (…, *target): permuted, with a unit
+    axis where it lacks one; leading unit axes are left out when unbatched (all but `keep`)."""
+    present = tuple(i for i in target if i in have)
+    code = relayout(code, have, present)
+    slots = [":" if i in have else "None" for i in target]
+    if not batched:
+        while len(slots) > keep and slots[0] == "None":
+            slots.pop(0)
+    if "None" not in slots:
+        return code
+    while not batched and slots[-1] == ":":
+        slots.pop()
+    return f"{code}[{'..., ' if batched else ''}{', '.join(slots)}]"
+
+
+def axes_comment(out: Operand, dims: tuple[Index, ...] | None = None) -> str:
+    """The axes in the spec's glyphs; `dims` (then a flattened group) when given."""
+    glyphs = ", ".join(i.glyph for i in out.dims)
+    if dims is not None:
+        flat = "".join(i.glyph for i in out.dims if i not in dims)
+        glyphs = ", ".join([*(i.glyph for i in dims), f"({flat})"])
+    return "(…, " + glyphs + ")" if out.batched and glyphs else f"({glyphs})"
