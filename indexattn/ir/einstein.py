@@ -47,7 +47,9 @@ class Analysis:
             siblings = frozenset(
                 i for j, other in enumerate(node.factors) if j != k for i in visible(other)
             )
-            factors.append(self.visit(factor, keep | siblings))
+            # A denominator sums on its own, as a paper's fraction does: in
+            # F_<τa> KV_<ab> / (F_<τa> z_<a>) each of numerator and denominator sums a.
+            factors.append(self.visit(factor, keep if denominator(factor) else keep | siblings))
         counts: dict[Index, int] = {}
         for factor in factors:
             for index in factor.free:
@@ -69,6 +71,16 @@ class Analysis:
                     "indices of what it is applied to.",
                 )
         return Reduce(node.fn, node.over, body, node.span)
+
+
+def denominator(node: Node) -> bool:
+    """A factor written below a fraction bar: x^-1."""
+    return (
+        isinstance(node, Apply)
+        and node.fn == "pow"
+        and isinstance(node.args[1], Field)
+        and node.args[1].expr == -1
+    )
 
 
 def visible(node: Node) -> frozenset[Index]:

@@ -42,7 +42,8 @@ class Emitter(KernelSteps, Values):
         dims = step.out.dims
         views = {}
         for k, index in enumerate(dims):
-            self.needs.indices[index] = None
+            if index.symbol in step.expr.free_symbols:
+                self.needs.indices[index] = None
             name = self.names.index(index)
             shaped = [":" if j == k else "None" for j in range(len(dims))]
             views[index.symbol] = sympy.Symbol(
@@ -56,7 +57,9 @@ class Emitter(KernelSteps, Values):
         self.use("torch", *printer.scalar.module_imports)
         if not all(i.symbol in step.expr.free_symbols for i in dims):  # sympy simplified some away
             shape = ", ".join(self.size(i) for i in dims)
-            code = f"torch.broadcast_to(torch.as_tensor({code}, device=device), ({shape},))"
+            kind = "torch.bool" if isinstance(step.expr, CONDITIONS) else "torch.float64"
+            code = f"torch.as_tensor({code}, device=device, dtype={kind})"
+            code = f"torch.broadcast_to({code}, ({shape},))"
         if not isinstance(step.expr, CONDITIONS):
             code = f"{wrap(code)}.to(dtype)"
         return f"{self.var(step.out)} = {code}"

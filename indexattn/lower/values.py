@@ -68,9 +68,11 @@ class Values:
         name = self.var(arg)
         if not arg.select:
             return name
-        lead = "..., " if arg.batched else ""
-        picks = ", ".join(":" if s is None else str(s) for s in arg.select)
-        return f"{name}[{lead}{picks}]"
+        picks = [":" if s is None else str(s) for s in arg.select]
+        if arg.batched:  # after `...`, every axis that follows is written out
+            rest = len(arg.dims) - arg.select.count(None)
+            picks = ["...", *picks, *[":"] * rest]
+        return f"{name}[{', '.join(picks)}]"
 
     def arg(self, arg: Arg, dims: tuple[Index, ...]) -> str:
         """An argument aligned to `dims` for broadcasting (a number stays a number)."""
