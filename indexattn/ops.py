@@ -31,6 +31,7 @@ class Op:
     sympy: Callable | None = None  # the tensor-free form; None: never folded into a Field
     imports: frozenset[str] = frozenset({"torch"})  # names the torch template uses
     level: int = ATOM  # binding strength as written: higher binds tighter
+    tensors: bool = False  # the torch template needs tensors: numbers are made tensors first
 
     @property
     def condition(self) -> bool:
@@ -46,8 +47,24 @@ def _gelu(x):
     return x * (1 + sympy.erf(x / sympy.sqrt(2))) / 2
 
 
+def _rsqrt(x):
+    return 1 / sympy.sqrt(x)
+
+
+def _elu(x):
+    return sympy.Piecewise((x, x > 0), (sympy.exp(x) - 1, True))
+
+
+def _softplus(x):
+    return sympy.log(1 + sympy.exp(x))
+
+
 def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
     return Op(name, "function", 1, torch, latex, flops, form, frozenset(imports))
+
+
+def _binary(name: str, torch: str, latex: str, form, tensors: bool = True) -> Op:
+    return Op(name, "function", 2, torch, latex, 1, form, tensors=tensors)
 
 
 def _named(word: str) -> str:
@@ -66,6 +83,29 @@ FUNCTIONS: dict[str, Op] = {
         _function("gelu", "F.gelu({0})", _named("GELU"), _gelu, ("F",)),
         _function("silu", "F.silu({0})", _named("SiLU"), lambda x: x * _sigmoid(x), ("F",)),
         _function("abs", "torch.abs({0})", r"\left|{0}\right|", sympy.Abs),
+        _function("cos", "torch.cos({0})", r"\cos\left({0}\right)", sympy.cos),
+        _function("sin", "torch.sin({0})", r"\sin\left({0}\right)", sympy.sin),
+        _function("floor", "torch.floor({0})", r"\left\lfloor {0} \right\rfloor", sympy.floor),
+        _function("ceil", "torch.ceil({0})", r"\left\lceil {0} \right\rceil", sympy.ceiling),
+        # half to even, as torch.round; sympy has no such rounding, so it is never folded
+        _function("round", "torch.round({0})", _named("round"), None),
+        _function("sign", "torch.sign({0})", _named("sgn"), sympy.sign),
+        _function("rsqrt", "torch.rsqrt({0})", r"\frac{{1}}{{\sqrt{{{0}}}}}", _rsqrt),
+        _function("elu", "F.elu({0})", _named("ELU"), _elu, ("F",)),
+        _function("softplus", "F.softplus({0})", _named("softplus"), _softplus, ("F",)),
+        _binary("min", "torch.minimum({0}, {1})", r"\min\left({0}, {1}\right)", sympy.Min),
+        _binary("max", "torch.maximum({0}, {1})", r"\max\left({0}, {1}\right)", sympy.Max),
+        _binary("mod", "torch.remainder({0}, {1})", r"{0} \bmod {1}", sympy.Mod, False),
+        Op(
+            "clamp",
+            "function",
+            3,
+            "torch.clamp({0}, {1}, {2})",
+            r"\operatorname{{clamp}}\left({0}, {1}, {2}\right)",
+            1,
+            lambda x, lo, hi: sympy.Min(sympy.Max(x, lo), hi),
+            tensors=True,
+        ),
         Op(
             "where",
             "function",
@@ -134,7 +174,9 @@ OPERATORS: dict[str, Op] = {
 # `^` between tensors is kept as the function pow (a Field folds it exactly instead).
 POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8)
 
-CALLABLE: dict[str, Op] = {**FUNCTIONS, **REDUCTIONS}  # what a spec may call by name
+# What a spec may call by name: min and max are both, the reductions min_<j>(x) and max_<j>(x)
+# and the elementwise min(a, b) and max(a, b).
+CALLABLE = frozenset(FUNCTIONS) | frozenset(REDUCTIONS)
 COMPARISONS = tuple(name for name, op in OPERATORS.items() if op.kind == "comparison")
 
 
@@ -142,4 +184,4 @@ def lookup(name: str) -> Op:
     """The entry of a function, reduction or operator the IR names (`pow` included)."""
     if name == "pow":
         return POW
-    return CALLABLE.get(name) or OPERATORS[name]
+    return FUNCTIONS.get(name) or OPERATORS[name]

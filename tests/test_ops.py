@@ -20,14 +20,15 @@ def test_the_oracle_covers_every_entry():
 
 
 def test_every_entry_is_complete():
-    for op in [*ops.CALLABLE.values(), *ops.OPERATORS.values()]:
+    for op in [*ops.FUNCTIONS.values(), *ops.REDUCTIONS.values(), *ops.OPERATORS.values()]:
         assert op.torch and op.latex and op.flops >= 0, op
         assert op.imports <= {"torch", "F", "math"}, op
 
 
 def call(name: str) -> str:
     op = ops.FUNCTIONS[name]
-    args = {1: "abs(x_<i>) + 0.5", 2: "x_<i>, 0.25", 3: "x_<i> > 0, x_<i>, 2 x_<i>"}[op.arity]
+    args = {1: "abs(x_<i>) + 0.5", 2: "x_<i>, 0.25", 3: "x_<i>, -0.25, 0.25"}[op.arity]
+    args = "x_<i> > 0, x_<i>, 2 x_<i>" if name == "where" else args
     return f"index i : n\ninput x_<i>\ny_<i> = {name}({args})\n"
 
 

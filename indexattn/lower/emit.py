@@ -117,10 +117,14 @@ class Emitter(KernelSteps, Values):
         return f"{self.var(step.out)} = {self.tensor_of(self.scalar(step.value.expr))}"
 
     def step_Elementwise(self, step: Elementwise) -> str:
-        args = [self.arg(a, step.out.dims) for a in step.args]
-        if step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
-            args[1] = self.tensor_of(args[1])
         op = ops.lookup(step.fn)
+        args = [self.arg(a, step.out.dims) for a in step.args]
+        if op.tensors:
+            args = [
+                self.tensor_of(c) if isinstance(a, Number) else c for a, c in zip(step.args, args)
+            ]
+        elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
+            args[1] = self.tensor_of(args[1])
         self.use(*op.imports)
         return f"{self.var(step.out)} = {op.torch.format(*args)}"
 

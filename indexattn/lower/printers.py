@@ -56,6 +56,22 @@ class GridPrinter(TorchPrinter):
     def _print_Float(self, expr) -> str:
         return self.scalar._print_Float(expr)
 
+    def _print_Min(self, expr) -> str:
+        return self._extreme(expr, "minimum", "max")
+
+    def _print_Max(self, expr) -> str:
+        return self._extreme(expr, "maximum", "min")
+
+    def _extreme(self, expr, pairwise: str, bound: str) -> str:
+        """torch.minimum takes two tensors; a number bounds the result with clamp."""
+        tensors = [a for a in expr.args if a.free_symbols & self.indices]
+        code = self._print(tensors[0])
+        for other in tensors[1:]:
+            code = f"torch.{pairwise}({code}, {self._print(other)})"
+        for number in (a for a in expr.args if not a.free_symbols & self.indices):
+            code = f"torch.clamp({code}, {bound}={self._print(number)})"
+        return code
+
 
 def wrap(code: str) -> str:
     """Parenthesised unless it is a name, a number, a call or already parenthesised."""

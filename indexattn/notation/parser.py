@@ -10,7 +10,7 @@ from . import syntax as ast
 from .lexer import Token, lex
 
 REDUCTIONS = tuple(ops.REDUCTIONS)
-FUNCTIONS = {name: op.arity for name, op in ops.CALLABLE.items()}
+FUNCTIONS = ops.CALLABLE
 DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
 COMPARISONS = ops.COMPARISONS
@@ -405,7 +405,7 @@ class StatementParser:
             if tok.text == "inf":
                 return ast.Inf(tok.span)
             return ast.Name(tok.text, tok.span)
-        if tok.text in REDUCTIONS:
+        if tok.text in REDUCTIONS and tok.text not in ops.FUNCTIONS:
             raise self.error(
                 f"{tok.text} needs the index it runs over", tok.span, f"write {tok.text}_<j>(...)."
             )
@@ -426,11 +426,13 @@ class StatementParser:
             self.advance()
             args.append(self.nested(self.expression))
         close = self.expect(")", f"close the call to {func}.")
-        if len(args) != FUNCTIONS[func]:
+        arity = (ops.REDUCTIONS if over else ops.FUNCTIONS)[func].arity
+        if len(args) != arity:
+            both = func in ops.REDUCTIONS and not over
             raise self.error(
-                f"{func} takes {FUNCTIONS[func]} argument"
-                f"{'s' if FUNCTIONS[func] > 1 else ''}, not {len(args)}",
+                f"{func} takes {arity} argument{'s' if arity > 1 else ''}, not {len(args)}",
                 cover(span, close.span),
+                f"{func}_<j>(x) is the {func} over j; {func}(a, b) of two values." if both else "",
             )
         return ast.Call(func, over, tuple(args), cover(span, close.span))
 
