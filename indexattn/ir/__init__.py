@@ -5,6 +5,7 @@ from .check import check
 from .nodes import (
     CONDITIONS,
     Apply,
+    At,
     Equation,
     Field,
     Index,
@@ -26,6 +27,7 @@ from .nodes import (
 __all__ = [
     "CONDITIONS",
     "Apply",
+    "At",
     "Equation",
     "Field",
     "Index",

@@ -18,7 +18,7 @@ def kind(node: Node) -> str:
     if isinstance(node, Field):
         return "int" if node.expr.is_integer else "float"
     if isinstance(node, Ref):
-        return node.tensor.dtype
+        return "int" if node.tensor.dtype == "int" or node.tensor.whole else "float"
     if isinstance(node, (Product, Sum)):
         parts = node.factors if isinstance(node, Product) else node.terms
         return _join(kind(p) for p in parts)

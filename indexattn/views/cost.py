@@ -34,6 +34,7 @@ from ..lower.steps import (
     Elementwise,
     Full,
     Fuse,
+    Gather,
     Grid,
     Linear,
     Operand,
@@ -179,6 +180,7 @@ def _(step: Grid) -> Cost:
     return Cost(other=max(1, sympy.count_ops(step.expr)) * _size(step.out))
 
 
+@step_cost.register(Gather)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)
 @step_cost.register(Split)

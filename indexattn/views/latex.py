@@ -290,6 +290,9 @@ class SpecPrinter(LatexPrinter):
     def _print_IndexName(self, node: ast.IndexName) -> str:
         return math_name(node.glyph)
 
+    def _print_Computed(self, node: ast.Computed) -> str:
+        return "[" + self._print(node.expr) + "]"
+
     def _print_Literal(self, node: ast.Literal) -> str:
         return str(node.value)
 
