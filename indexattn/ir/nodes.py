@@ -11,7 +11,7 @@ import sympy
 
 from ..errors import Span
 from ..notation import syntax as ast
-from ..ops import lookup
+from ..ops import REDUCTIONS, lookup
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class Apply:
 
 @dataclass(frozen=True)
 class Reduce:
-    """softmax, sum, max, min, mean or logsumexp over `over`."""
+    """softmax, cumsum, sum, max, min, mean or logsumexp over `over`."""
 
     fn: str
     over: tuple[Index, ...]
@@ -166,10 +166,30 @@ class Reduce:
 
     @property
     def free(self) -> tuple[Index, ...]:
-        return self.body.free if self.fn == "softmax" else union(self.body.free, minus=self.over)
+        return self.body.free if self.keeps else union(self.body.free, minus=self.over)
+
+    @property
+    def keeps(self) -> bool:
+        """softmax and cumsum keep their index free; the others sum (or max) it away."""
+        return REDUCTIONS[self.fn].keeps
 
 
-Node = Field | Ref | Product | Sum | Apply | Reduce
+@dataclass(frozen=True)
+class Concat:
+    """`concat_<σ>(Kc_<μca>, Kn_<μτa>)`: the parts one after another along `over`; `along`
+    names, for each part, its index in `over`'s place (the one it does not share)."""
+
+    over: Index
+    parts: tuple[Node, ...]
+    along: tuple[Index, ...]
+    span: Span = field(compare=False)
+
+    @property
+    def free(self) -> tuple[Index, ...]:
+        return (self.over, *union(self.parts[0].free, minus=self.along))
+
+
+Node = Field | Ref | Product | Sum | Apply | Reduce | Concat
 
 
 @dataclass(frozen=True)
@@ -249,6 +269,8 @@ def children(node: Node) -> tuple[Node, ...]:
         return node.args
     if isinstance(node, Reduce):
         return (node.body,)
+    if isinstance(node, Concat):
+        return node.parts
     if isinstance(node, Ref):  # the values of its computed positions
         return tuple(i.value for i in node.written if isinstance(i, At))
     return ()

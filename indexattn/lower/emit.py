@@ -11,6 +11,7 @@ from .kernels_emit import KernelSteps
 from .printers import GridPrinter, ScalarPrinter, wrap
 from .steps import (
     Add,
+    Cat,
     Contract,
     Elementwise,
     Full,
@@ -171,6 +172,17 @@ class Emitter(KernelSteps, Values):
             "# rows that are -inf everywhere give 0, not NaN (values and gradients)",
             f"{out} = torch.ops.aten._safe_softmax.default({x}, {dim})",
         ]
+
+    def step_Cat(self, step: Cat) -> str:
+        """One torch.cat: each part viewed in the result's axis order, its own index in the
+        place of the one it runs along."""
+        out = step.out.dims
+        parts = [
+            expand(self.ref(p), p.dims, tuple(a if i == step.over else i for i in out), p.batched)
+            for p, a in zip(step.parts, step.along)
+        ]
+        dim = out.index(step.over) - len(out)
+        return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
 
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)

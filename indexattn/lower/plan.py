@@ -23,6 +23,7 @@ from .steps import (
     Add,
     Arg,
     Block,
+    Cat,
     Elementwise,
     Full,
     Fuse,
@@ -162,7 +163,7 @@ class Planner(Products):
             self.held[tensor.name] = self.unfuse(tensor, positions)
         base = self.held[tensor.name]
         chosen = [node.written[tensor.indices.index(d)] for d in base.dims]
-        select = tuple(_selected(c) for c in chosen[: len(positions)])
+        select = tuple(_selected(c) for c in chosen)
         while select and select[-1] is None:
             select = select[:-1]
         kept = [(d, c) for d, c in zip(base.dims, chosen) if _selected(c) is None]
@@ -218,11 +219,15 @@ class Planner(Products):
         )
         return self.add(Elementwise(out, node.fn, args))
 
+    def node_Concat(self, node: ir.Concat, hint: str) -> Arg:
+        parts = tuple(self.as_tensor(self.node(p, hint), hint) for p in node.parts)
+        out = Operand(self.var(hint + "_cat"), self.ordered(node.free), parts[0].batched)
+        return self.add(Cat(out, parts, node.over, node.along))
+
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
         body = self.as_tensor(self.node(node.body, hint), hint)
         safe = node.fn == "softmax" and _may_be_masked(node.body, self.masked)
-        free = node.free if node.fn == "softmax" else self.ordered(node.free)
-        dims = body.dims if node.fn == "softmax" else free
+        dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
 

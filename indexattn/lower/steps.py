@@ -129,6 +129,16 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class Cat:
+    """`torch.cat` of parts along `over`: each part's `along` index takes its place."""
+
+    out: Operand
+    parts: tuple[Operand, ...]
+    over: Index
+    along: tuple[Index, ...]
+
+
+@dataclass(frozen=True)
 class Fuse:
     """Merge a result's axes into the fused layout of its left-hand side."""
 
@@ -204,6 +214,7 @@ Step = (
     | Rename
     | Full
     | Reduction
+    | Cat
     | Fuse
     | Linear
     | Split

@@ -140,11 +140,24 @@ class Interpreter:
         args = [self.align(self.node(a, held), node.free) for a in node.args]
         return ELEMENTWISE[node.fn](self, *args), node.free
 
+    def concat(self, node: ir.Concat, held: dict[str, Value]) -> Value:
+        """Each part with its own index last, joined along it."""
+        shared = node.free[1:]
+        parts = [
+            self.align(self.node(part, held), (*shared, along))
+            for part, along in zip(node.parts, node.along)
+        ]
+        return torch.cat(parts, dim=-1), (*shared, node.over)
+
     def reduce(self, node: ir.Reduce, held: dict[str, Value]) -> Value:
         body = self.align(self.node(node.body, held), node.body.free)
         dims = tuple(node.body.free.index(i) - len(node.body.free) for i in node.over)
         if node.fn == "softmax":
             return softmax(body, dims), node.free
+        if node.fn == "cumsum":  # an upper-triangular matrix of ones sums the prefixes
+            n = body.shape[dims[0]]
+            ones = torch.ones(n, n, dtype=body.dtype, device=body.device).triu()
+            return (body.movedim(dims[0], -1) @ ones).movedim(-1, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
 
 

@@ -30,6 +30,7 @@ from ..lower.steps import (
     Add,
     Attention,
     Block,
+    Cat,
     Contract,
     Elementwise,
     Full,
@@ -180,6 +181,7 @@ def _(step: Grid) -> Cost:
     return Cost(other=max(1, sympy.count_ops(step.expr)) * _size(step.out))
 
 
+@step_cost.register(Cat)
 @step_cost.register(Gather)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)
