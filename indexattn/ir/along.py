@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import sympy
 
-from ..notation import syntax as ast
-from .nodes import Concat, Index, Node, batched
+from .nodes import Concat, batched
 from .scope import Scope
 
 
-def concat(scope: Scope, node: ast.Call, over: Index, parts: tuple[Node, ...]) -> Concat:
-    """`concat_<σ>(Kc_<μca>, Kn_<μτa>)` with `index σ : N_c + N`."""
+def concat(scope: Scope, node: Concat) -> Concat:
+    """`concat_<σ>(Kc_<μca>, Kn_<μτa>)` with `index σ : N_c + N`, its parts' sums decided:
+    the index each part has in σ's place, checked."""
+    over, parts = node.over, node.parts
     common = set.intersection(*(set(p.free) for p in parts))
     along = []
-    for part, written in zip(parts, node.args):
+    for part in parts:
         rest = [i for i in part.free if i not in common]
         if len(rest) != 1 or over in part.free:
             raise scope.error(
                 f"each part of concat_<{over.glyph}> has one index in {over.glyph}'s place, "
                 "besides the indices all parts share",
-                written.span,
+                part.span,
                 "e.g. concat_<σ>(Kc_<μca>, Kn_<μτa>): c and τ run along σ, μ and a are shared.",
             )
         along.append(rest[0])

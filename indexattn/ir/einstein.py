@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import Span, SpecError
+from .along import concat
 from .nodes import Apply, Concat, Field, Index, Node, Product, Reduce, Ref, Sum, children
 from .scope import Scope
 
@@ -41,8 +42,7 @@ class Analysis:
         if isinstance(node, Reduce):
             return self.reduce(node, keep)
         if isinstance(node, Concat):
-            parts = tuple(self.visit(p, keep | frozenset(p.free)) for p in node.parts)
-            return replace(node, parts=parts)
+            return concat(self.scope, replace(node, parts=self.parts(node, keep)))
         new = tuple(self.visit(child, keep) for child in children(node))
         return Sum(new, node.span) if isinstance(node, Sum) else Apply(node.fn, new, node.span)
 
@@ -65,6 +65,15 @@ class Analysis:
         summed = tuple(i for i, c in counts.items() if c > 1 and i not in keep)
         return Product(tuple(factors), summed, node.span, node.source)
 
+    def parts(self, node: Concat, keep: frozenset[Index]) -> tuple[Node, ...]:
+        """A concat's parts: each sums what it repeats; an index it carries once stays free
+        (the one that runs along the concat's index among them)."""
+        out = []
+        for part in node.parts:
+            others = frozenset(i for q in node.parts if q is not part for i in visible(q))
+            out.append(self.visit(part, keep | others | once(part)))
+        return tuple(out)
+
     def reduce(self, node: Reduce, keep: frozenset[Index]) -> Node:
         body = self.visit(node.body, keep | frozenset(node.over))
         for index in node.over:
@@ -86,6 +95,16 @@ def denominator(node: Node) -> bool:
         and isinstance(node.args[1], Field)
         and node.args[1].expr == -1
     )
+
+
+def once(node: Node) -> frozenset[Index]:
+    """The indices a node carries in one factor only."""
+    factors = node.factors if isinstance(node, Product) else (node,)
+    counts: dict[Index, int] = {}
+    for factor in factors:
+        for index in visible(factor):
+            counts[index] = counts.get(index, 0) + 1
+    return frozenset(i for i, n in counts.items() if n == 1)
 
 
 def visible(node: Node) -> frozenset[Index]:

@@ -11,11 +11,11 @@ import sympy
 from ..errors import Span
 from ..notation import syntax as ast
 from ..ops import FUNCTIONS, OPERATORS, REDUCTIONS
-from .along import concat
 from .kinds import integer_tensors, kind
 from .nodes import (
     Apply,
     At,
+    Concat,
     Field,
     Index,
     Node,
@@ -272,8 +272,8 @@ class Expressions:
             over = tuple(self.scope.index(i) for i in node.over)
             if len(set(over)) != len(over):
                 raise self.error(f"{node.func} names an index twice", node.span)
-            if node.func == "concat":
-                return concat(self.scope, node, over[0], args)
+            if node.func == "concat":  # checked once Einstein summation has run in its parts
+                return Concat(over[0], args, (), node.span)
             return Reduce(node.func, over, args[0], node.span)
         if node.func == "where":
             self.condition(args[0])
