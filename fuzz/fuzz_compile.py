@@ -16,15 +16,15 @@ import torch  # noqa: F401 - imported uninstrumented, before the code under test
 
 with atheris.instrument_imports(include=["indexattn"]):
     import indexattn
-    from indexattn import runtime
+    from indexattn.runtime import compiled
 
 
 def one_input(data: bytes) -> None:
     text = data.decode("utf-8", errors="replace") + "\n"  # text, never a path
     with contextlib.suppress(indexattn.SpecError):
         indexattn.compile_spec(text, name="fuzz")
-    if len(runtime._CACHE) > 1000:  # keep memory flat over a long campaign
-        runtime._CACHE.clear()
+    if len(compiled._CACHE) > 1000:  # keep memory flat over a long campaign
+        compiled._CACHE.clear()
 
 
 if __name__ == "__main__":
