@@ -55,3 +55,14 @@ def test_a_constant_spread_along_an_index_keeps_float64():
     y = spec(x=torch.ones(3, dtype=torch.float64), h=3)
     assert torch.equal(y, torch.full((3,), 0.1, dtype=torch.float64))
     assert (torch.tensor(0.1, dtype=torch.float32).double() - 0.1).abs() > 1e-9  # the twin
+
+
+def test_a_concat_alone_is_a_whole_module():
+    # torch.cat was the only torch call, and the import was missing
+    spec = indexattn.compile_spec(
+        "index c : M\nindex τ : N\nindex σ : M + N\ninput A_<c>\ninput B_<τ>\n"
+        "C_<σ> = concat_<σ>(A_<c>, B_<τ>)\n"
+    )
+    a, b = torch.arange(2.0), torch.arange(3.0) + 10
+    assert torch.equal(spec(A=a, B=b), torch.cat([a, b]))
+    assert not torch.equal(spec(A=a, B=b), torch.cat([b, a]))  # the twin: order matters

@@ -10,9 +10,10 @@ import unicodedata
 from dataclasses import dataclass
 
 from .emit import Emitter
+from .hoist import split
 from .naming import Names
 from .printers import wrap
-from .steps import Grid, Plan
+from .steps import Plan, Var
 
 HEADER = """\
 # {title}
@@ -33,6 +34,7 @@ class Module:
     function: str  # the name of the spec's function
     constants: str | None  # the function of per-shape constants, if the spec has any
     constant_args: tuple[str, ...]  # its arguments besides device and dtype: sizes, scalars
+    held: tuple[Var, ...] = ()  # the plan's values the constants function returns, in order
 
 
 def comment(text: str) -> str:
@@ -76,21 +78,22 @@ class Writer:
         imports = self.imports()
         text = head + "\n" + (imports + "\n\n" if imports else "") + "\n\n\n".join(defs) + "\n"
         constants_name = self.names.constants if constants else None
-        return Module(text, self.names.function, constants_name, args)
+        held = self.held_vars if constants else ()
+        return Module(text, self.names.function, constants_name, args, held)
 
     def bodies(self) -> tuple[list[str], list[str]]:
         """The spec's function's lines and the constants function's, block by block."""
+        parts = split(self.plan)
         body: list[str] = []
         constants: list[str] = []
-        for block in self.plan.blocks:
+        for block, fixed, rest in zip(self.plan.blocks, parts.constant, parts.per_call):
             heading = [f"# {comment(text)}" for text in block.texts]
-            grids = [s for s in block.steps if isinstance(s, Grid)]
-            rest = [s for s in block.steps if not isinstance(s, Grid)]
-            if grids:
-                constants += heading + [line for s in grids for line in self.grids.lines(s)]
-                self.held += [self.main.var(s.out) for s in grids]
-            if rest or not grids:
+            if fixed:
+                constants += heading + [line for s in fixed for line in self.grids.lines(s)]
+            if rest or not fixed:
                 body += heading + [line for s in rest for line in self.main.lines(s)]
+        self.held = [self.names.var(v) for v in parts.held]
+        self.held_vars = parts.held
         return body, constants
 
     def constant_args(self) -> tuple[str, ...]:

@@ -182,6 +182,7 @@ class Emitter(KernelSteps, Values):
             for p, a in zip(step.parts, step.along)
         ]
         dim = out.index(step.over) - len(out)
+        self.use("torch")
         return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
 
     def step_Fuse(self, step: Fuse) -> str:

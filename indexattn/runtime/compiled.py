@@ -72,7 +72,7 @@ class CompiledSpec:
         self.constants_function = namespace[constants] if constants else None
         # Plain attributes, read on every call (and by torch.compile, which cannot trace a lock).
         self.rules = rules(self.ir, self.plan.sizes)
-        self.positions = positions(self.plan)
+        self.positions = positions(self.plan, self.module_source.held)
         self.required = self.rules.required
         self.size_names = frozenset(self.ir.size_asciis)
         self.arguments = tuple(t.ascii for t in self.ir.arguments)

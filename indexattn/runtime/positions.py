@@ -11,7 +11,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.shapes import Tree, evaluate, tree
-from ..lower.steps import Gather, Grid, Plan
+from ..lower.steps import Gather, Plan, Var
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,11 @@ class Positions:
             _in_range(spec, check, tensors[check.source], sizes)
 
 
-def positions(plan: Plan) -> Positions:
-    """The checks of every gather of a plan (grids are held in the order the plan builds them,
-    which is the order of the constants function's results)."""
+def positions(plan: Plan, held: tuple[Var, ...]) -> Positions:
+    """The checks of every gather of a plan; `held`: the values the constants function
+    returns, in order."""
     spec = plan.spec
-    grids = [s.out.var for s in plan.steps if isinstance(s, Grid)]
+    grids = list(held)
     arguments = [t.ascii for t in spec.arguments]
     constants, inputs = [], []
     for step in (s for s in plan.steps if isinstance(s, Gather)):

@@ -201,6 +201,8 @@ def operation(node: ir.Node) -> str:
         return f"{node.fn} {''.join(i.glyph for i in node.over)}"
     if isinstance(node, ir.Apply):
         return node.fn
+    if isinstance(node, ir.Concat):
+        return f"concat {node.over.glyph}"
     return "mask" if node.expr.has(sympy.oo, -sympy.oo) else "from positions"
 
 

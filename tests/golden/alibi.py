@@ -21,13 +21,15 @@ def alibi_constants(N, h, *, device, dtype):
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     S_bias_grid = (-tau[:, None] + tau_p[None, :]).to(dtype)  # (τ, τ')
-    return m, M, S_bias_grid
+    S_bias_prod = m[:, None, None] * S_bias_grid  # (μ, τ, τ')
+    S_bias_sum = M + S_bias_prod  # (μ, τ, τ')
+    return S_bias_sum,
 
 
 def alibi(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_proj_bias, *, h, p=0.1, training=False, constants=None):
     N = X.shape[-2]
     d_k = W_query_weight.shape[-2] // h
-    m, M, S_bias_grid = alibi_constants(N, h, device=X.device, dtype=X.dtype) if constants is None else constants
+    S_bias_sum, = alibi_constants(N, h, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = W_query_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, W_query_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -41,8 +43,6 @@ def alibi(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    S_bias_prod = m[:, None, None] * S_bias_grid  # (μ, τ, τ')
-    S_bias_sum = M + S_bias_prod  # (μ, τ, τ')
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum, dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
     # Y_<τj> = out_proj_weight_<j(μa)> O_<μτa> + out_proj_bias_<j>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

@@ -1,0 +1,74 @@
+"""Which steps depend on sizes and scalars only: tensors of positions, and whatever is
+computed from them alone (cos and sin of rotary angles, ALiBi's slopes times distances, masks
+summed). The generated module builds these in its constants function, once per shape, and the
+spec's function computes the rest on every call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .steps import (
+    Add,
+    Cat,
+    Contract,
+    Elementwise,
+    Full,
+    Gather,
+    Grid,
+    Operand,
+    Plan,
+    Reduction,
+    Rename,
+    Step,
+    Var,
+)
+
+PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Each block's steps, in two parts; `held`: the constants the spec's function reads."""
+
+    constant: tuple[tuple[Step, ...], ...]
+    per_call: tuple[tuple[Step, ...], ...]
+    held: tuple[Var, ...]
+
+
+def split(plan: Plan) -> Split:
+    constant: set[Var] = set()
+    parts = []
+    for block in plan.blocks:
+        fixed, rest = [], []
+        for step in block.steps:
+            if _hoistable(step, constant):
+                fixed.append(step)
+                constant.add(step.out.var)
+            else:
+                rest.append(step)
+        parts.append((tuple(fixed), tuple(rest)))
+    read = {o.var for _, rest in parts for s in rest for o in operands(s)}
+    read |= {r.var for r in plan.results}
+    read |= {s.positions.var for s in plan.steps if isinstance(s, Gather)}  # checked at calls
+    held = tuple(s.out.var for fixed, _ in parts for s in fixed if s.out.var in read)
+    return Split(tuple(f for f, _ in parts), tuple(r for _, r in parts), held)
+
+
+def _hoistable(step: Step, constant: set[Var]) -> bool:
+    if isinstance(step, Grid):
+        return True
+    if not isinstance(step, PURE) or (isinstance(step, Elementwise) and step.fn == "dropout"):
+        return False
+    return all(o.var in constant for o in operands(step))
+
+
+def operands(step: Step) -> tuple[Operand, ...]:
+    """The operands a step reads (not its result)."""
+    found: list[Operand] = []
+    for f in fields(step):
+        if f.name in ("out", "outs"):
+            continue
+        value = getattr(step, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        found += [v for v in values if isinstance(v, Operand)]
+    return tuple(found)
