@@ -32,6 +32,7 @@ class Op:
     imports: frozenset[str] = frozenset({"torch"})  # names the torch template uses
     level: int = ATOM  # binding strength as written: higher binds tighter
     tensors: bool = False  # the torch template needs tensors: numbers are made tensors first
+    integers: bool = False  # maps whole numbers to whole numbers (floor, mod, max, where, ...)
 
     @property
     def condition(self) -> bool:
@@ -59,12 +60,16 @@ def _softplus(x):
     return sympy.log(1 + sympy.exp(x))
 
 
+INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "max", "mod"})
+
+
 def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
-    return Op(name, "function", 1, torch, latex, flops, form, frozenset(imports))
+    integers = name in INTEGER_FUNCTIONS
+    return Op(name, "function", 1, torch, latex, flops, form, frozenset(imports), integers=integers)
 
 
 def _binary(name: str, torch: str, latex: str, form, tensors: bool = True) -> Op:
-    return Op(name, "function", 2, torch, latex, 1, form, tensors=tensors)
+    return Op(name, "function", 2, torch, latex, 1, form, tensors=tensors, integers=True)
 
 
 def _named(word: str) -> str:
@@ -105,6 +110,7 @@ FUNCTIONS: dict[str, Op] = {
             1,
             lambda x, lo, hi: sympy.Min(sympy.Max(x, lo), hi),
             tensors=True,
+            integers=True,
         ),
         Op(
             "where",
@@ -114,6 +120,7 @@ FUNCTIONS: dict[str, Op] = {
             r"\begin{{cases}} {1} & \text{{if }} {0} \\ {2} & \text{{otherwise}} \end{{cases}}",
             1,
             lambda c, a, b: sympy.Piecewise((a, c), (b, True)),
+            integers=True,
         ),
         Op(
             "dropout",
@@ -130,7 +137,7 @@ FUNCTIONS: dict[str, Op] = {
 
 
 def _reduction(name: str, torch: str, latex: str, flops: int = 1) -> Op:
-    return Op(name, "reduction", 1, torch, latex, flops)
+    return Op(name, "reduction", 1, torch, latex, flops, integers=name in ("sum", "max", "min"))
 
 
 REDUCTIONS: dict[str, Op] = {
@@ -148,7 +155,7 @@ REDUCTIONS: dict[str, Op] = {
 
 
 def _operator(name, kind, level, torch, latex, form, arity=2) -> Op:
-    return Op(name, kind, arity, torch, latex, 1, form, frozenset(), level)
+    return Op(name, kind, arity, torch, latex, 1, form, frozenset(), level, integers=True)
 
 
 OPERATORS: dict[str, Op] = {

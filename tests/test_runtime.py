@@ -67,7 +67,10 @@ def test_shape_error_for_rank_batch_dtype_and_given_size():
         spec(**{**args, "X": torch.randn(12, dtype=torch.float64)}, h=3)
     with pytest.raises(indexattn.ShapeError, match="has 1 axes"):
         spec(**{**args, "b_O": torch.randn(2, 12, dtype=torch.float64)}, h=3)
-    with pytest.raises(indexattn.ShapeError, match=r"is torch\.float32 on cpu, but X"):
+    with pytest.raises(
+        indexattn.ShapeError,
+        match=r"W is torch\.float32 on cpu, but it must be torch\.float64 on cpu, as X sets",
+    ):
         spec(**{**args, "W": args["W"].float()}, h=3)
     given = r"d_k was given as 5, but W_<\(μBa\)i>, axis 0 \(μBa\) has size 36, which makes d_k = 4"
     with pytest.raises(indexattn.ShapeError, match=given):
@@ -160,7 +163,10 @@ def test_mixed_devices_are_a_shape_error():
     spec = indexattn.compile_spec(MHA)
     args = mha_args()
     args["W_O"] = args["W_O"].to("meta")
-    with pytest.raises(indexattn.ShapeError, match=r"W_O is torch\.float64 on meta, but X"):
+    with pytest.raises(
+        indexattn.ShapeError,
+        match=r"W_O is torch\.float64 on meta, but it must be torch\.float64 on cpu, as X",
+    ):
         spec(**args, h=3)
 
 

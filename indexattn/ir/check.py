@@ -11,6 +11,7 @@ from ..notation import parse
 from ..notation import syntax as ast
 from .einstein import Analysis
 from .expressions import Expressions, repeated
+from .kinds import integer_tensors
 from .nodes import Equation, Index, Node, Scalar, Spec, Tensor, batched
 from .scope import Scope
 
@@ -47,11 +48,11 @@ class Checker:
             raise self.error(
                 "a spec needs at least one equation", None, "write e.g. Y_<τi> = X_<τi>."
             )
-        if not any(t.role != "derived" for t in scope.tensors.values()):
+        if not any(t.role != "derived" and t.dtype == "float" for t in scope.tensors.values()):
             raise self.error(
-                "a spec needs at least one input, param or buffer",
+                "a spec needs at least one input, param or buffer of floats",
                 None,
-                "declare the data it works on, e.g. input X_<τi>.",
+                "declare the data it works on, e.g. input X_<τi>; the first one sets the dtype.",
             )
         return Spec(
             self.doc.name,
@@ -88,15 +89,28 @@ class Checker:
 
     def stmt_IndexDecl(self, stmt: ast.IndexDecl) -> None:
         scope = self.scope
-        if isinstance(stmt.size, ast.Num):
-            size: sympy.Expr = sympy.Integer(stmt.size.value)
-        else:
-            size = scope.sizes.get(stmt.size.name) or scope.new_size(stmt.size)
+        size = self.range_size(stmt.size)
         for name in stmt.names:
             scope.spelled(name.glyph, name.span)
             ascii = scope.claim(name.glyph, "an index", name.span)
             symbol = sympy.Symbol(name.glyph, integer=True, nonnegative=True)
             scope.indices[name.glyph] = Index(name.glyph, ascii, size, stmt.doc, symbol)
+
+    def range_size(self, node: ast.Expr) -> sympy.Expr:
+        """A range in size symbols: a new name declares a size."""
+        if isinstance(node, ast.Num):
+            return sympy.Integer(node.value)
+        if isinstance(node, ast.Name):
+            if node.name in self.scope.names and node.name not in self.scope.sizes:
+                kind, where = self.scope.names[node.name]
+                raise self.error(
+                    f"{node.name} is {kind} (line {where.line}), not a size",
+                    node.span,
+                    "a range is written in sizes and whole numbers.",
+                )
+            return self.scope.sizes.get(node.name) or self.scope.new_size(node)
+        left, right = self.range_size(node.left), self.range_size(node.right)
+        return {"+": left + right, "-": left - right, "*": left * right}[node.op]
 
     def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
         layout = self.layout(stmt.ref, "declaration")
@@ -110,6 +124,7 @@ class Checker:
             stmt.init,
             stmt.doc,
             stmt.ref.span,
+            stmt.dtype,
         )
 
     def stmt_ScalarDecl(self, stmt: ast.ScalarDecl) -> None:
@@ -159,7 +174,10 @@ class Checker:
         rhs = Analysis(scope, indices).top(self.expressions.number(stmt.rhs))
         self.check_lhs(lhs, layout, rhs)
         ascii = scope.claim(lhs.name, "a tensor", lhs.span)
-        tensor = Tensor(lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span)
+        dtype = "int" if integer_tensors(rhs) else "float"
+        tensor = Tensor(
+            lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span, dtype
+        )
         scope.tensors[lhs.name] = tensor
         self.equations.append(Equation(tensor, rhs, unparse_equation(stmt), stmt.doc, stmt))
 

@@ -9,7 +9,8 @@ import sympy
 
 from ..errors import Span
 from ..notation import syntax as ast
-from ..ops import FUNCTIONS, OPERATORS
+from ..ops import FUNCTIONS, OPERATORS, REDUCTIONS
+from .kinds import integer_tensors
 from .nodes import (
     Apply,
     Field,
@@ -220,6 +221,10 @@ class Expressions:
             self.expr(arg) if node.func == "where" and k == 0 else self.number(arg)
             for k, arg in enumerate(node.args)
         )
+        op = (REDUCTIONS if node.over else FUNCTIONS)[node.func]
+        if not op.integers:
+            for arg, written in zip(args, node.args):
+                self.floats(node.func, arg, written)
         if node.over:
             over = tuple(self.scope.index(i) for i in node.over)
             if len(set(over)) != len(over):
@@ -234,6 +239,17 @@ class Expressions:
             expr = form(*(a.expr for a in args))
             return Field(expr, union(*(a.free for a in args)), node.span)
         return Apply(node.func, args, node.span)
+
+    def floats(self, func: str, arg: Node, written: ast.Expr) -> None:
+        """A function that needs floats, of integer tensors alone: torch would pick a dtype."""
+        names = integer_tensors(arg)
+        if names:
+            raise self.error(
+                f"{func} needs floats, and {', '.join(names)} holds integers",
+                written.span,
+                f"compare integers (where({names[0]}_<...> == ..., 0, -inf)), use them as "
+                "positions ([...] in a subscript), or multiply them by a float first.",
+            )
 
     def condition(self, cond: Node) -> None:
         if not is_condition(cond):

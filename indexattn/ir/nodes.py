@@ -36,6 +36,7 @@ class Tensor:
     init: ast.Init | None = field(default=None, compare=False)
     doc: str = field(default="", compare=False)
     span: Span | None = field(default=None, compare=False)
+    dtype: str = "float"  # "int": integer elements, never cast to the float dtype of a call
 
     @property
     def indices(self) -> tuple[Index, ...]:
@@ -188,6 +189,11 @@ class Spec:
     @property
     def arguments(self) -> tuple[Tensor, ...]:
         return self.tensors_of("input", "param", "buffer")
+
+    @property
+    def like(self) -> Tensor:
+        """The argument whose device and dtype a call computes in: the first float one."""
+        return next(t for t in self.arguments if t.dtype == "float")
 
     def size_ascii(self, symbol: sympy.Symbol) -> str:
         """The name a size has in the generated code and in a caller's keywords."""

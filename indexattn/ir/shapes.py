@@ -15,12 +15,13 @@ from .nodes import Spec, Tensor
 
 @dataclass(frozen=True)
 class Step:
-    """`size = tensor.shape[axis] // (product of divisors)`: axis counts from the end."""
+    """`size = (tensor.shape[axis] - offset) // scale`: axis counts from the end."""
 
     size: sympy.Symbol
     tensor: Tensor
     axis: int  # negative: batch axes come first
-    divisors: tuple[sympy.Expr, ...]
+    scale: sympy.Expr  # in sizes already known
+    offset: sympy.Expr = sympy.S.Zero
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Recipe:
 
     def __str__(self) -> str:
         lines = [
-            f"{s.size} = {s.tensor.name}.shape[{s.axis}]" + "".join(f" / {d}" for d in s.divisors)
+            f"{s.size} = ({s.tensor.name}.shape[{s.axis}] - ({s.offset})) / ({s.scale})"
             for s in self.steps
         ]
         return "\n".join([*lines, f"given: {', '.join(map(str, self.required)) or '-'}"])
@@ -54,12 +55,18 @@ def recipe(spec: Spec) -> Recipe:
 
 
 def _next_step(tensors: tuple[Tensor, ...], known: set[sympy.Symbol]) -> Step | None:
+    """The first axis whose size is linear in one unknown size: scale · size + offset."""
     for tensor in tensors:
         for position, axis in enumerate(tensor.layout):
-            unknown = [i.size for i in axis if i.size.is_Symbol and i.size not in known]
-            if len(set(unknown)) == 1 and len(unknown) == 1:
-                divisors = tuple(i.size for i in axis if i.size is not unknown[0])
-                return Step(unknown[0], tensor, position - len(tensor.layout), divisors)
+            size = sympy.expand(sympy.Mul(*(i.size for i in axis)))
+            unknown = size.free_symbols - known
+            if len(unknown) != 1:
+                continue
+            (symbol,) = unknown
+            poly = sympy.Poly(size, symbol)
+            if poly.degree() == 1:
+                scale, offset = poly.coeff_monomial(symbol), poly.coeff_monomial(1)
+                return Step(symbol, tensor, position - len(tensor.layout), scale, offset)
     return None
 
 
@@ -74,6 +81,7 @@ class Read:
     argument: int
     axis: int
     divisor: Tree
+    offset: Tree
     where: str  # `W_<(μBa)i>, axis 0 (μBa)`
     message: str  # the start of the ShapeError when the axis does not fit
     multiple: str  # the divisor as written, for "(a multiple of h = 24)"
@@ -136,14 +144,14 @@ class Rules:
         return values
 
     def read(self, read: Read, actual: int, values: dict, given: dict) -> None:
-        divisor = evaluate(read.divisor, values)
-        if actual % divisor != 0 or actual == 0:
+        divisor, rest = evaluate(read.divisor, values), actual - evaluate(read.offset, values)
+        if rest % divisor != 0 or rest <= 0:
             multiple = (
                 read.multiple if read.multiple == str(divisor) else f"{read.multiple} = {divisor}"
             )
             suffix = f" (a multiple of {multiple})" if divisor != 1 else ""
             raise ShapeError(f"{read.message}{suffix}, got {actual}")
-        values[read.size] = actual // divisor
+        values[read.size] = rest // divisor
         told = given.get(read.size)
         if told is not None and told != values[read.size]:
             raise ShapeError(
@@ -161,10 +169,11 @@ def rules(spec: Spec, plan: Recipe) -> Rules:
             names[step.size],
             position[step.tensor.name],
             step.axis,
-            tree(sympy.Mul(*step.divisors), names),
+            tree(step.scale, names),
+            tree(step.offset, names),
             _where(step.tensor, step.axis + len(step.tensor.layout)),
             _axis_text(spec, step.tensor, step.axis + len(step.tensor.layout)),
-            str(sympy.Mul(*step.divisors)),
+            str(step.scale),
         )
         for step in plan.steps
     )

@@ -9,8 +9,6 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-import sympy
-
 from .emit import Emitter
 from .naming import Names
 from .printers import wrap
@@ -69,7 +67,7 @@ class Writer:
             defs.append(self.constants_function(args, constants))
             prologue.append(self.constants_call(args))
         if self.main.needs.device or self.main.needs.dtype:
-            first = self.spec.arguments[0].ascii
+            first = self.spec.like.ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")
         lines = self.sizes() + prologue + body
         defs.append("\n".join([self.signature(bool(constants)), *_indent(lines)]))
@@ -114,7 +112,7 @@ class Writer:
     def constants_call(self, args: tuple[str, ...]) -> str:
         """Built here unless the caller passes them (the runtime keeps them per shape)."""
         self.main.needs.sizes |= {s for s, a in self.spec.size_names.items() if a in args}
-        first = self.spec.arguments[0].ascii
+        first = self.spec.like.ascii
         where = f"device={first}.device, dtype={first}.dtype"
         call = f"{self.names.constants}({', '.join([*args, where])})"
         held = ", ".join(self.held) + ("," if len(self.held) == 1 else "")
@@ -134,13 +132,16 @@ class Writer:
         steps = []
         for step in reversed(self.plan.sizes.steps):
             if step.size in needed:
-                needed |= {s for d in step.divisors for s in d.free_symbols}
+                needed |= step.scale.free_symbols | step.offset.free_symbols
                 steps.append(step)
         out = []
         for step in reversed(steps):
-            read = f"{self.spec.size_ascii(step.size)} = {step.tensor.ascii}.shape[{step.axis}]"
-            divisor = self.main.scalar(sympy.Mul(*step.divisors)) if step.divisors else ""
-            out.append(read + (f" // {wrap(divisor)}" if divisor else ""))
+            read = f"{step.tensor.ascii}.shape[{step.axis}]"
+            if step.offset != 0:
+                read = f"({read} - {wrap(self.main.scalar(step.offset))})"
+            if step.scale != 1:
+                read += f" // {wrap(self.main.scalar(step.scale))}"
+            out.append(f"{self.spec.size_ascii(step.size)} = {read}")
         return out
 
     def imports(self) -> str:

@@ -145,19 +145,26 @@ class StatementParser:
             self.advance()
             names.append(self.index_name())
         self.expect(":", "write the range after a colon: index τ : N.")
-        size_tok = self.advance()
-        if size_tok.kind == "NAME" and size_tok.text not in KEYWORDS and "'" not in size_tok.text:
-            size: ast.Name | ast.Num = ast.Name(size_tok.text, size_tok.span)
-        elif size_tok.kind == "NUMBER" and isinstance(size_tok.value, int) and size_tok.value > 0:
-            size = ast.Num(size_tok.value, size_tok.span)
-        else:
-            raise self.error(
-                "a range is a size symbol or a positive whole number",
-                size_tok.span,
-                "write e.g. index τ : N or index B : 3.",
-            )
+        size = self.range_size()
         self.end()
         return ast.IndexDecl(tuple(names), size, doc, span)
+
+    def range_size(self) -> ast.Expr:
+        """A size symbol, a positive whole number, or sums and products of them (N_c + N)."""
+        size = self.arithmetic()
+        for node in ast.walk(size):
+            ok = isinstance(node, ast.Name) and node.name not in KEYWORDS and "'" not in node.name
+            whole = isinstance(node, ast.Num) and isinstance(node.value, int)
+            ok = ok or (whole and node.value > 0)
+            ok = ok or (isinstance(node, ast.Binary) and node.op in "+-*")
+            if not ok:
+                raise self.error(
+                    "a range is a size symbol, a positive whole number, or sums and products of "
+                    "them",
+                    node.span,
+                    "write e.g. index τ : N, index B : 3 or index σ : N_c + N.",
+                )
+        return size
 
     def index_name(self) -> ast.IndexName:
         tok = self.advance()
@@ -183,6 +190,7 @@ class StatementParser:
         if self.tok.kind != "REF":
             raise self.error(f"expected a tensor after '{role}'", hint=f"write e.g. {role} X_<τi>.")
         ref = self.reference(self.advance())
+        dtype = self.element_type(role)
         init = None
         if self.at("~"):
             tilde = self.advance()
@@ -194,7 +202,25 @@ class StatementParser:
                 )
             init = self.initialiser()
         self.end()
-        return ast.TensorDecl(role, ref, init, doc, span)
+        return ast.TensorDecl(role, ref, init, doc, span, dtype)
+
+    def element_type(self, role: str) -> str:
+        """`: int` after an input or a buffer: integer elements, kept as integers."""
+        if not self.at(":"):
+            return "float"
+        colon = self.advance()
+        tok = self.advance()
+        if tok.kind != "NAME" or tok.text not in ("int", "float"):
+            raise self.error(
+                "expected an element type after ':'", tok.span, f"write {role} D_<τ> : int."
+            )
+        if tok.text == "int" and role == "param":
+            raise self.error(
+                "a param is learned, so its elements are floats",
+                cover(colon.span, tok.span),
+                "declare integer data as an input or a buffer: input D_<τ> : int.",
+            )
+        return tok.text
 
     def initialiser(self) -> ast.Init:
         tok = self.advance()

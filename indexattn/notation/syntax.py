@@ -93,7 +93,7 @@ Expr = Ref | Num | Inf | Name | Unary | Binary | Call
 @dataclass(frozen=True)
 class IndexDecl:
     names: tuple[IndexName, ...]
-    size: Name | Num
+    size: Expr  # a Name, a positive Num, or + - * of them
     doc: str
     span: Span
 
@@ -112,6 +112,7 @@ class TensorDecl:
     init: Init | None
     doc: str
     span: Span
+    dtype: str = "float"  # or "int": `input D_<τ> : int`
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,21 @@ class Document:
     title: str
     description: str
     statements: tuple[Statement, ...]
+
+
+def children(node: Expr) -> tuple[Expr, ...]:
+    """The sub-expressions of an expression node."""
+    if isinstance(node, Binary):
+        return (node.left, node.right)
+    if isinstance(node, Unary):
+        return (node.operand,)
+    if isinstance(node, Call):
+        return node.args
+    return ()
+
+
+def walk(node: Expr):
+    """Every expression node below and including `node`, depth first."""
+    yield node
+    for child in children(node):
+        yield from walk(child)

@@ -29,7 +29,7 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     shapes = {name: tuple(value.shape) for name, value in arguments.items()}
     sizes = solve(spec, recipe(spec), shapes, kwargs)
     scalars = {s.symbol: float(kwargs.get(s.ascii, s.value)) for s in spec.scalars}
-    like = next(iter(arguments.values()))
+    like = arguments[spec.like.ascii]
     run = Interpreter(sizes, scalars, like.dtype, like.device, training)
     held = {t.name: run.unfuse(arguments[t.ascii], t) for t in spec.arguments}
     for eq in spec.equations:

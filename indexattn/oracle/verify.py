@@ -39,6 +39,9 @@ def sample_arguments(
     for tensor in spec.arguments:
         shape = tuple(int(sympy.sympify(s).subs(values)) for s in tensor.shape)
         shape = (*batch, *shape) if tensor.batched else shape
+        if tensor.dtype == "int":  # 0 and 1: equal ids occur, and any axis takes them
+            out[tensor.ascii] = torch.randint(0, 2, shape, generator=generator).to(device)
+            continue
         data = torch.randn(shape, generator=generator, dtype=torch.float64) * 0.5
         out[tensor.ascii] = data.to(device=device, dtype=dtype)
     return out

@@ -74,6 +74,7 @@ class CompiledSpec:
         self.required = self.rules.required
         self.size_names = frozenset(self.ir.size_asciis)
         self.arguments = tuple(t.ascii for t in self.ir.arguments)
+        self._like = self.ir.arguments.index(self.ir.like)  # sets the device and dtype
         self._shapes: dict = {}
         self._constants: dict = {}
         self._lock = threading.Lock()
@@ -111,7 +112,7 @@ class CompiledSpec:
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None and not torch.compiler.is_compiling():
             # Traced code builds them inline, where the compiler can fold them.
-            keywords["constants"] = self._constants_for(sizes, scalars, tensors[0])
+            keywords["constants"] = self._constants_for(sizes, scalars, tensors[self._like])
         out = self.function(*tensors, **keywords, **scalars, training=training)
         return out[0] if len(self.ir.outputs) == 1 and isinstance(out, tuple) else out
 
@@ -178,14 +179,16 @@ class CompiledSpec:
             ) from None
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
-        first_name, first = self.arguments[0], tensors[0]
+        first_name, first = self.ir.like.ascii, tensors[self._like]
         dtype, device = first.dtype, first.device
-        for name, t in zip(self.arguments, tensors):
-            if t.dtype != dtype or t.device != device:
+        for tensor, t in zip(self.ir.arguments, tensors):
+            integer = tensor.dtype == "int"
+            if t.device != device or (t.dtype != dtype if not integer else t.is_floating_point()):
+                want = "an integer dtype" if integer else f"{dtype}"
                 raise ShapeError(
-                    f"{self.name}: {name} is {t.dtype} on {t.device}, but "
-                    f"{first_name} is {first.dtype} on {first.device}; convert "
-                    "them to one dtype and device"
+                    f"{self.name}: {tensor.ascii} is {t.dtype} on {t.device}, but it must be "
+                    f"{want} on {device}, as {first_name} sets; convert them to one dtype "
+                    "and device" + (" (integers stay integers)" if integer else "")
                 )
 
     def param_count(self) -> sympy.Expr:

@@ -42,7 +42,10 @@ class SpecModule(nn.Module):
         for tensor in ir_spec.tensors_of("buffer"):
             data = buffers[tensor.ascii]
             shape = _shape(tensor, values, spec.name)
-            self._buffers[tensor.ascii] = data if data is not None else torch.zeros(shape)
+            kind = torch.long if tensor.dtype == "int" else None
+            self._buffers[tensor.ascii] = (
+                data if data is not None else torch.zeros(shape, dtype=kind)
+            )
         for tensor in ir_spec.tensors_of("param"):
             param = nn.Parameter(torch.empty(_shape(tensor, values, spec.name)))
             _initialise(param, tensor, fan_in(ir_spec, tensor, values))

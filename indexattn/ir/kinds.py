@@ -1,0 +1,50 @@
+"""What a value holds: true/false, whole numbers or floats. Integer tensors (`input D_<τ> :
+int`) keep their dtype through comparisons, + - *, floor, mod, min, max, where and positions;
+a function that needs floats (exp, softmax, ...) of a value made of integer tensors only is a
+SpecError, since torch would compute it in its default float dtype, not the call's."""
+
+from __future__ import annotations
+
+from ..ops import lookup
+from .nodes import Apply, Field, Node, Product, Reduce, Ref, Sum, is_condition, refs
+
+INTEGERS_ONLY = ("sum", "max", "min")  # reductions that keep whole numbers whole
+
+
+def kind(node: Node) -> str:
+    """`bool`, `int` or `float`."""
+    if is_condition(node):
+        return "bool"
+    if isinstance(node, Field):
+        return "int" if node.expr.is_integer else "float"
+    if isinstance(node, Ref):
+        return node.tensor.dtype
+    if isinstance(node, (Product, Sum)):
+        parts = node.factors if isinstance(node, Product) else node.terms
+        return _join(kind(p) for p in parts)
+    if isinstance(node, Reduce):
+        return kind(node.body) if node.fn in INTEGERS_ONLY else "float"
+    return _apply(node)
+
+
+def _apply(node: Apply) -> str:
+    if node.fn == "pow":
+        base, exponent = node.args
+        whole = isinstance(exponent, Field) and exponent.expr.is_integer and exponent.expr >= 0
+        return kind(base) if whole else "float"
+    if not lookup(node.fn).integers:
+        return "float"
+    values = node.args[1:] if node.fn == "where" else node.args
+    return _join(kind(v) for v in values)
+
+
+def _join(kinds) -> str:
+    return "int" if all(k in ("int", "bool") for k in kinds) else "float"
+
+
+def integer_tensors(node: Node) -> tuple[str, ...]:
+    """The declared integer tensors a value is made of, when it is made of nothing else."""
+    if kind(node) != "int":
+        return ()
+    names = [n.tensor.name for n in refs(node) if n.tensor.dtype == "int"]
+    return tuple(dict.fromkeys(names))
