@@ -363,7 +363,7 @@ class PrefixLMAttention(LlamaProjections):
 # ------------------------------------------------------------------------------------ cases
 
 OFFSET = 3  # position of the first token in the rotary cases (rope is relative: no effect)
-N_T5 = 40  # long enough for T5's logarithmic buckets (distances 8 and up)
+N_T5 = 70  # T5's logarithmic buckets up to distance 69: boundaries 16, 32, 64 included
 N_CACHE = 4  # cached tokens in the decode case; N = 5 would be a prefill, so 2 new tokens
 N_NEW = 2
 DOC_IDS = [[256, 256, 257, 257, 257], [0, 1, 1, 2, 2]]  # packed documents per batch row
