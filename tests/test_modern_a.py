@@ -2,10 +2,10 @@
 against an independent formulation of its paper.
 
 The spec comparisons (float64, outputs and the gradients of every float input and parameter
-to 1e-10, as in test_classic_variants.py) skip while specs/<name>.attn is not written; the
-drafts are in drafts/. The self-checks run now: rotary as complex multiplication, GPT-J's
-interleaving as a permutation of Llama's features, T5's buckets in integer arithmetic, masks
-and caps one query row at a time in Python, the KV-cache step as the tail of a full forward.
+to 1e-10, as in test_classic_variants.py) run on specs/<name>.attn. The self-checks: rotary
+as complex multiplication, GPT-J's interleaving as a permutation of Llama's features, T5's
+buckets in integer arithmetic, masks and caps one query row at a time in Python, the KV-cache
+step as the tail of a full forward.
 """
 
 import math
@@ -280,7 +280,7 @@ def test_t5_buckets_against_integer_arithmetic():
         **{0: 0, -1: 1, 1: 17, -7: 7, -8: 8, -11: 8, -12: 9, 16: 26},
         **{-64: 14, 64: 30, 90: 30, 91: 31, -128: 15, 300: 31},
     }
-    # Why drafts/t5_bias.attn counts thresholds: the float64 logarithm misses bucket 14 at 64.
+    # Why specs/t5_bias.attn counts thresholds: the float64 logarithm misses bucket 14 at 64.
     assert math.floor(math.log(64 / 8) * (8 / math.log(16))) == 5
 
 

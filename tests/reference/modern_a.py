@@ -1,4 +1,4 @@
-"""Hand-written modern attention variants (set A), classic style, one per draft in drafts/.
+"""Hand-written modern attention variants (set A), classic style, one per spec in specs/.
 
 Each module follows its paper and the layout of the transformers library (parameter names,
 weight layouts, order of operations), takes inputs as (batch..., n, d) and builds its position
