@@ -21,8 +21,16 @@ MASKED = sorted(
 
 
 def sequence_sizes(spec) -> set[str]:
-    """The sizes of the inputs' first axes: the ones a call may change."""
-    return {spec.ir.size_ascii(t.layout[0][0].size) for t in spec.ir.tensors_of("input")}
+    """The sizes of the inputs' first axes: the ones a call may change. A size that a
+    parameter also has is not among them (kv_decode's cache Kc_<μca> starts with the heads)."""
+    fixed = {
+        spec.ir.size_ascii(s)
+        for t in spec.ir.tensors_of("param", "buffer")
+        for axis in t.layout
+        for index in axis
+        for s in index.size.free_symbols
+    }
+    return {spec.ir.size_ascii(t.layout[0][0].size) for t in spec.ir.tensors_of("input")} - fixed
 
 
 def layer(name: str, n: int | None = None, dtype=torch.float64):
