@@ -13,26 +13,24 @@ def t5_bias_constants(N, *, device, dtype):
     # ρ_<ττ'> = abs(τ' - τ)
     rho = torch.abs(tau[:, None] - tau_p[None, :]).to(dtype)  # (τ, τ')
     # β_<ττ'> = where(τ' > τ, 16, 0) + where(ρ_<ττ'> < 8, ρ_<ττ'>, 8 + sum_<m>(where(ρ_<ττ'>^2 >= 64 2^(m + 1), 1, 0)))
+    beta_lt = rho < 8  # (τ, τ')
+    beta_pow = rho ** 2  # (τ, τ')
     beta_grid = (64*torch.pow(2, m + 1)).to(dtype)  # (m)
+    beta_ge = beta_pow[:, :, None] >= beta_grid  # (τ, τ', m)
+    beta_where = torch.where(beta_ge, torch.tensor(1, device=device, dtype=dtype), 0)  # (τ, τ', m)
+    beta_sum = beta_where.sum(dim=-1)  # (τ, τ')
+    beta_sum_2 = beta_sum + 8  # (τ, τ')
+    beta_where_2 = torch.where(beta_lt, rho, beta_sum_2)  # (τ, τ')
     beta_grid_2 = torch.where((tau[:, None] < tau_p[None, :]), 16, 0).to(dtype)  # (τ, τ')
-    return rho, beta_grid, beta_grid_2
+    beta = beta_where_2 + beta_grid_2  # (τ, τ')
+    return beta,
 
 
 def t5_bias(X, q_weight, k_weight, v_weight, o_weight, relative_attention_bias_weight, *, training=False, constants=None):
     N = X.shape[-2]
     h = relative_attention_bias_weight.shape[-1]
     d_k = q_weight.shape[-2] // h
-    device, dtype = X.device, X.dtype
-    rho, beta_grid, beta_grid_2 = t5_bias_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
-    # β_<ττ'> = where(τ' > τ, 16, 0) + where(ρ_<ττ'> < 8, ρ_<ττ'>, 8 + sum_<m>(where(ρ_<ττ'>^2 >= 64 2^(m + 1), 1, 0)))
-    beta_lt = rho < 8  # (τ, τ')
-    beta_pow = rho ** 2  # (τ, τ')
-    beta_ge = beta_pow[:, :, None] >= beta_grid  # (τ, τ', m)
-    beta_where = torch.where(beta_ge, torch.tensor(1, device=device, dtype=dtype), 0)  # (τ, τ', m)
-    beta_sum = beta_where.sum(dim=-1)  # (τ, τ')
-    beta_sum_2 = beta_sum + 8  # (τ, τ')
-    beta_where_2 = torch.where(beta_lt, rho, beta_sum_2)  # (τ, τ')
-    beta = beta_where_2 + beta_grid_2  # (τ, τ')
+    beta, = t5_bias_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
