@@ -33,6 +33,7 @@ class Op:
     level: int = ATOM  # binding strength as written: higher binds tighter
     tensors: bool = False  # the torch template needs tensors: numbers are made tensors first
     integers: bool = False  # maps whole numbers to whole numbers (floor, mod, max, where, ...)
+    keeps: bool = False  # a reduction whose index stays free: softmax_<j>, cumsum_<j>, concat_<j>
 
     @property
     def condition(self) -> bool:
@@ -136,15 +137,24 @@ FUNCTIONS: dict[str, Op] = {
 }
 
 
-def _reduction(name: str, torch: str, latex: str, flops: int = 1) -> Op:
-    return Op(name, "reduction", 1, torch, latex, flops, integers=name in ("sum", "max", "min"))
+def _reduction(
+    name: str, torch: str, latex: str, flops: int = 1, arity: int = 1, keeps: bool = False
+) -> Op:
+    integers = name in ("sum", "max", "min", "cumsum", "concat")
+    return Op(name, "reduction", arity, torch, latex, flops, integers=integers, keeps=keeps)
 
 
 REDUCTIONS: dict[str, Op] = {
     op.name: op
     for op in (
         # softmax keeps its index; its code is the planner's choice (safe or not, fused or not)
-        _reduction("softmax", "torch.softmax({x}, dim={dim})", r"\operatorname{softmax}", 5),
+        _reduction(
+            "softmax", "torch.softmax({x}, dim={dim})", r"\operatorname{softmax}", 5, keeps=True
+        ),
+        # the running sum along an index, which stays free: causal linear attention
+        _reduction("cumsum", "torch.cumsum({x}, dim={dim})", r"\operatorname{cumsum}", keeps=True),
+        # the parts one after another along an index: a KV cache and the new keys
+        _reduction("concat", "torch.cat([{x}], dim={dim})", r"\operatorname{concat}", 0, 2, True),
         _reduction("sum", "{x}.sum(dim={dim})", r"\sum"),
         _reduction("max", "{x}.amax(dim={dim})", r"\max"),
         _reduction("min", "{x}.amin(dim={dim})", r"\min"),

@@ -5,6 +5,8 @@ from .check import check
 from .nodes import (
     CONDITIONS,
     Apply,
+    At,
+    Concat,
     Equation,
     Field,
     Index,
@@ -26,6 +28,8 @@ from .nodes import (
 __all__ = [
     "CONDITIONS",
     "Apply",
+    "At",
+    "Concat",
     "Equation",
     "Field",
     "Index",

@@ -11,7 +11,7 @@ from ..notation import parse
 from ..notation import syntax as ast
 from .einstein import Analysis
 from .expressions import Expressions, repeated
-from .kinds import integer_tensors
+from .kinds import integer_tensors, kind
 from .nodes import Equation, Index, Node, Scalar, Spec, Tensor, batched
 from .scope import Scope
 
@@ -140,11 +140,13 @@ class Checker:
         for axis in ref.axes:
             items = axis.items if isinstance(axis, ast.Group) else (axis,)
             for item in items:
-                if isinstance(item, ast.Literal):
+                if isinstance(item, (ast.Literal, ast.Computed)):
+                    what = "literal index" if isinstance(item, ast.Literal) else "position [...]"
+                    does = "selects a slice" if isinstance(item, ast.Literal) else "selects"
                     raise self.error(
-                        f"a literal index in a {where}",
+                        f"a {what} in a {where}",
                         item.span,
-                        "a literal selects a slice where a tensor is used; "
+                        f"a {what.split()[0]} {does} where a tensor is used; "
                         "declare the axis with an index.",
                     )
                 repeated(self.scope, item, seen, ref)
@@ -175,8 +177,9 @@ class Checker:
         self.check_lhs(lhs, layout, rhs)
         ascii = scope.claim(lhs.name, "a tensor", lhs.span)
         dtype = "int" if integer_tensors(rhs) else "float"
+        whole = kind(rhs) == "int"
         tensor = Tensor(
-            lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span, dtype
+            lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span, dtype, whole
         )
         scope.tensors[lhs.name] = tensor
         self.equations.append(Equation(tensor, rhs, unparse_equation(stmt), stmt.doc, stmt))

@@ -3,8 +3,10 @@ summation, with a caret at the index written once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import Span, SpecError
-from .nodes import Apply, Field, Index, Node, Product, Reduce, Ref, Sum, children
+from .nodes import Apply, Concat, Field, Index, Node, Product, Reduce, Ref, Sum, children
 from .scope import Scope
 
 
@@ -38,6 +40,9 @@ class Analysis:
             return self.product(node, keep)
         if isinstance(node, Reduce):
             return self.reduce(node, keep)
+        if isinstance(node, Concat):
+            parts = tuple(self.visit(p, keep | frozenset(p.free)) for p in node.parts)
+            return replace(node, parts=parts)
         new = tuple(self.visit(child, keep) for child in children(node))
         return Sum(new, node.span) if isinstance(node, Sum) else Apply(node.fn, new, node.span)
 
@@ -87,10 +92,10 @@ def visible(node: Node) -> frozenset[Index]:
     """Every index a node mentions and does not bind: what its siblings must not sum away."""
     if isinstance(node, (Field, Ref)):
         return frozenset(node.free)
+    if isinstance(node, Concat):  # its parts' indices along `over` are bound inside
+        return frozenset(node.free)
     inner = frozenset(i for child in children(node) for i in visible(child))
-    return (
-        inner - frozenset(node.over) if isinstance(node, Reduce) and node.fn != "softmax" else inner
-    )
+    return inner - frozenset(node.over) if isinstance(node, Reduce) and not node.keeps else inner
 
 
 def locate(node: Node, index: Index) -> Span:

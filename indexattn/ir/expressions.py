@@ -4,15 +4,18 @@ declarations, tensor-free parts folded into sympy Fields by the operator table's
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import sympy
 
 from ..errors import Span
 from ..notation import syntax as ast
 from ..ops import FUNCTIONS, OPERATORS, REDUCTIONS
-from .kinds import integer_tensors
+from .along import concat
+from .kinds import integer_tensors, kind
 from .nodes import (
     Apply,
+    At,
     Field,
     Index,
     Node,
@@ -21,6 +24,7 @@ from .nodes import (
     Ref,
     Sum,
     Tensor,
+    batched,
     children,
     is_condition,
     layout_text,
@@ -106,16 +110,32 @@ class Expressions:
                 f"write it as declared: {tensor!r}.",
             )
         seen: dict[str, Span] = {}
-        axes, spans = [], []
+        axes, places = [], {}
         for written, declared in zip(node.axes, tensor.layout):
             items = self.group_items(written, declared, tensor)
             axis = []
             for item, want in zip(items, declared):
                 axis.append(self.ref_item(item, want, tensor, seen, node))
-                if isinstance(item, ast.IndexName):
-                    spans.append(item.span)
+                for index in axis[-1].free if isinstance(axis[-1], At) else axis[-1:]:
+                    places.setdefault(index, item.span)
             axes.append(tuple(axis))
-        return Ref(tensor, tuple(axes), node.span, tuple(spans), node)
+        ref = Ref(tensor, tuple(axes), node.span, (), node)
+        self.no_diagonal(ref)
+        return replace(ref, spans=tuple(places[i] for i in ref.free))
+
+    def no_diagonal(self, ref: Ref) -> None:
+        """An index both names an axis and moves a position along another: not yet."""
+        plain = {i for i in ref.written if isinstance(i, Index)}
+        for item in ref.written:
+            both = [i for i in getattr(item, "free", ()) if i in plain]
+            if both:
+                raise self.error(
+                    f"index {both[0].glyph} names an axis of {ref.tensor.name} and is in "
+                    "the position [...] of another",
+                    item.span,
+                    f"declare a second index with the range of {both[0].glyph} for one of "
+                    "the two places.",
+                )
 
     def group_items(self, written: ast.Axis, declared: tuple[Index, ...], tensor: Tensor) -> tuple:
         items = written.items if isinstance(written, ast.Group) else (written,)
@@ -131,7 +151,9 @@ class Expressions:
 
     def ref_item(
         self, item, want: Index, tensor: Tensor, seen: dict[str, Span], node: ast.Ref
-    ) -> Index | int:
+    ) -> Index | int | At:
+        if isinstance(item, ast.Computed):
+            return self.position(item, tensor)
         if isinstance(item, ast.Literal):
             if want.size.is_Integer and item.value >= int(want.size):
                 raise self.error(
@@ -152,6 +174,27 @@ class Expressions:
                 f"use an index of range {want.size}, e.g. {want.glyph}.",
             )
         return index
+
+    def position(self, item: ast.Computed, tensor: Tensor) -> At:
+        """`[τ' - τ + N - 1]`: a whole number; from batched data only into unbatched tensors
+        (an embedding table read at token ids)."""
+        value = self.number(item.expr)
+        if kind(value) != "int":
+            raise self.error(
+                "a position is a whole number",
+                item.expr.span,
+                "use whole numbers, indices, sizes and integer tensors, and round a "
+                "division: floor(τ / C), not τ / C.",
+            )
+        if batched(value) and tensor.batched:
+            raise self.error(
+                f"positions read from batched data into {tensor.name}, which is batched too, "
+                "are not supported yet",
+                item.expr.span,
+                "positions into inputs come from indices, sizes, params and buffers "
+                "(docs/language.md).",
+            )
+        return At(value, item.span)
 
     # -- operators
 
@@ -229,6 +272,8 @@ class Expressions:
             over = tuple(self.scope.index(i) for i in node.over)
             if len(set(over)) != len(over):
                 raise self.error(f"{node.func} names an index twice", node.span)
+            if node.func == "concat":
+                return concat(self.scope, node, over[0], args)
             return Reduce(node.func, over, args[0], node.span)
         if node.func == "where":
             self.condition(args[0])

@@ -6,7 +6,19 @@ SpecError, since torch would compute it in its default float dtype, not the call
 from __future__ import annotations
 
 from ..ops import lookup
-from .nodes import Apply, Field, Node, Product, Reduce, Ref, Sum, is_condition, refs
+from .nodes import (
+    Apply,
+    Concat,
+    Field,
+    Node,
+    Product,
+    Reduce,
+    Ref,
+    Sum,
+    children,
+    is_condition,
+    refs,
+)
 
 INTEGERS_ONLY = ("sum", "max", "min")  # reductions that keep whole numbers whole
 
@@ -18,10 +30,9 @@ def kind(node: Node) -> str:
     if isinstance(node, Field):
         return "int" if node.expr.is_integer else "float"
     if isinstance(node, Ref):
-        return node.tensor.dtype
-    if isinstance(node, (Product, Sum)):
-        parts = node.factors if isinstance(node, Product) else node.terms
-        return _join(kind(p) for p in parts)
+        return "int" if node.tensor.dtype == "int" or node.tensor.whole else "float"
+    if isinstance(node, (Product, Sum, Concat)):
+        return _join(kind(p) for p in children(node))
     if isinstance(node, Reduce):
         return kind(node.body) if node.fn in INTEGERS_ONLY else "float"
     return _apply(node)

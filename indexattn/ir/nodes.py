@@ -11,7 +11,7 @@ import sympy
 
 from ..errors import Span
 from ..notation import syntax as ast
-from ..ops import lookup
+from ..ops import REDUCTIONS, lookup
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Tensor:
     doc: str = field(default="", compare=False)
     span: Span | None = field(default=None, compare=False)
     dtype: str = "float"  # "int": integer elements, never cast to the float dtype of a call
+    whole: bool = False  # derived, and its values are whole numbers (positions may read it)
 
     @property
     def indices(self) -> tuple[Index, ...]:
@@ -76,21 +77,38 @@ class Field:
 
 
 @dataclass(frozen=True)
+class At:
+    """A computed position along one axis of a reference, `[τ' - τ + N - 1]` or
+    `[β_<ττ'>]`: a whole-number value; its indices become the reference's in that place."""
+
+    value: Node
+    span: Span = field(compare=False)
+
+    @property
+    def free(self) -> tuple[Index, ...]:
+        return self.value.free
+
+
+@dataclass(frozen=True)
 class Ref:
-    """A tensor read with a layout; literals (ints) select slices."""
+    """A tensor read with a layout; literals (ints) select slices, computed positions (At)
+    select (no free index) or gather."""
 
     tensor: Tensor
-    axes: tuple[tuple[Index | int, ...], ...]
+    axes: tuple[tuple[Index | int | At, ...], ...]
     span: Span = field(compare=False)
     spans: tuple[Span, ...] = field(compare=False, default=())  # one per index in `free`
     source: ast.Ref | None = field(compare=False, default=None)
 
     @property
     def free(self) -> tuple[Index, ...]:
-        return tuple(i for axis in self.axes for i in axis if isinstance(i, Index))
+        found: list[Index] = []
+        for item in self.written:
+            found += [item] if isinstance(item, Index) else list(getattr(item, "free", ()))
+        return tuple(dict.fromkeys(found))
 
     @property
-    def written(self) -> tuple[Index | int, ...]:
+    def written(self) -> tuple[Index | int | At, ...]:
         """The items of every axis, flat, as written."""
         return tuple(i for axis in self.axes for i in axis)
 
@@ -139,7 +157,7 @@ class Apply:
 
 @dataclass(frozen=True)
 class Reduce:
-    """softmax, sum, max, min, mean or logsumexp over `over`."""
+    """softmax, cumsum, sum, max, min, mean or logsumexp over `over`."""
 
     fn: str
     over: tuple[Index, ...]
@@ -148,10 +166,30 @@ class Reduce:
 
     @property
     def free(self) -> tuple[Index, ...]:
-        return self.body.free if self.fn == "softmax" else union(self.body.free, minus=self.over)
+        return self.body.free if self.keeps else union(self.body.free, minus=self.over)
+
+    @property
+    def keeps(self) -> bool:
+        """softmax and cumsum keep their index free; the others sum (or max) it away."""
+        return REDUCTIONS[self.fn].keeps
 
 
-Node = Field | Ref | Product | Sum | Apply | Reduce
+@dataclass(frozen=True)
+class Concat:
+    """`concat_<σ>(Kc_<μca>, Kn_<μτa>)`: the parts one after another along `over`; `along`
+    names, for each part, its index in `over`'s place (the one it does not share)."""
+
+    over: Index
+    parts: tuple[Node, ...]
+    along: tuple[Index, ...]
+    span: Span = field(compare=False)
+
+    @property
+    def free(self) -> tuple[Index, ...]:
+        return (self.over, *union(self.parts[0].free, minus=self.along))
+
+
+Node = Field | Ref | Product | Sum | Apply | Reduce | Concat
 
 
 @dataclass(frozen=True)
@@ -231,6 +269,10 @@ def children(node: Node) -> tuple[Node, ...]:
         return node.args
     if isinstance(node, Reduce):
         return (node.body,)
+    if isinstance(node, Concat):
+        return node.parts
+    if isinstance(node, Ref):  # the values of its computed positions
+        return tuple(i.value for i in node.written if isinstance(i, At))
     return ()
 
 

@@ -9,7 +9,20 @@ from .. import ops
 from ..ir import CONDITIONS, Index
 from .kernels_emit import KernelSteps
 from .printers import GridPrinter, ScalarPrinter, wrap
-from .steps import Add, Contract, Elementwise, Full, Fuse, Grid, Number, Reduction, Rename, Unfuse
+from .steps import (
+    Add,
+    Cat,
+    Contract,
+    Elementwise,
+    Full,
+    Fuse,
+    Gather,
+    Grid,
+    Number,
+    Reduction,
+    Rename,
+    Unfuse,
+)
 from .values import Values, axes_comment, expand
 
 
@@ -60,9 +73,22 @@ class Emitter(KernelSteps, Values):
             kind = "torch.bool" if isinstance(step.expr, CONDITIONS) else "torch.float64"
             code = f"torch.as_tensor({code}, device=device, dtype={kind})"
             code = f"torch.broadcast_to({code}, ({shape},))"
-        if not isinstance(step.expr, CONDITIONS):
+        if step.index:
+            code = f"{wrap(code)}.long()"  # float64 holds whole numbers exactly up to 2^53
+        elif not isinstance(step.expr, CONDITIONS):
             code = f"{wrap(code)}.to(dtype)"
         return f"{self.var(step.out)} = {code}"
+
+    def step_Gather(self, step: Gather) -> str:
+        """Advanced indexing on one axis: the positions' axes take its place."""
+        arg, k, n = step.arg, step.arg.dims.index(step.axis), len(step.arg.dims)
+        positions = self.var(step.positions)
+        positions += "" if step.integer else ".long()"
+        if step.positions.batched:  # an unbatched table read at batched positions
+            table = self.ref(arg) + (f".movedim({k}, 0)" if k else "")
+            return f"{self.var(step.out)} = {wrap(table)}[{positions}]"
+        slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
+        return f"{self.var(step.out)} = {wrap(self.ref(arg))}[{', '.join(slots)}]"
 
     def step_Contract(self, step: Contract) -> str:
         out = step.out
@@ -146,6 +172,17 @@ class Emitter(KernelSteps, Values):
             "# rows that are -inf everywhere give 0, not NaN (values and gradients)",
             f"{out} = torch.ops.aten._safe_softmax.default({x}, {dim})",
         ]
+
+    def step_Cat(self, step: Cat) -> str:
+        """One torch.cat: each part viewed in the result's axis order, its own index in the
+        place of the one it runs along."""
+        out = step.out.dims
+        parts = [
+            expand(self.ref(p), p.dims, tuple(a if i == step.over else i for i in out), p.batched)
+            for p, a in zip(step.parts, step.along)
+        ]
+        dim = out.index(step.over) - len(out)
+        return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
 
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)

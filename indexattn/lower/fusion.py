@@ -131,7 +131,7 @@ def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
 def declared_outer(form: LinearForm) -> tuple[Index, ...]:
     """The out block with each literal replaced by the declared index it selects from."""
     declared = _declared_outer(form)
-    return tuple(d if isinstance(w, int) else w for w, d in zip(form.outer, declared))
+    return tuple(w if isinstance(w, Index) else d for w, d in zip(form.outer, declared))
 
 
 # -- the attention core
@@ -202,7 +202,7 @@ def _uses(spec: Spec) -> Counter:
 def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
     """The referenced tensor's left-hand indices -> the indices written in `ref`."""
     written = [i for axis in ref.axes for i in axis]
-    if any(isinstance(i, int) for i in written):
+    if not all(isinstance(i, Index) for i in written):
         return None
     return dict(zip(ref.tensor.indices, written))
 

@@ -13,6 +13,7 @@ import sympy
 
 from .. import ir
 from ..ir import Index, Spec, Tensor
+from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
 from .fusion import LinearForm, linear_form, whole
 from .kernels import Kernels
@@ -22,9 +23,11 @@ from .steps import (
     Add,
     Arg,
     Block,
+    Cat,
     Elementwise,
     Full,
     Fuse,
+    Gather,
     Grid,
     Linear,
     Number,
@@ -55,6 +58,8 @@ class Planner(Products):
             t.name: t.role in ("input", "buffer") for t in spec.arguments
         }
         self.literals = _literal_positions(spec)
+        self.fields = _field_references(spec)
+        self.unread = _unread(spec, self.fields)
         self.steps: list[Step] = []
         self.order: tuple[Index, ...] = ()
         self.kernels = Kernels(self, spec)
@@ -69,16 +74,27 @@ class Planner(Products):
     def plan(self) -> Plan:
         blocks = []
         for eq in self.spec.equations:
-            if not self.kernels.skipped(eq):
+            if not self.kernels.skipped(eq) and eq.tensor.name not in self.unread:
                 self.steps = []
                 equations = self.block(eq)
-                blocks.append(Block(equations, tuple(self.steps)))
+                blocks.append(Block(self.inlined(equations) + equations, tuple(self.steps)))
             self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
         self.steps = []
         results = tuple(self.result(t) for t in self.spec.outputs)
         if self.steps:
             blocks.append(Block((), tuple(self.steps), "outputs in their declared layouts"))
         return Plan(self.spec, recipe(self.spec), tuple(blocks), results)
+
+    def inlined(self, equations: tuple[ir.Equation, ...]) -> tuple[ir.Equation, ...]:
+        """The equations of position-only tensors these read: they head the block too."""
+        defined = {eq.tensor.name: eq for eq in self.spec.equations}
+        names = [
+            ref.tensor.name
+            for eq in equations
+            for ref in ir.refs(eq.rhs)
+            if ref.tensor.name in self.unread
+        ]
+        return tuple(defined[name] for name in dict.fromkeys(names))
 
     def ordered(self, dims: tuple[Index, ...]) -> tuple[Index, ...]:
         """Axes in the order of the left-hand side, so results need no transposes."""
@@ -146,13 +162,36 @@ class Planner(Products):
         if tensor.name not in self.held:
             self.held[tensor.name] = self.unfuse(tensor, positions)
         base = self.held[tensor.name]
-        written = node.written
-        chosen = [written[tensor.indices.index(d)] for d in base.dims]
-        select = tuple(c if isinstance(c, int) else None for c in chosen[: len(positions)])
+        chosen = [node.written[tensor.indices.index(d)] for d in base.dims]
+        select = tuple(_selected(c) for c in chosen)
         while select and select[-1] is None:
             select = select[:-1]
-        dims = tuple(c for c in chosen if not isinstance(c, int))
-        return Operand(base.var, dims, base.batched, select)
+        kept = [(d, c) for d, c in zip(base.dims, chosen) if _selected(c) is None]
+        dims = tuple(c if isinstance(c, Index) else d for d, c in kept)
+        value = Operand(base.var, dims, base.batched, select)
+        for declared, at in ((d, c) for d, c in kept if isinstance(c, ir.At)):
+            value = self.gather(value, declared, at, node, hint)
+        return value
+
+    def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
+        positions = self.positions(at, hint)
+        k = value.dims.index(axis)
+        dims = value.dims[:k] + positions.dims + value.dims[k + 1 :]
+        if positions.batched:  # batch axes lead: the positions' axes come first
+            dims = positions.dims + value.dims[:k] + value.dims[k + 1 :]
+        where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
+        out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
+        integer = at.value in self.fields or isinstance(at.value, ir.Field)
+        integer = integer or bool(integer_tensors(at.value))
+        return self.add(Gather(out, value, axis, positions, where, integer))
+
+    def positions(self, at: ir.At, hint: str) -> Operand:
+        """Whole numbers to gather at: a grid of positions, or integer data."""
+        field = self.fields.get(at.value, at.value)
+        if isinstance(field, ir.Field):
+            out = Operand(self.var(hint + "_pos"), self.ordered(field.free), False)
+            return self.add(Grid(out, field.expr, index=True))
+        return self.as_tensor(self.node(at.value, hint + "_pos"), hint + "_pos")
 
     def unfuse(self, tensor: Tensor, positions: tuple[int, ...]) -> Operand:
         flat = tensor.indices
@@ -180,11 +219,15 @@ class Planner(Products):
         )
         return self.add(Elementwise(out, node.fn, args))
 
+    def node_Concat(self, node: ir.Concat, hint: str) -> Arg:
+        parts = tuple(self.as_tensor(self.node(p, hint), hint) for p in node.parts)
+        out = Operand(self.var(hint + "_cat"), self.ordered(node.free), parts[0].batched)
+        return self.add(Cat(out, parts, node.over, node.along))
+
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
         body = self.as_tensor(self.node(node.body, hint), hint)
         safe = node.fn == "softmax" and _may_be_masked(node.body, self.masked)
-        free = node.free if node.fn == "softmax" else self.ordered(node.free)
-        dims = body.dims if node.fn == "softmax" else free
+        dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
 
@@ -208,10 +251,48 @@ def _literal_positions(spec: Spec) -> dict[str, tuple[int, ...]]:
     found: dict[str, set[int]] = {}
     for eq in spec.equations:
         for ref in ir.refs(eq.rhs):
-            hits = {k for k, i in enumerate(ref.written) if isinstance(i, int)}
+            hits = {k for k, i in enumerate(ref.written) if _selected(i) is not None}
             if hits:
                 found.setdefault(ref.tensor.name, set()).update(hits)
     return {name: tuple(sorted(hits)) for name, hits in found.items()}
+
+
+def _selected(item) -> int | sympy.Basic | None:
+    """The position a literal, or a computed position with no index, selects; else None."""
+    if isinstance(item, int):
+        return item
+    if isinstance(item, ir.At) and not item.free:
+        return item.value.expr
+    return None
+
+
+def _field_references(spec: Spec) -> dict[ir.Ref, ir.Field]:
+    """References, inside positions, to tensors defined by a tensor-free equation, as that
+    equation's field in the reference's indices: a position `[β_<ττ'>]` is built as whole
+    numbers, not read from β's values in the call's float dtype."""
+    fields = {eq.tensor.name: eq for eq in spec.equations if isinstance(eq.rhs, ir.Field)}
+    found = {}
+    for ref in _position_refs(spec):
+        if ref.tensor.name in fields and all(isinstance(i, Index) for i in ref.written):
+            source = fields[ref.tensor.name]
+            rename = {a.symbol: b.symbol for a, b in zip(source.indices, ref.written)}
+            found[ref] = ir.Field(source.rhs.expr.xreplace(rename), ref.free, ref.span)
+    return found
+
+
+def _position_refs(spec: Spec):
+    for eq in spec.equations:
+        for ref in ir.refs(eq.rhs):
+            for at in (i for i in ref.written if isinstance(i, ir.At)):
+                yield from ir.refs(at.value)
+
+
+def _unread(spec: Spec, fields: dict[ir.Ref, ir.Field]) -> set[str]:
+    """Tensors read only as positions built from their fields: never computed as values."""
+    read = {
+        ref.tensor.name for eq in spec.equations for ref in ir.refs(eq.rhs) if ref not in fields
+    }
+    return {eq.tensor.name for eq in spec.equations} - read - {t.name for t in spec.outputs}
 
 
 def _may_be_masked(node: ir.Node, masked: dict[str, bool]) -> bool:

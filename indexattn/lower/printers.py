@@ -29,6 +29,10 @@ class ScalarPrinter(PythonCodePrinter):
             self.module_imports["math"].add("inf")
         return text
 
+    def _print_Mod(self, expr) -> str:
+        # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3
+        return f"({self._print(expr.args[0])} % {wrap(self._print(expr.args[1]))})"
+
     def _print_Infinity(self, expr) -> str:
         self.module_imports["math"].add("inf")
         return "math.inf"
@@ -55,6 +59,9 @@ class GridPrinter(TorchPrinter):
 
     def _print_Float(self, expr) -> str:
         return self.scalar._print_Float(expr)
+
+    def _print_Mod(self, expr) -> str:
+        return f"torch.remainder({self._print(expr.args[0])}, {self._print(expr.args[1])})"
 
     def _print_Min(self, expr) -> str:
         return self._extreme(expr, "minimum", "max")

@@ -34,7 +34,7 @@ class Operand:
     var: Var
     dims: tuple[Index, ...]
     batched: bool
-    select: tuple[int | None, ...] = ()
+    select: tuple[int | sympy.Basic | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,25 @@ class Unfuse:
 @dataclass(frozen=True)
 class Grid:
     """A tensor of index variables, sizes and scalars only: `where(τ' > τ, -inf, 0)`. The
-    generated module builds these in a function of their own, once per shape."""
+    generated module builds these in a function of their own, once per shape; positions
+    (`index=True`) as whole numbers, never through the call's float dtype."""
 
     out: Operand
     expr: sympy.Basic
+    index: bool = False
+
+
+@dataclass(frozen=True)
+class Gather:
+    """`arg[..., positions, ...]`: along `axis`, the values at `positions`, whose indices take
+    the axis's place. `where` names the reference for a ShapeError when out of range."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the declared index of the gathered axis
+    positions: Operand
+    where: str
+    integer: bool = True  # the positions are integers already (else whole floats, converted)
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,16 @@ class Reduction:
     arg: Operand
     over: tuple[Index, ...]
     safe: bool = False  # softmax whose rows may be all -inf: zeros, not NaN
+
+
+@dataclass(frozen=True)
+class Cat:
+    """`torch.cat` of parts along `over`: each part's `along` index takes its place."""
+
+    out: Operand
+    parts: tuple[Operand, ...]
+    over: Index
+    along: tuple[Index, ...]
 
 
 @dataclass(frozen=True)
@@ -182,12 +207,14 @@ class Attention:
 Step = (
     Unfuse
     | Grid
+    | Gather
     | Contract
     | Add
     | Elementwise
     | Rename
     | Full
     | Reduction
+    | Cat
     | Fuse
     | Linear
     | Split

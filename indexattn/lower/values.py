@@ -68,7 +68,10 @@ class Values:
         name = self.var(arg)
         if not arg.select:
             return name
-        picks = [":" if s is None else str(s) for s in arg.select]
+        picks = [
+            ":" if s is None else str(s) if isinstance(s, int) else self.scalar(s)
+            for s in arg.select
+        ]
         if arg.batched:  # after `...`, every axis that follows is written out
             rest = len(arg.dims) - arg.select.count(None)
             picks = ["...", *picks, *[":"] * rest]

@@ -64,6 +64,14 @@ LEADING = frozenset({"+", "-", "*", "/", "^", "**"})
 
 
 @dataclass(frozen=True)
+class Bracket:
+    """A computed position's tokens, `[...]` in a subscript, before the parser reads them."""
+
+    tokens: tuple[Token, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Token:
     kind: str  # NAME, REF, NUMBER, OP, END
     text: str
@@ -284,6 +292,8 @@ class Lexer:
             elif ch in DIGITS:
                 self.pos += 1
                 target.append(Literal(int(ch), span))
+            elif ch == "[":
+                target.append(self.bracket(span))
             elif ch == "\\" or ch.isalpha():
                 target.append(self.index_name(ch, span))
             else:
@@ -294,6 +304,29 @@ class Lexer:
                     "indices are single letters (μ, τ', a), \\macros (\\mu) or "
                     "digits (literal slices); close the list with '>'.",
                 )
+
+    def bracket(self, opened: Span) -> Bracket:
+        """`[τ' - τ + N - 1]`: the tokens of a computed position, parsed by the parser."""
+        self.pos += 1
+        tokens: list[Token] = []
+        base, spaced = len(self.depth), True
+        while not (self.src.startswith("]", self.pos) and len(self.depth) == base):
+            if self.pos >= len(self.src) or self.src[self.pos] == "\n":
+                raise self.error(
+                    f"expected ']' to close the position opened at column {opened.col}",
+                    opened,
+                    "write the position on one line, e.g. E_<μ[τ' - τ + N - 1]>.",
+                )
+            if self.src[self.pos] in " \t\r":
+                self.pos, spaced = self.pos + 1, True
+                continue
+            tokens.append(self.token(spaced))
+            spaced = False
+        self.pos += 1
+        span = Span(opened.line, opened.col, self.pos - self.line_start - opened.col + 1)
+        if not tokens:
+            raise self.error("an empty position", span, "write an index expression, e.g. [τ - 1].")
+        return Bracket(tuple(tokens), span)
 
     def newline_in_subscript(self) -> None:
         self.pos += 1

@@ -7,7 +7,7 @@ import difflib
 from .. import ops
 from ..errors import Span, SpecError
 from . import syntax as ast
-from .lexer import Token, lex
+from .lexer import Bracket, Token, lex
 
 REDUCTIONS = tuple(ops.REDUCTIONS)
 FUNCTIONS = ops.CALLABLE
@@ -284,7 +284,22 @@ class StatementParser:
 
     def reference(self, tok: Token) -> ast.Ref:
         name, axes = tok.value  # type: ignore[misc]
-        return ast.Ref(name, axes, tok.span)
+        return ast.Ref(name, tuple(self.axis(axis) for axis in axes), tok.span)
+
+    def axis(self, axis):
+        """A subscript slot as the lexer left it, with computed positions parsed."""
+        if isinstance(axis, ast.Group):
+            return ast.Group(tuple(self.axis(item) for item in axis.items), axis.span)
+        if not isinstance(axis, Bracket):
+            return axis
+        inner = StatementParser(axis.tokens, self.source, self.file)
+        inner.depth = self.depth
+        expr = inner.nested(inner.expression)
+        if inner.tok.kind != "END":
+            raise inner.error(
+                f"unexpected '{inner.tok.text}' in a position", hint="write one expression."
+            )
+        return ast.Computed(expr, axis.span)
 
     # -- expressions, loosest first
 

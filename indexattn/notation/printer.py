@@ -20,6 +20,8 @@ def _axis(axis: ast.Axis) -> str:
         return "(" + "".join(_axis(item) for item in axis.items) + ")"
     if isinstance(axis, ast.Literal):
         return str(axis.value)
+    if isinstance(axis, ast.Computed):
+        return "[" + unparse(axis.expr) + "]"
     return axis.glyph
 
 

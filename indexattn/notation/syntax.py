@@ -24,14 +24,23 @@ class Literal:
 
 
 @dataclass(frozen=True)
-class Group:
-    """A parenthesised, fused axis: `(μBa)`."""
+class Computed:
+    """`[τ' - τ + N - 1]` in a subscript: the position along that axis, a whole-number
+    expression of index variables, sizes and integer tensors (a gather)."""
 
-    items: tuple[IndexName | Literal, ...]
+    expr: Expr
     span: Span
 
 
-Axis = IndexName | Literal | Group
+@dataclass(frozen=True)
+class Group:
+    """A parenthesised, fused axis: `(μBa)`."""
+
+    items: tuple[IndexName | Literal | Computed, ...]
+    span: Span
+
+
+Axis = IndexName | Literal | Computed | Group
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,46 @@ class Interpreter:
 
     def ref(self, node: ir.Ref, held: dict[str, Value]) -> Value:
         tensor, _ = held[node.tensor.name]
-        written = [i for axis in node.axes for i in axis]
-        batch = tensor.dim() - len(written)
-        index = (Ellipsis, *(i if isinstance(i, int) else slice(None) for i in written))
-        return tensor[index] if batch >= 0 else tensor, node.free
+        written = node.written
+        if tensor.dim() < len(written):  # a tensor with no axes
+            return tensor, node.free
+        picks = [self.pick(i) for i in written]
+        tensor = tensor[(Ellipsis, *(slice(None) if p is None else p for p in picks))]
+        items = [i for i, p in zip(written, picks) if p is None]
+        for k in reversed(range(len(items))):  # from the last, so earlier places stay put
+            if isinstance(items[k], ir.At):
+                positions, dims = self.position(items[k], held)
+                axis = tensor.dim() - len(items) + k
+                if positions.dim() > len(dims):  # batched positions into a table: lead
+                    tensor, axis = tensor.movedim(axis, 0), 0
+                    items = [*items[k : k + 1], *items[:k], *items[k + 1 :]]
+                    k = 0
+                chosen = tensor.index_select(axis, positions.flatten())
+                tensor = chosen.unflatten(axis, positions.shape)
+                items[k : k + 1] = dims
+        return tensor, tuple(items)
+
+    def pick(self, item) -> int | None:
+        """The one position a literal or an index-free computed position selects."""
+        if isinstance(item, int):
+            return item
+        if isinstance(item, ir.At) and not item.free:
+            return int(item.value.expr.subs(self.sizes))
+        return None
+
+    def position(self, at: ir.At, held: dict[str, Value]) -> Value:
+        """Whole-number positions, in float64 before they are rounded, whatever the dtype."""
+        if isinstance(at.value, ir.Field):
+            saved, self.dtype = self.dtype, torch.float64
+            try:
+                values, dims = self.field(at.value, held)
+            finally:
+                self.dtype = saved
+        else:
+            values, dims = self.node(at.value, held)
+        if values.is_floating_point():
+            values = values.double().round()
+        return values.long(), dims
 
     def field(self, node: ir.Field, held: dict[str, Value]) -> Value:
         expr = node.expr.subs({**self.sizes, **self.scalars})
@@ -104,11 +140,24 @@ class Interpreter:
         args = [self.align(self.node(a, held), node.free) for a in node.args]
         return ELEMENTWISE[node.fn](self, *args), node.free
 
+    def concat(self, node: ir.Concat, held: dict[str, Value]) -> Value:
+        """Each part with its own index last, joined along it."""
+        shared = node.free[1:]
+        parts = [
+            self.align(self.node(part, held), (*shared, along))
+            for part, along in zip(node.parts, node.along)
+        ]
+        return torch.cat(parts, dim=-1), (*shared, node.over)
+
     def reduce(self, node: ir.Reduce, held: dict[str, Value]) -> Value:
         body = self.align(self.node(node.body, held), node.body.free)
         dims = tuple(node.body.free.index(i) - len(node.body.free) for i in node.over)
         if node.fn == "softmax":
             return softmax(body, dims), node.free
+        if node.fn == "cumsum":  # an upper-triangular matrix of ones sums the prefixes
+            n = body.shape[dims[0]]
+            ones = torch.ones(n, n, dtype=body.dtype, device=body.device).triu()
+            return (body.movedim(dims[0], -1) @ ones).movedim(-1, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
 
 

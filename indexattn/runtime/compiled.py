@@ -20,6 +20,7 @@ from ..ir.shapes import rules
 from ..lower.codegen import Module, generate
 from ..lower.plan import Plan, plan
 from ..views import cost
+from .positions import positions
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
@@ -71,12 +72,14 @@ class CompiledSpec:
         self.constants_function = namespace[constants] if constants else None
         # Plain attributes, read on every call (and by torch.compile, which cannot trace a lock).
         self.rules = rules(self.ir, self.plan.sizes)
+        self.positions = positions(self.plan)
         self.required = self.rules.required
         self.size_names = frozenset(self.ir.size_asciis)
         self.arguments = tuple(t.ascii for t in self.ir.arguments)
         self._like = self.ir.arguments.index(self.ir.like)  # sets the device and dtype
         self._shapes: dict = {}
         self._constants: dict = {}
+        self._checked: dict = {}
         self._lock = threading.Lock()
 
     def __reduce__(self):
@@ -110,9 +113,10 @@ class CompiledSpec:
         """The generated function on tensors in argument order, sizes solved and checked."""
         sizes = self.solve(tensors, given)
         keywords = {name: sizes[name] for name in self.required}
-        if self.constants_function is not None and not torch.compiler.is_compiling():
-            # Traced code builds them inline, where the compiler can fold them.
-            keywords["constants"] = self._constants_for(sizes, scalars, tensors[self._like])
+        if not torch.compiler.is_compiling():  # traced code builds them inline, to be folded
+            self.positions.check_arguments(self.name, tensors, sizes)
+            if self.constants_function is not None:
+                keywords["constants"] = self._constants_for(sizes, scalars, tensors[self._like])
         out = self.function(*tensors, **keywords, **scalars, training=training)
         return out[0] if len(self.ir.outputs) == 1 and isinstance(out, tuple) else out
 
@@ -126,6 +130,11 @@ class CompiledSpec:
             found = self.constants_function(*args, device=like.device, dtype=like.dtype)
             with self._lock:
                 _bounded(self._constants)[key] = found
+        checked = (key, self.positions.sizes(sizes))  # a table's size is not a constant's
+        if checked not in self._checked:
+            self.positions.check_constants(self.name, found, sizes)
+            with self._lock:
+                _bounded(self._checked)[checked] = True
         return found
 
     def _tensors(self, kwargs: dict) -> dict[str, torch.Tensor]:

@@ -30,10 +30,12 @@ from ..lower.steps import (
     Add,
     Attention,
     Block,
+    Cat,
     Contract,
     Elementwise,
     Full,
     Fuse,
+    Gather,
     Grid,
     Linear,
     Operand,
@@ -179,6 +181,8 @@ def _(step: Grid) -> Cost:
     return Cost(other=max(1, sympy.count_ops(step.expr)) * _size(step.out))
 
 
+@step_cost.register(Cat)
+@step_cost.register(Gather)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)
 @step_cost.register(Split)

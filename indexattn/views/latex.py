@@ -212,7 +212,7 @@ def _later_occurrences(product: ir.Product, index: ir.Index):
 def _bound_refs(node: ir.Node, index: ir.Index):
     if isinstance(node, ir.Ref) and index in node.free:
         yield node
-    if isinstance(node, ir.Reduce) and node.fn != "softmax" and index in node.over:
+    if isinstance(node, ir.Reduce) and not node.keeps and index in node.over:
         return
     for child in ir.children(node):
         yield from _bound_refs(child, index)
@@ -290,6 +290,9 @@ class SpecPrinter(LatexPrinter):
     def _print_IndexName(self, node: ast.IndexName) -> str:
         return math_name(node.glyph)
 
+    def _print_Computed(self, node: ast.Computed) -> str:
+        return "[" + self._print(node.expr) + "]"
+
     def _print_Literal(self, node: ast.Literal) -> str:
         return str(node.value)
 
@@ -348,7 +351,7 @@ class SpecPrinter(LatexPrinter):
         head = REDUCTIONS[node.func].latex + over
         if node.func == "sum":
             return head + " " + self.wrapped(node.args[0], TIMES)
-        return head + rf"\left({self._print(node.args[0])}\right)"
+        return head + rf"\left({', '.join(map(self._print, node.args))}\right)"
 
 
 UNARY = {"-": "neg", "not": "not"}  # a unary operator's entry in the operator table
