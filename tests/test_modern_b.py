@@ -1,10 +1,10 @@
 """The modern variants of tests/reference/modern_b.py: each against its spec, and on its own.
 
-With specs/<name>.attn present, the module's state_dict is renamed onto the compiled spec's
-parameters and outputs and the gradients of every input and parameter must agree in float64
-to 1e-10, as for the classic variants (the helpers are test_classic_variants.py's). Each
-module also has a twin differing in one weight or one mask bit, which must be told apart, and
-a check against an independent formulation of the same attention.
+Each module's state_dict is renamed onto the compiled specs/<name>.attn's parameters, and
+outputs and the gradients of every input and parameter must agree in float64 to 1e-10, as for
+the classic variants (the helpers are test_classic_variants.py's). Each module also has a twin
+differing in one weight or one mask bit, which must be told apart, and a check against an
+independent formulation of the same attention.
 """
 
 import pytest
@@ -28,9 +28,9 @@ ids = [case.spec for case in MODERN_B_CASES]
 
 
 def spec_or_skip(case):
-    """Skips, naming the draft, while specs/<name>.attn is not shipped yet."""
+    """The compiled specs/<name>.attn; skips while it is not shipped."""
     if not (SPECS / f"{case.spec}.attn").exists():
-        pytest.skip(f"specs/{case.spec}.attn is not shipped yet (draft: drafts/{case.spec}.attn)")
+        pytest.skip(f"specs/{case.spec}.attn is not shipped")
     return compiled(case.spec)
 
 
@@ -113,7 +113,7 @@ TWINS = {
     "mla": nudge("kv_a_proj_with_mqa.weight", (4, 0)),
     "differential": nudge("lambda_q2", 0),
     "sigmoid_attention": reveal(0, 1),
-    "sinks": reveal(4, 1),
+    "attention_sinks": reveal(4, 1),
     "chunked": reveal(3, 1),
     "gated_output": nudge("q_proj.weight", (3, 0)),  # row 3 of head 0: its gate (d_k = 3)
 }
@@ -265,7 +265,7 @@ def test_sigmoid_weights_are_one_over_one_plus_n_exp_minus_score():
 
 
 def test_sink_weights_are_exp_over_the_sum_plus_the_sinks_exp():
-    layer, _ = module("sinks")
+    layer, _ = module("attention_sinks")
     scores = torch.randn(*BATCH, layer.num_heads, N, N, dtype=torch.float64)
     seen = torch.exp(scores).masked_fill(layer.hidden(scores), 0.0)
     sink = torch.exp(layer.sinks)[:, None, None]
@@ -273,7 +273,7 @@ def test_sink_weights_are_exp_over_the_sum_plus_the_sinks_exp():
 
 
 def test_a_sink_at_minus_infinity_leaves_sliding_window_softmax():
-    layer, _ = module("sinks")
+    layer, _ = module("attention_sinks")
     scores = torch.randn(*BATCH, layer.num_heads, N, N, dtype=torch.float64)
     want = torch.softmax(scores.masked_fill(layer.hidden(scores), -torch.inf), dim=-1)
     with torch.no_grad():

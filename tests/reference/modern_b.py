@@ -2,8 +2,8 @@
 
 Each follows its paper or its model's reference code (named in the docstring), takes inputs as
 (batch..., n, d), builds its masks on the input's device, and names its parameters so that a
-state_dict key with dots replaced by underscores is the spec parameter's name (drafts/*.attn, to
-become specs/*.attn). `MODERN_B_CASES` at the end says at which sizes each is compared.
+state_dict key with dots replaced by underscores is the spec parameter's name (specs/*.attn).
+`MODERN_B_CASES` at the end says at which sizes each is compared.
 """
 
 import math
@@ -266,7 +266,7 @@ class SinkAttention(Attention):
     """Attention sinks as in GPT-OSS (transformers' GptOssAttention, eager path, RoPE left
     out): grouped-query heads, biases, a sliding window of `window` keys (the query itself
     included), and a learned logit sinks[μ] per head that joins the softmax's denominator:
-    softmax over [scores, sink], then the sink's column dropped. specs/sinks.attn."""
+    softmax over [scores, sink], then the sink's column dropped. specs/attention_sinks.attn."""
 
     def __init__(self, d_model, num_heads, head_dim, num_kv_heads, window):
         super().__init__(d_model, num_heads, head_dim, num_kv_heads, bias=True)
@@ -412,7 +412,7 @@ MODERN_B_CASES = [
         LLAMA_COUNT,
     ),
     Case(
-        "sinks",
+        "attention_sinks",
         gqa(SinkAttention, "w"),
         tokens("d_m"),
         {**GQA_SIZES, "w": 3},
