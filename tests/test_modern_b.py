@@ -1,0 +1,298 @@
+"""The modern variants of tests/reference/modern_b.py: each against its spec, and on its own.
+
+Each module's state_dict is renamed onto the compiled specs/<name>.attn's parameters, and
+outputs and the gradients of every input and parameter must agree in float64 to 1e-10, as for
+the classic variants (the helpers are test_classic_variants.py's). Each module also has a twin
+differing in one weight or one mask bit, which must be told apart, and a check against an
+independent formulation of the same attention.
+"""
+
+import pytest
+import sympy
+import torch
+from reference import classic
+from reference import modern_b as mb
+from reference.cases import BATCH, N
+from reference.modern_b import MODERN_B_CASES
+from test_classic_variants import (
+    SPECS,
+    as_tuple,
+    assert_all_close,
+    assert_same_gradients,
+    compiled,
+    setup,
+)
+
+CASES = {case.spec: case for case in MODERN_B_CASES}
+ids = [case.spec for case in MODERN_B_CASES]
+
+
+def spec_or_skip(case):
+    """The compiled specs/<name>.attn; skips while it is not shipped."""
+    if not (SPECS / f"{case.spec}.attn").exists():
+        pytest.skip(f"specs/{case.spec}.attn is not shipped")
+    return compiled(case.spec)
+
+
+def module(name):
+    """The case's module in float64 and eval mode, with fixed weights, and one input."""
+    case = CASES[name]
+    torch.manual_seed(0)
+    built = case.build(case.sizes).double().eval()
+    return built, case.inputs(case.sizes)["X"]
+
+
+def close(got, want):
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("case", MODERN_B_CASES, ids=ids)
+def test_spec_matches_module(case):
+    spec_or_skip(case)
+    ref, spec_module, inputs = setup(case, case.build)
+    want = as_tuple(ref(*inputs.values()))
+    got = as_tuple(spec_module(*inputs.values()))
+    assert_all_close(got, want)
+
+    assert_same_gradients(case, want, got, inputs, ref, spec_module, same_keys=True)
+
+
+@pytest.mark.parametrize("case", MODERN_B_CASES, ids=ids)
+def test_parameter_count_formula(case):
+    """The module's parameters, counted on the meta device, at the test and the real sizes."""
+    formula = sympy.sympify(case.count)
+    for sizes in [case.sizes, *case.real.values()]:
+        with torch.device("meta"):
+            built = case.build(sizes)
+        assert sum(p.numel() for p in built.parameters()) == formula.subs(sizes), sizes
+
+
+@pytest.mark.parametrize("case", MODERN_B_CASES, ids=ids)
+def test_parameter_count(case):
+    count = spec_or_skip(case).param_count()
+    formula = sympy.sympify(case.count)
+    for sizes in [case.sizes, *case.real.values()]:
+        value = count.subs({s: sizes[str(s)] for s in count.free_symbols})
+        assert value == formula.subs(sizes), sizes
+
+
+def reveal(query, key):
+    """One mask bit flipped: key `key` becomes visible to query `query`."""
+
+    def change(module):
+        hidden = module.hidden
+
+        def flipped(scores):
+            mask = hidden(scores).clone()
+            assert mask[query, key], "the twin must reveal a hidden key"
+            mask[query, key] = False
+            return mask
+
+        module.hidden = flipped
+
+    return change
+
+
+def nudge(parameter, index):
+    """One weight changed by 0.1."""
+
+    def change(module):
+        with torch.no_grad():
+            module.get_parameter(parameter)[index] += 0.1
+
+    return change
+
+
+# One change per module; mask bits where the module has a mask to flip. At the test sizes
+# (N = 5): the sliding window w = 3 hides key 1 from query 4, chunks of C = 2 hide key 1 from
+# query 3; the rotary key of MLA starts at row d_c = 4 of kv_a_proj_with_mqa.
+TWINS = {
+    "linear_attention": nudge("k_proj.bias", 0),
+    "linear_attention_causal": nudge("v_proj.weight", (0, 0)),
+    "talking_heads": reveal(2, 3),
+    "mla": nudge("kv_a_proj_with_mqa.weight", (4, 0)),
+    "differential": nudge("lambda_q2", 0),
+    "sigmoid_attention": reveal(0, 1),
+    "attention_sinks": reveal(4, 1),
+    "chunked": reveal(3, 1),
+    "gated_output": nudge("q_proj.weight", (3, 0)),  # row 3 of head 0: its gate (d_k = 3)
+}
+
+
+def test_every_module_has_a_twin():
+    assert TWINS.keys() == CASES.keys()
+
+
+def twins(case):
+    """The module and its twin, with the same weights but for the one change."""
+    ref, x = module(case.spec)
+    twin, _ = module(case.spec)
+    TWINS[case.spec](twin)
+    return ref, twin, x
+
+
+@pytest.mark.parametrize("case", MODERN_B_CASES, ids=ids)
+def test_a_twin_with_one_change_differs_from_the_module(case):
+    ref, twin, x = twins(case)
+    assert (twin(x) - ref(x)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("case", MODERN_B_CASES, ids=ids)
+def test_the_spec_tells_the_twin_apart(case):
+    """The spec holding the module's weights matches the module and differs from the twin
+    far beyond the tolerance: the comparison at 1e-10 would catch that one change."""
+    spec = spec_or_skip(case)
+    ref, twin, x = twins(case)
+    spec_module = spec.module(**case.sizes).double().eval()
+    spec_module.load_state_dict(case.mapping(ref.state_dict()))
+    close(spec_module(x), ref(x))
+    assert (twin(x) - spec_module(x)).abs().max() > 1e-4
+
+
+# Independent formulations of the same attention, on the modules alone.
+
+
+def heads_qkv(h=2, n=N, d=3):
+    torch.manual_seed(1)
+    return [torch.randn(*BATCH, h, n, d, dtype=torch.float64) for _ in range(3)]
+
+
+def quadratic_linear_attention(q, k, v, eps, causal):
+    """φ(Q) φ(K)ᵀ as an n×n weight matrix, normalised per row, then times V."""
+    weights = mb.elu_feature_map(q) @ mb.elu_feature_map(k).transpose(-2, -1)
+    if causal:
+        weights = weights.masked_fill(classic.causal_mask(weights), 0.0)
+    return (weights @ v) / (weights.sum(dim=-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
+def test_linear_attention_equals_its_quadratic_form(causal):
+    layer, _ = module("linear_attention_causal" if causal else "linear_attention")
+    q, k, v = heads_qkv()
+    close(layer.attend(q, k, v), quadratic_linear_attention(q, k, v, layer.eps, causal))
+
+
+def test_causal_linear_attention_agrees_with_the_non_causal_at_the_last_query():
+    causal, _ = module("linear_attention_causal")
+    full, _ = module("linear_attention")
+    q, k, v = heads_qkv()
+    close(causal.attend(q, k, v)[..., -1, :], full.attend(q, k, v)[..., -1, :])
+
+
+def gqa_with_the_same_weights(layer, num_kv_heads, **weights):
+    """classic.GroupedQueryAttention holding `layer`'s q/k/v/o projections (or `weights`)."""
+    d_model = layer.o_proj.out_features
+    plain = classic.GroupedQueryAttention(d_model, layer.num_heads, num_kv_heads, layer.head_dim)
+    state = {k: v for k, v in layer.state_dict().items() if k in plain.state_dict()}
+    plain.load_state_dict({**state, **weights})
+    return plain.double().eval()
+
+
+def test_talking_heads_with_identity_mixing_is_causal_attention():
+    layer, x = module("talking_heads")
+    with torch.no_grad():
+        layer.P_l.copy_(torch.eye(layer.num_heads))
+        layer.P_w.copy_(torch.eye(layer.num_heads))
+    close(layer(x), gqa_with_the_same_weights(layer, layer.num_heads)(x))
+
+
+def rotate_pairs(x):
+    """Rotary as complex numbers: feature r and r + d/2 form x_r + i x_(r+d/2), turned by
+    τ·base^(-2r/d) at position τ (transformers' rotate-half convention)."""
+    half = x.shape[-1] // 2
+    inv_freq = 10000.0 ** (-2 * torch.arange(half, dtype=x.dtype) / x.shape[-1])
+    angle = torch.arange(x.shape[-2], dtype=x.dtype)[:, None] * inv_freq
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat((z.real, z.imag), dim=-1)
+
+
+def absorbed_mla(layer, x):
+    """DeepSeek-V2's inference form: the key part of kv_b_proj absorbed into the queries and
+    its value part applied after the weights, so attention runs on the shared latent."""
+    h, d_n, d_c = layer.num_heads, layer.qk_nope_head_dim, layer.kv_lora_rank
+    q = layer.q_b_proj(layer.q_a_layernorm(layer.q_a_proj(x)))
+    q = q.unflatten(-1, (h, -1)).transpose(-3, -2)  # (..., h, n, d_n + d_r)
+    latent = layer.kv_a_proj_with_mqa(x)
+    c = layer.kv_a_layernorm(latent[..., :d_c])  # (..., n, d_c)
+    k_rope = rotate_pairs(latent[..., d_c:])  # (..., n, d_r), one for all heads
+    w_uk, w_uv = layer.kv_b_proj.weight.unflatten(0, (h, -1)).split([d_n, layer.v_head_dim], 1)
+    q_latent = torch.einsum("...htn,hnc->...htc", q[..., :d_n], w_uk)
+    scores = torch.einsum("...htc,...sc->...hts", q_latent, c)
+    scores = scores + torch.einsum("...htr,...sr->...hts", rotate_pairs(q[..., d_n:]), k_rope)
+    scores = scores.masked_fill(classic.causal_mask(scores), -torch.inf)
+    weights = torch.softmax(scores * layer.scaling, dim=-1)
+    out = torch.einsum("...hts,...sc,hec->...the", weights, c, w_uv)
+    return layer.o_proj(out.flatten(-2))
+
+
+def test_mla_equals_its_absorbed_latent_form():
+    layer, x = module("mla")
+    close(layer(x), absorbed_mla(layer, x))
+
+
+def rms_norm(x, eps):
+    return x / torch.sqrt((x**2).mean(dim=-1, keepdim=True) + eps)
+
+
+def test_differential_attention_equals_a_loop_over_heads():
+    layer, x = module("differential")
+    h, d = layer.num_heads, layer.head_dim
+    w_q = layer.q_proj.weight.view(h, 2, d, -1)
+    w_k = layer.k_proj.weight.view(h, 2, d, -1)
+    w_v = layer.v_proj.weight.view(h, 2 * d, -1)
+    lam = (
+        torch.exp(layer.lambda_q1 @ layer.lambda_k1)
+        - torch.exp(layer.lambda_q2 @ layer.lambda_k2)
+        + layer.lambda_init
+    )
+    future = torch.ones(N, N, dtype=torch.bool).triu(1)
+    heads = []
+    for mu in range(h):
+        maps = []
+        for b in range(2):
+            scores = (x @ w_q[mu, b].T) @ (x @ w_k[mu, b].T).transpose(-2, -1) / d**0.5
+            maps.append(torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1))
+        out = (maps[0] - lam * maps[1]) @ (x @ w_v[mu].T)
+        heads.append(rms_norm(out, 1e-5) * layer.subln.weight * (1 - layer.lambda_init))
+    close(layer(x), layer.out_proj(torch.cat(heads, dim=-1)))
+
+
+def test_sigmoid_weights_are_one_over_one_plus_n_exp_minus_score():
+    layer, _ = module("sigmoid_attention")
+    scores = torch.randn(*BATCH, 2, N, N, dtype=torch.float64)
+    want = torch.tril(1 / (1 + N * torch.exp(-scores)))
+    close(layer.weights(scores), want)
+
+
+def test_sink_weights_are_exp_over_the_sum_plus_the_sinks_exp():
+    layer, _ = module("attention_sinks")
+    scores = torch.randn(*BATCH, layer.num_heads, N, N, dtype=torch.float64)
+    seen = torch.exp(scores).masked_fill(layer.hidden(scores), 0.0)
+    sink = torch.exp(layer.sinks)[:, None, None]
+    close(layer.weights(scores), seen / (seen.sum(dim=-1, keepdim=True) + sink))
+
+
+def test_a_sink_at_minus_infinity_leaves_sliding_window_softmax():
+    layer, _ = module("attention_sinks")
+    scores = torch.randn(*BATCH, layer.num_heads, N, N, dtype=torch.float64)
+    want = torch.softmax(scores.masked_fill(layer.hidden(scores), -torch.inf), dim=-1)
+    with torch.no_grad():
+        layer.sinks.fill_(-torch.inf)
+    close(layer.weights(scores), want)
+
+
+def test_chunked_attention_equals_causal_attention_chunk_by_chunk():
+    layer, x = module("chunked")
+    plain = gqa_with_the_same_weights(layer, layer.num_kv_heads)
+    chunks = x.split(layer.chunk_size, dim=-2)
+    close(layer(x), torch.cat([plain(chunk) for chunk in chunks], dim=-2))
+
+
+def test_a_zero_gate_halves_causal_attention():
+    layer, x = module("gated_output")
+    h, d_k = layer.num_heads, layer.head_dim
+    query_rows = layer.q_proj.weight.view(h, 2, d_k, -1)[:, 0].reshape(h * d_k, -1)
+    plain = gqa_with_the_same_weights(layer, h, **{"q_proj.weight": query_rows})
+    with torch.no_grad():
+        layer.q_proj.weight.view(h, 2, d_k, -1)[:, 1] = 0.0  # sigmoid(0) = 1/2
+    close(layer(x), plain(x) / 2)
