@@ -101,7 +101,9 @@ FUNCTIONS: dict[str, Op] = {
         _function("softplus", "F.softplus({0})", _named("softplus"), _softplus, ("F",)),
         _binary("min", "torch.minimum({0}, {1})", r"\min\left({0}, {1}\right)", sympy.Min),
         _binary("max", "torch.maximum({0}, {1})", r"\max\left({0}, {1}\right)", sympy.Max),
-        _binary("mod", "torch.remainder({0}, {1})", r"{0} \bmod {1}", sympy.Mod, False),
+        _binary(
+            "mod", "torch.remainder({0}, {1})", r"\left({0} \bmod {1}\right)", sympy.Mod, False
+        ),
         Op(
             "clamp",
             "function",

@@ -24,7 +24,10 @@ class Names:
         self.indices: dict[Index, str] = {}
         self.axes: dict[Index, str] = {}
         self.axis_taken: set[str] = set()
-        self.function = self.fresh(ascii_name(spec.name))
+        # The spec's own name, even when an argument has it too: the function never calls
+        # itself, so a parameter of the same name shadows nothing it needs.
+        self.function = ascii_name(spec.name)
+        self.taken.add(self.function)
         self.constants = self.fresh(self.function + "_constants")
 
     def fresh(self, hint: str) -> str:

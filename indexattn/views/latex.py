@@ -346,7 +346,9 @@ class SpecPrinter(LatexPrinter):
 
     def _print_Call(self, node: ast.Call) -> str:
         if not node.over:
-            return FUNCTIONS[node.func].latex.format(*map(self._print, node.args))
+            infix = node.func in INFIX  # `a \bmod b` needs its operands bracketed like a product's
+            args = [self.wrapped(a, TIMES) if infix else self._print(a) for a in node.args]
+            return FUNCTIONS[node.func].latex.format(*args)
         over = "_{" + _join(math_name(i.glyph) for i in node.over) + "}"
         head = REDUCTIONS[node.func].latex + over
         if node.func == "sum":
@@ -355,6 +357,7 @@ class SpecPrinter(LatexPrinter):
 
 
 UNARY = {"-": "neg", "not": "not"}  # a unary operator's entry in the operator table
+INFIX = frozenset({"mod"})  # functions printed as an operator between their arguments
 
 
 def _rightmost(node: ast.Expr) -> ast.Expr:

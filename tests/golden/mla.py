@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 
 
-def mla_constants(N, d_c, d_n, d_r, d_v, *, device, dtype):
+def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     n = torch.arange(d_n, device=device, dtype=torch.float64)
     r = torch.arange(d_r, device=device, dtype=torch.float64)
@@ -30,12 +30,20 @@ def mla_constants(N, d_c, d_n, d_r, d_v, *, device, dtype):
     V_pos = (d_n + e).long()  # (e)
     # f_<r> = mod(r, floor(d_r / 2))
     f = torch.remainder(r, math.floor((1/2)*d_r)).to(dtype)  # (r)
+    # θ_<r> = base^(-2 f_<r> / d_r)
+    theta_prod = f * (-2/d_r)  # (r)
+    theta = base ** theta_prod  # (r)
     # Rc_<τr> = cos(τ θ_<r>)
     Rc_grid = tau.to(dtype)  # (τ)
+    Rc_prod = theta * Rc_grid[:, None]  # (τ, r)
+    Rc = torch.cos(Rc_prod)  # (τ, r)
     # s_<r> = where(r < floor(d_r / 2), -1, 1)
     s = torch.where((r < math.floor((1/2)*d_r)), -1, 1).to(dtype)  # (r)
     # Rs_<τr> = s_<r> sin(τ θ_<r>)
     Rs_grid = tau.to(dtype)  # (τ)
+    Rs_prod = theta * Rs_grid[:, None]  # (τ, r)
+    Rs_sin = torch.sin(Rs_prod)  # (τ, r)
+    Rs = s * Rs_sin  # (τ, r)
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
@@ -44,7 +52,7 @@ def mla_constants(N, d_c, d_n, d_r, d_v, *, device, dtype):
     K_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, f, Rc_grid, s, Rs_grid, Q_theta_pos, K_theta_pos, M
+    return Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, Rc, Rs, Q_theta_pos, K_theta_pos, M
 
 
 def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000.0, eps=1e-06, training=False, constants=None):
@@ -53,7 +61,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
     d_v = (kv_b_proj_weight.shape[-2] - (d_n*h)) // h
-    Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, f, Rc_grid, s, Rs_grid, Q_theta_pos, K_theta_pos, M = mla_constants(N, d_c, d_n, d_r, d_v, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, Rc, Rs, Q_theta_pos, K_theta_pos, M = mla_constants(N, d_c, d_n, d_r, d_v, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
     # ρq_<τ> = rsqrt(mean_<l>(Lq_<τl>^2) + eps)
@@ -92,16 +100,6 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
     kv_b_proj_weight_at_2 = kv_b_proj_weight_split[:, V_pos]  # (μ, e, c)
     V = einsum(kv_b_proj_weight_at_2, Cc, "mu e c, ... tau c -> ... mu tau e")  # (…, μ, τ, e)
-    # θ_<r> = base^(-2 f_<r> / d_r)
-    theta_prod = f * (-2/d_r)  # (r)
-    theta = base ** theta_prod  # (r)
-    # Rc_<τr> = cos(τ θ_<r>)
-    Rc_prod = theta * Rc_grid[:, None]  # (τ, r)
-    Rc = torch.cos(Rc_prod)  # (τ, r)
-    # Rs_<τr> = s_<r> sin(τ θ_<r>)
-    Rs_prod = theta * Rs_grid[:, None]  # (τ, r)
-    Rs_sin = torch.sin(Rs_prod)  # (τ, r)
-    Rs = s * Rs_sin  # (τ, r)
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_prod = Qr * Rc  # (…, μ, τ, r)
