@@ -28,4 +28,8 @@ def __getattr__(name: str):
         from . import runtime
 
         return getattr(runtime, name)
+    if name == "distributed":  # torch.distributed, only when asked for
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'indexattn' has no attribute {name!r}")

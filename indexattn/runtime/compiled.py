@@ -230,6 +230,13 @@ class CompiledSpec:
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
 
+    def shard_plan(self, over: str):
+        """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
+        are replicated, and which need a relayout first: see indexattn/views/shard.py."""
+        from ..views.shard import shard_plan
+
+        return shard_plan(self.ir, over)
+
     def module(self, /, **kwargs):
         """An nn.Module whose parameters are the spec's params, built at the given sizes."""
         from .module import SpecModule
