@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -213,7 +214,13 @@ def main() -> None:
             found[name] = {"error": traceback.format_exc()}
         dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(found, indent=1))
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown: a gloo/FSDP background thread still joinable
+    # there aborts the process now and then ("terminate called without an active exception"),
+    # after every result is written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
