@@ -84,6 +84,16 @@ def cross_case():
     return module, [torch.randn(2, 5, 8), torch.randn(2, 7, 6)]
 
 
+def qwen3_case():
+    """Qwen3's attention (qk_norm.attn): grouped-query heads, QK RMSNorm, rotary."""
+    torch.manual_seed(0)
+    module = spec("qk_norm").module(d_m=8, h_kv=2, n_rep=2, d_r=2)
+    with torch.no_grad():  # norm weights away from ones, so a mis-sharded one shows
+        for name in ("q_norm_weight", "k_norm_weight"):
+            module._parameters[name].uniform_(0.5, 1.5)
+    return module, [torch.randn(2, 5, 8)]
+
+
 def mqa_case():
     torch.manual_seed(0)
     return spec("mqa").module(d_m=8, h=4, d_k=3), [torch.randn(2, 5, 8)]
@@ -198,6 +208,8 @@ def main() -> None:
         "tp_cross": lambda: tp_case(mesh, *cross_case(), over="mu"),
         "tp_cross_twin": lambda: tp_case(mesh, *cross_case(), over="mu", perturb="to_out_weight"),
         "tp_mqa": lambda: tp_case(mesh, *mqa_case(), over="μ"),
+        "tp_qwen3": lambda: tp_case(mesh, *qwen3_case(), over="g"),
+        "tp_qwen3_twin": lambda: tp_case(mesh, *qwen3_case(), over="g", perturb="q_proj_weight"),
         "gpt2_refused": lambda: gpt2_refused(mesh),
         "gpt2_relaid": lambda: gpt2_relaid(mesh),
         "gpt2_relaid_twin": lambda: gpt2_relaid(mesh, perturb="c_attn_weight"),

@@ -162,13 +162,16 @@ def _largest(ranks, name) -> dict:
     return {k: max(f[k] for f in found) for k in found[0]}
 
 
-@pytest.mark.parametrize("name", ["tp_mha", "tp_gqa", "tp_cross", "tp_mqa", "gpt2_relaid"])
+TP = ["tp_mha", "tp_gqa", "tp_cross", "tp_qwen3", "gpt2_relaid"]
+
+
+@pytest.mark.parametrize("name", [*TP, "tp_mqa"])
 def test_tensor_parallel_equals_one_process(ranks, name):
     gaps = _largest(ranks, name)  # outputs, gathered parameter and input gradients, state
     assert all(g < EXACT for g in gaps.values()), gaps
 
 
-@pytest.mark.parametrize("name", ["tp_mha", "tp_gqa", "tp_cross", "gpt2_relaid"])
+@pytest.mark.parametrize("name", TP)
 def test_twin_one_shard_moved_changes_the_result(ranks, name):
     gaps = _largest(ranks, name + "_twin")
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
