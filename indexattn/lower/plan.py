@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import sympy
 
@@ -62,13 +62,21 @@ class Planner(Products):
         self.unread = _unread(spec, self.fields)
         self.steps: list[Step] = []
         self.order: tuple[Index, ...] = ()
+        self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
 
     def add(self, step: Step) -> Operand:
+        """Appends a step, unless the same step was planned before: then its value is reused
+        (the rotary tables of queries and keys, one position grid read twice)."""
+        key = _signature(step)
+        if key is not None and key in self.seen:
+            return self.seen[key]
         self.steps.append(step)
+        if key is not None:
+            self.seen[key] = step.out
         return step.out
 
     def plan(self) -> Plan:
@@ -230,6 +238,15 @@ class Planner(Products):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+
+def _signature(step: Step) -> tuple | None:
+    """What a step computes, its result's name aside; None for a step never shared (dropout
+    draws anew each time)."""
+    if isinstance(step, Elementwise) and step.fn == "dropout":
+        return None
+    values = tuple(getattr(step, f.name) for f in fields(step) if f.name != "out")
+    return (type(step), step.out.dims, step.out.batched, *values)
 
 
 def _word(fn: str) -> str:

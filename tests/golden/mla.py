@@ -24,8 +24,6 @@ def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     Lc_pos = c.long()  # (c)
     # Kr_<τr> = kv_a_proj_with_mqa_weight_<[d_c + r]i> X_<τi>
     Kr_pos = (d_c + r).long()  # (r)
-    # Kn_<μτn> = kv_b_proj_weight_<(μ[n])c> Cc_<τc>
-    Kn_pos = n.long()  # (n)
     # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
     V_pos = (d_n + e).long()  # (e)
     # f_<r> = mod(r, floor(d_r / 2))
@@ -40,19 +38,14 @@ def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     # s_<r> = where(r < floor(d_r / 2), -1, 1)
     s = torch.where((r < math.floor((1/2)*d_r)), -1, 1).to(dtype)  # (r)
     # Rs_<τr> = s_<r> sin(τ θ_<r>)
-    Rs_grid = tau.to(dtype)  # (τ)
-    Rs_prod = theta * Rs_grid[:, None]  # (τ, r)
-    Rs_sin = torch.sin(Rs_prod)  # (τ, r)
+    Rs_sin = torch.sin(Rc_prod)  # (τ, r)
     Rs = s * Rs_sin  # (τ, r)
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
-    # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
-    # Kθ_<τr> = Kr_<τr> Rc_<τr> + Kr_<τ[p_<r>]> Rs_<τr>
-    K_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, Rc, Rs, Q_theta_pos, K_theta_pos, M
+    return Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M
 
 
 def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000.0, eps=1e-06, training=False, constants=None):
@@ -61,7 +54,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
     d_v = (kv_b_proj_weight.shape[-2] - (d_n*h)) // h
-    Qn_pos, Qr_pos, Lc_pos, Kr_pos, Kn_pos, V_pos, Rc, Rs, Q_theta_pos, K_theta_pos, M = mla_constants(N, d_c, d_n, d_r, d_v, base, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M = mla_constants(N, d_c, d_n, d_r, d_v, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
     # ρq_<τ> = rsqrt(mean_<l>(Lq_<τl>^2) + eps)
@@ -95,7 +88,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     Cc = rho_c[..., :, None] * Cc_prod  # (…, τ, c)
     # Kn_<μτn> = kv_b_proj_weight_<(μ[n])c> Cc_<τc>
     kv_b_proj_weight_split = rearrange(kv_b_proj_weight, "(mu m) c -> mu m c", mu=h)  # (μ, m, c)
-    kv_b_proj_weight_at = kv_b_proj_weight_split[:, Kn_pos]  # (μ, n, c)
+    kv_b_proj_weight_at = kv_b_proj_weight_split[:, Qn_pos]  # (μ, n, c)
     Kn = einsum(kv_b_proj_weight_at, Cc, "mu n c, ... tau c -> ... mu tau n")  # (…, μ, τ, n)
     # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
     kv_b_proj_weight_at_2 = kv_b_proj_weight_split[:, V_pos]  # (μ, e, c)
@@ -109,7 +102,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Kθ_<τr> = Kr_<τr> Rc_<τr> + Kr_<τ[p_<r>]> Rs_<τr>
     K_theta_prod = Kr * Rc  # (…, τ, r)
-    Kr_at = Kr[..., K_theta_pos]  # (…, τ, r)
+    Kr_at = Kr[..., Q_theta_pos]  # (…, τ, r)
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>

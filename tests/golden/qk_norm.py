@@ -22,15 +22,9 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    # Kr_<gτcj> = Kn_<gτcj> cos(θ_<τj>) + (2 c - 1) Kn_<gτ[1 - c]j> sin(θ_<τj>)
-    Kr_cos = torch.cos(theta)  # (τ, j)
-    Kr_pos = (1 - c).long()  # (c)
-    Kr_sin = torch.sin(theta)  # (τ, j)
-    Kr_grid = (2*c - 1).to(dtype)  # (c)
-    Kr_prod = Kr_sin[:, None] * Kr_grid[:, None]  # (τ, c, j)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M
+    return Qr_cos, Qr_pos, Qr_prod, M
 
 
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0.0, training=False, constants=None):
@@ -38,7 +32,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
     n_rep = q_proj_weight.shape[-2] // (2*d_r*h_kv)
-    Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_pos, Qr_prod, M = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτcj> = q_proj_weight_<(grcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, 2, d_r))  # (…, τ, g, r, c, j)
     Q = Q_proj.movedim(-5, -3)  # (…, g, r, τ, c, j)
@@ -72,10 +66,10 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Qr_prod_3 = Qn_at * Qr_prod  # (…, g, r, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, g, r, τ, c, j)
     # Kr_<gτcj> = Kn_<gτcj> cos(θ_<τj>) + (2 c - 1) Kn_<gτ[1 - c]j> sin(θ_<τj>)
-    Kr_prod_2 = Kn * Kr_cos[:, None]  # (…, g, τ, c, j)
-    Kn_at = Kn[..., Kr_pos, :]  # (…, g, τ, c, j)
-    Kr_prod_3 = Kn_at * Kr_prod  # (…, g, τ, c, j)
-    Kr = Kr_prod_2 + Kr_prod_3  # (…, g, τ, c, j)
+    Kr_prod = Kn * Qr_cos[:, None]  # (…, g, τ, c, j)
+    Kn_at = Kn[..., Qr_pos, :]  # (…, g, τ, c, j)
+    Kr_prod_2 = Kn_at * Qr_prod  # (…, g, τ, c, j)
+    Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
     Kr_scaled = Kr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, g, τ', c, j)
     S_prod = einsum(Qr, Kr_scaled, "... g r tau c j, ... g tau_p c j -> ... g r tau tau_p")  # (…, g, r, τ, τ')

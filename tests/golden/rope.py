@@ -22,21 +22,15 @@ def rope_constants(N, d_r, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    # Kr_<μτcj> = K_<μτcj> cos(θ_<τj>) + (2 c - 1) K_<μτ[1 - c]j> sin(θ_<τj>)
-    Kr_cos = torch.cos(theta)  # (τ, j)
-    Kr_pos = (1 - c).long()  # (c)
-    Kr_sin = torch.sin(theta)  # (τ, j)
-    Kr_grid = (2*c - 1).to(dtype)  # (c)
-    Kr_prod = Kr_sin[:, None] * Kr_grid[:, None]  # (τ, c, j)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M
+    return Qr_cos, Qr_pos, Qr_prod, M
 
 
 def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M = rope_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_pos, Qr_prod, M = rope_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτcj> = q_proj_weight_<(μcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, 2, d_r))  # (…, τ, μ, c, j)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, c, j)
@@ -52,10 +46,10 @@ def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, of
     Qr_prod_3 = Q_at * Qr_prod  # (…, μ, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
     # Kr_<μτcj> = K_<μτcj> cos(θ_<τj>) + (2 c - 1) K_<μτ[1 - c]j> sin(θ_<τj>)
-    Kr_prod_2 = K * Kr_cos[:, None]  # (…, μ, τ, c, j)
-    K_at = K[..., Kr_pos, :]  # (…, μ, τ, c, j)
-    Kr_prod_3 = K_at * Kr_prod  # (…, μ, τ, c, j)
-    Kr = Kr_prod_2 + Kr_prod_3  # (…, μ, τ, c, j)
+    Kr_prod = K * Qr_cos[:, None]  # (…, μ, τ, c, j)
+    K_at = K[..., Qr_pos, :]  # (…, μ, τ, c, j)
+    Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, c, j)
+    Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r) + M_<ττ'>
     Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, c, j)
     S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')

@@ -22,21 +22,15 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, :, None] * Qr_grid  # (τ, j, c)
-    # Kr_<μτjc> = K_<μτjc> cos(θ_<τj>) + (2 c - 1) K_<μτj[1 - c]> sin(θ_<τj>)
-    Kr_cos = torch.cos(theta)  # (τ, j)
-    Kr_pos = (1 - c).long()  # (c)
-    Kr_sin = torch.sin(theta)  # (τ, j)
-    Kr_grid = (2*c - 1).to(dtype)  # (c)
-    Kr_prod = Kr_sin[:, :, None] * Kr_grid  # (τ, j, c)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M
+    return Qr_cos, Qr_pos, Qr_prod, M
 
 
 def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_pos, Qr_prod, Kr_cos, Kr_pos, Kr_prod, M = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_pos, Qr_prod, M = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτjc> = q_proj_weight_<(μjc)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_r, 2))  # (…, τ, μ, j, c)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, j, c)
@@ -52,10 +46,10 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     Qr_prod_3 = Q_at * Qr_prod  # (…, μ, τ, j, c)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, j, c)
     # Kr_<μτjc> = K_<μτjc> cos(θ_<τj>) + (2 c - 1) K_<μτj[1 - c]> sin(θ_<τj>)
-    Kr_prod_2 = K * Kr_cos[:, :, None]  # (…, μ, τ, j, c)
-    K_at = K[..., Kr_pos]  # (…, μ, τ, j, c)
-    Kr_prod_3 = K_at * Kr_prod  # (…, μ, τ, j, c)
-    Kr = Kr_prod_2 + Kr_prod_3  # (…, μ, τ, j, c)
+    Kr_prod = K * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
+    K_at = K[..., Qr_pos]  # (…, μ, τ, j, c)
+    Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, j, c)
+    Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
     Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, j, c)
     S_prod = einsum(Qr_scaled, Kr, "... mu tau j c, ... mu tau_p j c -> ... mu tau tau_p")  # (…, μ, τ, τ')

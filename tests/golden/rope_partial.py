@@ -24,26 +24,17 @@ def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    # Kr_<μτcj> = K_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) K_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
-    Kr_pos = (c[:, None]*d_r + j[None, :]).long()  # (c, j)
-    Kr_cos = torch.cos(theta)  # (τ, j)
-    Kr_pos_2 = (d_r*(1 - c[:, None]) + j[None, :]).long()  # (c, j)
-    Kr_sin = torch.sin(theta)  # (τ, j)
-    Kr_grid = (2*c - 1).to(dtype)  # (c)
-    Kr_prod = Kr_sin[:, None] * Kr_grid[:, None]  # (τ, c, j)
     # Qp_<μτp> = Q_<μτ[2 d_r + p]>
     Qp_pos = ((2*d_r) + p).long()  # (p)
-    # Kp_<μτp> = K_<μτ[2 d_r + p]>
-    Kp_pos = ((2*d_r) + p).long()  # (p)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Kr_pos, Kr_cos, Kr_pos_2, Kr_prod, Qp_pos, Kp_pos, M
+    return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos, M
 
 
 def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_p = (query_key_value_weight.shape[-2] - (6*d_r*h)) // (3*h)
-    Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Kr_pos, Kr_cos, Kr_pos_2, Kr_prod, Qp_pos, Kp_pos, M = rope_partial_constants(N, d_r, d_p, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos, M = rope_partial_constants(N, d_r, d_p, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = query_key_value_weight_<(μ0a)i> X_<τi> + query_key_value_bias_<(μ0a)>
     # K_<μτa> = query_key_value_weight_<(μ1a)i> X_<τi> + query_key_value_bias_<(μ1a)>
     # V_<μτa> = query_key_value_weight_<(μ2a)i> X_<τi> + query_key_value_bias_<(μ2a)>
@@ -59,15 +50,15 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     Qr_prod_3 = Q_at_2 * Qr_prod  # (…, μ, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
     # Kr_<μτcj> = K_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) K_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
-    K_at = K[..., Kr_pos]  # (…, μ, τ, c, j)
-    Kr_prod_2 = K_at * Kr_cos[:, None]  # (…, μ, τ, c, j)
-    K_at_2 = K[..., Kr_pos_2]  # (…, μ, τ, c, j)
-    Kr_prod_3 = K_at_2 * Kr_prod  # (…, μ, τ, c, j)
-    Kr = Kr_prod_2 + Kr_prod_3  # (…, μ, τ, c, j)
+    K_at = K[..., Qr_pos]  # (…, μ, τ, c, j)
+    Kr_prod = K_at * Qr_cos[:, None]  # (…, μ, τ, c, j)
+    K_at_2 = K[..., Qr_pos_2]  # (…, μ, τ, c, j)
+    Kr_prod_2 = K_at_2 * Qr_prod  # (…, μ, τ, c, j)
+    Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
     # Qp_<μτp> = Q_<μτ[2 d_r + p]>
     Qp = Q[..., Qp_pos]  # (…, μ, τ, p)
     # Kp_<μτp> = K_<μτ[2 d_r + p]>
-    Kp = K[..., Kp_pos]  # (…, μ, τ, p)
+    Kp = K[..., Qp_pos]  # (…, μ, τ, p)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r + d_p) + Qp_<μτp> Kp_<μτ'p> / sqrt(2 d_r + d_p) + M_<ττ'>
     Qr_scaled = Qr / math.sqrt(d_p + 2*d_r)  # (…, μ, τ, c, j)
     S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')
