@@ -134,7 +134,11 @@ class Emitter(KernelSteps, Values):
 
     def step_Add(self, step: Add) -> str:
         terms = [self.arg(a, step.out.dims) for a in step.args]
-        return f"{self.var(step.out)} = {' + '.join(terms)}"
+        signs = step.signs or (1,) * len(terms)
+        code = ("-" if signs[0] < 0 else "") + terms[0]
+        for term, sign in zip(terms[1:], signs[1:]):
+            code += f" {'-' if sign < 0 else '+'} {term}"
+        return f"{self.var(step.out)} = {code}"
 
     def step_Rename(self, step: Rename) -> str:
         return f"{self.var(step.out)} = {self.arg(step.arg, step.out.dims)}"

@@ -216,9 +216,13 @@ class Planner(Products):
         if form is not None and form.bias is not None and whole(form):
             return self.linear(form, hint + "_proj")
         # Smallest tensors first, numbers last: `M + P + S` adds the masks once, not per head.
-        args = sorted((self.node(term, hint) for term in node.terms), key=_planning_elements)
+        terms = sorted(
+            ((self.node(t, hint), sign) for t, sign in map(_signed, node.terms)),
+            key=lambda pair: _planning_elements(pair[0]),
+        )
+        args, signs = tuple(a for a, _ in terms), tuple(s for _, s in terms)
         out = Operand(self.var(hint + "_sum"), self.ordered(node.free), any(map(_batched, args)))
-        return self.add(Add(out, tuple(args)))
+        return self.add(Add(out, args, signs if -1 in signs else ()))
 
     def node_Apply(self, node: ir.Apply, hint: str) -> Arg:
         args = tuple(self.node(arg, hint) for arg in node.args)
@@ -238,6 +242,15 @@ class Planner(Products):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+
+def _signed(term: ir.Node) -> tuple[ir.Node, int]:
+    """A term `-x` as (x, -1), so that it is subtracted; any other term as (term, 1)."""
+    if isinstance(term, ir.Product) and len(term.factors) == 2 and not term.summed:
+        minus = [f for f in term.factors if isinstance(f, ir.Field) and f.expr == -1]
+        if minus:
+            return next(f for f in term.factors if f is not minus[0]), -1
+    return term, 1
 
 
 def _signature(step: Step) -> tuple | None:

@@ -8,9 +8,10 @@ import sympy
 
 from .. import ir
 from ..ir import Index
+from ..ir.einstein import denominator
 from .fusion import linear_form, whole
 from .order import pairwise, planning_count
-from .steps import Arg, Contract, Number, Operand
+from .steps import Arg, Contract, Elementwise, Number, Operand
 
 
 class Products:
@@ -20,6 +21,10 @@ class Products:
         form = linear_form(node)
         if form is not None and whole(form):
             return self.linear(form, hint + "_proj")
+        below = [f for f in node.factors if denominator(f)]
+        summed_below = set(node.summed) & {i for f in below for i in f.free}
+        if below and len(below) < len(node.factors) and not summed_below:
+            return self.quotient(node, below, hint)
         scale = sympy.Integer(1)
         tensors: list[Operand] = []
         for factor in node.factors:
@@ -31,6 +36,16 @@ class Products:
         if len(tensors) <= 2:
             return self.contract(tensors, node.free, scale, hint)
         return self.contract_path(tensors, node, scale, hint)
+
+    def quotient(self, node: ir.Product, below: list[ir.Node], hint: str) -> Arg:
+        """`a / b` written as a division: the numerator's sums stay above the bar."""
+        above = [f for f in node.factors if f not in below]
+        numerator = ir.Product(tuple(above), node.summed, node.span) if len(above) > 1 else above[0]
+        bases = tuple(f.args[0] for f in below)
+        divisor = ir.Product(bases, (), node.span) if len(bases) > 1 else bases[0]
+        args = (self.node(numerator, hint), self.node(divisor, hint))
+        out = Operand(self.var(hint + "_div"), self.ordered(node.free), any(map(_batched, args)))
+        return self.add(Elementwise(out, "/", args))
 
     def contract(
         self, args: list[Operand], dims: tuple[Index, ...], scale: sympy.Basic, hint: str
@@ -68,3 +83,7 @@ class Products:
             )
             pending.append(self.contract(chosen, dims, scale if last else sympy.Integer(1), hint))
         return pending[0]
+
+
+def _batched(arg: Arg) -> bool:
+    return isinstance(arg, Operand) and arg.batched

@@ -90,8 +90,11 @@ class Contract:
 
 @dataclass(frozen=True)
 class Add:
+    """A sum of terms; `signs` (when given) subtracts the terms marked -1."""
+
     out: Operand
     args: tuple[Arg, ...]
+    signs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

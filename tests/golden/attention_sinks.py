@@ -41,8 +41,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A_softmax = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
-    A_prod = sinks_split * -1  # (g, r)
-    A_sum = A_prod[:, :, None] + L  # (…, g, r, τ)
+    A_sum = -sinks_split[:, :, None] + L  # (…, g, r, τ)
     A_sigmoid = torch.sigmoid(A_sum)  # (…, g, r, τ)
     A = A_softmax * A_sigmoid[..., :, :, :, None]  # (…, g, r, τ, τ')
     # O_<grτa> = A_<grττ'> V_<gτ'a>

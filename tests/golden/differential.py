@@ -42,8 +42,7 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     lambda__exp = torch.exp(lambda__prod)  # ()
     lambda__prod_2 = einsum(lambda_q2, lambda_k2, "a, a -> ")  # ()
     lambda__exp_2 = torch.exp(lambda__prod_2)  # ()
-    lambda__prod_3 = lambda__exp_2 * -1  # ()
-    lambda_ = lambda__exp + lambda__prod_3 + lambda_init  # ()
+    lambda_ = lambda__exp - lambda__exp_2 + lambda_init  # ()
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     lambda__scaled = lambda_ * -1  # ()
     D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
