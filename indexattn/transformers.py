@@ -78,19 +78,37 @@ def additive_mask(mask: torch.Tensor | None, like: torch.Tensor, n_keys: int) ->
 
 
 class SpecAttention(nn.Module):
-    """A transformers attention layer whose work is done by a spec's module (no KV cache)."""
+    """A transformers attention layer whose work is done by a spec's module, and with a key/value
+    cache by a decode spec's module sharing its parameters: the cache's first step (the prompt) runs
+    the layer's spec, which also returns the keys and values to keep; each later step runs the
+    decode spec on the cached ones."""
 
-    def __init__(self, layer: nn.Module, spec: CompiledSpec) -> None:
+    def __init__(self, layer: nn.Module, spec: CompiledSpec, decode: CompiledSpec | None) -> None:
         super().__init__()
         self.spec = from_transformers(layer, spec)
+        self.decode = None
+        if decode is not None:  # one set of weights: the decode module holds the spec module's
+            self.decode = decode.module(**self.spec.sizes, **self.spec.scalars)
+            self.decode._parameters.update(self.spec._parameters)
         self.config = layer.config
         self.layer_idx = layer.layer_idx
 
-    def _no_cache(self, past_key_values) -> None:
-        if past_key_values is not None:
+    def _cached(self, cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cached keys and values of this layer, or None before the first step."""
+        if cache is None or cache.get_seq_length(self.layer_idx) == 0:
+            return None
+        if self.decode is None:
             raise NotImplementedError(
-                "swap_attention has no KV cache yet: call the model with use_cache=False"
+                "a key/value cache needs swap_attention(model, spec, decode=...),"
+                " or call the model with use_cache=False"
             )
+        layer = cache.layers[self.layer_idx]
+        return layer.keys, layer.values
+
+    def _keep(self, cache, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
+        """Append the new tokens' keys and values [batch, heads, n, d_k] to the cache."""
+        if cache is not None:
+            cache.update(keys[..., -n:, :], values[..., -n:, :], self.layer_idx)
 
 
 class GPT2SpecAttention(SpecAttention):
@@ -106,11 +124,19 @@ class GPT2SpecAttention(SpecAttention):
         output_attentions: bool | None = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self._no_cache(past_key_values)
         if encoder_hidden_states is not None:
             raise NotImplementedError("cross-attention is not in specs/models/gpt2.attn")
         n = hidden_states.shape[-2]
-        return self.spec(hidden_states, additive_mask(attention_mask, hidden_states, n))
+        cached = self._cached(past_key_values)
+        if cached is None:
+            mask = additive_mask(attention_mask, hidden_states, n)
+            out, weights, keys, values = self.spec(hidden_states, mask)
+        else:
+            mask = additive_mask(attention_mask, hidden_states, cached[0].shape[-2] + n)
+            out, keys, values = self.decode(hidden_states, *cached, mask)
+            weights = None
+        self._keep(past_key_values, keys, values, n)
+        return out, weights
 
 
 class LlamaSpecAttention(SpecAttention):
@@ -125,31 +151,47 @@ class LlamaSpecAttention(SpecAttention):
         past_key_values=None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self._no_cache(past_key_values)
         n = hidden_states.shape[-2]
+        cached = self._cached(past_key_values)
+        n_c = 0 if cached is None else cached[0].shape[-2]
         positions = kwargs.get("position_ids")
         if positions is None:
-            positions = torch.arange(n, device=hidden_states.device)
-        mask = additive_mask(attention_mask, hidden_states, n)
-        out, weights = self.spec(hidden_states, positions, mask)
-        return out, weights.flatten(-4, -3)  # heads (g r), as transformers returns them
+            positions = torch.arange(n_c, n_c + n, device=hidden_states.device)
+        mask = additive_mask(attention_mask, hidden_states, n_c + n)
+        if cached is None:
+            out, weights, keys, values = self.spec(hidden_states, positions, mask)
+            weights = weights.flatten(-4, -3)  # heads (g r), as transformers returns them
+        else:
+            keys = cached[0].unflatten(-1, (2, -1))  # features in halves (c j)
+            out, keys, values = self.decode(hidden_states, positions, keys, cached[1], mask)
+            weights = None
+        self._keep(past_key_values, keys.flatten(-2), values, n)
+        return out, weights
 
 
-def swap_attention(model: nn.Module, spec: CompiledSpec | str | Path) -> nn.Module:
+def swap_attention(
+    model: nn.Module,
+    spec: CompiledSpec | str | Path,
+    decode: CompiledSpec | str | Path | None = None,
+) -> nn.Module:
     """Replace every GPT-2 or Llama attention layer of `model` by the spec, in place.
 
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
     Each replacement holds a copy of the layer's weights (under `.spec`) and has the layer's
-    forward signature; the model then runs without a KV cache (use_cache=False).
+    forward signature. Without a `decode` spec (specs/models/gpt2_decode.attn,
+    llama3_decode.attn) the model runs without a KV cache (use_cache=False); with one,
+    generate() runs with its cache.
     """
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
     from transformers.models.llama.modeling_llama import LlamaAttention
 
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    if decode is not None and not isinstance(decode, CompiledSpec):
+        decode = compile_spec(decode)
     wrappers = {GPT2Attention: GPT2SpecAttention, LlamaAttention: LlamaSpecAttention}
     swaps = [
-        (parent, name, wrappers[type(child)](child, spec))
+        (parent, name, wrappers[type(child)](child, spec, decode))
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) in wrappers and not getattr(child, "is_cross_attention", False)

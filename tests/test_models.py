@@ -8,6 +8,11 @@ softmax in float32 (softmax(..., dtype=torch.float32)), which would cap the agre
 the model tests give the model a float64 rotary table, so 1e-10 holds everywhere.
 """
 
+import operator
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -21,17 +26,19 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaAttention  # noqa: E402
 
+ROOT = Path(__file__).parent.parent
 TOL = {"atol": 1e-10, "rtol": 0}
 B, N = 2, 6
 
-GPT2 = indexattn.compile_spec("specs/models/gpt2.attn")
-LLAMA3 = indexattn.compile_spec("specs/models/llama3.attn")
+GPT2 = indexattn.compile_spec(ROOT / "specs/models/gpt2.attn")
+LLAMA3 = indexattn.compile_spec(ROOT / "specs/models/llama3.attn")
 
 
 def gpt2_config(**kw):
     return GPT2Config(
         vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=4,
-        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, attn_implementation="eager", **kw,
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=None,
+        attn_implementation="eager", **kw,
     )  # fmt: skip
 
 
@@ -39,7 +46,7 @@ def llama_config(**kw):
     return LlamaConfig(
         vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, eos_token_id=None,
         attn_implementation="sdpa", **kw,
     )  # fmt: skip
 
@@ -71,16 +78,16 @@ def rotary(positions: torch.Tensor, d_k: int, theta: float):
     return emb.cos(), emb.sin()
 
 
-def run_gpt2(layer, module, x, mask):
+def run_gpt2(layer, module, x, mask, **kw):
     ours = module(x, mask[:, 0])
-    theirs = layer(x, attention_mask=mask)
+    theirs = layer(x, attention_mask=mask, **kw)
     return ours, theirs
 
 
-def run_llama(layer, module, x, mask, positions):
+def run_llama(layer, module, x, mask, positions, **kw):
     ours = module(x, positions, mask[:, 0])
     cos_sin = rotary(positions, layer.head_dim, layer.config.rope_parameters["rope_theta"])
-    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask)
+    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask, **kw)
     return ours, theirs
 
 
@@ -108,7 +115,7 @@ def _ascii(key: str) -> str:
 def compare(layer, module, x, extra, run):
     """Outputs, attention weights, and gradients of a random loss to the input and every
     weight: the spec's module against the transformers layer."""
-    (y, a), (y_hf, a_hf) = run(layer, module, x, *extra)
+    (y, a, *_), (y_hf, a_hf) = run(layer, module, x, *extra)
     torch.testing.assert_close(y, y_hf, **TOL)
     if a_hf is not None:  # sdpa returns no weights
         torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **TOL)
@@ -160,7 +167,7 @@ def float64_rotary(model):
 
 def gpt2_model():
     torch.manual_seed(0)
-    return GPT2LMHeadModel(gpt2_config()).double().eval(), GPT2
+    return randomise(GPT2LMHeadModel(gpt2_config())).double().eval(), GPT2
 
 
 def llama_model():
@@ -198,6 +205,90 @@ def test_swapped_model_with_one_perturbed_weight_differs(name):
     hf.swap_attention(model, spec)
     swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
     with torch.no_grad():
-        next(iter(swapped.spec.parameters()))[0, 0] += 1e-6
+        next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
     with pytest.raises(AssertionError):
         torch.testing.assert_close(logits(model, ids, None), before, **TOL)
+
+
+# --- generate() with the key/value cache, through the decode specs ---------------------------
+
+DECODE = {
+    "gpt2": indexattn.compile_spec(ROOT / "specs/models/gpt2_decode.attn"),
+    "llama3": indexattn.compile_spec(ROOT / "specs/models/llama3_decode.attn"),
+}
+
+
+def generate(model, ids):
+    """Greedy decoding with the cache on: the tokens, and every step's float64 logits (read off
+    lm_head: generate() itself hands its logits back in float32)."""
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[:, -1]))
+    with torch.no_grad():
+        tokens = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+            use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+    hook.remove()
+    assert all(step.dtype == torch.float64 for step in logits)
+    return tokens, torch.stack(logits)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_generates_the_same_with_its_cache(name):
+    model, spec = MODELS[name]()
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    tokens, steps = generate(model, ids)
+    hf.swap_attention(model, spec, decode=DECODE[name])
+    calls = []
+    for m in model.modules():
+        if isinstance(m, hf.SpecAttention):
+            assert all(map(operator.is_, m.decode.parameters(), m.spec.parameters()))
+            m.decode.register_forward_hook(lambda *_: calls.append(1))
+    tokens_swapped, steps_swapped = generate(model, ids)
+    assert len(calls) == 2 * 3  # two layers, the three steps after the prompt
+    assert torch.equal(tokens_swapped, tokens)
+    torch.testing.assert_close(steps_swapped, steps, **TOL)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_with_a_perturbed_weight_generates_differently(name):
+    """The twin: a weight nudged in the swapped layer (shared by its spec and decode modules)
+    changes the prompt's logits and every later step's, and is caught."""
+    model, spec = MODELS[name]()
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    _, steps = generate(model, ids)
+    hf.swap_attention(model, spec, decode=DECODE[name])
+    swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
+    with torch.no_grad():
+        next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
+    _, steps_swapped = generate(model, ids)
+    for step, step_swapped in zip(steps, steps_swapped):
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(step_swapped, step, **TOL)
+
+
+def test_a_cache_without_a_decode_spec_is_refused():
+    model, spec = gpt2_model()
+    hf.swap_attention(model, spec)
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(NotImplementedError, match="decode="):
+        generate(model, ids)
+
+
+def test_indexattn_never_imports_transformers_unasked():
+    code = (
+        "import sys, indexattn\n"
+        "indexattn.compile_spec('specs/models/llama3.attn').module(d_m=8, h_kv=2, n_rep=2, d_r=2)\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_spec_returns_the_keys_and_values_transformers_caches(name):
+    layer, x, extra, run, spec = CASES[name]()
+    module = hf.from_transformers(layer, spec)
+    cache = transformers.DynamicCache(config=layer.config)
+    (*_, k, v), _ = run(layer, module, x, *extra, past_key_values=cache)
+    torch.testing.assert_close(k.flatten(3) if k.dim() == 5 else k, cache.layers[0].keys, **TOL)
+    torch.testing.assert_close(v, cache.layers[0].values, **TOL)
