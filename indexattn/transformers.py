@@ -1,0 +1,203 @@
+"""Hugging Face transformers' attention layers as specs: load their weights, swap them in.
+
+>>> import indexattn, indexattn.transformers as hf  # doctest: +SKIP
+>>> module = hf.from_transformers(model.transformer.h[0].attn, "specs/models/gpt2.attn")
+>>> hf.swap_attention(model, "specs/models/gpt2.attn")  # every GPT2Attention runs the spec
+
+transformers is imported only by this module, and only when it is used: it is an optional
+extra (`pip install indexattn[transformers]`), never a requirement of the compiler. The specs
+under `specs/models/` declare their parameters in the checkpoint's own names and layouts, so
+loading a layer is a rename (dots become underscores), never a reshuffle of the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .runtime import CompiledSpec, SpecModule, compile_spec
+
+
+def from_transformers(layer: nn.Module, spec: CompiledSpec | str | Path) -> SpecModule:
+    """The spec's module holding a copy of `layer`'s weights, in their dtype and device.
+
+    >>> module = from_transformers(GPT2Attention(config, layer_idx=0), "specs/models/gpt2.attn")
+    ... # doctest: +SKIP
+
+    `layer` is a GPT2Attention or a LlamaAttention (or one with the same attributes); its
+    sizes and rotary base are read from it and its config.
+    """
+    spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
+    known = _sizes_and_scalars(layer)
+    module = spec.module(**{k: v for k, v in known.items() if k in wanted})
+    weights = {k.replace(".", "_"): v.detach().clone() for k, v in layer.state_dict().items()}
+    module.load_state_dict(weights, assign=True)  # assign: keep the layer's dtype and device
+    return module.train(layer.training)
+
+
+def _sizes_and_scalars(layer: nn.Module) -> dict:
+    config = layer.config
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
+    if getattr(config, "scale_attn_weights", True) is False:
+        raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
+    d_m = config.hidden_size
+    heads = config.num_attention_heads
+    d_k = getattr(layer, "head_dim", d_m // heads)
+    h_kv = getattr(config, "num_key_value_heads", None) or heads
+    known = {"d_m": d_m, "h": heads, "d_k": d_k, "h_kv": h_kv, "n_rep": heads // h_kv}
+    known["d_r"] = d_k // 2
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope:
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rope_type {rope['rope_type']!r}: the spec computes default RoPE")
+        known["rope_theta"] = float(rope["rope_theta"])
+    return known
+
+
+def additive_mask(mask: torch.Tensor | None, like: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """transformers' attention_mask as the specs take it: additive, without the head axis.
+
+    The model hands its layers a 4D mask `[batch, 1, queries, keys]`, float (0 keeps, the
+    dtype's minimum hides), boolean (True keeps), or None where sdpa may skip a causal mask.
+    """
+    n = like.shape[-2]
+    if mask is None:
+        above = torch.ones(n, n_keys, dtype=torch.bool, device=like.device).triu(n_keys - n + 1)
+        return torch.zeros(n, n_keys, dtype=like.dtype, device=like.device).masked_fill(
+            above, -torch.inf
+        )
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill(
+            ~mask, -torch.inf
+        )
+    return mask[:, 0].to(like.dtype)
+
+
+class SpecAttention(nn.Module):
+    """A transformers attention layer whose work is done by a spec's module, and with a key/value
+    cache by a decode spec's module sharing its parameters: the cache's first step (the prompt) runs
+    the layer's spec, which also returns the keys and values to keep; each later step runs the
+    decode spec on the cached ones."""
+
+    def __init__(self, layer: nn.Module, spec: CompiledSpec, decode: CompiledSpec | None) -> None:
+        super().__init__()
+        self.spec = from_transformers(layer, spec)
+        self.decode = None
+        if decode is not None:  # one set of weights: the decode module holds the spec module's
+            self.decode = decode.module(**self.spec.sizes, **self.spec.scalars)
+            self.decode._parameters.update(self.spec._parameters)
+        self.config = layer.config
+        self.layer_idx = layer.layer_idx
+
+    def _cached(self, cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cached keys and values of this layer, or None before the first step."""
+        if cache is None or cache.get_seq_length(self.layer_idx) == 0:
+            return None
+        if self.decode is None:
+            raise NotImplementedError(
+                "a key/value cache needs swap_attention(model, spec, decode=...),"
+                " or call the model with use_cache=False"
+            )
+        layer = cache.layers[self.layer_idx]
+        return layer.keys, layer.values
+
+    def _keep(self, cache, keys: torch.Tensor, values: torch.Tensor, n: int) -> None:
+        """Append the new tokens' keys and values [batch, heads, n, d_k] to the cache."""
+        if cache is not None:
+            cache.update(keys[..., -n:, :], values[..., -n:, :], self.layer_idx)
+
+
+class GPT2SpecAttention(SpecAttention):
+    """GPT2Attention's forward, computed by specs/models/gpt2.attn (self-attention only)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if encoder_hidden_states is not None:
+            raise NotImplementedError("cross-attention is not in specs/models/gpt2.attn")
+        n = hidden_states.shape[-2]
+        cached = self._cached(past_key_values)
+        if cached is None:
+            mask = additive_mask(attention_mask, hidden_states, n)
+            out, weights, keys, values = self.spec(hidden_states, mask)
+        else:
+            mask = additive_mask(attention_mask, hidden_states, cached[0].shape[-2] + n)
+            out, keys, values = self.decode(hidden_states, *cached, mask)
+            weights = None
+        self._keep(past_key_values, keys, values, n)
+        return out, weights
+
+
+class LlamaSpecAttention(SpecAttention):
+    """LlamaAttention's forward, computed by specs/models/llama3.attn: the rotary angles come
+    from position_ids, not from position_embeddings (which are ignored)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden_states.shape[-2]
+        cached = self._cached(past_key_values)
+        n_c = 0 if cached is None else cached[0].shape[-2]
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(n_c, n_c + n, device=hidden_states.device)
+        mask = additive_mask(attention_mask, hidden_states, n_c + n)
+        if cached is None:
+            out, weights, keys, values = self.spec(hidden_states, positions, mask)
+            weights = weights.flatten(-4, -3)  # heads (g r), as transformers returns them
+        else:
+            keys = cached[0].unflatten(-1, (2, -1))  # features in halves (c j)
+            out, keys, values = self.decode(hidden_states, positions, keys, cached[1], mask)
+            weights = None
+        self._keep(past_key_values, keys.flatten(-2), values, n)
+        return out, weights
+
+
+def swap_attention(
+    model: nn.Module,
+    spec: CompiledSpec | str | Path,
+    decode: CompiledSpec | str | Path | None = None,
+) -> nn.Module:
+    """Replace every GPT-2 or Llama attention layer of `model` by the spec, in place.
+
+    >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
+
+    Each replacement holds a copy of the layer's weights (under `.spec`) and has the layer's
+    forward signature. Without a `decode` spec (specs/models/gpt2_decode.attn,
+    llama3_decode.attn) the model runs without a KV cache (use_cache=False); with one,
+    generate() runs with its cache.
+    """
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    if decode is not None and not isinstance(decode, CompiledSpec):
+        decode = compile_spec(decode)
+    wrappers = {GPT2Attention: GPT2SpecAttention, LlamaAttention: LlamaSpecAttention}
+    swaps = [
+        (parent, name, wrappers[type(child)](child, spec, decode))
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) in wrappers and not getattr(child, "is_cross_attention", False)
+    ]
+    if not swaps:
+        raise ValueError(f"no GPT2Attention or LlamaAttention in {type(model).__name__}")
+    for parent, name, wrapper in swaps:
+        setattr(parent, name, wrapper)
+    return model

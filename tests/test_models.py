@@ -1,0 +1,294 @@
+"""specs/models/ against transformers' own attention layers, and swapped into whole models.
+
+Tiny models built from configs with random weights (nothing is downloaded), float64, eval.
+GPT-2 runs transformers' "eager" attention. Llama runs "sdpa": its eager path takes the
+softmax in float32 (softmax(..., dtype=torch.float32)), which would cap the agreement near
+1e-7; sdpa keeps float64. Llama's rotary table is computed by transformers in float32
+(LlamaRotaryEmbedding.forward); the layer tests hand the layer angles computed in float64 and
+the model tests give the model a float64 rotary table, so 1e-10 holds everywhere.
+"""
+
+import operator
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import indexattn
+
+transformers = pytest.importorskip("transformers")
+hf = pytest.importorskip("indexattn.transformers")
+
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.gpt2.modeling_gpt2 import GPT2Attention  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaAttention  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+TOL = {"atol": 1e-10, "rtol": 0}
+B, N = 2, 6
+
+GPT2 = indexattn.compile_spec(ROOT / "specs/models/gpt2.attn")
+LLAMA3 = indexattn.compile_spec(ROOT / "specs/models/llama3.attn")
+
+
+def gpt2_config(**kw):
+    return GPT2Config(
+        vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=4,
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=None,
+        attn_implementation="eager", **kw,
+    )  # fmt: skip
+
+
+def llama_config(**kw):
+    return LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, eos_token_id=None,
+        attn_implementation="sdpa", **kw,
+    )  # fmt: skip
+
+
+def randomise(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Every weight and bias random, so that no zero bias hides a layout mistake."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return module
+
+
+def causal_mask(n: int, padded: dict) -> torch.Tensor:
+    """transformers' 4D additive mask [B, 1, N, N]: causal, and key t of batch b hidden for each
+    (b, t) in `padded` (never key 0, so that no query row is hidden everywhere)."""
+    mask = torch.zeros(B, 1, n, n, dtype=torch.float64)
+    mask.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+    for b, t in padded.items():
+        mask[b, :, :, t] = torch.finfo(torch.float64).min
+    return mask
+
+
+def rotary(positions: torch.Tensor, d_k: int, theta: float):
+    """cos and sin as transformers' LlamaRotaryEmbedding makes them, but in float64."""
+    inv_freq = theta ** -(torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    freqs = positions[..., None].double() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def run_gpt2(layer, module, x, mask, **kw):
+    ours = module(x, mask[:, 0])
+    theirs = layer(x, attention_mask=mask, **kw)
+    return ours, theirs
+
+
+def run_llama(layer, module, x, mask, positions, **kw):
+    ours = module(x, positions, mask[:, 0])
+    cos_sin = rotary(positions, layer.head_dim, layer.config.rope_parameters["rope_theta"])
+    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask, **kw)
+    return ours, theirs
+
+
+def gpt2_case():
+    layer = randomise(GPT2Attention(gpt2_config(), layer_idx=0)).double().eval()
+    x = torch.randn(B, N, 16, dtype=torch.float64, requires_grad=True)
+    return layer, x, (causal_mask(N, {1: 2}),), run_gpt2, GPT2
+
+
+def llama_case():
+    layer = randomise(LlamaAttention(llama_config(), layer_idx=0)).double().eval()
+    x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([list(range(N)), list(range(3, 3 + N))])  # batch 1 starts at 3
+    return layer, x, (causal_mask(N, {1: 4}), positions), run_llama, LLAMA3
+
+
+CASES = {"gpt2": gpt2_case, "llama3": llama_case}
+
+
+def _ascii(key: str) -> str:
+    """A transformers state_dict key as the spec's parameter name: dots become underscores."""
+    return key.replace(".", "_")
+
+
+def compare(layer, module, x, extra, run):
+    """Outputs, attention weights, and gradients of a random loss to the input and every
+    weight: the spec's module against the transformers layer."""
+    (y, a, *_), (y_hf, a_hf) = run(layer, module, x, *extra)
+    torch.testing.assert_close(y, y_hf, **TOL)
+    if a_hf is not None:  # sdpa returns no weights
+        torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **TOL)
+    probe = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    params = dict(module.named_parameters())
+    names, weights = zip(*layer.named_parameters())
+    ours = torch.autograd.grad((y * probe).sum(), [x, *(params[_ascii(n)] for n in names)])
+    theirs = torch.autograd.grad((y_hf * probe).sum(), [x, *weights])
+    assert len(ours) == len(theirs) == len(names) + 1
+    for name, g, g_hf in zip(["input", *names], ours, theirs):
+        torch.testing.assert_close(g, g_hf, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_spec_is_the_transformers_layer(name):
+    layer, x, extra, run, spec = CASES[name]()
+    module = hf.from_transformers(layer, spec)
+    assert sorted(dict(module.named_parameters())) == sorted(
+        _ascii(k) for k, _ in layer.named_parameters()
+    )
+    compare(layer, module, x, extra, run)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_perturbed_weight_is_caught(name):
+    """The twin: the same comparison fails when one weight of the spec's copy is nudged."""
+    layer, x, extra, run, spec = CASES[name]()
+    module = hf.from_transformers(layer, spec)
+    with torch.no_grad():
+        next(iter(module.parameters()))[0, 0] += 1e-6
+    with pytest.raises(AssertionError):
+        compare(layer, module, x, extra, run)
+
+
+# --- whole models, every attention layer swapped --------------------------------------------
+
+
+def float64_rotary(model):
+    """Give a Llama model the float64 rotary table: transformers computes it in float32."""
+    config = model.config
+    d_k = config.hidden_size // config.num_attention_heads
+
+    def forward(x, position_ids):
+        return rotary(position_ids, d_k, config.rope_parameters["rope_theta"])
+
+    model.model.rotary_emb.forward = forward
+    return model
+
+
+def gpt2_model():
+    torch.manual_seed(0)
+    return randomise(GPT2LMHeadModel(gpt2_config())).double().eval(), GPT2
+
+
+def llama_model():
+    torch.manual_seed(0)
+    model = randomise(LlamaForCausalLM(llama_config())).double().eval()
+    return float64_rotary(model), LLAMA3
+
+
+MODELS = {"gpt2": gpt2_model, "llama3": llama_model}
+
+
+def logits(model, ids, padding):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_gives_the_same_logits(name):
+    model, spec = MODELS[name]()
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
+    padding = torch.ones(B, N, dtype=torch.long)
+    padding[1, :2] = 0  # batch 1 is left-padded by two tokens
+    before = logits(model, ids, padding)
+    hf.swap_attention(model, spec)
+    assert sum(isinstance(m, hf.SpecAttention) for m in model.modules()) == 2
+    after = logits(model, ids, padding)
+    torch.testing.assert_close(after[:, :], before, **TOL)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_with_one_perturbed_weight_differs(name):
+    model, spec = MODELS[name]()
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
+    before = logits(model, ids, None)
+    hf.swap_attention(model, spec)
+    swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
+    with torch.no_grad():
+        next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(logits(model, ids, None), before, **TOL)
+
+
+# --- generate() with the key/value cache, through the decode specs ---------------------------
+
+DECODE = {
+    "gpt2": indexattn.compile_spec(ROOT / "specs/models/gpt2_decode.attn"),
+    "llama3": indexattn.compile_spec(ROOT / "specs/models/llama3_decode.attn"),
+}
+
+
+def generate(model, ids):
+    """Greedy decoding with the cache on: the tokens, and every step's float64 logits (read off
+    lm_head: generate() itself hands its logits back in float32)."""
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[:, -1]))
+    with torch.no_grad():
+        tokens = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+            use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+    hook.remove()
+    assert all(step.dtype == torch.float64 for step in logits)
+    return tokens, torch.stack(logits)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_generates_the_same_with_its_cache(name):
+    model, spec = MODELS[name]()
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    tokens, steps = generate(model, ids)
+    hf.swap_attention(model, spec, decode=DECODE[name])
+    calls = []
+    for m in model.modules():
+        if isinstance(m, hf.SpecAttention):
+            assert all(map(operator.is_, m.decode.parameters(), m.spec.parameters()))
+            m.decode.register_forward_hook(lambda *_: calls.append(1))
+    tokens_swapped, steps_swapped = generate(model, ids)
+    assert len(calls) == 2 * 3  # two layers, the three steps after the prompt
+    assert torch.equal(tokens_swapped, tokens)
+    torch.testing.assert_close(steps_swapped, steps, **TOL)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_with_a_perturbed_weight_generates_differently(name):
+    """The twin: a weight nudged in the swapped layer (shared by its spec and decode modules)
+    changes the prompt's logits and every later step's, and is caught."""
+    model, spec = MODELS[name]()
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    _, steps = generate(model, ids)
+    hf.swap_attention(model, spec, decode=DECODE[name])
+    swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
+    with torch.no_grad():
+        next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
+    _, steps_swapped = generate(model, ids)
+    for step, step_swapped in zip(steps, steps_swapped):
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(step_swapped, step, **TOL)
+
+
+def test_a_cache_without_a_decode_spec_is_refused():
+    model, spec = gpt2_model()
+    hf.swap_attention(model, spec)
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(NotImplementedError, match="decode="):
+        generate(model, ids)
+
+
+def test_indexattn_never_imports_transformers_unasked():
+    code = (
+        "import sys, indexattn\n"
+        "indexattn.compile_spec('specs/models/llama3.attn').module(d_m=8, h_kv=2, n_rep=2, d_r=2)\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_spec_returns_the_keys_and_values_transformers_caches(name):
+    layer, x, extra, run, spec = CASES[name]()
+    module = hf.from_transformers(layer, spec)
+    cache = transformers.DynamicCache(config=layer.config)
+    (*_, k, v), _ = run(layer, module, x, *extra, past_key_values=cache)
+    torch.testing.assert_close(k.flatten(3) if k.dim() == 5 else k, cache.layers[0].keys, **TOL)
+    torch.testing.assert_close(v, cache.layers[0].values, **TOL)
