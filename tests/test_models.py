@@ -292,3 +292,16 @@ def test_spec_returns_the_keys_and_values_transformers_caches(name):
     (*_, k, v), _ = run(layer, module, x, *extra, past_key_values=cache)
     torch.testing.assert_close(k.flatten(3) if k.dim() == 5 else k, cache.layers[0].keys, **TOL)
     torch.testing.assert_close(v, cache.layers[0].values, **TOL)
+
+
+MODEL_SPECS = sorted((ROOT / "specs" / "models").glob("*.attn"))
+
+
+@pytest.mark.parametrize("path", MODEL_SPECS, ids=lambda p: p.stem)
+def test_model_specs_equal_the_literal_reading(path):
+    from indexattn.oracle import verify
+
+    spec = indexattn.compile_spec(path)
+    for batch in ((), (2,)):
+        assert verify.compare(spec, batch=batch).ok
+    assert spec.latex().startswith("\\begin{align}")
