@@ -77,6 +77,7 @@ class CompiledSpec:
         self.size_names = frozenset(self.ir.size_asciis)
         self.arguments = tuple(t.ascii for t in self.ir.arguments)
         self._like = self.ir.arguments.index(self.ir.like)  # sets the device and dtype
+        self._integer = tuple(t.dtype == "int" for t in self.ir.arguments)
         self._shapes: dict = {}
         self._constants: dict = {}
         self._checked: dict = {}
@@ -188,16 +189,15 @@ class CompiledSpec:
             ) from None
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
-        first_name, first = self.ir.like.ascii, tensors[self._like]
+        first = tensors[self._like]
         dtype, device = first.dtype, first.device
-        for tensor, t in zip(self.ir.arguments, tensors):
-            integer = tensor.dtype == "int"
-            if t.device != device or (t.dtype != dtype if not integer else t.is_floating_point()):
+        for name, integer, t in zip(self.arguments, self._integer, tensors):
+            if t.device != device or (t.is_floating_point() if integer else t.dtype != dtype):
                 want = "an integer dtype" if integer else f"{dtype}"
                 raise ShapeError(
-                    f"{self.name}: {tensor.ascii} is {t.dtype} on {t.device}, but it must be "
-                    f"{want} on {device}, as {first_name} sets; convert them to one dtype "
-                    "and device" + (" (integers stay integers)" if integer else "")
+                    f"{self.name}: {name} is {t.dtype} on {t.device}, but it must be "
+                    f"{want} on {device}, as {self.arguments[self._like]} sets; convert them "
+                    "to one dtype and device" + (" (integers stay integers)" if integer else "")
                 )
 
     def param_count(self) -> sympy.Expr:
