@@ -20,42 +20,70 @@ from torch import nn
 from .runtime import CompiledSpec, SpecModule, compile_spec
 
 
-def from_transformers(layer: nn.Module, spec: CompiledSpec | str | Path) -> SpecModule:
+def from_transformers(
+    layer: nn.Module, spec: CompiledSpec | str | Path, **given: float
+) -> SpecModule:
     """The spec's module holding a copy of `layer`'s weights, in their dtype and device.
 
     >>> module = from_transformers(GPT2Attention(config, layer_idx=0), "specs/models/gpt2.attn")
     ... # doctest: +SKIP
 
-    `layer` is a GPT2Attention or a LlamaAttention (or one with the same attributes); its
-    sizes and rotary base are read from it and its config.
+    The spec's sizes and scalars are read off the layer and its config: the usual short names
+    (d_m, h, h_kv, n_rep, d_k, d_r: see `SIZES`), `rope_theta` from the config's rope
+    parameters, and any size or scalar named like a config attribute (`sliding_window`,
+    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value. Keywords override them.
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
-    known = _sizes_and_scalars(layer)
+    known = {**sizes_and_scalars(layer, wanted), **given}
     module = spec.module(**{k: v for k, v in known.items() if k in wanted})
     weights = {k.replace(".", "_"): v.detach().clone() for k, v in layer.state_dict().items()}
     module.load_state_dict(weights, assign=True)  # assign: keep the layer's dtype and device
     return module.train(layer.training)
 
 
-def _sizes_and_scalars(layer: nn.Module) -> dict:
+def _head_dim(layer: nn.Module, config) -> int:
+    d_k = getattr(layer, "head_dim", None) or getattr(config, "head_dim", None)
+    return d_k or config.hidden_size // config.num_attention_heads
+
+
+def _kv_heads(layer: nn.Module, config) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+SIZES = {  # the specs' short size names, read off a layer and its config
+    "d_m": lambda layer, config: config.hidden_size,
+    "h": lambda layer, config: config.num_attention_heads,
+    "h_kv": _kv_heads,
+    "n_rep": lambda layer, config: config.num_attention_heads // _kv_heads(layer, config),
+    "d_k": _head_dim,
+    "d_r": lambda layer, config: _head_dim(layer, config) // 2,
+}
+
+
+def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
+    """The values of the `wanted` sizes and scalars that the layer or its config tells."""
     config = layer.config
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
     if getattr(config, "scale_attn_weights", True) is False:
         raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
-    d_m = config.hidden_size
-    heads = config.num_attention_heads
-    d_k = getattr(layer, "head_dim", d_m // heads)
-    h_kv = getattr(config, "num_key_value_heads", None) or heads
-    known = {"d_m": d_m, "h": heads, "d_k": d_k, "h_kv": h_kv, "n_rep": heads // h_kv}
-    known["d_r"] = d_k // 2
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope:
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"rope_type {rope['rope_type']!r}: the spec computes default RoPE")
-        known["rope_theta"] = float(rope["rope_theta"])
+    known = {}
+    for name in wanted:
+        if name in SIZES:
+            known[name] = SIZES[name](layer, config)
+        elif name == "rope_theta":
+            known[name] = _rope_theta(config)
+        elif getattr(config, name, None) is not None:
+            known[name] = getattr(config, name)
     return known
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type {rope['rope_type']!r}: the spec computes default RoPE")
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
 def additive_mask(mask: torch.Tensor | None, like: torch.Tensor, n_keys: int) -> torch.Tensor:
