@@ -38,8 +38,24 @@ def from_transformers(
     known = {**sizes_and_scalars(layer, wanted), **given}
     module = spec.module(**{k: v for k, v in known.items() if k in wanted})
     weights = {k.replace(".", "_"): v.detach().clone() for k, v in layer.state_dict().items()}
+    _same_weights(layer, spec, weights, module.state_dict())
     module.load_state_dict(weights, assign=True)  # assign: keep the layer's dtype and device
     return module.train(layer.training)
+
+
+def _same_weights(layer: nn.Module, spec: CompiledSpec, weights: dict, declared: dict) -> None:
+    """Refuse, naming them, the weights that only one side has (a Llama layer with
+    attention_bias=True against a spec without biases, say)."""
+    extra, missing = sorted(weights.keys() - declared.keys()), sorted(declared.keys() - weights)
+    sides = [f"the layer has {', '.join(extra)}, which the spec does not declare"] if extra else []
+    sides += [f"the spec declares {', '.join(missing)}, which the layer lacks"] if missing else []
+    if sides:
+        raise ValueError(
+            f"{type(layer).__name__}'s weights are not the parameters of spec {spec.name!r}: "
+            + "; ".join(sides)
+            + ". Write a spec whose parameters are the layer's state_dict keys, dots made"
+            " underscores (specs/models/ has one per family)"
+        )
 
 
 def _head_dim(layer: nn.Module, config) -> int:

@@ -36,7 +36,7 @@ LLAMA3 = indexattn.compile_spec(ROOT / "specs/models/llama3.attn")
 
 def gpt2_config(**kw):
     return GPT2Config(
-        vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=4,
+        vocab_size=40, n_positions=32, n_embd=16, n_layer=2, n_head=4,
         attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=None,
         attn_implementation="eager", **kw,
     )  # fmt: skip
@@ -218,14 +218,25 @@ DECODE = {
 }
 
 
-def generate(model, ids):
+NEW_TOKENS = 20
+
+
+def prompt():
+    """Two prompts of three tokens, the second left-padded by one token."""
+    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
+    padding = torch.ones_like(ids)
+    ids[1, 0], padding[1, 0] = 0, 0
+    return ids, padding
+
+
+def generate(model, ids, padding):
     """Greedy decoding with the cache on: the tokens, and every step's float64 logits (read off
     lm_head: generate() itself hands its logits back in float32)."""
     logits = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[:, -1]))
     with torch.no_grad():
         tokens = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+            ids, attention_mask=padding, max_new_tokens=NEW_TOKENS, do_sample=False,
             use_cache=True, pad_token_id=0,
         )  # fmt: skip
     hook.remove()
@@ -236,16 +247,17 @@ def generate(model, ids):
 @pytest.mark.parametrize("name", MODELS)
 def test_swapped_model_generates_the_same_with_its_cache(name):
     model, spec = MODELS[name]()
-    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
-    tokens, steps = generate(model, ids)
+    ids, padding = prompt()
+    tokens, steps = generate(model, ids, padding)
     hf.swap_attention(model, spec, decode=DECODE[name])
     calls = []
     for m in model.modules():
         if isinstance(m, hf.SpecAttention):
             assert all(map(operator.is_, m.decode.parameters(), m.spec.parameters()))
             m.decode.register_forward_hook(lambda *_: calls.append(1))
-    tokens_swapped, steps_swapped = generate(model, ids)
-    assert len(calls) == 2 * 3  # two layers, the three steps after the prompt
+    tokens_swapped, steps_swapped = generate(model, ids, padding)
+    assert len(calls) == 2 * (NEW_TOKENS - 1)  # two layers, every step after the prompt
+    assert tokens.shape == (B, 3 + NEW_TOKENS)
     assert torch.equal(tokens_swapped, tokens)
     torch.testing.assert_close(steps_swapped, steps, **TOL)
 
@@ -255,24 +267,37 @@ def test_swapped_model_with_a_perturbed_weight_generates_differently(name):
     """The twin: a weight nudged in the swapped layer (shared by its spec and decode modules)
     changes the prompt's logits and every later step's, and is caught."""
     model, spec = MODELS[name]()
-    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
-    _, steps = generate(model, ids)
+    ids, padding = prompt()
+    _, steps = generate(model, ids, padding)
     hf.swap_attention(model, spec, decode=DECODE[name])
     swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
     with torch.no_grad():
         next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
-    _, steps_swapped = generate(model, ids)
+    _, steps_swapped = generate(model, ids, padding)
     for step, step_swapped in zip(steps, steps_swapped):
         with pytest.raises(AssertionError):
             torch.testing.assert_close(step_swapped, step, **TOL)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_swapped_model_reads_the_padding(name):
+    """The mask-bit twin: the same prompts with the padding bit of batch 1 set to 1 give other
+    logits for batch 1, so the equality above holds only if the specs read the padding."""
+    model, spec = MODELS[name]()
+    hf.swap_attention(model, spec, decode=DECODE[name])
+    ids, padding = prompt()
+    _, steps = generate(model, ids, padding)
+    _, steps_unpadded = generate(model, ids, torch.ones_like(padding))
+    torch.testing.assert_close(steps_unpadded[0, 0], steps[0, 0], **TOL)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(steps_unpadded[:, 1], steps[:, 1], **TOL)
+
+
 def test_a_cache_without_a_decode_spec_is_refused():
     model, spec = gpt2_model()
     hf.swap_attention(model, spec)
-    ids = torch.randint(1, 40, (B, 3), generator=torch.Generator().manual_seed(3))
     with pytest.raises(NotImplementedError, match="decode="):
-        generate(model, ids)
+        generate(model, *prompt())
 
 
 def test_indexattn_never_imports_transformers_unasked():
@@ -305,3 +330,11 @@ def test_model_specs_equal_the_literal_reading(path):
     for batch in ((), (2,)):
         assert verify.compare(spec, batch=batch).ok
     assert spec.latex().startswith("\\begin{align}")
+
+
+def test_a_layer_with_other_weights_is_refused_by_name():
+    """Llama with attention_bias=True has biases that specs/models/llama3.attn does not declare."""
+    layer = LlamaAttention(llama_config(attention_bias=True), layer_idx=0)
+    with pytest.raises(ValueError, match=r"the layer has k_proj_bias, o_proj_bias, q_proj_bias"):
+        hf.from_transformers(layer, LLAMA3)
+    assert hf.from_transformers(LlamaAttention(llama_config(), layer_idx=0), LLAMA3) is not None
