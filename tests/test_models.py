@@ -338,3 +338,24 @@ def test_a_layer_with_other_weights_is_refused_by_name():
     with pytest.raises(ValueError, match=r"the layer has k_proj_bias, o_proj_bias, q_proj_bias"):
         hf.from_transformers(layer, LLAMA3)
     assert hf.from_transformers(LlamaAttention(llama_config(), layer_idx=0), LLAMA3) is not None
+
+
+def test_llama_as_transformers_runs_it_at_its_own_precision():
+    """The layer as it is: eager attention (softmax in float32) and transformers' own rotary
+    table (computed in float32). It agrees to float32's precision, not float64's; the tests above
+    remove those two upcasts (sdpa, a float64 table) and agree to 1e-10."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = llama_config()
+    config._attn_implementation = "eager"
+    layer = randomise(LlamaAttention(config, layer_idx=0)).double().eval()
+    module = hf.from_transformers(layer, LLAMA3)
+    x = torch.randn(B, N, 32, dtype=torch.float64)
+    positions = torch.tensor([list(range(N)), list(range(3, 3 + N))])
+    mask = causal_mask(N, {1: 4})
+    cos_sin = LlamaRotaryEmbedding(config)(x, positions)
+    theirs, _ = layer(x, position_embeddings=cos_sin, attention_mask=mask)
+    ours = module(x, positions, mask[:, 0])[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    with pytest.raises(AssertionError):  # float32's rounding is there to see at 1e-10
+        torch.testing.assert_close(ours, theirs, **TOL)
