@@ -359,3 +359,37 @@ def test_llama_as_transformers_runs_it_at_its_own_precision():
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     with pytest.raises(AssertionError):  # float32's rounding is there to see at 1e-10
         torch.testing.assert_close(ours, theirs, **TOL)
+
+
+def at(expr, **sizes) -> int:
+    """A symbolic count at given sizes (its symbols by name)."""
+    return int(expr.subs({s: sizes[str(s)] for s in expr.free_symbols}))
+
+
+REAL = {  # the published sizes: GPT-2 small, Llama-3-8B
+    "gpt2": (
+        GPT2,
+        GPT2Attention,
+        GPT2Config(n_embd=768, n_head=12),
+        {"d_m": 768, "h": 12, "d_k": 64},
+        2_362_368,
+    ),
+    "llama3": (
+        LLAMA3,
+        LlamaAttention,
+        LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8),
+        {"d_m": 4096, "h_kv": 8, "n_rep": 4, "d_r": 64},
+        41_943_040,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_param_count_at_the_real_size_is_the_layers(name):
+    """param_count() at the real model's sizes against the transformers layer built at those
+    sizes on the meta device (no memory), and the figure docs/models.md quotes."""
+    spec, layer_class, config, sizes, quoted = REAL[name]
+    with torch.device("meta"):
+        layer = layer_class(config, layer_idx=0)
+    assert at(spec.param_count(), **sizes) == sum(p.numel() for p in layer.parameters()) == quoted
+    assert at(spec.param_count(), **{**sizes, "d_m": sizes["d_m"] + 1}) != quoted  # the twin
