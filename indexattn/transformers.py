@@ -178,8 +178,9 @@ class GPT2SpecAttention(SpecAttention):
 
 
 class LlamaSpecAttention(SpecAttention):
-    """LlamaAttention's forward, computed by specs/models/llama3.attn: the rotary angles come
-    from position_ids, not from position_embeddings (which are ignored)."""
+    """LlamaAttention's forward, computed by specs/models/llama3.attn (MistralAttention's, the
+    same forward, by mistral.attn): the rotary angles come from position_ids, not from
+    position_embeddings (which are ignored)."""
 
     def forward(
         self,
@@ -212,7 +213,7 @@ def swap_attention(
     spec: CompiledSpec | str | Path,
     decode: CompiledSpec | str | Path | None = None,
 ) -> nn.Module:
-    """Replace every GPT-2 or Llama attention layer of `model` by the spec, in place.
+    """Replace every GPT-2, Llama or Mistral attention layer of `model` by the spec, in place.
 
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
@@ -223,11 +224,16 @@ def swap_attention(
     """
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
     from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.mistral.modeling_mistral import MistralAttention
 
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     if decode is not None and not isinstance(decode, CompiledSpec):
         decode = compile_spec(decode)
-    wrappers = {GPT2Attention: GPT2SpecAttention, LlamaAttention: LlamaSpecAttention}
+    wrappers = {
+        GPT2Attention: GPT2SpecAttention,
+        LlamaAttention: LlamaSpecAttention,
+        MistralAttention: LlamaSpecAttention,
+    }
     swaps = [
         (parent, name, wrappers[type(child)](child, spec, decode))
         for parent in model.modules()
@@ -235,7 +241,7 @@ def swap_attention(
         if type(child) in wrappers and not getattr(child, "is_cross_attention", False)
     ]
     if not swaps:
-        raise ValueError(f"no GPT2Attention or LlamaAttention in {type(model).__name__}")
+        raise ValueError(f"no GPT-2, Llama or Mistral attention in {type(model).__name__}")
     for parent, name, wrapper in swaps:
         setattr(parent, name, wrapper)
     return model

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_models import TOL, B, _ascii, causal_mask, randomise, rotary
+from test_models import TOL, B, _ascii, causal_mask, float64_rotary, logits, randomise, rotary
 
 import indexattn
 from indexattn.views import cost
@@ -31,7 +31,13 @@ from indexattn.views import cost
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
-from transformers import FalconConfig, GPTJConfig, GPTNeoXConfig, MistralConfig  # noqa: E402
+from transformers import (  # noqa: E402
+    FalconConfig,
+    GPTJConfig,
+    GPTNeoXConfig,
+    MistralConfig,
+    MistralForCausalLM,
+)
 from transformers.masking_utils import (  # noqa: E402
     create_causal_mask,
     create_sliding_window_causal_mask,
@@ -305,3 +311,37 @@ def test_param_count_at_a_wrong_size_differs(name):
     assert cost.evaluate(SPECS[name].param_count(), sizes) != sum(
         p.numel() for p in layer.parameters()
     )
+
+
+# --- a whole Mistral with every attention swapped -------------------------------------------
+
+
+def mistral_model():
+    """A tiny 2-layer Mistral, window 3 over 7 tokens, with a float64 rotary table."""
+    torch.manual_seed(0)
+    config = mistral_config(exact=True)
+    config.num_hidden_layers = 2
+    return float64_rotary(randomise(MistralForCausalLM(config)).double().eval())
+
+
+def test_swapped_mistral_gives_the_same_logits():
+    model = mistral_model()
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
+    padding = torch.ones(B, N, dtype=torch.long)
+    padding[1, :2] = 0  # batch 1 is left-padded by two tokens
+    before = logits(model, ids, padding)
+    hf.swap_attention(model, SPECS["mistral"])
+    assert sum(isinstance(m, hf.SpecAttention) for m in model.modules()) == 2
+    torch.testing.assert_close(logits(model, ids, padding), before, **TOL)
+
+
+def test_swapped_mistral_with_one_perturbed_weight_differs():
+    model = mistral_model()
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
+    before = logits(model, ids, None)
+    hf.swap_attention(model, SPECS["mistral"])
+    swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
+    with torch.no_grad():
+        next(iter(swapped.spec.parameters()))[0, 0] += 1e-4
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(logits(model, ids, None), before, **TOL)
