@@ -29,7 +29,7 @@ def from_transformers(
     ... # doctest: +SKIP
 
     The spec's sizes and scalars are read off the layer and its config: the usual short names
-    (d_m, h, h_kv, n_rep, d_k, d_r: see `SIZES`), `rope_theta` from the config's rope
+    (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`), `rope_theta` from the config's rope
     parameters, and any size or scalar named like a config attribute (`sliding_window`,
     `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value. Keywords override them.
     """
@@ -67,13 +67,23 @@ def _kv_heads(layer: nn.Module, config) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+def _rotary_half(layer, config) -> int:
+    """Half the rotated features of a head: of GPT-J's rotary_dim, of the partial_rotary_factor
+    part (GPT-NeoX's rotary_pct), else of the whole head."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    rotated = getattr(config, "rotary_dim", None) or int(_head_dim(layer, config) * factor)
+    return rotated // 2
+
+
 SIZES = {  # the specs' short size names, read off a layer and its config
     "d_m": lambda layer, config: config.hidden_size,
     "h": lambda layer, config: config.num_attention_heads,
     "h_kv": _kv_heads,
     "n_rep": lambda layer, config: config.num_attention_heads // _kv_heads(layer, config),
     "d_k": _head_dim,
-    "d_r": lambda layer, config: _head_dim(layer, config) // 2,
+    "d_r": _rotary_half,  # a rotated head is 2 d_r features, then d_p passed through
+    "d_p": lambda layer, config: _head_dim(layer, config) - 2 * _rotary_half(layer, config),
 }
 
 
@@ -184,8 +194,9 @@ class GPT2SpecAttention(SpecAttention):
 
 
 class LlamaSpecAttention(SpecAttention):
-    """LlamaAttention's forward, computed by specs/models/llama3.attn: the rotary angles come
-    from position_ids, not from position_embeddings (which are ignored)."""
+    """LlamaAttention's forward, computed by specs/models/llama3.attn (MistralAttention's, the
+    same forward, by mistral.attn): the rotary angles come from position_ids, not from
+    position_embeddings (which are ignored)."""
 
     def forward(
         self,
@@ -218,7 +229,7 @@ def swap_attention(
     spec: CompiledSpec | str | Path,
     decode: CompiledSpec | str | Path | None = None,
 ) -> nn.Module:
-    """Replace every GPT-2 or Llama attention layer of `model` by the spec, in place.
+    """Replace every GPT-2, Llama or Mistral attention layer of `model` by the spec, in place.
 
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
@@ -229,11 +240,16 @@ def swap_attention(
     """
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
     from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.mistral.modeling_mistral import MistralAttention
 
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     if decode is not None and not isinstance(decode, CompiledSpec):
         decode = compile_spec(decode)
-    wrappers = {GPT2Attention: GPT2SpecAttention, LlamaAttention: LlamaSpecAttention}
+    wrappers = {
+        GPT2Attention: GPT2SpecAttention,
+        LlamaAttention: LlamaSpecAttention,
+        MistralAttention: LlamaSpecAttention,
+    }
     swaps = [
         (parent, name, wrappers[type(child)](child, spec, decode))
         for parent in model.modules()
@@ -241,7 +257,7 @@ def swap_attention(
         if type(child) in wrappers and not getattr(child, "is_cross_attention", False)
     ]
     if not swaps:
-        raise ValueError(f"no GPT2Attention or LlamaAttention in {type(model).__name__}")
+        raise ValueError(f"no GPT-2, Llama or Mistral attention in {type(model).__name__}")
     for parent, name, wrapper in swaps:
         setattr(parent, name, wrapper)
     return model
