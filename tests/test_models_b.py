@@ -234,3 +234,70 @@ def test_a_window_one_wider_is_caught(float64_layers):
     module = load(case, sliding_window=WINDOW + 1)
     with pytest.raises(AssertionError):
         compare(case, module, case.mask, TOL)
+
+
+# --- the ALiBi slopes at the real head counts ------------------------------------------------
+
+
+@pytest.mark.parametrize("heads", [6, 12, 16, 112])  # 112: Bloom-176B
+def test_alibi_slopes_are_build_alibi_tensors(heads):
+    """The spec's slopes, computed in float64, against transformers' (computed in float32)."""
+    slopes = SPECS["bloom"].constants_function(heads, device="cpu", dtype=torch.float64)[0]
+    theirs = modeling_bloom._get_alibi_slopes(heads, "cpu").double()
+    torch.testing.assert_close(slopes, theirs, atol=0, rtol=1e-6)
+
+
+def test_the_papers_slopes_are_not_blooms_for_112_heads():
+    """The twin: ALiBi's 2^(-8 (μ + 1) / h) (specs/alibi.attn) differs from Bloom's at a head
+    count that is not a power of two."""
+    paper = 2.0 ** (-8 * (torch.arange(112, dtype=torch.float64) + 1) / 112)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(paper, modeling_bloom._get_alibi_slopes(112, "cpu").double())
+
+
+# --- parameters at the real models' sizes -----------------------------------------------------
+
+REAL = {  # sizes of the published configs (the checkpoints' config.json, from memory)
+    "qwen2": (  # Qwen2-7B
+        modeling_qwen2.Qwen2Attention,
+        Qwen2Config(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4),
+    ),
+    "qwen3": (  # Qwen3-8B
+        modeling_qwen3.Qwen3Attention,
+        Qwen3Config(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+    ),
+    "gemma2": (  # Gemma-2-9B
+        modeling_gemma2.Gemma2Attention,
+        Gemma2Config(
+            hidden_size=3584, num_attention_heads=16, num_key_value_heads=8, head_dim=256
+        ),
+    ),
+    "bloom": (  # Bloom-176B
+        modeling_bloom.BloomAttention,
+        BloomConfig(hidden_size=14336, n_head=112),
+    ),
+}
+REAL["gemma2_sliding"] = REAL["gemma2"]
+
+
+def counts(name):
+    """The spec's parameter count at the real size, and the layer's, built on the meta device."""
+    layer_class, config = REAL[name]
+    with torch.device("meta"):
+        layer = layer_class(config, layer_idx=0)
+    count = SPECS[name].param_count()
+    sizes = hf.sizes_and_scalars(layer, {str(s) for s in count.free_symbols}, config)
+    ours = count.subs({s: sizes[str(s)] for s in count.free_symbols})
+    return ours, sizes, sum(p.numel() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_param_count_at_the_real_size_is_the_layers(name):
+    ours, _, theirs = counts(name)
+    assert ours == theirs
+
+
+def test_param_count_without_one_bias_differs():
+    """The twin: Qwen2's count without its key bias (h_kv d_k numbers) is not the layer's."""
+    ours, sizes, theirs = counts("qwen2")
+    assert ours - sizes["h_kv"] * 2 * sizes["d_r"] != theirs
