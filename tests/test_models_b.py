@@ -268,9 +268,7 @@ REAL = {  # sizes of the published configs (the checkpoints' config.json, from m
     ),
     "gemma2": (  # Gemma-2-9B
         modeling_gemma2.Gemma2Attention,
-        Gemma2Config(
-            hidden_size=3584, num_attention_heads=16, num_key_value_heads=8, head_dim=256
-        ),
+        Gemma2Config(hidden_size=3584, num_attention_heads=16, num_key_value_heads=8, head_dim=256),
     ),
     "bloom": (  # Bloom-176B
         modeling_bloom.BloomAttention,
