@@ -42,6 +42,14 @@ SPECS = {
     name: indexattn.compile_spec(ROOT / f"specs/models/{name}.attn")
     for name in ("qwen2", "qwen3", "gemma2", "gemma2_sliding", "bloom")
 }
+LAYERS = {
+    "qwen2": modeling_qwen2.Qwen2Attention,
+    "qwen3": modeling_qwen3.Qwen3Attention,
+    "gemma2": modeling_gemma2.Gemma2Attention,
+    "gemma2_sliding": modeling_gemma2.Gemma2Attention,
+}
+
+
 ROTARY = {  # the rotary table as each model makes it, in float32
     "qwen2": modeling_qwen2.Qwen2RotaryEmbedding,
     "qwen3": modeling_qwen3.Qwen3RotaryEmbedding,
@@ -92,6 +100,7 @@ def positions():
 def rotary_case(name, config, layer_idx, exact):
     """A rotary family's layer, the inputs, and how to call it and the spec's module."""
     layer = randomise(LAYERS[name](config, layer_idx=layer_idx)).double().eval()
+    assert (layer.sliding_window is not None) == (name == "gemma2_sliding"), "layer_types"
     x = torch.randn(B, N, config.hidden_size, dtype=torch.float64, requires_grad=True)
     ids, mask = positions(), causal_mask(N, {1: 4})[:, 0]
     if exact:
@@ -109,15 +118,7 @@ def rotary_case(name, config, layer_idx, exact):
     )  # fmt: skip
 
 
-LAYERS = {
-    "qwen2": modeling_qwen2.Qwen2Attention,
-    "qwen3": modeling_qwen3.Qwen3Attention,
-    "gemma2": modeling_gemma2.Gemma2Attention,
-    "gemma2_sliding": modeling_gemma2.Gemma2Attention,
-}
-
-
-def bloom_case(heads, exact):
+def bloom_case(heads):
     """Bloom with a key hidden in the middle of batch 1, so that its keys' ALiBi positions
     (counted over unpadded tokens) are not their indices."""
     config = bloom_config(heads)
@@ -136,7 +137,7 @@ def bloom_case(heads, exact):
     return SimpleNamespace(
         layer=layer, spec=SPECS["bloom"], leaves=[x, residual], mask=mask, theirs=theirs,
         config=config,
-        ours=lambda module, m: module(x, residual, ids, m),
+        ours=lambda module, m, p=ids: module(x, residual, p, m),
     )  # fmt: skip
 
 
@@ -145,8 +146,8 @@ CASES = {
     "qwen3": lambda exact: rotary_case("qwen3", qwen3_config(), 0, exact),
     "gemma2": lambda exact: rotary_case("gemma2", gemma2_config(), 1, exact),
     "gemma2_sliding": lambda exact: rotary_case("gemma2_sliding", gemma2_config(), 0, exact),
-    "bloom_4_heads": lambda exact: bloom_case(4, exact),
-    "bloom_6_heads": lambda exact: bloom_case(6, exact),
+    "bloom_4_heads": lambda exact: bloom_case(4),  # Bloom has no rotary table
+    "bloom_6_heads": lambda exact: bloom_case(6),
 }
 
 
@@ -234,6 +235,15 @@ def test_a_window_one_wider_is_caught(float64_layers):
     module = load(case, sliding_window=WINDOW + 1)
     with pytest.raises(AssertionError):
         compare(case, module, case.mask, TOL)
+
+
+def test_bloom_keys_at_their_indices_are_caught(float64_layers):
+    """The twin of Bloom's positions: with a key padded in the middle, the key positions
+    counted over unpadded tokens are not the indices 0..N-1, and the spec sees the difference."""
+    case = CASES["bloom_6_heads"](exact=True)
+    y = case.ours(load(case), case.mask, torch.arange(N))[0]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(y, case.theirs()[0], **TOL)
 
 
 # --- the ALiBi slopes at the real head counts ------------------------------------------------
