@@ -21,7 +21,7 @@ from .runtime import CompiledSpec, SpecModule, compile_spec
 
 
 def from_transformers(
-    layer: nn.Module, spec: CompiledSpec | str | Path, **given: float
+    layer: nn.Module, spec: CompiledSpec | str | Path, *, config=None, **given: float
 ) -> SpecModule:
     """The spec's module holding a copy of `layer`'s weights, in their dtype and device.
 
@@ -32,10 +32,12 @@ def from_transformers(
     (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`), `rope_theta` from the config's rope
     parameters, and any size or scalar named like a config attribute (`sliding_window`,
     `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value. Keywords override them.
+    `config` is the model's config, for layers that keep none (BloomAttention): by default
+    `layer.config`.
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
-    known = {**sizes_and_scalars(layer, wanted), **given}
+    known = {**sizes_and_scalars(layer, wanted, config), **given}
     module = spec.module(**{k: v for k, v in known.items() if k in wanted})
     weights = {k.replace(".", "_"): v.detach().clone() for k, v in layer.state_dict().items()}
     _same_weights(layer, spec, weights, module.state_dict())
@@ -87,9 +89,10 @@ SIZES = {  # the specs' short size names, read off a layer and its config
 }
 
 
-def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
-    """The values of the `wanted` sizes and scalars that the layer or its config tells."""
-    config = layer.config
+def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
+    """The values of the `wanted` sizes and scalars that the layer or its config (by default
+    `layer.config`) tells."""
+    config = layer.config if config is None else config
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
     if getattr(config, "scale_attn_weights", True) is False:
