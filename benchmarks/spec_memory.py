@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/spec_memory.py specs/t5_bias.attn --n 2048 --size d_m=768 h=12
 
 Builds the spec's module (parameters at the given sizes) and an input X of shape (1, N, d_m)
-(integer inputs: zeros; the document ids of doc_mask: four documents), runs one call at N = 16
+(an integer input, such as the document ids of doc_mask: four documents), runs one call at N = 16
 for the lazy imports, then reports the growth of peak resident memory (MB) over the first call
 at N (which builds the per-shape constants) and over a second call (which reuses them). Each
 measurement runs in its own process, with glibc mapping every block above 128 kB on its own,
@@ -73,7 +73,7 @@ def inputs(spec, n: int, sizes: dict[str, int]) -> dict:
     for tensor in spec.ir.tensors_of("input"):
         shape = [n if str(i.size) == "N" else sizes[str(i.size)] for i in tensor.indices]
         if tensor.dtype == "int":
-            found[tensor.ascii] = torch.arange(n) * 4 // n  # four documents
+            found[tensor.ascii] = (torch.arange(n) * 4 // n)[None]  # four documents
         else:
             found[tensor.ascii] = torch.randn(1, *shape)
     return found
