@@ -22,8 +22,9 @@ from .steps import (
     Reduction,
     Rename,
     Unfuse,
+    Whole,
 )
-from .values import Values, axes_comment, expand
+from .values import Values, axes_comment, expand, relayout
 
 
 class Emitter(KernelSteps, Values):
@@ -83,12 +84,18 @@ class Emitter(KernelSteps, Values):
         """Advanced indexing on one axis: the positions' axes take its place."""
         arg, k, n = step.arg, step.arg.dims.index(step.axis), len(step.arg.dims)
         positions = self.var(step.positions)
-        positions += "" if step.integer else ".long()"
         if step.positions.batched:  # an unbatched table read at batched positions
             table = self.ref(arg) + (f".movedim({k}, 0)" if k else "")
             return f"{self.var(step.out)} = {wrap(table)}[{positions}]"
+        first = step.out.dims.index(step.positions.dims[0]) if step.positions.dims else k
+        order = [i for i in step.out.dims if i not in step.positions.dims]
+        order.insert(first, step.axis)
+        table, k = relayout(self.ref(arg), arg.dims, tuple(order)), first
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
-        return f"{self.var(step.out)} = {wrap(self.ref(arg))}[{', '.join(slots)}]"
+        return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
+
+    def step_Whole(self, step: Whole) -> str:
+        return f"{self.var(step.out)} = {self.ref(step.arg)}.long()"
 
     def step_Contract(self, step: Contract) -> str:
         out = step.out

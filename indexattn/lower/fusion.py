@@ -15,6 +15,7 @@ from sympy.logic.boolalg import to_nnf
 
 from .. import ir
 from ..ir import Equation, Index, Spec
+from . import predicates
 
 # -- projections: a product with a weight stored [out, in] or [in, out]
 
@@ -154,7 +155,7 @@ class AttentionMatch:
     v: ir.Node
     scale: sympy.Basic
     terms: tuple[ir.Node, ...]  # the additive terms of the scores (masks, biases)
-    keep: sympy.Basic | None  # when every term is a predicate mask: where attention is allowed
+    keep: sympy.Basic | ir.Node | None  # every term a predicate mask: where attention may go
     heads: tuple[Index, ...]  # shared by queries and keys
     groups: tuple[Index, ...]  # query heads that share a key head (grouped-query attention)
     query: Index
@@ -343,13 +344,21 @@ class _Matcher:
                 return None, ()  # an additive mask: the terms are summed as they are
             keeps.append(keep)
             absorbed.extend([eq] if eq is not None else [])
+        if not all(isinstance(k, sympy.Basic) for k in keeps):
+            return predicates.conjunction(keeps, allowed, q.span), tuple(absorbed)
         return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed)
 
     def predicate(self, term: ir.Node):
         """where(cond, -inf, 0) (or its mirror), inline or as a tensor used only here."""
         if isinstance(term, ir.Field):
             return _keep(term.expr), None
+        if isinstance(term, ir.Apply):
+            return predicates.keep_of(term), None
         eq = self.single(term)
+        if eq is not None and _rename(term) == {i: i for i in eq.indices}:
+            keep = predicates.keep_of(eq.rhs)  # a mask that reads tensors, in its own indices
+            if keep is not None:
+                return keep, eq
         if eq is None or not isinstance(eq.rhs, ir.Field):
             return None, None
         keep = _keep(eq.rhs.expr)

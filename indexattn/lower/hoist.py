@@ -21,9 +21,10 @@ from .steps import (
     Rename,
     Step,
     Var,
+    Whole,
 )
 
-PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat)
+PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat, Whole)
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ class Kernels:
         planner = self.planner
         if match.causal or not match.terms:
             return None
+        base = match.masks[0].tensor.ascii + "_keep" if match.masks else scores + "_keep"
+        if isinstance(match.keep, ir.Node):  # it reads tensors: built on every call
+            return planner.as_tensor(planner.node(match.keep, base), base)
         if match.keep is not None:
-            base = match.masks[0].tensor.ascii + "_keep" if match.masks else scores + "_keep"
             free = match.keep.free_symbols
             dims = tuple(i for i in planner.order if i.symbol in free)
             return planner.add(Grid(Operand(planner.var(base), dims, False), match.keep))

@@ -72,11 +72,16 @@ class KernelSteps:
         return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
 
     def attention_mask(self, step: Attention) -> str:
-        """The mask against (…, heads, query, key): a unit axis for heads it lacks."""
+        """The mask against (…, heads, query, key): a unit axis for heads it lacks. A mask
+        of its own heads is given the queries' batch axes: the kernel's fused path takes a
+        mask of two axes or of as many as the queries, any other goes the slow way."""
         mask = step.mask
         head = step.mask_dims[0] if step.heads == 1 else None
         target = (head, *step.mask_dims[-2:])
-        return expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
+        code = expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
+        if mask.batched or head not in mask.dims or not step.q.batched:
+            return code
+        return f"{code}.expand(*{self.ref(step.q)}.shape[:-{len(step.q.dims)}], -1, -1, -1)"
 
 
 def _matrix(weight, out_axes: int, transposed: bool) -> str:

@@ -39,6 +39,7 @@ from .steps import (
     Step,
     Unfuse,
     Var,
+    Whole,
 )
 
 
@@ -183,15 +184,14 @@ class Planner(Products):
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
         positions = self.positions(at, hint)
-        k = value.dims.index(axis)
-        dims = value.dims[:k] + positions.dims + value.dims[k + 1 :]
-        if positions.batched:  # batch axes lead: the positions' axes come first
-            dims = positions.dims + value.dims[:k] + value.dims[k + 1 :]
-        where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
-        out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
         integer = at.value in self.fields or isinstance(at.value, ir.Field)
-        integer = integer or bool(integer_tensors(at.value))
-        return self.add(Gather(out, value, axis, positions, where, integer))
+        if not (integer or integer_tensors(at.value)):
+            out = Operand(self.var(positions.var.hint + "_pos"), positions.dims, positions.batched)
+            positions = self.add(Whole(out, positions))
+        where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
+        dims = _gathered(value, axis, positions, self.ordered)
+        out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
+        return self.add(Gather(out, value, axis, positions, where))
 
     def positions(self, at: ir.At, hint: str) -> Operand:
         """Whole numbers to gather at: a grid of positions, or integer data."""
@@ -242,6 +242,22 @@ class Planner(Products):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+
+def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:
+    """The axes of a gather: the positions' in the axis's place, unbatched tables ordered as
+    the equation wants them when the positions' axes stay together there (the table is
+    viewed that way first, so the result needs no copy to be put in order: an attention
+    bias gathered straight into (heads, query, key))."""
+    k = value.dims.index(axis)
+    rest = value.dims[:k] + value.dims[k + 1 :]
+    if positions.batched:  # batch axes lead: the positions' axes come first
+        return positions.dims + rest
+    wanted = ordered(rest + positions.dims)
+    start = wanted.index(positions.dims[0]) if positions.dims else k
+    if wanted[start : start + len(positions.dims)] == positions.dims:
+        return wanted
+    return value.dims[:k] + positions.dims + value.dims[k + 1 :]
 
 
 def _signed(term: ir.Node) -> tuple[ir.Node, int]:

@@ -74,9 +74,17 @@ class Gather:
     out: Operand
     arg: Operand
     axis: Index  # the declared index of the gathered axis
-    positions: Operand
+    positions: Operand  # integers
     where: str
-    integer: bool = True  # the positions are integers already (else whole floats, converted)
+
+
+@dataclass(frozen=True)
+class Whole:
+    """Whole numbers computed in the call's float dtype made integer positions (`.long()`):
+    a step of its own, so that positions from sizes alone are converted once per shape."""
+
+    out: Operand
+    arg: Operand
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,7 @@ Step = (
     Unfuse
     | Grid
     | Gather
+    | Whole
     | Contract
     | Add
     | Elementwise

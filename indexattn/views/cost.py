@@ -44,6 +44,7 @@ from ..lower.steps import (
     Rename,
     Split,
     Unfuse,
+    Whole,
 )
 from ..ops import REDUCTIONS, lookup
 
@@ -183,6 +184,7 @@ def _(step: Grid) -> Cost:
 
 @step_cost.register(Cat)
 @step_cost.register(Gather)
+@step_cost.register(Whole)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)
 @step_cost.register(Split)

@@ -12,15 +12,17 @@ def doc_mask_constants(N, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
-    M_grid = (tau_p[None, :] > tau[:, None])  # (τ, τ')
-    return M_grid,
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    M_keep_grid = (tau_p[None, :] <= tau[:, None])  # (τ, τ')
+    return M_keep_grid,
 
 
 def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, training=False, constants=None):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
-    device, dtype = X.device, X.dtype
-    M_grid, = doc_mask_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    M_keep_grid, = doc_mask_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -31,13 +33,12 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
     V_proj = F.linear(X, v_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # M_<ττ'> = where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
-    M_ne = D[..., :, None] != D[..., None, :]  # (…, τ, τ')
-    M_or = M_grid | M_ne  # (…, τ, τ')
-    M = torch.where(M_or, torch.tensor(-math.inf, device=device, dtype=dtype), 0)  # (…, τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M[..., None, :, :], scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    M_keep_eq = D[..., :, None] == D[..., None, :]  # (…, τ, τ')
+    M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
+    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -23,14 +23,18 @@ def t5_bias_constants(N, *, device, dtype):
     beta_where_2 = torch.where(beta_lt, rho, beta_sum_2)  # (τ, τ')
     beta_grid_2 = torch.where((tau[:, None] < tau_p[None, :]), 16, 0).to(dtype)  # (τ, τ')
     beta = beta_where_2 + beta_grid_2  # (τ, τ')
-    return beta,
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> + relative_attention_bias_weight_<[β_<ττ'>]μ>
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    beta_pos = beta.long()  # (τ, τ')
+    return beta_pos,
 
 
 def t5_bias(X, q_weight, k_weight, v_weight, o_weight, relative_attention_bias_weight, *, training=False, constants=None):
     N = X.shape[-2]
     h = relative_attention_bias_weight.shape[-1]
     d_k = q_weight.shape[-2] // h
-    beta, = t5_bias_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    beta_pos, = t5_bias_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -43,8 +47,8 @@ def t5_bias(X, q_weight, k_weight, v_weight, o_weight, relative_attention_bias_w
     # S_<μττ'> = Q_<μτa> K_<μτ'a> + relative_attention_bias_weight_<[β_<ττ'>]μ>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    relative_attention_bias_weight_at = relative_attention_bias_weight[beta.long()]  # (τ, τ', μ)
-    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=relative_attention_bias_weight_at.movedim(-1, -3), scale=1.0)  # (…, μ, τ, a)
+    relative_attention_bias_weight_at = relative_attention_bias_weight.transpose(-2, -1)[:, beta_pos]  # (μ, τ, τ')
+    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=relative_attention_bias_weight_at.expand(*Q.shape[:-3], -1, -1, -1), scale=1.0)  # (…, μ, τ, a)
     # Y_<τi> = o_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_weight)  # (…, τ, i)

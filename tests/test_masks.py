@@ -1,0 +1,117 @@
+"""Masks and tables reach the attention kernel in its preferred form: a per-head bias with the
+queries' batch axes (the fused CPU path, not the math fallback), T5's buckets as integers built
+once per shape and its table gathered straight into (head, query, key), and masks that read
+tensors (document ids) as booleans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import indexattn
+
+SIZES = {
+    "t5_bias": {"d_m": 16, "h": 2, "d_k": 8},
+    "alibi": {"d_in": 16, "d_out": 16, "h": 2, "d_k": 8},
+}
+
+
+def layer(name: str, fresh: str = ""):
+    """The spec's module; `fresh` names a compiled spec of its own, with empty caches."""
+    torch.manual_seed(0)
+    text = Path(f"specs/{name}.attn").read_text(encoding="utf-8")
+    spec = indexattn.compile_spec(text, name=f"{name}_{fresh}" if fresh else name)
+    return spec.module(**SIZES[name]).eval()
+
+
+@pytest.fixture
+def masks(monkeypatch) -> list[torch.Tensor | None]:
+    """The attn_mask of every call of the kernel while the test runs."""
+    seen: list[torch.Tensor | None] = []
+    kernel = F.scaled_dot_product_attention
+
+    def record(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return kernel(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["t5_bias", "alibi"])
+@pytest.mark.parametrize("batch", [(2,), ()])
+def test_a_bias_per_head_has_the_queries_axes(name, batch, masks):
+    """Batched queries (…, h, N, d) get a (…, h, N, N) bias; unbatched ones (h, N, d) an
+    (h, N, N) one: the kernel's fused path takes a mask of 2 axes or of as many as the queries."""
+    torch.manual_seed(1)
+    layer(name)(torch.randn(*batch, 5, 16))
+    (mask,) = masks
+    assert mask.shape == (*batch, 2, 5, 5)
+    assert mask.stride()[-3:] == (25, 5, 1)  # no copy inside the kernel
+
+
+@pytest.mark.parametrize("batch", [(1,), ()])
+def test_a_bias_per_head_takes_the_fused_kernel(batch):
+    """The twin of the shape test in what the kernel does: a batch of one takes the fused CPU
+    kernel; unbatched queries go the math way (torch's rule, not ours)."""
+    alibi = layer("alibi")
+    with torch.profiler.profile() as profile:
+        alibi(torch.randn(*batch, 5, 16))
+    names = {event.name for event in profile.events()}
+    fused = "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert fused == bool(batch)
+    assert ("aten::_scaled_dot_product_attention_math" in names) != fused
+
+
+def test_t5_buckets_are_integers_built_once_per_shape():
+    t5 = layer("t5_bias", fresh="once")
+    spec = t5.spec
+    x = torch.randn(1, 9, 16)
+    t5(x)
+    ((buckets,),) = spec._constants.values()
+    assert buckets.dtype == torch.long and buckets.shape == (9, 9)
+    assert "long()" not in spec.source.split("def t5_bias_once(")[1]  # none converted per call
+    t5(x)
+    assert len(spec._constants) == 1
+    t5(torch.randn(1, 10, 16))
+    assert len(spec._constants) == 2  # another shape, other buckets
+
+
+def test_t5_table_gradient_is_the_gathered_sum():
+    """d/dtable of sum(mask · G) is G summed over the places of each bucket (no one-hot)."""
+    t5 = layer("t5_bias", fresh="gradient")
+    table = t5.relative_attention_bias_weight
+    x = torch.randn(1, 7, 16)
+    t5(x).sum().backward()
+    ((buckets,),) = t5.spec._constants.values()
+    used = torch.zeros(32, dtype=torch.bool)
+    used[buckets.unique()] = True
+    assert table.grad[used].abs().sum() > 0
+    assert table.grad[~used].abs().sum() == 0  # buckets no pair of positions falls in
+
+
+def doc_mask(ids: torch.Tensor, masks: list) -> torch.Tensor:
+    torch.manual_seed(0)
+    spec = indexattn.compile_spec("specs/doc_mask.attn")
+    spec.module(d_m=16, h=2, d_k=8)(torch.randn(1, ids.shape[-1], 16), ids)
+    return masks.pop()
+
+
+def test_doc_mask_is_boolean(masks):
+    ids = torch.tensor([[0, 0, 0, 1, 1, 2]])
+    mask = doc_mask(ids, masks)
+    assert mask.dtype == torch.bool
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    same = ids[0, :, None] == ids[0, None, :]
+    assert torch.equal(mask[0, 0], causal & same)
+
+
+def test_doc_mask_follows_the_ids(masks):
+    """The twin: one token moved to the next document changes exactly its row and column."""
+    before = doc_mask(torch.tensor([[0, 0, 0, 1, 1, 2]]), masks)[0, 0]
+    after = doc_mask(torch.tensor([[0, 0, 1, 1, 1, 2]]), masks)[0, 0]
+    changed = (before != after).nonzero().tolist()
+    assert changed and all(2 in place for place in changed)
