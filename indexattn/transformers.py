@@ -63,7 +63,7 @@ SIZES = {  # the specs' short size names, read off a layer and its config
 
 def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
     """The values of the `wanted` sizes and scalars that the layer or its config tells."""
-    config = layer.config
+    config = layer_config(layer)
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
     if getattr(config, "scale_attn_weights", True) is False:
@@ -77,6 +77,12 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
         elif getattr(config, name, None) is not None:
             known[name] = getattr(config, name)
     return known
+
+
+def layer_config(layer: nn.Module):
+    """The layer's config: its own, or for a block without one (BertAttention) the first of its
+    submodules'."""
+    return next(m.config for m in layer.modules() if hasattr(m, "config"))
 
 
 def _rope_theta(config) -> float:
