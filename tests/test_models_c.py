@@ -22,8 +22,9 @@ transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
 from test_models import TOL, _ascii, compare, randomise, rotary  # noqa: E402
-from transformers import BertConfig  # noqa: E402
+from transformers import BertConfig, T5Config  # noqa: E402
 from transformers.models.bert.modeling_bert import BertAttention  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).parent.parent
 B, N = 2, 6
@@ -63,7 +64,31 @@ def bert_case():
     return layer, x, (padding_mask(N, {1: 4}),), run_bert, spec("bert")
 
 
-CASES = {"bert": bert_case}
+# --- T5 ----------------------------------------------------------------------------------
+
+T5_N = 140  # beyond relative_attention_max_distance: every bucket, and the last one's cap
+
+
+def t5_config(**kw):
+    return T5Config(
+        d_model=16, d_kv=4, num_heads=4, relative_attention_num_buckets=32,
+        relative_attention_max_distance=128, dropout_rate=0.0, attn_implementation="eager", **kw,
+    )  # fmt: skip
+
+
+def run_t5(layer, module, x, mask):
+    out, _, weights = layer(x, mask=mask)
+    return module(x, mask[:, 0, 0]), (out, weights)
+
+
+def t5_case():
+    config = t5_config()
+    layer = randomise(T5Attention(config, has_relative_attention_bias=True, layer_idx=0))
+    x = torch.randn(B, T5_N, 16, dtype=torch.float64, requires_grad=True)
+    return layer.double().eval(), x, (padding_mask(T5_N, {1: 100}),), run_t5, spec("t5")
+
+
+CASES = {"bert": bert_case, "t5": t5_case}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -102,3 +127,11 @@ def test_one_flipped_mask_bit_is_caught(name):
 
     with pytest.raises(AssertionError):
         compare(layer, module, x, (mask, *rest), run_differently)
+
+
+def test_t5_bucket_rule_with_another_max_distance_is_caught():
+    """The bucket rule's twin: one less relative_attention_max_distance moves some buckets."""
+    layer, x, extra, run, compiled = t5_case()
+    module = hf.from_transformers(layer, compiled, relative_attention_max_distance=127)
+    with pytest.raises(AssertionError):
+        compare(layer, module, x, extra, run)
