@@ -68,6 +68,8 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
     if getattr(config, "scale_attn_weights", True) is False:
         raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
+    if getattr(config, "rope_interleave", True) is False:
+        raise ValueError("rope_interleave=False: deepseek_v3.attn turns interleaved pairs")
     known = {}
     for name in wanted:
         if name in SIZES:

@@ -11,8 +11,6 @@ without the upcast (monkeypatched), and a second test compares the layer exactly
 float32 inside, at 1e-5.
 """
 
-import math
-
 import pytest
 import torch
 
@@ -21,9 +19,10 @@ import indexattn
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
-from test_models import TOL, _ascii, compare, randomise, rotary  # noqa: E402
-from transformers import BertConfig, T5Config  # noqa: E402
+from test_models import _ascii, causal_mask, compare, randomise, rotary  # noqa: E402
+from transformers import BertConfig, DeepseekV3Config, T5Config  # noqa: E402
 from transformers.models.bert.modeling_bert import BertAttention  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).parent.parent
@@ -88,7 +87,74 @@ def t5_case():
     return layer.double().eval(), x, (padding_mask(T5_N, {1: 100}),), run_t5, spec("t5")
 
 
-CASES = {"bert": bert_case, "t5": t5_case}
+# --- DeepSeek-V3 ---------------------------------------------------------------------------
+
+POSITIONS = torch.tensor([list(range(N)), list(range(3, 3 + N))])  # batch 1 starts at 3
+
+
+def deepseek_config(attn_implementation="sdpa"):
+    return DeepseekV3Config(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10,
+        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, max_position_embeddings=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attn_implementation=attn_implementation,
+    )  # fmt: skip
+
+
+def float64_rms_norm(norm):
+    """DeepseekV3RMSNorm without its float32 upcast: the same formula, in the input's dtype."""
+
+    def forward(x):
+        rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * x * rms
+
+    norm.forward = forward
+    return norm
+
+
+def run_with_rotary(layer, module, x, mask, positions):
+    """The layer given cos and sin in float64, as position_embeddings (test_models.rotary)."""
+    ours = module(x, positions, mask[:, 0])
+    cos_sin = rotary(positions, layer.config.head_dim, layer.config.rope_parameters["rope_theta"])
+    return ours, layer(x, position_embeddings=cos_sin, attention_mask=mask)
+
+
+def deepseek_case():
+    """sdpa (no float32 softmax), the norms in float64, float64 cos and sin."""
+    layer = randomise(deepseek.DeepseekV3Attention(deepseek_config(), layer_idx=0))
+    float64_rms_norm(layer.q_a_layernorm), float64_rms_norm(layer.kv_a_layernorm)
+    x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+    extra = (causal_mask(N, {1: 4}), POSITIONS)
+    return layer.double().eval(), x, extra, run_with_rotary, spec("deepseek_v3")
+
+
+def test_deepseek_v3_layer_as_it_is_agrees_at_float32_precision():
+    """The layer untouched: eager (softmax in float32), its RMSNorms upcast to float32, its own
+    rotary table (float32). Outputs and weights agree to 1e-6 (measured: about 3e-8), and not
+    to 1e-10: the float32 inside is real."""
+    config = deepseek_config("eager")
+    layer = randomise(deepseek.DeepseekV3Attention(config, layer_idx=0)).double().eval()
+    x = torch.randn(B, N, 32, dtype=torch.float64)
+    mask = causal_mask(N, {1: 4})
+    module = hf.from_transformers(layer, spec("deepseek_v3"))
+    ours = module(x, POSITIONS, mask[:, 0])
+    cos_sin = deepseek.DeepseekV3RotaryEmbedding(config)(x, POSITIONS)
+    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert (a - b).abs().max() > 1e-10
+
+
+def test_deepseek_v3_without_interleaved_rotary_is_refused():
+    config = deepseek_config()
+    config.rope_interleave = False
+    layer = deepseek.DeepseekV3Attention(config, layer_idx=0)
+    with pytest.raises(ValueError, match="rope_interleave"):
+        hf.from_transformers(layer, spec("deepseek_v3"))
+
+
+CASES = {"bert": bert_case, "t5": t5_case, "deepseek_v3": deepseek_case}
 
 
 @pytest.mark.parametrize("name", CASES)
