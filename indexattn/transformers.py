@@ -12,6 +12,7 @@ loading a layer is a rename (dots become underscores), never a reshuffle of the 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -31,7 +32,9 @@ def from_transformers(
     The spec's sizes and scalars are read off the layer and its config: the usual short names
     (d_m, h, h_kv, n_rep, d_k, d_r: see `SIZES`), `rope_theta` from the config's rope
     parameters, and any size or scalar named like a config attribute (`sliding_window`,
-    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value. Keywords override them.
+    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value; an attribute of the layer
+    itself wins over its config's, and a layer's None is no limit, inf (GptOssAttention's
+    sliding_window on a full-attention layer). Keywords override them.
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
@@ -76,6 +79,8 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str]) -> dict:
             known[name] = SIZES[name](layer, config)
         elif name == "rope_theta":
             known[name] = _rope_theta(config)
+        elif hasattr(layer, name):  # the layer's own value first, None: no limit
+            known[name] = math.inf if getattr(layer, name) is None else getattr(layer, name)
         elif getattr(config, name, None) is not None:
             known[name] = getattr(config, name)
     return known

@@ -11,6 +11,8 @@ without the upcast (monkeypatched), and a second test compares the layer exactly
 float32 inside, at 1e-5.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -20,9 +22,10 @@ transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
 from test_models import _ascii, causal_mask, compare, randomise, rotary  # noqa: E402
-from transformers import BertConfig, DeepseekV3Config, T5Config  # noqa: E402
+from transformers import BertConfig, DeepseekV3Config, GptOssConfig, T5Config  # noqa: E402
 from transformers.models.bert.modeling_bert import BertAttention  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
+from transformers.models.gpt_oss import modeling_gpt_oss as gpt_oss  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).parent.parent
@@ -113,11 +116,14 @@ def float64_rms_norm(norm):
     return norm
 
 
-def run_with_rotary(layer, module, x, mask, positions):
-    """The layer given cos and sin in float64, as position_embeddings (test_models.rotary)."""
+def run_with_rotary(layer, module, x, mask, positions, layer_mask=None, halves=2):
+    """The layer given cos and sin in float64, as position_embeddings (test_models.rotary; one
+    half of them, `halves=1`, for GPT-OSS, whose rotary table is not repeated)."""
     ours = module(x, positions, mask[:, 0])
-    cos_sin = rotary(positions, layer.config.head_dim, layer.config.rope_parameters["rope_theta"])
-    return ours, layer(x, position_embeddings=cos_sin, attention_mask=mask)
+    d_k, theta = layer.config.head_dim, layer.config.rope_parameters["rope_theta"]
+    cos_sin = [t[..., : d_k * halves // 2] for t in rotary(positions, d_k, theta)]
+    layer_mask = mask if layer_mask is None else layer_mask
+    return ours, layer(x, position_embeddings=cos_sin, attention_mask=layer_mask)
 
 
 def deepseek_case():
@@ -129,23 +135,6 @@ def deepseek_case():
     return layer.double().eval(), x, extra, run_with_rotary, spec("deepseek_v3")
 
 
-def test_deepseek_v3_layer_as_it_is_agrees_at_float32_precision():
-    """The layer untouched: eager (softmax in float32), its RMSNorms upcast to float32, its own
-    rotary table (float32). Outputs and weights agree to 1e-6 (measured: about 3e-8), and not
-    to 1e-10: the float32 inside is real."""
-    config = deepseek_config("eager")
-    layer = randomise(deepseek.DeepseekV3Attention(config, layer_idx=0)).double().eval()
-    x = torch.randn(B, N, 32, dtype=torch.float64)
-    mask = causal_mask(N, {1: 4})
-    module = hf.from_transformers(layer, spec("deepseek_v3"))
-    ours = module(x, POSITIONS, mask[:, 0])
-    cos_sin = deepseek.DeepseekV3RotaryEmbedding(config)(x, POSITIONS)
-    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
-        assert (a - b).abs().max() > 1e-10
-
-
 def test_deepseek_v3_without_interleaved_rotary_is_refused():
     config = deepseek_config()
     config.rope_interleave = False
@@ -154,7 +143,44 @@ def test_deepseek_v3_without_interleaved_rotary_is_refused():
         hf.from_transformers(layer, spec("deepseek_v3"))
 
 
-CASES = {"bert": bert_case, "t5": t5_case, "deepseek_v3": deepseek_case}
+# --- GPT-OSS -------------------------------------------------------------------------------
+
+
+def gpt_oss_config():
+    """Layer 0 slides (a window of 3 over N = 6 positions), layer 1 attends to every key."""
+    return GptOssConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+        num_experts_per_tok=1, sliding_window=3, max_position_embeddings=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        attn_implementation="eager",
+    )  # fmt: skip
+
+
+def run_gpt_oss(layer, module, x, mask, positions):
+    """The spec gets the causal and padding mask and applies its window itself; the layer gets
+    the window in its mask, as GptOssModel builds it for a sliding layer."""
+    n = mask.shape[-1]
+    outside = torch.ones(n, n, dtype=torch.bool).tril(-(layer.sliding_window or n))
+    windowed = mask.masked_fill(outside, -torch.inf)
+    return run_with_rotary(layer, module, x, mask, positions, layer_mask=windowed, halves=1)
+
+
+def gpt_oss_case(layer_idx):
+    layer = randomise(gpt_oss.GptOssAttention(gpt_oss_config(), layer_idx=layer_idx))
+    layer = layer.double().eval()
+    x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+    extra = (causal_mask(N, {1: 4}), POSITIONS)
+    return layer, x, extra, run_gpt_oss, spec("gpt_oss")
+
+
+CASES = {
+    "bert": bert_case,
+    "t5": t5_case,
+    "deepseek_v3": deepseek_case,
+    "gpt_oss_sliding": lambda: gpt_oss_case(0),
+    "gpt_oss_full": lambda: gpt_oss_case(1),
+}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -201,3 +227,41 @@ def test_t5_bucket_rule_with_another_max_distance_is_caught():
     module = hf.from_transformers(layer, compiled, relative_attention_max_distance=127)
     with pytest.raises(AssertionError):
         compare(layer, module, x, extra, run)
+
+
+def test_gpt_oss_sliding_layer_without_its_window_is_caught():
+    """The window's twin: the sliding layer's spec module without the window (inf) differs."""
+    layer, x, extra, run, compiled = gpt_oss_case(0)
+    assert layer.sliding_window == 3
+    module = hf.from_transformers(layer, compiled, sliding_window=math.inf)
+    with pytest.raises(AssertionError):
+        compare(layer, module, x, extra, run)
+
+
+AS_IT_IS = {  # a layer computing in float32 inside, and its model's rotary embedding
+    "deepseek_v3": lambda: (
+        deepseek.DeepseekV3Attention(deepseek_config("eager"), layer_idx=0),
+        deepseek.DeepseekV3RotaryEmbedding(deepseek_config()),
+    ),
+    "gpt_oss": lambda: (
+        gpt_oss.GptOssAttention(gpt_oss_config(), layer_idx=1),
+        gpt_oss.GptOssRotaryEmbedding(gpt_oss_config()),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", AS_IT_IS)
+def test_layer_as_it_is_agrees_at_float32_precision(name):
+    """The layer untouched, with its own rotary table (float32) and, for DeepSeek-V3, eager's
+    float32 softmax and its RMSNorms' float32 upcast. Outputs and attention weights agree to
+    1e-6 (measured: 3e-8 to 2.3e-7), and not to 1e-10: the float32 inside is real."""
+    layer, rotary_embedding = AS_IT_IS[name]()
+    layer = randomise(layer).double().eval()
+    x = torch.randn(B, N, 32, dtype=torch.float64)
+    mask = causal_mask(N, {1: 4})
+    ours = hf.from_transformers(layer, spec(name))(x, POSITIONS, mask[:, 0])
+    cos_sin = rotary_embedding(x, POSITIONS)
+    theirs = layer(x, position_embeddings=cos_sin, attention_mask=mask)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.reshape(b.shape), b, atol=1e-6, rtol=0)
+        assert (a.reshape(b.shape) - b).abs().max() > 1e-10
