@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import indexattn
+from indexattn.views.cost import evaluate
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
@@ -265,3 +266,38 @@ def test_layer_as_it_is_agrees_at_float32_precision(name):
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.reshape(b.shape), b, atol=1e-6, rtol=0)
         assert (a.reshape(b.shape) - b).abs().max() > 1e-10
+
+
+# --- parameter counts at the real models' sizes ------------------------------------------------
+
+REAL = {  # the attention layer at its model's sizes, on the meta device
+    # BertConfig's defaults are BERT-base's (hidden 768, 12 heads)
+    "bert": lambda: BertAttention(BertConfig()),
+    # T5-base (d_model 768, d_kv 64, 12 heads, 32 buckets); T5Config's defaults are T5-small's
+    "t5": lambda: T5Attention(
+        T5Config(d_model=768, d_kv=64, num_heads=12), has_relative_attention_bias=True
+    ),
+    # DeepseekV3Config's defaults are DeepSeek-V3's (hidden 7168, 128 heads, q_lora_rank 1536,
+    # kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128)
+    "deepseek_v3": lambda: deepseek.DeepseekV3Attention(DeepseekV3Config(), layer_idx=0),
+    # GptOssConfig's defaults are GPT-OSS-120B's (hidden 2880, 64 heads, 8 key/value heads, 64)
+    "gpt_oss": lambda: gpt_oss.GptOssAttention(GptOssConfig(), layer_idx=0),
+}
+
+
+def count_at(compiled, layer, plus=0):
+    """The spec's param_count() at the sizes from_transformers reads off the layer (+ plus)."""
+    known = hf.sizes_and_scalars(layer, {str(s) for s in compiled.sizes})
+    sizes = {s: known[str(s)] + plus for s in compiled.sizes if str(s) in known}
+    return evaluate(compiled.param_count(), sizes)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_param_count_at_the_real_size_is_the_layers(name):
+    """And its twin: every size one larger gives another count."""
+    with torch.device("meta"):
+        layer = REAL[name]()
+    compiled = spec(name)
+    numel = sum(p.numel() for p in layer.parameters())
+    assert count_at(compiled, layer) == numel
+    assert count_at(compiled, layer, plus=1) != numel
