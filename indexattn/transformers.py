@@ -12,6 +12,7 @@ loading a layer is a rename (dots become underscores), never a reshuffle of the 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -31,9 +32,11 @@ def from_transformers(
     The spec's sizes and scalars are read off the layer and its config: the usual short names
     (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`), `rope_theta` from the config's rope
     parameters, and any size or scalar named like a config attribute (`sliding_window`,
-    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value. Keywords override them.
-    `config` is the model's config, for layers that keep none (BloomAttention): by default
-    `layer.config`.
+    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value; an attribute of the layer
+    itself wins over its config's, and a layer's None is no limit, inf (GptOssAttention's
+    sliding_window on a full-attention layer). Keywords override them. `config` is the
+    model's config, for layers that keep none (BloomAttention): by default the layer's own,
+    or the first a submodule holds (BertAttention).
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
@@ -91,21 +94,42 @@ SIZES = {  # the specs' short size names, read off a layer and its config
 
 def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
     """The values of the `wanted` sizes and scalars that the layer or its config (by default
-    `layer.config`) tells."""
-    config = layer.config if config is None else config
+    `layer_config(layer)`) tells."""
+    config = layer_config(layer) if config is None else config
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
     if getattr(config, "scale_attn_weights", True) is False:
         raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
+    if getattr(config, "rope_interleave", True) is False:
+        raise ValueError("rope_interleave=False: deepseek_v3.attn turns interleaved pairs")
     known = {}
     for name in wanted:
         if name in SIZES:
             known[name] = SIZES[name](layer, config)
         elif name == "rope_theta":
             known[name] = _rope_theta(config)
-        elif getattr(config, name, None) is not None:
-            known[name] = getattr(config, name)
+        elif hasattr(layer, name) or hasattr(config, name):  # the layer's own value first
+            known[name] = _attribute(layer if hasattr(layer, name) else config, name)
     return known
+
+
+NO_LIMIT = {"sliding_window"}  # attributes whose None means no limit: inf
+
+
+def _attribute(source, name: str):
+    value = getattr(source, name)
+    if value is None and name not in NO_LIMIT:
+        raise ValueError(
+            f"{type(source).__name__}.{name} is None, but the spec computes with a scalar"
+            f" {name}: use a spec without it, or pass {name}=... to from_transformers"
+        )
+    return math.inf if value is None else value
+
+
+def layer_config(layer: nn.Module):
+    """The layer's config: its own, or for a block without one (BertAttention) the first of its
+    submodules'."""
+    return next(m.config for m in layer.modules() if hasattr(m, "config"))
 
 
 def _rope_theta(config) -> float:
