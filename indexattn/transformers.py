@@ -108,9 +108,16 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
             known[name] = SIZES[name](layer, config)
         elif name == "rope_theta":
             known[name] = _rope_theta(config)
-        elif hasattr(layer, name) or hasattr(config, name):  # the layer's own value first
-            known[name] = _attribute(layer if hasattr(layer, name) else config, name)
+        elif any(_number(source, name) for source in (layer, config)):  # the layer's own first
+            known[name] = _attribute(next(s for s in (layer, config) if _number(s, name)), name)
     return known
+
+
+def _number(source, name: str) -> bool:
+    """`source` has a number (or None) named `name`: not a submodule (BloomAttention's
+    attention_dropout is an nn.Dropout; its config's is the probability)."""
+    value = getattr(source, name, False)
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 NO_LIMIT = {"sliding_window"}  # attributes whose None means no limit: inf

@@ -393,3 +393,22 @@ def test_param_count_at_the_real_size_is_the_layers(name):
         layer = layer_class(config, layer_idx=0)
     assert at(spec.param_count(), **sizes) == sum(p.numel() for p in layer.parameters()) == quoted
     assert at(spec.param_count(), **{**sizes, "d_m": sizes["d_m"] + 1}) != quoted  # the twin
+
+
+def test_a_scalar_the_layer_leaves_unset_is_refused():
+    """Gemma 2 without soft-capping: the spec caps, so loading it is refused rather than capping
+    at the spec's default; the twin with the cap set loads, and reads the layer's value."""
+    from transformers import Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+
+    def layer(cap):
+        config = Gemma2Config(
+            hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+            attn_logit_softcapping=cap,
+        )  # fmt: skip
+        return Gemma2Attention(config, layer_idx=0)
+
+    spec = ROOT / "specs/models/gemma2.attn"
+    with pytest.raises(ValueError, match="attn_logit_softcapping is None"):
+        hf.from_transformers(layer(None), spec)
+    assert hf.from_transformers(layer(30.0), spec).scalars["attn_logit_softcapping"] == 30.0
