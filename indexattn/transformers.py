@@ -228,8 +228,8 @@ class GPT2SpecAttention(SpecAttention):
 
 
 class LlamaSpecAttention(SpecAttention):
-    """LlamaAttention's forward, computed by specs/models/llama3.attn (MistralAttention's, the
-    same forward, by mistral.attn): the rotary angles come from position_ids, not from
+    """LlamaAttention's forward (and Mistral's, Qwen2's, Qwen3's: the same forward), computed
+    by the family's spec: the rotary angles come from position_ids, not from
     position_embeddings (which are ignored)."""
 
     def forward(
@@ -258,12 +258,22 @@ class LlamaSpecAttention(SpecAttention):
         return out, weights
 
 
+WRAPPERS = {  # the transformers layers swap_attention replaces, by class name
+    "GPT2Attention": GPT2SpecAttention,
+    "LlamaAttention": LlamaSpecAttention,
+    "MistralAttention": LlamaSpecAttention,  # Llama's forward, and its inputs
+    "Qwen2Attention": LlamaSpecAttention,
+    "Qwen3Attention": LlamaSpecAttention,
+}
+
+
 def swap_attention(
     model: nn.Module,
     spec: CompiledSpec | str | Path,
     decode: CompiledSpec | str | Path | None = None,
 ) -> nn.Module:
-    """Replace every GPT-2, Llama or Mistral attention layer of `model` by the spec, in place.
+    """Replace every attention layer of `model` that WRAPPERS names (GPT-2, Llama, Mistral,
+    Qwen2, Qwen3) by the spec, in place.
 
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
@@ -272,26 +282,17 @@ def swap_attention(
     llama3_decode.attn) the model runs without a KV cache (use_cache=False); with one,
     generate() runs with its cache.
     """
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
-    from transformers.models.llama.modeling_llama import LlamaAttention
-    from transformers.models.mistral.modeling_mistral import MistralAttention
-
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
     if decode is not None and not isinstance(decode, CompiledSpec):
         decode = compile_spec(decode)
-    wrappers = {
-        GPT2Attention: GPT2SpecAttention,
-        LlamaAttention: LlamaSpecAttention,
-        MistralAttention: LlamaSpecAttention,
-    }
     swaps = [
-        (parent, name, wrappers[type(child)](child, spec, decode))
+        (parent, name, WRAPPERS[type(child).__name__](child, spec, decode))
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) in wrappers and not getattr(child, "is_cross_attention", False)
+        if type(child).__name__ in WRAPPERS and not getattr(child, "is_cross_attention", False)
     ]
     if not swaps:
-        raise ValueError(f"no GPT-2, Llama or Mistral attention in {type(model).__name__}")
+        raise ValueError(f"no attention layer of {', '.join(WRAPPERS)} in {type(model).__name__}")
     for parent, name, wrapper in swaps:
         setattr(parent, name, wrapper)
     return model

@@ -309,3 +309,43 @@ def test_param_count_without_one_bias_differs():
     """The twin: Qwen2's count without its key bias (h_kv d_k numbers) is not the layer's."""
     ours, sizes, theirs = counts("qwen2")
     assert ours - sizes["h_kv"] * 2 * sizes["d_r"] != theirs
+
+
+# --- whole models, every attention layer swapped ---------------------------------------------
+
+
+def qwen_model(name):
+    """A tiny 2-layer Qwen2 or Qwen3, float64, with a float64 rotary table (transformers
+    computes it in float32) of its own head width."""
+    config = {"qwen2": qwen2_config, "qwen3": qwen3_config}[name]()
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{name.capitalize()}ForCausalLM")(config)
+    model = randomise(model).double().eval()
+    d_k = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    theta = config.rope_parameters["rope_theta"]
+    model.model.rotary_emb.forward = lambda x, position_ids: rotary(position_ids, d_k, theta)
+    return model
+
+
+def model_logits(model, ids, padding):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_swapped_qwen_gives_the_same_logits(name, float64_layers):
+    """Every layer's attention swapped for the spec: the same logits from a left-padded batch
+    (softmax and Qwen3's norms in float64, as in the layer tests); a nudged weight is caught."""
+    model = qwen_model(name)
+    ids = torch.randint(0, 40, (B, 6), generator=torch.Generator().manual_seed(2))
+    padding = torch.ones(B, 6, dtype=torch.long)
+    padding[1, :2] = 0
+    before = model_logits(model, ids, padding)
+    hf.swap_attention(model, ROOT / f"specs/models/{name}.attn")
+    assert sum(isinstance(m, hf.SpecAttention) for m in model.modules()) == 2
+    torch.testing.assert_close(model_logits(model, ids, padding), before, **TOL)
+    swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
+    with torch.no_grad():
+        swapped.spec.q_proj_weight[0, 0] += 1e-4
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(model_logits(model, ids, padding), before, **TOL)
