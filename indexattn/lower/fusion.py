@@ -8,7 +8,7 @@ into steps. Anything that does not match exactly is left to the general steps.""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy.logic.boolalg import to_nnf
@@ -139,14 +139,15 @@ def declared_outer(form: LinearForm) -> tuple[Index, ...]:
 
 @dataclass(frozen=True)
 class AttentionMatch:
-    """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation.
+    """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation, or any of them written
+    inline in the next (`A = softmax(Q K / sqrt(d) + M)`, `O = softmax(S) V`): one meaning.
 
-    Indices are named as in the scores equation, except `value_width` and `rename` (scores
-    names -> output names), which belong to the output equation."""
+    Indices are named as in the equation `at` that writes the scores, except `value_width` and
+    `rename` (scores names -> output names), which belong to the output equation."""
 
-    masks: tuple[Equation, ...]  # predicate masks used by the scores alone: absorbed
-    scores: Equation
-    weights: Equation
+    masks: tuple[Equation, ...]  # predicate masks that every use of reads in a core: absorbed
+    scores: Equation | None  # None: written inline in the softmax
+    weights: Equation | None  # None: the softmax written inline in the output's product
     dropout: Equation | None
     output: Equation
     q: ir.Node
@@ -170,6 +171,16 @@ class AttentionMatch:
         return self.masks + tuple(eq for eq in chain if eq is not None)
 
     @property
+    def at(self) -> Equation:
+        """The equation whose names the scores are written in."""
+        return next(eq for eq in (self.scores, self.weights, self.output) if eq is not None)
+
+    @property
+    def order(self) -> tuple[Index, ...]:
+        """The scores' axes in the order `at` writes them (the key last where `at` sums it)."""
+        return tuple(dict.fromkeys((*self.at.indices, self.key)))
+
+    @property
     def causal(self) -> bool:
         """The mask is exactly key > query, on one range: the kernel's is_causal."""
         q, k = self.query.symbol, self.key.symbol
@@ -181,7 +192,9 @@ class AttentionMatch:
 
 
 def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
-    """Every attention core in the spec that the fused kernel computes exactly."""
+    """Every attention core in the spec that the fused kernel computes exactly. A predicate
+    mask read by several cores is absorbed by each (`is_causal` twice), and computed only
+    where something else reads it too."""
     uses = _uses(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
     found = []
@@ -189,7 +202,11 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
         match = _Matcher(defined, uses).match(eq)
         if match is not None:
             found.append(match)
-    return tuple(found)
+    absorbed = Counter(eq.tensor.name for m in found for eq in m.masks)
+    whole_uses = {name for name, n in absorbed.items() if n == uses[name]}
+    return tuple(
+        replace(m, masks=tuple(eq for eq in m.masks if eq.tensor.name in whole_uses)) for m in found
+    )
 
 
 def _uses(spec: Spec) -> Counter:
@@ -208,15 +225,37 @@ def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
 
 
 @dataclass(frozen=True)
+class _Meaning:
+    """What a node computes: a derived tensor read only here is its equation's right-hand side
+    (`rename`: its indices -> the names written here); any other node is itself."""
+
+    rhs: ir.Node
+    rename: dict[Index, Index]
+    eq: Equation | None
+
+    def name(self, index: Index) -> Index:
+        return self.rename.get(index, index)
+
+
+@dataclass(frozen=True)
 class _Chain:
     """From the output back to the scores: A = softmax(S), maybe Ã = dropout(A, p)."""
 
-    weights: Equation
-    dropout: Equation | None
+    scores: _Meaning
+    weights: _Meaning
+    dropped: _Meaning | None
     p: sympy.Basic | None
-    scores: Equation
-    ref: ir.Ref  # the output's reference to A (or Ã)
-    inner: ir.Ref | None  # Ã's reference to A
+
+    def rename(self) -> dict[Index, Index]:
+        """Scores names -> output names."""
+        outer = self.dropped if self.dropped is not None else self.weights
+        inner = self.weights if self.dropped is not None else None
+
+        def output_name(i: Index) -> Index:
+            i = self.scores.name(i)
+            return outer.name(inner.name(i) if inner is not None else i)
+
+        return {i: output_name(i) for i in self.scores.rhs.free}
 
 
 class _Matcher:
@@ -231,6 +270,12 @@ class _Matcher:
             return None
         return self.defined[ref.tensor.name] if self.uses[ref.tensor.name] == 1 else None
 
+    def meaning(self, node: ir.Node) -> _Meaning | None:
+        if not isinstance(node, ir.Ref):
+            return _Meaning(node, {}, None)
+        eq, rename = self.single(node), _rename(node)
+        return None if eq is None or rename is None else _Meaning(eq.rhs, rename, eq)
+
     def match(self, output: Equation) -> AttentionMatch | None:
         node = output.rhs
         if not isinstance(node, ir.Product) or len(node.factors) != 2 or len(node.summed) != 1:
@@ -241,38 +286,35 @@ class _Matcher:
                 return self.core(output, v, chain)
         return None
 
-    def chain(self, ref: ir.Node) -> _Chain | None:
+    def chain(self, node: ir.Node) -> _Chain | None:
         """A (or dropout of A) with A = softmax over one index of S, S used only there."""
-        eq = self.single(ref)
-        dropout = p = inner = None
-        if eq is not None and isinstance(eq.rhs, ir.Apply) and eq.rhs.fn == "dropout":
-            dropout, (inner, p_node) = eq, eq.rhs.args
-            p = p_node.expr
-            eq = self.single(inner)
-        if eq is None or not isinstance(eq.rhs, ir.Reduce) or eq.rhs.fn != "softmax":
+        weights, dropped, p = self.meaning(node), None, None
+        if (
+            weights is not None
+            and isinstance(weights.rhs, ir.Apply)
+            and weights.rhs.fn == "dropout"
+        ):
+            dropped, (inner, p_node) = weights, weights.rhs.args
+            weights, p = self.meaning(inner), p_node.expr
+        if weights is None or not isinstance(weights.rhs, ir.Reduce):
             return None
-        scores = self.single(eq.rhs.body)
-        if scores is None or len(eq.rhs.over) != 1:
+        if weights.rhs.fn != "softmax" or len(weights.rhs.over) != 1:
             return None
-        return _Chain(eq, dropout, p, scores, ref, inner)
+        scores = self.meaning(weights.rhs.body)
+        return None if scores is None else _Chain(scores, weights, dropped, p)
 
     def core(self, output: Equation, v: ir.Node, chain: _Chain) -> AttentionMatch | None:
         """Index roles: the key is softmaxed and summed against V; the rest follow."""
-        renames = [_rename(chain.weights.rhs.body), _rename(chain.ref)]
-        renames.insert(1, _rename(chain.inner) if chain.inner is not None else {})
-        if any(r is None for r in renames):
+        free = chain.scores.rhs.free
+        key = {chain.scores.name(i): i for i in free}.get(chain.weights.rhs.over[0])
+        rename = chain.rename()
+        if key is None or output.rhs.summed != (rename[key],):
             return None
-        to_weights, to_dropped, to_output = renames
-        rename = {i: to_output[to_dropped.get(w, w)] for i, w in to_weights.items()}
-        key = {w: i for i, w in to_weights.items()}[chain.weights.rhs.over[0]]
-        if output.rhs.summed != (rename[key],):
-            return None
-        parts = self.scores(chain.scores, key)
+        parts = self.scores(chain.scores.rhs, key)
         return None if parts is None else self.assemble(output, v, chain, rename, key, *parts)
 
-    def scores(self, eq: Equation, key: Index):
+    def scores(self, node: ir.Node, key: Index):
         """S = Q K · scale + terms: two tensors contracted over one index."""
-        node = eq.rhs
         terms = list(node.terms) if isinstance(node, ir.Sum) else [node]
         products = [t for t in terms if isinstance(t, ir.Product) and t.summed]
         if len(products) != 1:
@@ -307,9 +349,9 @@ class _Matcher:
             return None
         return AttentionMatch(
             masks=masks,
-            scores=chain.scores,
-            weights=chain.weights,
-            dropout=chain.dropout,
+            scores=chain.scores.eq,
+            weights=chain.weights.eq,
+            dropout=chain.dropped.eq if chain.dropped is not None else None,
             output=output,
             q=q,
             k=k,
@@ -346,10 +388,11 @@ class _Matcher:
         return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed)
 
     def predicate(self, term: ir.Node):
-        """where(cond, -inf, 0) (or its mirror), inline or as a tensor used only here."""
+        """where(cond, -inf, 0) (or its mirror), inline or as a tensor of positions (which
+        other cores may read too)."""
         if isinstance(term, ir.Field):
             return _keep(term.expr), None
-        eq = self.single(term)
+        eq = self.defined.get(term.tensor.name) if isinstance(term, ir.Ref) else None
         if eq is None or not isinstance(eq.rhs, ir.Field):
             return None, None
         keep = _keep(eq.rhs.expr)

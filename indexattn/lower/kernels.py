@@ -76,7 +76,7 @@ class Kernels:
 
     def attend(self, match: AttentionMatch, name: str) -> Operand:
         planner = self.planner
-        planner.order, scores = match.scores.indices, match.scores.tensor.ascii
+        planner.order, scores = match.order, match.at.tensor.ascii
         q, k = (planner.as_tensor(planner.node(n, scores), scores) for n in (match.q, match.k))
         mask = self.mask(match, scores)
         planner.order = match.output.indices
@@ -115,5 +115,5 @@ class Kernels:
             dims = tuple(i for i in planner.order if i.symbol in free)
             return planner.add(Grid(Operand(planner.var(base), dims, False), match.keep))
         terms = match.terms
-        node = terms[0] if len(terms) == 1 else ir.Sum(terms, match.scores.rhs.span)
+        node = terms[0] if len(terms) == 1 else ir.Sum(terms, terms[0].span)
         return planner.as_tensor(planner.node(node, scores + "_bias"), scores + "_bias")
