@@ -155,3 +155,49 @@ def test_a_shared_mask_read_elsewhere_too_is_built_and_still_causal_in_the_cores
     assert compare(spec, torch.float64, (2,)).ok
     twin = indexattn.compile_spec(ONE_MASK.replace("τ' > τ", "τ' >= τ"), name="t")
     assert "is_causal" not in twin.source and twin.source.count("attn_mask") == 2
+
+
+HALVES = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index j : d_r
+index a : 2 d_r
+input X_<τi>
+param W_Q_<(μa)i>
+param W_K_<(μa)i>
+param W_V_<(μa)i>
+param W_O_<i(μa)>
+θ_<τj> = τ 10000^(-j / d_r)
+Q_<μτa> = W_Q_<(μa)i> X_<τi>
+K_<μτa> = W_K_<(μa)i> X_<τi>
+V_<μτa> = W_V_<(μa)i> X_<τi>
+R0_<μτj> = Q_<μτ[j]> cos(θ_<τj>) - Q_<μτ[d_r + j]> sin(θ_<τj>)
+R1_<μτj> = Q_<μτ[d_r + j]> cos(θ_<τj>) + Q_<μτ[j]> sin(θ_<τj>)
+T0_<μτj> = K_<μτ[j]> cos(θ_<τj>) - K_<μτ[d_r + j]> sin(θ_<τj>)
+T1_<μτj> = K_<μτ[d_r + j]> cos(θ_<τj>) + K_<μτ[j]> sin(θ_<τj>)
+M_<ττ'> = where(τ' > τ, -inf, 0)
+S_<μττ'> = (R0_<μτj> T0_<μτ'j> + R1_<μτj> T1_<μτ'j>) / sqrt(2 d_r) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+"""
+
+
+def test_rotary_written_as_two_halves_is_the_kernel_on_whole_queries_and_keys():
+    spec = indexattn.compile_spec(HALVES, name="t")
+    (call,) = [line for line in spec.source.splitlines() if "scaled_dot_product" in line]
+    assert "torch.cat([R0, R1], dim=-1)" in call and "is_causal=True" in call
+    code = "\n".join(line.split("#")[0] for line in spec.source.splitlines())
+    assert "einsum" not in code and "softmax" not in code
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_halves_scaled_apart_are_not_one_kernel_call_and_still_equal_the_literal_reading():
+    twin = HALVES.replace(
+        "(R0_<μτj> T0_<μτ'j> + R1_<μτj> T1_<μτ'j>) / sqrt(2 d_r)",
+        "R0_<μτj> T0_<μτ'j> / sqrt(2 d_r) + R1_<μτj> T1_<μτ'j>",
+    )
+    spec = indexattn.compile_spec(twin, name="t")
+    assert "scaled_dot_product_attention" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok

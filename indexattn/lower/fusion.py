@@ -150,8 +150,8 @@ class AttentionMatch:
     weights: Equation | None  # None: the softmax written inline in the output's product
     dropout: Equation | None
     output: Equation
-    q: ir.Node
-    k: ir.Node
+    q: tuple[ir.Node, ...]  # the queries, in parts whose features sit side by side
+    k: tuple[ir.Node, ...]  # the keys, in the same parts
     v: ir.Node
     scale: sympy.Basic
     terms: tuple[ir.Node, ...]  # the additive terms of the scores (masks, biases)
@@ -160,7 +160,7 @@ class AttentionMatch:
     groups: tuple[Index, ...]  # query heads that share a key head (grouped-query attention)
     query: Index
     key: Index
-    width: Index
+    widths: tuple[tuple[Index, ...], ...]  # the features each part of q and k contracts
     value_width: Index
     rename: tuple[tuple[Index, Index], ...]
     p: sympy.Basic | None  # dropout probability on the weights
@@ -314,27 +314,35 @@ class _Matcher:
         return None if parts is None else self.assemble(output, v, chain, rename, key, *parts)
 
     def scores(self, node: ir.Node, key: Index):
-        """S = Q K · scale + terms: two tensors contracted over one index."""
-        terms = list(node.terms) if isinstance(node, ir.Sum) else [node]
-        products = [t for t in terms if isinstance(t, ir.Product) and t.summed]
-        if len(products) != 1:
+        """S = scale · Σ Q·K + terms: one or more products of two tensors, each contracted over
+        its own features (several indices, as rotary's halves c j); the kernel takes all the
+        features side by side as one axis."""
+        parts, terms = [], []
+        for term in node.terms if isinstance(node, ir.Sum) else (node,):
+            found = _contractions(term)
+            parts += found
+            terms += [] if found else [term]
+        if not parts or len({scale for scale, _ in parts}) != 1:
             return None
-        product = products[0]
-        terms.remove(product)
-        tensors = [f for f in product.factors if not isinstance(f, ir.Field)]
-        fields = [f for f in product.factors if isinstance(f, ir.Field)]
-        if len(tensors) != 2 or len(product.summed) != 1 or any(f.free for f in fields):
-            return None
-        q, k = tensors if key not in tensors[0].free else tensors[::-1]
-        if key in q.free or key not in k.free:
-            return None
-        scale = sympy.Mul(*(f.expr for f in fields))
-        return q, k, scale, tuple(terms), product.summed[0]
+        qs, ks = [], []
+        for _, product in parts:
+            if len(product.factors) != 2:
+                return None
+            q, k = product.factors if key not in product.factors[0].free else product.factors[::-1]
+            if key in q.free or key not in k.free:
+                return None
+            qs.append(q)
+            ks.append(k)
+        widths = tuple(product.summed for _, product in parts)
+        for found in (qs, ks):
+            if len({frozenset(set(n.free) - set(w)) for n, w in zip(found, widths)}) != 1:
+                return None
+        return tuple(qs), tuple(ks), parts[0][0], tuple(terms), widths
 
-    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, width):
-        heads = tuple(i for i in q.free if i in k.free and i != width)
-        alone = [i for i in q.free if i not in k.free]
-        if [i for i in k.free if i not in q.free] != [key] or not alone:
+    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, widths):
+        heads = tuple(i for i in q[0].free if i in k[0].free and i not in widths[0])
+        alone = [i for i in q[0].free if i not in k[0].free]
+        if [i for i in k[0].free if i not in q[0].free] != [key] or not alone:
             return None
         query = _query(alone, key)
         groups = tuple(i for i in alone if i != query)
@@ -342,9 +350,9 @@ class _Matcher:
         v_heads = {i for i in v.free if i in rename.values()} - {rename[key]}
         if len(value_width) != 1 or v_heads != {rename[i] for i in heads}:
             return None
-        if not _same_batching(q, k, v):
+        if not _same_batching(*q, *k, v):
             return None
-        keep, masks = self.masks(terms, (*heads, *groups, query, key), q)
+        keep, masks = self.masks(terms, (*heads, *groups, query, key), q[0])
         if keep is False:
             return None
         return AttentionMatch(
@@ -363,7 +371,7 @@ class _Matcher:
             groups=groups,
             query=query,
             key=key,
-            width=width,
+            widths=widths,
             value_width=value_width[0],
             rename=tuple(rename.items()),
             p=chain.p,
@@ -400,6 +408,26 @@ class _Matcher:
         if keep is None or rename is None:
             return None, None
         return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq
+
+
+def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
+    """A term of the scores as (scale, product of tensors contracted over some indices)
+    pairs: `Q K / s`, or `(Q0 K0 + Q1 K1) / s` distributed; [] for any other term."""
+    if not isinstance(term, ir.Product):
+        return []
+    fields = [f for f in term.factors if isinstance(f, ir.Field)]
+    rest = tuple(f for f in term.factors if not isinstance(f, ir.Field))
+    if any(f.free for f in fields):
+        return []
+    scale = sympy.Mul(*(f.expr for f in fields))
+    if term.summed:
+        return [(scale, ir.Product(rest, term.summed, term.span))]
+    if len(rest) != 1 or not isinstance(rest[0], ir.Sum):
+        return []
+    inner = [_contractions(t) for t in rest[0].terms]
+    if not all(inner):
+        return []
+    return [(scale * s, product) for found in inner for s, product in found]
 
 
 def _query(alone: list[Index], key: Index) -> Index:
