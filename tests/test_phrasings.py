@@ -7,9 +7,11 @@ import tokenize
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
-from indexattn.oracle.verify import compare
+from indexattn.oracle.verify import compare, sample_arguments
+from indexattn.views import cost
 
 PROJECTIONS = """
 index τ, τ' : N
@@ -200,4 +202,29 @@ def test_halves_scaled_apart_are_not_one_kernel_call_and_still_equal_the_literal
     )
     spec = indexattn.compile_spec(twin, name="t")
     assert "scaled_dot_product_attention" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+PRODUCT = SEPARATE.replace(
+    "O_<μτa> = A_<μττ'> V_<μτ'a>\nY_<τi> = W_O_<i(μa)> O_<μτa>\n",
+    "Y_<τi> = W_O_<i(μa)> A_<μττ'> V_<μτ'a>\n",
+)
+
+
+@pytest.mark.parametrize(("d_m", "h", "d_k"), [(96, 4, 8), (8, 2, 16)])
+def test_a_product_of_three_takes_the_order_with_fewer_flops_at_the_calls_sizes(d_m, h, d_k):
+    """Y = W_O A V: GPT-2's shape (d_m > d_k) contracts A with V first (2 h N² d_k), a head
+    wider than the model W_O with V (2 h N² d_m); flops() counts the order taken, as torch
+    counts it."""
+    n = 32
+    spec = indexattn.compile_spec(PRODUCT, name="t")
+    sizes = {"N": n, "d_m": d_m, "h": h, "d_k": d_k}
+    args = sample_arguments(spec.ir, sizes, (1,), torch.float64, seed=0)
+    with FlopCounterMode(display=False) as counter:
+        spec(**args, h=h)
+    projections = 4 * 2 * n * d_m * h * d_k  # Q, K, V and the output's W_O
+    scores = 2 * h * n * n * d_k
+    assert counter.get_total_flops() == projections + scores + 2 * h * n * n * min(d_m, d_k)
+    matmul = sum((c for _, c in cost.block_costs(spec.plan)), cost.Cost()).matmul
+    assert cost.evaluate(matmul, cost.sizes_for(spec.ir, sizes)) == counter.get_total_flops()
     assert compare(spec, torch.float64, (2,)).ok

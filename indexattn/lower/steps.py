@@ -209,8 +209,20 @@ class Attention:
         return self.heads != self.kv_heads
 
 
+@dataclass(frozen=True)
+class Choose:
+    """Steps chosen by the call's sizes: the first branch whose condition holds (the last
+    branch otherwise); each branch's last step gives `out`. The contraction orders of one
+    product, where none is the cheapest at every size."""
+
+    out: Operand
+    conditions: tuple[sympy.Basic, ...]  # one per branch but the last
+    branches: tuple[tuple[Step, ...], ...]
+
+
 Step = (
-    Unfuse
+    Choose
+    | Unfuse
     | Grid
     | Gather
     | Contract

@@ -31,6 +31,7 @@ from ..lower.steps import (
     Attention,
     Block,
     Cat,
+    Choose,
     Contract,
     Elementwise,
     Full,
@@ -159,6 +160,17 @@ def _(step: Contract) -> Cost:
     if set(every) - set(step.out.dims):
         return Cost(matmul=2 * (len(step.args) - 1) * space, other=scale)
     return Cost(other=(len(step.args) - 1) * space + scale)
+
+
+@step_cost.register
+def _(step: Choose) -> Cost:
+    """The branch the sizes choose, as a piecewise count."""
+    costs = [sum(map(step_cost, branch), Cost()) for branch in step.branches]
+    conditions = (*step.conditions, sympy.true)
+    return Cost(
+        sympy.Piecewise(*((c.matmul, w) for c, w in zip(costs, conditions))),
+        sympy.Piecewise(*((c.other, w) for c, w in zip(costs, conditions))),
+    )
 
 
 @step_cost.register
