@@ -228,3 +228,15 @@ def test_a_product_of_three_takes_the_order_with_fewer_flops_at_the_calls_sizes(
     matmul = sum((c for _, c in cost.block_costs(spec.plan)), cost.Cost()).matmul
     assert cost.evaluate(matmul, cost.sizes_for(spec.ir, sizes)) == counter.get_total_flops()
     assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_the_order_chosen_by_sizes_traces_under_compile_and_export():
+    spec = indexattn.compile_spec(PRODUCT, name="t")
+    module = spec.module(d_m=16, h=2, d_k=4).double().eval()
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), module(x))
+    n = torch.export.Dim("N", min=2, max=64)
+    exported = torch.export.export(module, (x,), dynamic_shapes=(({1: n},),)).module()
+    longer = torch.randn(2, 12, 16, dtype=torch.float64)
+    torch.testing.assert_close(exported(longer), module(longer))
