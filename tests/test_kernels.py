@@ -22,6 +22,10 @@ SHIPPED = {
     "causal_head": "is_causal",
     "gqa": "is_causal",
     "mqa": "is_causal",
+    "rope": "is_causal",
+    "rope_interleaved": "is_causal",
+    "rope_partial": "is_causal",
+    "qk_norm": "is_causal",
     "sliding_window": "attn_mask",
     "alibi": "attn_mask",
     "dk_dv_mask": "attn_mask",
@@ -80,7 +84,7 @@ def test_shipped_specs_call_the_kernel_exactly_where_it_computes_them(name):
     assert len(fused) == 1
     assert ("is_causal=True" in spec.source) == (SHIPPED[name] == "is_causal")
     assert ("attn_mask=" in spec.source) == (SHIPPED[name] == "attn_mask")
-    assert ("enable_gqa=True" in spec.source) == (name in ("gqa", "mqa"))
+    assert ("enable_gqa=True" in spec.source) == (name in ("gqa", "mqa", "qk_norm"))
     assert "einsum(" not in code(spec) and "softmax" not in code(spec)
 
 
@@ -88,8 +92,11 @@ def test_no_materialised_scores_when_the_kernel_runs():
     """The causal specs build no N x N tensor at all: no mask, no scores."""
     for name, how in SHIPPED.items():
         if how == "is_causal":
-            source = code(indexattn.compile_spec(ROOT / "specs" / f"{name}.attn"))
-            assert "arange" not in source and "torch.where" not in source, name
+            spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+            (core,) = steps(spec, Attention)
+            square = {core.q_dims[-1], core.k_dims[-1]}
+            assert not any(square <= set(s.out.dims) for s in spec.plan.steps), name
+            assert "torch.where" not in code(spec), name
 
 
 def test_fused_projections_are_one_matrix_product_and_a_split():

@@ -3,6 +3,8 @@ kernels' in `kernels_emit`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 
 from .. import ops
@@ -12,6 +14,7 @@ from .printers import GridPrinter, ScalarPrinter, wrap
 from .steps import (
     Add,
     Cat,
+    Choose,
     Contract,
     Elementwise,
     Full,
@@ -33,9 +36,24 @@ class Emitter(KernelSteps, Values):
     def lines(self, step) -> list[str]:
         """The step's code, its last line commented with the axes of its result."""
         code = getattr(self, "step_" + type(step).__name__)(step)
+        if isinstance(step, Choose):
+            return code
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
         return [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]
+
+    def step_Choose(self, step: Choose) -> list[str]:
+        """if/elif/else on the sizes; each branch ends in the choice's variable."""
+        lines = ["# the contraction order with the fewest FLOPs at these sizes"]
+        for k, branch in enumerate(step.branches):
+            if k < len(step.conditions):
+                condition = self.scalar(step.conditions[k])
+                lines.append(f"{'elif' if k else 'if'} {_unwrapped(condition)}:")
+            else:
+                lines.append("else:")
+            steps = (*branch[:-1], replace(branch[-1], out=step.out))
+            lines += ["    " + line for s in steps for line in self.lines(s)]
+        return lines
 
     def step_Unfuse(self, step: Unfuse) -> str:
         tensor = step.tensor
@@ -217,6 +235,16 @@ def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:
             end = -left + len(axis) - 1
             code += f".flatten({-left})" if end == -1 else f".flatten({-left}, {end})"
         left -= len(axis)
+    return code
+
+
+def _unwrapped(code: str) -> str:
+    """Code without the parentheses around all of it: `(d_m <= d_k)` -> `d_m <= d_k`."""
+    depth = 0
+    for k, ch in enumerate(code):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return code[1:-1] if k == len(code) - 1 and ch == ")" else code
     return code
 
 

@@ -8,7 +8,7 @@ into steps. Anything that does not match exactly is left to the general steps.""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy.logic.boolalg import to_nnf
@@ -140,18 +140,19 @@ def declared_outer(form: LinearForm) -> tuple[Index, ...]:
 
 @dataclass(frozen=True)
 class AttentionMatch:
-    """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation.
+    """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation, or any of them written
+    inline in the next (`A = softmax(Q K / sqrt(d) + M)`, `O = softmax(S) V`): one meaning.
 
-    Indices are named as in the scores equation, except `value_width` and `rename` (scores
-    names -> output names), which belong to the output equation."""
+    Indices are named as in the equation `at` that writes the scores, except `value_width` and
+    `rename` (scores names -> output names), which belong to the output equation."""
 
-    masks: tuple[Equation, ...]  # predicate masks used by the scores alone: absorbed
-    scores: Equation
-    weights: Equation
+    masks: tuple[Equation, ...]  # predicate masks that every use of reads in a core: absorbed
+    scores: Equation | None  # None: written inline in the softmax
+    weights: Equation | None  # None: the softmax written inline in the output's product
     dropout: Equation | None
     output: Equation
-    q: ir.Node
-    k: ir.Node
+    q: tuple[ir.Node, ...]  # the queries, in parts whose features sit side by side
+    k: tuple[ir.Node, ...]  # the keys, in the same parts
     v: ir.Node
     scale: sympy.Basic
     terms: tuple[ir.Node, ...]  # the additive terms of the scores (masks, biases)
@@ -160,7 +161,7 @@ class AttentionMatch:
     groups: tuple[Index, ...]  # query heads that share a key head (grouped-query attention)
     query: Index
     key: Index
-    width: Index
+    widths: tuple[tuple[Index, ...], ...]  # the features each part of q and k contracts
     value_width: Index
     rename: tuple[tuple[Index, Index], ...]
     p: sympy.Basic | None  # dropout probability on the weights
@@ -169,6 +170,16 @@ class AttentionMatch:
     def equations(self) -> tuple[Equation, ...]:
         chain = (self.scores, self.weights, self.dropout, self.output)
         return self.masks + tuple(eq for eq in chain if eq is not None)
+
+    @property
+    def at(self) -> Equation:
+        """The equation whose names the scores are written in."""
+        return next(eq for eq in (self.scores, self.weights, self.output) if eq is not None)
+
+    @property
+    def order(self) -> tuple[Index, ...]:
+        """The scores' axes in the order `at` writes them (the key last where `at` sums it)."""
+        return tuple(dict.fromkeys((*self.at.indices, self.key)))
 
     @property
     def causal(self) -> bool:
@@ -182,7 +193,9 @@ class AttentionMatch:
 
 
 def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
-    """Every attention core in the spec that the fused kernel computes exactly."""
+    """Every attention core in the spec that the fused kernel computes exactly. A predicate
+    mask read by several cores is absorbed by each (`is_causal` twice), and computed only
+    where something else reads it too."""
     uses = _uses(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
     found = []
@@ -190,7 +203,11 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
         match = _Matcher(defined, uses).match(eq)
         if match is not None:
             found.append(match)
-    return tuple(found)
+    absorbed = Counter(eq.tensor.name for m in found for eq in m.masks)
+    whole_uses = {name for name, n in absorbed.items() if n == uses[name]}
+    return tuple(
+        replace(m, masks=tuple(eq for eq in m.masks if eq.tensor.name in whole_uses)) for m in found
+    )
 
 
 def _uses(spec: Spec) -> Counter:
@@ -209,15 +226,37 @@ def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
 
 
 @dataclass(frozen=True)
+class _Meaning:
+    """What a node computes: a derived tensor read only here is its equation's right-hand side
+    (`rename`: its indices -> the names written here); any other node is itself."""
+
+    rhs: ir.Node
+    rename: dict[Index, Index]
+    eq: Equation | None
+
+    def name(self, index: Index) -> Index:
+        return self.rename.get(index, index)
+
+
+@dataclass(frozen=True)
 class _Chain:
     """From the output back to the scores: A = softmax(S), maybe Ã = dropout(A, p)."""
 
-    weights: Equation
-    dropout: Equation | None
+    scores: _Meaning
+    weights: _Meaning
+    dropped: _Meaning | None
     p: sympy.Basic | None
-    scores: Equation
-    ref: ir.Ref  # the output's reference to A (or Ã)
-    inner: ir.Ref | None  # Ã's reference to A
+
+    def rename(self) -> dict[Index, Index]:
+        """Scores names -> output names."""
+        outer = self.dropped if self.dropped is not None else self.weights
+        inner = self.weights if self.dropped is not None else None
+
+        def output_name(i: Index) -> Index:
+            i = self.scores.name(i)
+            return outer.name(inner.name(i) if inner is not None else i)
+
+        return {i: output_name(i) for i in self.scores.rhs.free}
 
 
 class _Matcher:
@@ -232,6 +271,12 @@ class _Matcher:
             return None
         return self.defined[ref.tensor.name] if self.uses[ref.tensor.name] == 1 else None
 
+    def meaning(self, node: ir.Node) -> _Meaning | None:
+        if not isinstance(node, ir.Ref):
+            return _Meaning(node, {}, None)
+        eq, rename = self.single(node), _rename(node)
+        return None if eq is None or rename is None else _Meaning(eq.rhs, rename, eq)
+
     def match(self, output: Equation) -> AttentionMatch | None:
         node = output.rhs
         if not isinstance(node, ir.Product) or len(node.factors) != 2 or len(node.summed) != 1:
@@ -242,58 +287,63 @@ class _Matcher:
                 return self.core(output, v, chain)
         return None
 
-    def chain(self, ref: ir.Node) -> _Chain | None:
+    def chain(self, node: ir.Node) -> _Chain | None:
         """A (or dropout of A) with A = softmax over one index of S, S used only there."""
-        eq = self.single(ref)
-        dropout = p = inner = None
-        if eq is not None and isinstance(eq.rhs, ir.Apply) and eq.rhs.fn == "dropout":
-            dropout, (inner, p_node) = eq, eq.rhs.args
-            p = p_node.expr
-            eq = self.single(inner)
-        if eq is None or not isinstance(eq.rhs, ir.Reduce) or eq.rhs.fn != "softmax":
+        weights, dropped, p = self.meaning(node), None, None
+        if (
+            weights is not None
+            and isinstance(weights.rhs, ir.Apply)
+            and weights.rhs.fn == "dropout"
+        ):
+            dropped, (inner, p_node) = weights, weights.rhs.args
+            weights, p = self.meaning(inner), p_node.expr
+        if weights is None or not isinstance(weights.rhs, ir.Reduce):
             return None
-        scores = self.single(eq.rhs.body)
-        if scores is None or len(eq.rhs.over) != 1:
+        if weights.rhs.fn != "softmax" or len(weights.rhs.over) != 1:
             return None
-        return _Chain(eq, dropout, p, scores, ref, inner)
+        scores = self.meaning(weights.rhs.body)
+        return None if scores is None else _Chain(scores, weights, dropped, p)
 
     def core(self, output: Equation, v: ir.Node, chain: _Chain) -> AttentionMatch | None:
         """Index roles: the key is softmaxed and summed against V; the rest follow."""
-        renames = [_rename(chain.weights.rhs.body), _rename(chain.ref)]
-        renames.insert(1, _rename(chain.inner) if chain.inner is not None else {})
-        if any(r is None for r in renames):
+        free = chain.scores.rhs.free
+        key = {chain.scores.name(i): i for i in free}.get(chain.weights.rhs.over[0])
+        rename = chain.rename()
+        if key is None or output.rhs.summed != (rename[key],):
             return None
-        to_weights, to_dropped, to_output = renames
-        rename = {i: to_output[to_dropped.get(w, w)] for i, w in to_weights.items()}
-        key = {w: i for i, w in to_weights.items()}[chain.weights.rhs.over[0]]
-        if output.rhs.summed != (rename[key],):
-            return None
-        parts = self.scores(chain.scores, key)
+        parts = self.scores(chain.scores.rhs, key)
         return None if parts is None else self.assemble(output, v, chain, rename, key, *parts)
 
-    def scores(self, eq: Equation, key: Index):
-        """S = Q K · scale + terms: two tensors contracted over one index."""
-        node = eq.rhs
-        terms = list(node.terms) if isinstance(node, ir.Sum) else [node]
-        products = [t for t in terms if isinstance(t, ir.Product) and t.summed]
-        if len(products) != 1:
+    def scores(self, node: ir.Node, key: Index):
+        """S = scale · Σ Q·K + terms: one or more products of two tensors, each contracted over
+        its own features (several indices, as rotary's halves c j); the kernel takes all the
+        features side by side as one axis."""
+        parts, terms = [], []
+        for term in node.terms if isinstance(node, ir.Sum) else (node,):
+            found = _contractions(term)
+            parts += found
+            terms += [] if found else [term]
+        if not parts or len({scale for scale, _ in parts}) != 1:
             return None
-        product = products[0]
-        terms.remove(product)
-        tensors = [f for f in product.factors if not isinstance(f, ir.Field)]
-        fields = [f for f in product.factors if isinstance(f, ir.Field)]
-        if len(tensors) != 2 or len(product.summed) != 1 or any(f.free for f in fields):
-            return None
-        q, k = tensors if key not in tensors[0].free else tensors[::-1]
-        if key in q.free or key not in k.free:
-            return None
-        scale = sympy.Mul(*(f.expr for f in fields))
-        return q, k, scale, tuple(terms), product.summed[0]
+        qs, ks = [], []
+        for _, product in parts:
+            if len(product.factors) != 2:
+                return None
+            q, k = product.factors if key not in product.factors[0].free else product.factors[::-1]
+            if key in q.free or key not in k.free:
+                return None
+            qs.append(q)
+            ks.append(k)
+        widths = tuple(product.summed for _, product in parts)
+        for found in (qs, ks):
+            if len({frozenset(set(n.free) - set(w)) for n, w in zip(found, widths)}) != 1:
+                return None
+        return tuple(qs), tuple(ks), parts[0][0], tuple(terms), widths
 
-    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, width):
-        heads = tuple(i for i in q.free if i in k.free and i != width)
-        alone = [i for i in q.free if i not in k.free]
-        if [i for i in k.free if i not in q.free] != [key] or not alone:
+    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, widths):
+        heads = tuple(i for i in q[0].free if i in k[0].free and i not in widths[0])
+        alone = [i for i in q[0].free if i not in k[0].free]
+        if [i for i in k[0].free if i not in q[0].free] != [key] or not alone:
             return None
         query = _query(alone, key)
         groups = tuple(i for i in alone if i != query)
@@ -301,16 +351,16 @@ class _Matcher:
         v_heads = {i for i in v.free if i in rename.values()} - {rename[key]}
         if len(value_width) != 1 or v_heads != {rename[i] for i in heads}:
             return None
-        if not _same_batching(q, k, v):
+        if not _same_batching(*q, *k, v):
             return None
-        keep, masks = self.masks(terms, (*heads, *groups, query, key), q)
+        keep, masks = self.masks(terms, (*heads, *groups, query, key), q[0])
         if keep is False:
             return None
         return AttentionMatch(
             masks=masks,
-            scores=chain.scores,
-            weights=chain.weights,
-            dropout=chain.dropout,
+            scores=chain.scores.eq,
+            weights=chain.weights.eq,
+            dropout=chain.dropped.eq if chain.dropped is not None else None,
             output=output,
             q=q,
             k=k,
@@ -322,7 +372,7 @@ class _Matcher:
             groups=groups,
             query=query,
             key=key,
-            width=width,
+            widths=widths,
             value_width=value_width[0],
             rename=tuple(rename.items()),
             p=chain.p,
@@ -349,16 +399,18 @@ class _Matcher:
         return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed)
 
     def predicate(self, term: ir.Node):
-        """where(cond, -inf, 0) (or its mirror), inline or as a tensor used only here."""
+        """where(cond, -inf, 0) (or its mirror), inline, as a tensor of positions (which other
+        cores may read too), or as a mask that reads tensors (document ids) used only here."""
         if isinstance(term, ir.Field):
             return _keep(term.expr), None
         if isinstance(term, ir.Apply):
             return predicates.keep_of(term), None
-        eq = self.single(term)
-        if eq is not None and _rename(term) == {i: i for i in eq.indices}:
-            keep = predicates.keep_of(eq.rhs)  # a mask that reads tensors, in its own indices
+        single = self.single(term)
+        if single is not None and _rename(term) == {i: i for i in single.indices}:
+            keep = predicates.keep_of(single.rhs)  # a mask that reads tensors, used only here
             if keep is not None:
-                return keep, eq
+                return keep, single
+        eq = self.defined.get(term.tensor.name) if isinstance(term, ir.Ref) else None
         if eq is None or not isinstance(eq.rhs, ir.Field):
             return None, None
         keep = _keep(eq.rhs.expr)
@@ -366,6 +418,26 @@ class _Matcher:
         if keep is None or rename is None:
             return None, None
         return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq
+
+
+def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
+    """A term of the scores as (scale, product of tensors contracted over some indices)
+    pairs: `Q K / s`, or `(Q0 K0 + Q1 K1) / s` distributed; [] for any other term."""
+    if not isinstance(term, ir.Product):
+        return []
+    fields = [f for f in term.factors if isinstance(f, ir.Field)]
+    rest = tuple(f for f in term.factors if not isinstance(f, ir.Field))
+    if any(f.free for f in fields):
+        return []
+    scale = sympy.Mul(*(f.expr for f in fields))
+    if term.summed:
+        return [(scale, ir.Product(rest, term.summed, term.span))]
+    if len(rest) != 1 or not isinstance(rest[0], ir.Sum):
+        return []
+    inner = [_contractions(t) for t in rest[0].terms]
+    if not all(inner):
+        return []
+    return [(scale * s, product) for found in inner for s, product in found]
 
 
 def _query(alone: list[Index], key: Index) -> Index:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from .steps import (
     Add,
     Cat,
+    Choose,
     Contract,
     Elementwise,
     Full,
@@ -24,7 +25,7 @@ from .steps import (
     Whole,
 )
 
-PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat, Whole)
+PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat, Whole, Choose)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,12 @@ def _hoistable(step: Step, constant: set[Var]) -> bool:
 
 
 def operands(step: Step) -> tuple[Operand, ...]:
-    """The operands a step reads (not its result)."""
+    """The operands a step reads (not its result); a choice reads what its branches read
+    from before it."""
+    if isinstance(step, Choose):
+        inner = [s for branch in step.branches for s in branch]
+        made = {s.out.var for s in inner}
+        return tuple(o for s in inner for o in operands(s) if o.var not in made)
     found: list[Operand] = []
     for f in fields(step):
         if f.name in ("out", "outs"):

@@ -76,15 +76,18 @@ class Kernels:
 
     def attend(self, match: AttentionMatch, name: str) -> Operand:
         planner = self.planner
-        planner.order, scores = match.scores.indices, match.scores.tensor.ascii
-        q, k = (planner.as_tensor(planner.node(n, scores), scores) for n in (match.q, match.k))
+        planner.order, scores = match.order, match.at.tensor.ascii
+        q, k = (
+            tuple(planner.as_tensor(planner.node(n, scores), scores) for n in parts)
+            for parts in (match.q, match.k)
+        )
         mask = self.mask(match, scores)
         planner.order = match.output.indices
         v = planner.as_tensor(planner.node(match.v, name), name)
         rename = dict(match.rename)
         heads = match.heads + match.groups
         out = (*(rename[i] for i in (*heads, match.query)), match.value_width)
-        batched = q.batched or k.batched or v.batched
+        batched = any(a.batched for a in (*q, *k, v))
         return planner.add(
             Attention(
                 Operand(planner.var(name + "_attn"), out, batched),
@@ -92,8 +95,9 @@ class Kernels:
                 k=k,
                 v=v,
                 mask=mask,
-                q_dims=(*heads, match.query, match.width),
-                k_dims=(*match.heads, match.key, match.width),
+                q_dims=(*heads, match.query),
+                k_dims=(*match.heads, match.key),
+                widths=match.widths,
                 v_dims=(*(rename[i] for i in match.heads), rename[match.key], match.value_width),
                 mask_dims=(*heads, match.query, match.key),
                 heads=len(heads),
@@ -117,5 +121,5 @@ class Kernels:
             dims = tuple(i for i in planner.order if i.symbol in free)
             return planner.add(Grid(Operand(planner.var(base), dims, False), match.keep))
         terms = match.terms
-        node = terms[0] if len(terms) == 1 else ir.Sum(terms, match.scores.rhs.span)
+        node = terms[0] if len(terms) == 1 else ir.Sum(terms, terms[0].span)
         return planner.as_tensor(planner.node(node, scores + "_bias"), scores + "_bias")

@@ -42,8 +42,8 @@ class KernelSteps:
     def step_Attention(self, step: Attention) -> list[str]:
         out = self.var(step.out)
         args = [
-            self.heads(step.q, step.q_dims, step.heads),
-            self.heads(step.k, step.k_dims, step.kv_heads),
+            self.features(step.q, step.q_dims, step.widths, step.heads),
+            self.features(step.k, step.k_dims, step.widths, step.kv_heads),
             self.heads(step.v, step.v_dims, step.kv_heads),
         ]
         if step.mask is not None:
@@ -64,9 +64,17 @@ class KernelSteps:
             lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
         return lines
 
-    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int) -> str:
+    def features(self, parts, lead: tuple[Index, ...], widths, heads: int) -> str:
+        """Queries or keys as the kernel wants them: each part's features flattened, the
+        parts side by side."""
+        codes = [self.heads(p, (*lead, *w), heads, len(w)) for p, w in zip(parts, widths)]
+        self.use("torch")
+        return codes[0] if len(codes) == 1 else f"torch.cat([{', '.join(codes)}], dim=-1)"
+
+    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int, width: int = 1) -> str:
         """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
         code = relayout(self.ref(arg), arg.dims, dims)
+        code += f".flatten({-width})" if width > 1 else ""
         if heads == 0:
             return code + ".unsqueeze(-3)"
         return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")

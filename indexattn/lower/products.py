@@ -1,6 +1,6 @@
 """The planner's products: a weight against one operand is `F.linear`; otherwise the scale
 goes onto the smallest factor and three or more factors are contracted pairwise in the order
-`order` chooses."""
+`order` chooses (by the call's sizes where the best order depends on them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from .. import ir
 from ..ir import Index
 from ..ir.einstein import denominator
 from .fusion import linear_form, whole
-from .order import pairwise, planning_count
-from .steps import Arg, Contract, Elementwise, Number, Operand
+from .order import choice, orders, planning_count, result_dims
+from .steps import Arg, Choose, Contract, Elementwise, Number, Operand
 
 
 class Products:
@@ -69,19 +69,31 @@ class Products:
     def contract_path(
         self, args: list[Operand], node: ir.Product, scale: sympy.Basic, hint: str
     ) -> Operand:
-        """Pairwise contractions in the order opt_einsum chooses."""
+        """Pairwise contractions in the cheapest order, or, where that depends on the sizes,
+        each order worth taking in a branch of its own."""
+        found = orders([a.dims for a in args], node.free)
+        if len(found) == 1:
+            return self.follow(args, node, scale, hint, found[0].path)
+        steps, seen, branches = self.steps, self.seen, []
+        for order in found:
+            self.steps, self.seen = [], dict(seen)
+            self.follow(args, node, scale, hint, order.path)
+            branches.append(tuple(self.steps))
+        self.steps, self.seen = steps, seen
+        out = Operand(
+            self.var(hint + "_prod"), self.ordered(node.free), any(a.batched for a in args)
+        )
+        return self.add(Choose(out, choice(found), tuple(branches)))
+
+    def follow(self, args, node: ir.Product, scale: sympy.Basic, hint: str, path) -> Operand:
+        """The pairwise contractions of one path; the scale goes onto the last."""
         pending = list(args)
-        for pair in pairwise([a.dims for a in args], node.free):
+        for pair in path:
             chosen = [pending[k] for k in pair]
             pending = [a for k, a in enumerate(pending) if k not in pair]
-            last = not pending
-            rest = {i for a in pending for i in a.dims} | set(node.free)
-            dims = (
-                node.free
-                if last
-                else tuple(dict.fromkeys(i for a in chosen for i in a.dims if i in rest))
-            )
-            pending.append(self.contract(chosen, dims, scale if last else sympy.Integer(1), hint))
+            dims = result_dims([a.dims for a in chosen], [a.dims for a in pending], node.free)
+            last = sympy.Integer(1) if pending else scale
+            pending.append(self.contract(chosen, dims, last, hint))
         return pending[0]
 
 

@@ -192,15 +192,17 @@ class Attention:
     """`F.scaled_dot_product_attention`: softmax over the key of q·k·scale + mask, times v.
 
     q, k, v and the mask are viewed with the given axes (heads first, merged into one axis);
-    `out` comes back with its heads unmerged."""
+    `out` comes back with its heads unmerged. Queries and keys may come in parts, each with
+    its own features (several indices, flattened): the parts are concatenated along them."""
 
     out: Operand
-    q: Operand
-    k: Operand
+    q: tuple[Operand, ...]
+    k: tuple[Operand, ...]
     v: Operand
     mask: Operand | None
-    q_dims: tuple[Index, ...]  # (heads..., query, width)
-    k_dims: tuple[Index, ...]  # (key heads..., key, width)
+    q_dims: tuple[Index, ...]  # (heads..., query)
+    k_dims: tuple[Index, ...]  # (key heads..., key)
+    widths: tuple[tuple[Index, ...], ...]  # the features of each part of q and k
     v_dims: tuple[Index, ...]  # (key heads..., key, value width)
     mask_dims: tuple[Index, ...]  # (heads..., query, key); the mask may lack some
     heads: int  # query head indices; 0 adds a unit axis, 2 or more are merged
@@ -215,8 +217,20 @@ class Attention:
         return self.heads != self.kv_heads
 
 
+@dataclass(frozen=True)
+class Choose:
+    """Steps chosen by the call's sizes: the first branch whose condition holds (the last
+    branch otherwise); each branch's last step gives `out`. The contraction orders of one
+    product, where none is the cheapest at every size."""
+
+    out: Operand
+    conditions: tuple[sympy.Basic, ...]  # one per branch but the last
+    branches: tuple[tuple[Step, ...], ...]
+
+
 Step = (
-    Unfuse
+    Choose
+    | Unfuse
     | Grid
     | Gather
     | Whole

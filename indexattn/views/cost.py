@@ -31,6 +31,7 @@ from ..lower.steps import (
     Attention,
     Block,
     Cat,
+    Choose,
     Contract,
     Elementwise,
     Full,
@@ -163,6 +164,17 @@ def _(step: Contract) -> Cost:
 
 
 @step_cost.register
+def _(step: Choose) -> Cost:
+    """The branch the sizes choose, as a piecewise count."""
+    costs = [sum(map(step_cost, branch), Cost()) for branch in step.branches]
+    conditions = (*step.conditions, sympy.true)
+    return Cost(
+        sympy.Piecewise(*((c.matmul, w) for c, w in zip(costs, conditions))),
+        sympy.Piecewise(*((c.other, w) for c, w in zip(costs, conditions))),
+    )
+
+
+@step_cost.register
 def _(step: Add) -> Cost:
     return Cost(other=(len(step.args) - 1) * _size(step.out))
 
@@ -204,9 +216,9 @@ def _(step: Linear) -> Cost:
 def _(step: Attention) -> Cost:
     """Two matrix products (scores, weighted sum); per score: the scale, the mask added (none
     for is_causal, which only selects), the softmax; dropout is the identity in eval mode."""
-    heads = elements(step.q_dims[:-2])
-    scores = heads * elements(step.q_dims[-2:-1]) * elements(step.k_dims[-2:-1])
-    matmul = 2 * scores * (elements(step.q_dims[-1:]) + elements(step.v_dims[-1:]))
+    scores = elements(step.q_dims) * elements(step.k_dims[-1:])
+    features = sum(elements(w) for w in step.widths)
+    matmul = 2 * scores * (features + elements(step.v_dims[-1:]))
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
 

@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
+from einops import rearrange
 
 
 def qk_norm_constants(N, d_r, offset, *, device, dtype):
@@ -13,7 +13,6 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
@@ -22,9 +21,7 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_cos, Qr_pos, Qr_prod, M
+    return Qr_cos, Qr_pos, Qr_prod
 
 
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0.0, training=False, constants=None):
@@ -32,7 +29,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
     n_rep = q_proj_weight.shape[-2] // (2*d_r*h_kv)
-    Qr_cos, Qr_pos, Qr_prod, M = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_pos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτcj> = q_proj_weight_<(grcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, 2, d_r))  # (…, τ, g, r, c, j)
     Q = Q_proj.movedim(-5, -3)  # (…, g, r, τ, c, j)
@@ -70,15 +67,12 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Kn_at = Kn[..., Qr_pos, :]  # (…, g, τ, c, j)
     Kr_prod_2 = Kn_at * Qr_prod  # (…, g, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
-    Kr_scaled = Kr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, g, τ', c, j)
-    S_prod = einsum(Qr, Kr_scaled, "... g r tau c j, ... g tau_p c j -> ... g r tau tau_p")  # (…, g, r, τ, τ')
-    S = M + S_prod  # (…, g, r, τ, τ')
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
     # O_<grτa> = A_<grττ'> V_<gτ'a>
-    O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
+    O = F.scaled_dot_product_attention(Qr.flatten(-2).flatten(-4, -3), Kr.flatten(-2), V, is_causal=True, scale=(1/2)*math.sqrt(2)/math.sqrt(d_r), enable_gqa=True)
+    O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -5,7 +5,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
 
 
 def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
@@ -13,7 +12,6 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<μτjc> = Q_<μτjc> cos(θ_<τj>) + (2 c - 1) Q_<μτj[1 - c]> sin(θ_<τj>)
@@ -22,15 +20,13 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, :, None] * Qr_grid  # (τ, j, c)
-    # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_cos, Qr_pos, Qr_prod, M
+    return Qr_cos, Qr_pos, Qr_prod
 
 
 def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_pos, Qr_prod, M = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_pos, Qr_prod = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτjc> = q_proj_weight_<(μjc)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_r, 2))  # (…, τ, μ, j, c)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, j, c)
@@ -50,15 +46,11 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     K_at = K[..., Qr_pos]  # (…, μ, τ, j, c)
     Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, j, c)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
-    Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, j, c)
-    S_prod = einsum(Qr_scaled, Kr, "... mu tau j c, ... mu tau_p j c -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    S = M + S_prod  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=(1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, a)
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

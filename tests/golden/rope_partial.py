@@ -5,7 +5,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
 
 
 def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
@@ -14,7 +13,6 @@ def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     p = torch.arange(d_p, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<μτcj> = Q_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) Q_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
@@ -26,15 +24,13 @@ def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
     # Qp_<μτp> = Q_<μτ[2 d_r + p]>
     Qp_pos = ((2*d_r) + p).long()  # (p)
-    # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos, M
+    return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos
 
 
 def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_p = (query_key_value_weight.shape[-2] - (6*d_r*h)) // (3*h)
-    Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos, M = rope_partial_constants(N, d_r, d_p, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos = rope_partial_constants(N, d_r, d_p, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = query_key_value_weight_<(μ0a)i> X_<τi> + query_key_value_bias_<(μ0a)>
     # K_<μτa> = query_key_value_weight_<(μ1a)i> X_<τi> + query_key_value_bias_<(μ1a)>
     # V_<μτa> = query_key_value_weight_<(μ2a)i> X_<τi> + query_key_value_bias_<(μ2a)>
@@ -59,17 +55,11 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     Qp = Q[..., Qp_pos]  # (…, μ, τ, p)
     # Kp_<μτp> = K_<μτ[2 d_r + p]>
     Kp = K[..., Qp_pos]  # (…, μ, τ, p)
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r + d_p) + Qp_<μτp> Kp_<μτ'p> / sqrt(2 d_r + d_p) + M_<ττ'>
-    Qr_scaled = Qr / math.sqrt(d_p + 2*d_r)  # (…, μ, τ, c, j)
-    S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    Qp_scaled = Qp / math.sqrt(d_p + 2*d_r)  # (…, μ, τ, p)
-    S_prod_2 = Qp_scaled @ Kp.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = M + S_prod + S_prod_2  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    O = F.scaled_dot_product_attention(torch.cat([Qr.flatten(-2), Qp], dim=-1), torch.cat([Kr.flatten(-2), Kp], dim=-1), V, is_causal=True, scale=1/math.sqrt(d_p + 2*d_r))  # (…, μ, τ, a)
     # Y_<τi> = dense_weight_<i(μa)> O_<μτa> + dense_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, dense_weight, dense_bias)  # (…, τ, i)

@@ -1,0 +1,242 @@
+"""Planning on meaning, not phrasing: two ways of writing one computation give the same plan
+(the same steps, variable names aside), and a twin that changes the meaning gives another."""
+
+import io
+import re
+import tokenize
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import indexattn
+from indexattn.oracle.verify import compare, sample_arguments
+from indexattn.views import cost
+
+PROJECTIONS = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+param W_Q_<(μa)i>
+param W_K_<(μa)i>
+param W_V_<(μa)i>
+param W_O_<i(μa)>
+Q_<μτa> = W_Q_<(μa)i> X_<τi>
+K_<μτa> = W_K_<(μa)i> X_<τi>
+V_<μτa> = W_V_<(μa)i> X_<τi>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+"""
+
+SEPARATE = (
+    PROJECTIONS
+    + """
+S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+"""
+)
+
+# the same computation, phrased otherwise
+REPHRASED = {
+    "scores inline in the softmax": PROJECTIONS
+    + """
+A_<μττ'> = softmax_<τ'>(Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+""",
+    "softmax inline in the output": PROJECTIONS
+    + """
+S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
+O_<μτa> = softmax_<τ'>(S_<μττ'>) V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+""",
+    "the core in one equation": (
+        PROJECTIONS
+        + """
+O_<μτa> = softmax_<τ'>(Q_<μτb> K_<μτ'b> / sqrt(d_k) + M_<ττ'>) V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+"""
+    ).replace("index a : d_k", "index a, b : d_k"),
+    "other index names": (
+        PROJECTIONS
+        + """
+S_<νσσ'> = Q_<νσb> K_<νσ'b> / sqrt(d_k) + M_<σσ'>
+A_<νσσ'> = softmax_<σ'>(S_<νσσ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+"""
+    ).replace("index a : d_k", "index a, b : d_k\nindex ν : h\nindex σ, σ' : N"),
+}
+
+# one thing changed: another computation
+TWINS = {
+    "the diagonal masked too": SEPARATE.replace("τ' > τ", "τ' >= τ"),
+    "scaled by d_k": SEPARATE.replace("/ sqrt(d_k)", "/ d_k"),
+    "softmax over the queries": SEPARATE.replace("softmax_<τ'>", "softmax_<τ>"),
+    # a is on the left, so the one-equation core without its own width index keeps a free
+    # inside the softmax: no sum over a in the scores
+    "the width kept free in the scores": PROJECTIONS
+    + """
+O_<μτa> = softmax_<τ'>(Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>) V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+""",
+}
+
+
+def body(text: str) -> list[str]:
+    """The generated function's code, comments dropped, its local variables and the words of
+    its strings (einsum's index names) renamed in the order they first appear."""
+    source = indexattn.compile_spec(text, name="t").source
+    code = source[source.index("\ndef t(") :]
+    tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    targets = re.findall(r"^ +([\w, ]+?) = ", code, re.MULTILINE)
+    local = {name.strip() for line in targets for name in line.split(",")}
+    names: dict[str, str] = {}
+    words: dict[str, str] = {}
+    out = []
+    for t in tokens:
+        if t.type == tokenize.COMMENT:
+            continue
+        string = t.string
+        if t.type == tokenize.NAME and string in local:
+            string = names.setdefault(string, f"v{len(names)}")
+        elif t.type == tokenize.STRING:
+            string = re.sub(
+                r"[A-Za-z_]\w*", lambda m: words.setdefault(m[0], f"w{len(words)}"), string
+            )
+        out.append(string)
+    return [line for line in " ".join(out).split("\n") if line.strip()]
+
+
+def word(words: dict[str, str], found: str) -> str:
+    return words.setdefault(found, f"w{len(words)}")
+
+
+@pytest.mark.parametrize("phrasing", REPHRASED)
+def test_phrasings_of_one_computation_plan_the_same_steps(phrasing):
+    assert body(REPHRASED[phrasing]) == body(SEPARATE)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_twin_that_means_something_else_plans_other_steps(twin):
+    assert body(TWINS[twin]) != body(SEPARATE)
+
+
+TWO_CORES = """
+index τ, τ' : N
+index μ : h
+index a : d
+input Q_<μτa>
+input K_<μτa>
+input P_<μτa>
+input R_<μτa>
+input V_<μτa>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+L_<ττ'> = where(τ' > τ, -inf, 0)
+O_<μτa> = softmax_<τ'>(Q_<μτb> K_<μτ'b> / sqrt(d) + M_<ττ'>) V_<μτ'a>
+U_<μτa> = softmax_<τ'>(P_<μτb> R_<μτ'b> / sqrt(d) + L_<ττ'>) V_<μτ'a>
+Y_<μτa> = O_<μτa> - U_<μτa>
+""".replace("index a : d", "index a, b : d")
+ONE_MASK = TWO_CORES.replace("+ L_<ττ'>", "+ M_<ττ'>").replace(
+    "L_<ττ'> = where(τ' > τ, -inf, 0)\n", ""
+)
+
+
+def test_one_causal_mask_read_by_two_cores_is_causal_in_both():
+    assert body(ONE_MASK) == body(TWO_CORES)
+    source = indexattn.compile_spec(ONE_MASK, name="t").source
+    assert source.count("is_causal=True") == 2 and "attn_mask" not in source
+
+
+def test_a_shared_mask_read_elsewhere_too_is_built_and_still_causal_in_the_cores():
+    spec = indexattn.compile_spec(ONE_MASK + "output Y, M\n", name="t")
+    assert spec.source.count("is_causal=True") == 2 and "attn_mask" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+    twin = indexattn.compile_spec(ONE_MASK.replace("τ' > τ", "τ' >= τ"), name="t")
+    assert "is_causal" not in twin.source and twin.source.count("attn_mask") == 2
+
+
+HALVES = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index j : d_r
+index a : 2 d_r
+input X_<τi>
+param W_Q_<(μa)i>
+param W_K_<(μa)i>
+param W_V_<(μa)i>
+param W_O_<i(μa)>
+θ_<τj> = τ 10000^(-j / d_r)
+Q_<μτa> = W_Q_<(μa)i> X_<τi>
+K_<μτa> = W_K_<(μa)i> X_<τi>
+V_<μτa> = W_V_<(μa)i> X_<τi>
+R0_<μτj> = Q_<μτ[j]> cos(θ_<τj>) - Q_<μτ[d_r + j]> sin(θ_<τj>)
+R1_<μτj> = Q_<μτ[d_r + j]> cos(θ_<τj>) + Q_<μτ[j]> sin(θ_<τj>)
+T0_<μτj> = K_<μτ[j]> cos(θ_<τj>) - K_<μτ[d_r + j]> sin(θ_<τj>)
+T1_<μτj> = K_<μτ[d_r + j]> cos(θ_<τj>) + K_<μτ[j]> sin(θ_<τj>)
+M_<ττ'> = where(τ' > τ, -inf, 0)
+S_<μττ'> = (R0_<μτj> T0_<μτ'j> + R1_<μτj> T1_<μτ'j>) / sqrt(2 d_r) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+"""
+
+
+def test_rotary_written_as_two_halves_is_the_kernel_on_whole_queries_and_keys():
+    spec = indexattn.compile_spec(HALVES, name="t")
+    (call,) = [line for line in spec.source.splitlines() if "scaled_dot_product" in line]
+    assert "torch.cat([R0, R1], dim=-1)" in call and "is_causal=True" in call
+    code = "\n".join(line.split("#")[0] for line in spec.source.splitlines())
+    assert "einsum" not in code and "softmax" not in code
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_halves_scaled_apart_are_not_one_kernel_call_and_still_equal_the_literal_reading():
+    twin = HALVES.replace(
+        "(R0_<μτj> T0_<μτ'j> + R1_<μτj> T1_<μτ'j>) / sqrt(2 d_r)",
+        "R0_<μτj> T0_<μτ'j> / sqrt(2 d_r) + R1_<μτj> T1_<μτ'j>",
+    )
+    spec = indexattn.compile_spec(twin, name="t")
+    assert "scaled_dot_product_attention" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+PRODUCT = SEPARATE.replace(
+    "O_<μτa> = A_<μττ'> V_<μτ'a>\nY_<τi> = W_O_<i(μa)> O_<μτa>\n",
+    "Y_<τi> = W_O_<i(μa)> A_<μττ'> V_<μτ'a>\n",
+)
+
+
+@pytest.mark.parametrize(("d_m", "h", "d_k"), [(96, 4, 8), (8, 2, 16)])
+def test_a_product_of_three_takes_the_order_with_fewer_flops_at_the_calls_sizes(d_m, h, d_k):
+    """Y = W_O A V: GPT-2's shape (d_m > d_k) contracts A with V first (2 h N² d_k), a head
+    wider than the model W_O with V (2 h N² d_m); flops() counts the order taken, as torch
+    counts it."""
+    n = 32
+    spec = indexattn.compile_spec(PRODUCT, name="t")
+    sizes = {"N": n, "d_m": d_m, "h": h, "d_k": d_k}
+    args = sample_arguments(spec.ir, sizes, (1,), torch.float64, seed=0)
+    with FlopCounterMode(display=False) as counter:
+        spec(**args, h=h)
+    projections = 4 * 2 * n * d_m * h * d_k  # Q, K, V and the output's W_O
+    scores = 2 * h * n * n * d_k
+    assert counter.get_total_flops() == projections + scores + 2 * h * n * n * min(d_m, d_k)
+    matmul = sum((c for _, c in cost.block_costs(spec.plan)), cost.Cost()).matmul
+    assert cost.evaluate(matmul, cost.sizes_for(spec.ir, sizes)) == counter.get_total_flops()
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_the_order_chosen_by_sizes_traces_under_compile_and_export():
+    spec = indexattn.compile_spec(PRODUCT, name="t")
+    module = spec.module(d_m=16, h=2, d_k=4).double().eval()
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), module(x))
+    n = torch.export.Dim("N", min=2, max=64)
+    exported = torch.export.export(module, (x,), dynamic_shapes=(({1: n},),)).module()
+    longer = torch.randn(2, 12, 16, dtype=torch.float64)
+    torch.testing.assert_close(exported(longer), module(longer))
