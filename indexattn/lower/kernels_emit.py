@@ -87,9 +87,10 @@ class KernelSteps:
         head = step.mask_dims[0] if step.heads == 1 else None
         target = (head, *step.mask_dims[-2:])
         code = expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
-        if mask.batched or head not in mask.dims or not step.q.batched:
+        q = step.q[0]  # the queries' batch axes: those of any of their parts
+        if mask.batched or head not in mask.dims or not q.batched:
             return code
-        return f"{code}.expand(*{self.ref(step.q)}.shape[:-{len(step.q.dims)}], -1, -1, -1)"
+        return f"{code}.expand(*{self.ref(q)}.shape[:-{len(q.dims)}], -1, -1, -1)"
 
 
 def _matrix(weight, out_axes: int, transposed: bool) -> str:
