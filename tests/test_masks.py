@@ -115,3 +115,34 @@ def test_doc_mask_follows_the_ids(masks):
     after = doc_mask(torch.tensor([[0, 0, 1, 1, 1, 2]]), masks)[0, 0]
     changed = (before != after).nonzero().tolist()
     assert changed and all(2 in place for place in changed)
+
+
+def kernel_path(module, *inputs, **keywords) -> str:
+    """Which CPU kernel scaled_dot_product_attention took: "fused" or "math"."""
+    with torch.profiler.profile() as profile:
+        module(*inputs, **keywords)
+    names = {event.name for event in profile.events()}
+    fused = "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert fused != ("aten::_scaled_dot_product_attention_math" in names)
+    return "fused" if fused else "math"
+
+
+@pytest.mark.parametrize("mask_batch", [(), (3,), (1,)])
+def test_an_input_mask_with_or_without_batch_axes_takes_the_fused_kernel(mask_batch, masks):
+    """An additive mask input M_<τσ> (llama3_decode's) comes as (N, N_c + N) or with the batch's
+    axes: the kernel gets it with 2 axes, or with a head axis and as many as the queries, and
+    takes its fused path either way (a 3-axis mask would go the math way: the twin below)."""
+    spec = indexattn.compile_spec(Path("specs/models/llama3_decode.attn"))
+    decode = spec.module(d_m=16, h_kv=2, n_rep=2, d_r=2)
+    x, positions = torch.randn(3, 1, 16), torch.tensor([[4]])
+    cache = torch.randn(3, 2, 4, 2, 2), torch.randn(3, 2, 4, 4)
+    mask = torch.zeros(*mask_batch, 1, 5)
+    assert kernel_path(decode, x, positions, *cache, mask) == "fused"
+    assert masks[-1].dim() == (2 if not mask_batch else 4)
+
+
+def test_a_three_axis_mask_goes_the_math_way():
+    """The twin: torch's rule that the test above steers clear of."""
+    q, kv = torch.randn(3, 4, 1, 4), torch.randn(3, 4, 5, 4)
+    for mask, path in ((torch.zeros(1, 1, 5), "math"), (torch.zeros(1, 5), "fused")):
+        assert kernel_path(F.scaled_dot_product_attention, q, kv, kv, attn_mask=mask) == path

@@ -80,17 +80,24 @@ class KernelSteps:
         return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
 
     def attention_mask(self, step: Attention) -> str:
-        """The mask against (…, heads, query, key): a unit axis for heads it lacks. A mask
-        of its own heads is given the queries' batch axes: the kernel's fused path takes a
-        mask of two axes or of as many as the queries, any other goes the slow way."""
+        """The mask against (…, heads, query, key): a unit axis for heads it lacks. The
+        kernel's fused path takes a mask of two axes or of as many as the queries; any other
+        goes the slow way. So a mask of positions without heads stays (query, key), an input
+        mask without heads gains its head axis only when it comes with batch axes, and a mask
+        of positions with heads is given the queries' batch axes."""
         mask = step.mask
         head = step.mask_dims[0] if step.heads == 1 else None
         target = (head, *step.mask_dims[-2:])
         code = expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
         q = step.q[0]  # the queries' batch axes: those of any of their parts
-        if mask.batched or head not in mask.dims or not q.batched:
+        if not q.batched or (mask.batched and head in mask.dims):
             return code
-        return f"{code}.expand(*{self.ref(q)}.shape[:-{len(q.dims)}], -1, -1, -1)"
+        if head in mask.dims:
+            return f"{code}.expand(*{self.ref(q)}.shape[:-{len(q.dims)}], -1, -1, -1)"
+        if not mask.batched:
+            return code
+        plain = relayout(self.ref(mask), mask.dims, target[1:])
+        return f"{plain} if {wrap(plain)}.dim() == 2 else {code}"
 
 
 def _matrix(weight, out_axes: int, transposed: bool) -> str:

@@ -15,6 +15,6 @@ def dk_dv_mask(X, M, W_q_weight, W_k_weight, W_v_weight, *, training=False):
     # S_<ττ'> = Q_<τa> K_<τ'a> / sqrt(128) + M_<ττ'>
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
     # Z_<τj> = A_<ττ'> V_<τ'j>
-    Z = F.scaled_dot_product_attention(Q.unsqueeze(-3), K.unsqueeze(-3), V.unsqueeze(-3), attn_mask=M[..., None, :, :], scale=0.08838834764831845)
+    Z = F.scaled_dot_product_attention(Q.unsqueeze(-3), K.unsqueeze(-3), V.unsqueeze(-3), attn_mask=M if M.dim() == 2 else M[..., None, :, :], scale=0.08838834764831845)
     Z = Z.squeeze(-3)  # (…, τ, j)
     return Z
