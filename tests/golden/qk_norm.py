@@ -27,7 +27,7 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod, M
 
 
-def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0.0, training=False, constants=None):
+def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
@@ -71,7 +71,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Kr_prod_2 = Kn_at * Qr_prod  # (…, g, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
-    Kr_scaled = Kr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, g, τ', c, j)
+    Kr_scaled = Kr * (1/math.sqrt(2*d_r))  # (…, g, τ', c, j)
     S_prod = einsum(Qr, Kr_scaled, "... g r tau c j, ... g tau_p c j -> ... g r tau tau_p")  # (…, g, r, τ, τ')
     S = M + S_prod  # (…, g, r, τ, τ')
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)

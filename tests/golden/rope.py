@@ -27,7 +27,7 @@ def rope_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod, M
 
 
-def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, offset=0.0, training=False, constants=None):
+def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
     Qr_cos, Qr_pos, Qr_prod, M = rope_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
@@ -51,7 +51,7 @@ def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, of
     Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r) + M_<ττ'>
-    Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, c, j)
+    Qr_scaled = Qr * (1/math.sqrt(2*d_r))  # (…, μ, τ, c, j)
     S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')
     S = M + S_prod  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)

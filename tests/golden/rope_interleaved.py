@@ -27,7 +27,7 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod, M
 
 
-def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0.0, training=False, constants=None):
+def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
     Qr_cos, Qr_pos, Qr_prod, M = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
@@ -51,7 +51,7 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, j, c)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
-    Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, j, c)
+    Qr_scaled = Qr * (1/math.sqrt(2*d_r))  # (…, μ, τ, j, c)
     S_prod = einsum(Qr_scaled, Kr, "... mu tau j c, ... mu tau_p j c -> ... mu tau tau_p")  # (…, μ, τ, τ')
     S = M + S_prod  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
