@@ -77,8 +77,10 @@ def main() -> None:
         "peak_matmul_gflops": peak_matmul(),
         "timings": [t for name in names for t in time_case(CASES[name], rounds, args.quick)],
         "memory": memory(names, shape),
-        "startup": startup(),
-        "compile_spec_ms": compile_times(),
+        "startup": startup(
+            ["mha", "softcap_window"] if args.quick else None, 1 if args.quick else 3
+        ),
+        "compile_spec_ms": {} if args.quick else compile_times(),
         "latex_startup": latex_startup(),
         "bfloat16": bfloat16([n for n in BF16_CASES if n in names], rounds, shape),
     }
@@ -119,7 +121,9 @@ def time_case(case, rounds: int, quick: bool) -> list[dict]:
     """Every shape and mode of one case; a quick run at n = 64, eager implementations only
     (torch.compile takes seconds per case)."""
     out = []
-    shapes = [(*QUICK_SHAPES[0], 64)[: len(s)] for s in case.shapes()] if quick else case.shapes()
+    shapes = case.shapes()
+    if quick:  # n = 64, and the decode step with 64 cached keys
+        shapes = [*QUICK_SHAPES, *[(s[0], 1, 64) for s in shapes if len(s) == 3]]
     for shape in shapes:
         names = [n for n in IMPLEMENTATIONS if not quick or n in ("generated", "eager")]
         built = {name: build(case, name, shape) for name in names}
@@ -335,11 +339,12 @@ print(time.perf_counter() - start)
 """
 
 
-def startup(repeats: int = 3) -> dict[str, float]:
+def startup(names: list[str] | None, repeats: int) -> dict[str, float]:
     """Seconds from `import torch` done to the first compile_spec() done, in a fresh process
-    per spec (the median of a few), for every shipped spec."""
+    per spec (the median of a few), for the named shipped specs (None: every one)."""
     out = {}
-    for path in sorted((ROOT / "specs").glob("*.attn")):
+    paths = sorted((ROOT / "specs").glob("*.attn"))
+    for path in (p for p in paths if names is None or p.stem in names):
         command = [sys.executable, "-c", STARTUP, str(path)]
         times = [
             float(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
