@@ -1,190 +1,160 @@
-"""What is benchmarked: each case is a shipped spec at real sizes, and the implementations of
-its mathematics: the generated module, hand-written classic and fused PyTorch,
-nn.MultiheadAttention (where it computes the same thing), and the literal interpreter. All
-share one set of weights, and are checked to agree before they are timed."""
+"""What is benchmarked: every shipped spec (specs/*.attn) and the phrasing pairs of
+benchmarks/specs/*.attn, each against its hand-written PyTorch (benchmarks/handwritten.py,
+eager and torch.compile'd) and FlexAttention's forward where the spec's core is a mask or a
+score modification. All share one set of weights (the reference module's, mapped onto the
+spec's parameters as tests/reference does) and are checked to agree before they are timed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from handwritten import GPT2, GQA, MHA, Cross
-from torch import nn
 
-import indexattn
-from indexattn.oracle import reference
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.reference: the hand-written modules' parameters
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
-IMPLEMENTATIONS = ("generated", "fused", "classic", "nn.MultiheadAttention", "literal")
+import handwritten  # noqa: E402
+
+import indexattn  # noqa: E402
+import indexattn.oracle.verify  # noqa: E402
+from tests.reference import classic  # noqa: E402
+from tests.reference.cases import CASES as CLASSIC  # noqa: E402
+from tests.reference.cases import positional, torch_mha_call  # noqa: E402
+from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
+from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
+
+IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
+SHAPES = ((1, 512), (1, 2048))
+DECODE = (1, 1, 2048)  # kv_decode's decode step: batch, new tokens, cached keys
+
+# GPT-2 small's width and heads, 12 of 64; the variants' own sizes where they need others.
+SIZES = {
+    **dict.fromkeys(("d_m", "d_in", "d_out", "d_q", "d_c", "d"), 768),
+    **{"h": 12, "d_k": 64, "h_kv": 4, "n_rep": 3, "d_r": 32, "offset": 0},
+    **{"w": 256, "P": 256, "C": 512, "c": 50.0, "query_pre_attn_scalar": 64},
+}
+PER_SPEC = {
+    "rope_partial": {"d_r": 8, "d_p": 48},  # heads of 64, a quarter rotated
+    "mla": {"d_q": 384, "d_c": 128, "d_n": 64, "d_r": 32, "d_v": 64},
+    "differential": {"d": 32},  # 2·12 heads of 32 for the two maps
+    "simple": {"d": 64},
+    "sdpa": {"d_k": 64, "d_v": 64},
+    "cross": {"L": 77},  # Stable Diffusion's text context
+}
 
 
 @dataclass(frozen=True)
 class Case:
-    name: str
-    spec: str  # specs/<spec>.attn
-    sizes: dict  # spec.module(**sizes)
-    shapes: tuple[tuple[int, int], ...]  # (batch, sequence) pairs
-    hand: type | None  # the hand-written module class (fused= selects the style)
-    hand_sizes: tuple[str, ...] = ()  # its positional size arguments, from `sizes`
-    context: int = 0  # cross-attention: the context length
-    fusable: bool = True  # whether a fused kernel computes the spec
+    name: str  # the spec's name
+    path: Path  # its .attn file
+    reference: object  # tests/reference Case: the module, its sizes and weight mapping
     note: str = ""
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def sizes(self) -> dict:
+        own = PER_SPEC.get(self.name, {})
+        return {k: own.get(k, SIZES.get(k, v)) for k, v in self.reference.sizes.items()}
+
+    @property
+    def call(self):
+        return torch_mha_call if self.reference.call is torch_mha_call else positional
+
+    def shapes(self) -> tuple:
+        return (*SHAPES, DECODE) if self.name == "kv_decode" else SHAPES
 
 
-GPT2_SMALL = {"d_m": 768, "h": 12, "d_k": 64}
-CASES = {
-    "gpt2-small causal": Case(
-        "gpt2-small causal",
-        "mha",
-        GPT2_SMALL,
-        ((1, 128), (4, 512), (2, 1024), (1, 2048)),
-        MHA,
-        ("d_m", "h", "d_k"),
-        note="specs/mha.attn: fused (μBa) projection, causal, 12 heads of 64, width 768",
-    ),
-    "gqa 32/8": Case(
-        "gqa 32/8",
-        "gqa",
-        {"d_m": 1024, "h_kv": 8, "n_rep": 4, "d_k": 32},
-        ((4, 512),),
-        GQA,
-        ("d_m", "h_kv", "n_rep", "d_k"),
-        note="specs/gqa.attn: 32 query heads sharing 8 key/value heads, width 1024, causal",
-    ),
-    "cross": Case(
-        "cross",
-        "cross",
-        {"d_q": 768, "d_c": 768, "h": 12, "d_k": 64},
-        ((2, 1024),),
-        Cross,
-        ("d_q", "d_c", "h", "d_k"),
-        context=77,
-        note="specs/cross.attn: 1024 queries attend to a 77-token context, width 768",
-    ),
-    "gpt2 weights returned": Case(
-        "gpt2 weights returned",
-        "gpt2",
-        GPT2_SMALL,
-        ((4, 512),),
-        GPT2,
-        ("d_m", "h", "d_k"),
-        fusable=False,
-        note="specs/gpt2.attn: returns the attention weights, so no fused kernel computes it",
-    ),
-    "per-call overhead": Case(
-        "per-call overhead",
-        "mha",
-        {"d_m": 64, "h": 4, "d_k": 16},
-        ((1, 16),),
-        MHA,
-        ("d_m", "h", "d_k"),
-        note="specs/mha.attn at (b, n, d) = (1, 16, 64): Python overhead per call",
-    ),
-}
+def rename_mha(state: dict) -> dict:
+    """FusedHeadMajorAttention -> specs/mha.attn: W_qkv.weight -> W, W_O -> W_O, b_O."""
+    names = {"W_qkv.weight": "W", "W_O.weight": "W_O", "W_O.bias": "b_O"}
+    return {names[k]: v for k, v in state.items()}
 
 
-def build(case: Case, implementation: str, b: int, n: int, dtype=torch.float32):
-    """(call, inputs, parameters) for one implementation; None where it does not apply."""
-    spec = indexattn.compile_spec(SPECS / f"{case.spec}.attn")
-    torch.manual_seed(0)
-    generated = spec.module(**case.sizes).to(dtype).eval()
-    with torch.no_grad():
-        for p in generated.parameters():
-            p.normal_(0, 0.02)
-    inputs = make_inputs(case, spec, b, n, dtype)
-    if implementation == "generated":
-        return generated, inputs, list(generated.parameters())
-    if implementation == "literal":
-        return literal(spec, generated), inputs, list(generated.parameters())
-    if implementation in ("fused", "classic"):
-        if implementation == "fused" and not case.fusable:
-            return None
-        sizes = (case.sizes[k] for k in case.hand_sizes)
-        module = case.hand(*sizes, fused=implementation == "fused").to(dtype).eval()
-        module.load_state_dict(generated.state_dict())
-        return module, inputs, list(module.parameters())
-    return torch_mha(case, generated, inputs, dtype)
-
-
-def make_inputs(case: Case, spec, b: int, n: int, dtype) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for tensor in spec.ir.tensors_of("input"):
-        if tensor.ascii == "P":  # the padding mask: every row keeps its keys
-            out.append(torch.zeros(b, n, dtype=dtype))
-            continue
-        length = case.context if tensor.ascii == "C" else n
-        width = case.sizes[str(tensor.shape[-1])]  # the model width: one size symbol
-        out.append(torch.randn(b, length, width, generator=generator, dtype=dtype))
+def _cases() -> dict[str, Case]:
+    reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES)}
+    mha = next(c for c in CLASSIC if c.spec == "mha_math")
+    reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
+    out = {
+        path.stem: Case(path.stem, path, reference[path.stem])
+        for path in sorted((ROOT / "specs").glob("*.attn"))
+    }
+    pairs = {  # phrasing -> the shipped spec it rephrases
+        "mha_inline": "mha",
+        "mha_one_product": "mha",
+        "rope_halves": "rope",
+        "shared_mask": None,
+    }
+    for name, of in pairs.items():
+        path = ROOT / "benchmarks" / "specs" / f"{name}.attn"
+        ref = reference[of] if of else SHARED_MASK
+        out[name] = Case(name, path, ref, note=f"phrasing of {of}" if of else "phrasing")
     return out
 
 
-def literal(spec, module):
-    """The literal interpreter with the module's weights."""
-    names = [t.ascii for t in spec.ir.tensors_of("input")]
+class SharedMask(torch.nn.Module):
+    """benchmarks/specs/shared_mask.attn by hand: two causal cores, their outputs summed."""
 
-    def run(*inputs):
-        params = {name: getattr(module, name) for name, _ in module.named_parameters()}
-        out = reference.evaluate(spec.ir, **dict(zip(names, inputs)), **params, **module.sizes)
-        return out[0] if len(out) == 1 else out
+    def __init__(self, d_m, h, d_k):
+        super().__init__()
+        self.h = h
+        self.W1 = torch.nn.Parameter(torch.randn(h * 3 * d_k, d_m) * 0.02)
+        self.W2 = torch.nn.Parameter(torch.randn(h * 3 * d_k, d_m) * 0.02)
+        self.W_O = torch.nn.Parameter(torch.randn(d_m, h * d_k) * 0.02)
 
-    return run
-
-
-def torch_mha(case: Case, generated, inputs, dtype):
-    """nn.MultiheadAttention with the same weights, where it computes the same thing."""
-    s = case.sizes
-    if case.spec == "gqa":
-        return None
-    width, h, d_k = s.get("d_m", s.get("d_q")), s["h"], s["d_k"]
-    mha = nn.MultiheadAttention(width, h, batch_first=True).to(dtype).eval()
-    state = generated.state_dict()
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(_in_proj(case, state, h, d_k))
-        mha.in_proj_bias.copy_(state.get("c_attn_bias", torch.zeros(3 * h * d_k)))
-        weight, bias = OUT_PROJ[case.spec]
-        mha.out_proj.weight.copy_(state[weight])
-        mha.out_proj.bias.copy_(state[bias])
-    n = inputs[0].shape[1]
-    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
-    if case.spec == "mha":
-        return (
-            (lambda x: mha(x, x, x, attn_mask=hidden, is_causal=True, need_weights=False)[0]),
-            inputs,
-            list(mha.parameters()),
-        )
-    if case.spec == "cross":
-        return (lambda x, c: mha(x, c, c, need_weights=False)[0]), inputs, list(mha.parameters())
-    additive = torch.zeros(n, n, dtype=dtype).masked_fill(hidden, float("-inf"))
-
-    def gpt2(x, padding):
-        return mha(
-            x,
-            x,
-            x,
-            attn_mask=additive,
-            key_padding_mask=padding,
-            need_weights=True,
-            average_attn_weights=False,
-        )
-
-    return gpt2, inputs, list(mha.parameters())
+    def forward(self, x):
+        out = 0
+        for w in (self.W1, self.W2):
+            q, k, v = classic.split_head_major(torch.nn.functional.linear(x, w), self.h)
+            out = out + handwritten.sdpa(q, k, v, is_causal=True)
+        return torch.nn.functional.linear(classic.merge_heads(out), self.W_O)
 
 
-OUT_PROJ = {  # spec -> its output projection's weight and bias
-    "mha": ("W_O", "b_O"),
-    "cross": ("to_out_weight", "to_out_bias"),
-    "gpt2": ("c_proj_weight", "c_proj_bias"),
-}
+SHARED_MASK = type(CLASSIC[0])(
+    "shared_mask",
+    lambda s: SharedMask(s["d_m"], s["h"], s["d_k"]),
+    None,
+    {"d_m": 768, "h": 12, "d_k": 64},
+    mapping=lambda state: dict(state),
+)
+CASES = _cases()
 
 
-def _in_proj(case: Case, state: dict, h: int, d_k: int) -> torch.Tensor:
-    """in_proj_weight, rows (Bμa): query, key and value blocks."""
-    if case.spec == "mha":  # rows (μBa) -> (Bμa)
-        w = state["W"]
-        return w.view(h, 3, d_k, -1).transpose(0, 1).reshape(3 * h * d_k, -1)
-    if case.spec == "cross":
-        return torch.cat([state["to_q_weight"], state["to_k_weight"], state["to_v_weight"]])
-    return state["c_attn_weight"]
+def build(case: Case, implementation: str, shape: tuple, dtype=torch.float32):
+    """(call, inputs, parameters) for one implementation; None where it does not apply."""
+    spec = indexattn.compile_spec(case.path)
+    torch.manual_seed(0)
+    hand = case.reference.build(case.sizes).to(dtype).eval()
+    inputs = make_inputs(case, spec, shape, dtype)
+    if implementation == "generated":
+        module = spec.module(**case.sizes).to(dtype).eval()
+        module.load_state_dict(case.reference.mapping(hand.state_dict()))
+        return module, inputs, list(module.parameters())
+    if implementation == "flex":
+        hand = handwritten.flex(hand)
+        if hand is None:
+            return None
+    else:
+        hand = handwritten.fast(hand)
+    call = hand if case.call is positional else (lambda *a: case.call(hand, dict(enumerate(a))))
+    if implementation == "compiled":
+        call = torch.compile(call)
+    return call, inputs, list(hand.parameters())
+
+
+def make_inputs(case: Case, spec, shape: tuple, dtype) -> list[torch.Tensor]:
+    """The spec's inputs at batch b and sequence n (the decode step: 1 new token and the cache
+    of n_c); document ids in 4 packed documents; masks that hide nothing."""
+    b, n, n_c = shape if len(shape) == 3 else (*shape, shape[1])
+    sizes = {**dict.fromkeys(("N", "N_q", "N_kv"), n), "N_c": n_c}
+    sizes |= case.sizes | PER_SPEC.get(case.name, {})
+    values = indexattn.oracle.verify.sample_arguments(spec.ir, sizes, (b,), dtype, seed=1)
+    out = []
+    for tensor in spec.ir.tensors_of("input"):
+        x = values[tensor.ascii]
+        if tensor.dtype == "int":
+            x = torch.arange(n).div(n // 4, rounding_mode="floor").expand(b, n)
+        elif x.dim() - 1 == len(tensor.shape) == 1 or tensor.ascii == "M":  # additive masks
+            x = torch.zeros_like(x)
+        out.append(x)
+    return out

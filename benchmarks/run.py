@@ -1,17 +1,19 @@
 """Generated code against hand-written PyTorch, in one interleaved run.
 
-    .venv/bin/python benchmarks/run.py            # about 8 minutes on 2 cores
-    .venv/bin/python benchmarks/run.py --quick    # a smoke run, printed, not written
-    .venv/bin/python benchmarks/run.py --report   # results.md again from results.json
+    .venv/bin/python benchmarks/run.py                 # every case, about 25 minutes on 2 cores
+    .venv/bin/python benchmarks/run.py --cases mha,rope  # some cases
+    .venv/bin/python benchmarks/run.py --quick         # a smoke run at n = 64, nothing written
+    .venv/bin/python benchmarks/run.py --report        # results.md again from results.json
 
-For every case of benchmarks/cases.py, forward (under torch.inference_mode) and
-forward+backward: the median time of each implementation over interleaved rounds (each round
-runs every implementation once, in a shuffled order, so a noisy neighbour slows all alike),
-its ratio to the fastest, and its GFLOP/s against a measured large float32 matrix product.
-Then peak memory per implementation, each in its own process; compile_spec() time per
-shipped spec; the start-up time of `indexattn latex`; and torch.compile of the generated
-module against torch.compile of the hand-written fused one. Writes benchmarks/results.json
-and benchmarks/results.md.
+For every case of benchmarks/cases.py (each shipped spec and the phrasing pairs), forward
+(under torch.inference_mode) and forward+backward: the median time of each implementation
+(generated, hand-written eager, the same torch.compile'd, FlexAttention's forward) over
+interleaved rounds (each round runs every implementation once, in a shuffled order, so a
+noisy neighbour slows all alike), its ratio to the fastest, and the generated module's ratio
+to the best hand-written one. Then the peak memory of one forward of the generated and the
+hand-written module, each in its own process; compile_spec() per spec and the first one in a
+fresh process; the start-up of `indexattn latex`; generated code in bfloat16 against float32.
+Writes benchmarks/results.json and benchmarks/results.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,17 +37,15 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from cases import CASES, IMPLEMENTATIONS, build  # noqa: E402
-from torch.utils.flop_counter import (  # noqa: E402
-    FlopCounterMode,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
+
+HAND = ("eager", "compiled")
 
 MODES = ("forward", "forward+backward")
-MEMORY_CASE, MEMORY_SHAPE = "gpt2-small causal", (1, 2048)
-LITERAL_ROUNDS = 3
+MEMORY_SHAPE = (1, 2048)
+QUICK_SHAPES = ((1, 64),)
 SAMPLE_SECONDS = 0.05
-ROUND_BUDGET = 12.0  # seconds of rounds per case and mode, literal interpreter aside
+ROUND_BUDGET = 2.5  # seconds of rounds per case, shape and mode
+BF16_CASES = ("mha", "gqa", "rope", "softcap_window", "mla")
 
 
 def main() -> None:
@@ -57,31 +56,36 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="rewrite results.md from results.json, no run"
     )
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
     hidden = argparse.SUPPRESS  # internal: one measurement in a fresh process
-    parser.add_argument("--probe", nargs=4, metavar=("KIND", "IMPL", "MODE", "SHAPE"), help=hidden)
+    parser.add_argument("--probe", nargs=4, metavar=("KIND", "CASE", "IMPL", "SHAPE"), help=hidden)
     args = parser.parse_args()
     if args.probe:
-        kind, name, mode, shape = args.probe
-        b, n = map(int, shape.split("x"))
-        return print(json.dumps(PROBES[kind](name, mode, b, n)))
+        kind, case, name, shape = args.probe
+        return print(json.dumps(PROBES[kind](case, name, tuple(map(int, shape.split("x"))))))
     if args.report:
         results = json.loads((HERE / "results.json").read_text())
-        for row in [*results["timings"], *(results["torch_compile"] or [])]:
+        for row in results["timings"]:
             row |= summary(row["samples"])
         return (HERE / "results.md").write_text(markdown(results))
     started = time.perf_counter()
-    rounds = 3 if args.quick else 15
+    rounds = 1 if args.quick else 5
+    names = args.cases.split(",") if args.cases else list(CASES)
+    shape = QUICK_SHAPES[0] if args.quick else MEMORY_SHAPE
     results = {
         "machine": machine(),
         "peak_matmul_gflops": peak_matmul(),
-        "timings": [timing for case in CASES.values() for timing in time_case(case, rounds)],
-        "memory": memory(),
-        "compile_spec_ms": compile_times(),
+        "timings": [t for name in names for t in time_case(CASES[name], rounds, args.quick)],
+        "memory": memory(names, shape),
+        "startup": startup(
+            ["mha", "softcap_window"] if args.quick else None, 1 if args.quick else 3
+        ),
+        "compile_spec_ms": {} if args.quick else compile_times(),
         "latex_startup": latex_startup(),
-        "torch_compile": None if args.quick else compiled(rounds),
+        "bfloat16": bfloat16([n for n in BF16_CASES if n in names], rounds, shape),
     }
     results["seconds"] = round(time.perf_counter() - started)
-    if not args.quick:  # a smoke run leaves the quoted results alone
+    if not args.quick and not args.cases:  # a partial run leaves the quoted results alone
         (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         (HERE / "results.md").write_text(markdown(results))
     print(markdown(results))
@@ -113,20 +117,25 @@ def peak_matmul(n: int = 4096, repeats: int = 5) -> float:
 # -- timing
 
 
-def time_case(case, rounds: int) -> list[dict]:
+def time_case(case, rounds: int, quick: bool) -> list[dict]:
+    """Every shape and mode of one case; a quick run at n = 64, eager implementations only
+    (torch.compile takes seconds per case)."""
     out = []
-    for b, n in case.shapes:
-        built = {name: build(case, name, b, n) for name in IMPLEMENTATIONS}
+    shapes = case.shapes()
+    if quick:  # n = 64, and the decode step with 64 cached keys
+        shapes = [*QUICK_SHAPES, *[(s[0], 1, 64) for s in shapes if len(s) == 3]]
+    for shape in shapes:
+        names = [n for n in IMPLEMENTATIONS if not quick or n in ("generated", "eager")]
+        built = {name: build(case, name, shape) for name in names}
         built = {name: impl for name, impl in built.items() if impl is not None}
         agree(built)
         for mode in MODES:
-            flops = count_flops(built.get("fused") or built["classic"], mode)
-            timing = summary(interleaved(built, mode, rounds))
+            timed = {k: v for k, v in built.items() if mode == "forward" or k != "flex"}
+            timing = summary(interleaved(timed, mode, rounds))
             out.append(
-                {"case": case.name, "note": case.note, "b": b, "n": n, "mode": mode}
-                | {"flops": flops, **timing}
+                {"case": case.name, "note": case.note, "shape": shape, "mode": mode} | timing
             )
-            print(f"{case.name} {(b, n)} {mode}: {timing['ratio']}", file=sys.stderr)
+            print(f"{case.name} {shape} {mode}: {timing['ratio']}", file=sys.stderr)
     return out
 
 
@@ -135,7 +144,8 @@ def agree(built: dict) -> None:
     with torch.inference_mode():
         want = first(built["generated"][0](*built["generated"][1]))
         for name, (call, inputs, _) in built.items():
-            torch.testing.assert_close(first(call(*inputs)), want, atol=1e-4, rtol=1e-3, msg=name)
+            got = first(call(*inputs))
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3, msg=name)
 
 
 def first(out):
@@ -156,21 +166,21 @@ def run_once(call, inputs, params, mode: str) -> None:
 
 
 def interleaved(built: dict, mode: str, rounds: int) -> dict[str, list[float]]:
-    """Milliseconds per call, each round running every implementation in a shuffled order
-    (the literal interpreter, far behind, only in the first rounds). A sample repeats the
+    """Milliseconds per call, each round running every implementation in a shuffled order.
+    A sample repeats the
     call for at least SAMPLE_SECONDS, so one preemption by a neighbour weighs little; quick
     cases get more rounds, up to ROUND_BUDGET seconds. As timeit does, the garbage collector
     is off while a sample runs (and run between samples): a collection of the many objects
     sympy leaves would otherwise land on whichever implementation happens to run then."""
     shuffle = random.Random(0)
     calls = {name: repeats(impl, mode) for name, impl in built.items()}
-    per_round = sum(seconds for name, (_, seconds) in calls.items() if name != "literal")
+    per_round = sum(seconds for _, seconds in calls.values())
     rounds = min(max(rounds, int(ROUND_BUDGET / per_round)), 4 * rounds)
     calls = {name: n for name, (n, _) in calls.items()}
     samples: dict[str, list[float]] = {name: [] for name in built}
     gc.freeze()  # what exists now is never garbage: collections between samples skip it
-    for k in range(rounds):
-        names = [name for name in built if name != "literal" or k < LITERAL_ROUNDS]
+    for _ in range(rounds):
+        names = list(built)
         shuffle.shuffle(names)
         for name in names:
             gc.collect()
@@ -188,14 +198,16 @@ def summary(samples: dict[str, list[float]]) -> dict:
     """Medians, and each implementation's time over the fastest one's (lowest median, of
     those timed in every round) as the median of the ratios within a round: samples taken
     moments apart share the machine's load, so the ratio of a pair is steadier than the
-    ratio of two medians."""
+    ratio of two medians. `vs_hand`: the generated module's time over the faster hand-written
+    implementation's (eager or compiled, whichever has the lower median)."""
     ms = {name: statistics.median(s) for name, s in samples.items()}
-    full = max(map(len, samples.values()))  # the literal interpreter runs fewer rounds
-    best = samples[min((n for n, s in samples.items() if len(s) == full), key=ms.get)]
+    best = samples[min(ms, key=ms.get)]
     ratio = {name: statistics.median(a / b for a, b in zip(s, best)) for name, s in samples.items()}
+    hand = samples[min((n for n in HAND if n in ms), key=ms.get)]
     return {
         "ms": {name: round(t, 4) for name, t in ms.items()},
         "ratio": {name: round(r, 3) for name, r in ratio.items()},
+        "vs_hand": round(statistics.median(a / b for a, b in zip(samples["generated"], hand)), 3),
         "samples": {name: [round(t, 4) for t in s] for name, s in samples.items()},
     }
 
@@ -211,60 +223,39 @@ def repeats(impl, mode: str) -> tuple[int, float]:
     return calls, calls * seconds
 
 
-SDPA_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, **kw: (
-        sdpa_flop_count(q, k, v)
-    ),
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
-        lambda grad, q, k, v, *a, **kw: sdpa_backward_flop_count(grad, q, k, v)
-    ),
-}
-
-
-def count_flops(impl, mode: str) -> int:
-    """Matrix-product FLOPs as torch counts them (the fused kernel's causal half included)."""
-    with FlopCounterMode(display=False, custom_mapping=SDPA_FLOPS) as counter:
-        run_once(*impl, mode)
-    return counter.get_total_flops()
-
-
 # -- memory, in fresh processes
 
 
-def memory() -> list[dict]:
-    """Each implementation and mode in a fresh process."""
-    b, n = MEMORY_SHAPE
+def memory(names: list[str], shape: tuple) -> list[dict]:
+    """One forward of the generated and of the hand-written eager module, each in a fresh
+    process."""
     out = []
-    for name in IMPLEMENTATIONS:
-        row = {"implementation": name, "b": b, "n": n}
-        for mode in MODES:
-            row[mode] = fresh("memory", name, mode, (b, n))
+    for name in names:
+        row = {"case": name, "shape": shape}
+        row |= {impl: fresh("memory", name, impl, shape) for impl in ("generated", "eager")}
         out.append(row)
         print(f"memory {row}", file=sys.stderr)
     return out
 
 
-def fresh(kind: str, name: str, mode: str, shape: tuple[int, int]):
-    """One probe in a new process, with a cold torch.compile cache of its own."""
-    with tempfile.TemporaryDirectory() as cache:
-        command = [sys.executable, __file__, "--probe", kind, name, mode, "{}x{}".format(*shape)]
-        # glibc then maps every block above 128 kB on its own and unmaps it when freed, so
-        # the peak counts tensors alive together, not what earlier frees left in the heap.
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "MALLOC_MMAP_THRESHOLD_": "131072"}
-        done = subprocess.run(command, capture_output=True, check=True, env=env)
+def fresh(kind: str, case: str, name: str, shape: tuple):
+    """One probe in a new process."""
+    command = [sys.executable, __file__, "--probe", kind, case, name, "x".join(map(str, shape))]
+    # glibc then maps every block above 128 kB on its own and unmaps it when freed, so
+    # the peak counts tensors alive together, not what earlier frees left in the heap.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    done = subprocess.run(command, capture_output=True, check=True, env=env)
     return json.loads(done.stdout)
 
 
-def peak_memory(name: str, mode: str, b: int, n: int) -> float | None:
-    """The growth of peak resident memory (MB) over one call, after a call at a tiny size
-    has done the lazy imports and first-call work."""
-    case = CASES[MEMORY_CASE]
-    impl = build(case, name, b, n)
-    if impl is None:
-        return None
-    run_once(*build(case, name, b, 16), mode)
+def peak_memory(case: str, name: str, shape: tuple) -> float:
+    """The growth of peak resident memory (MB) over one forward, after a forward at a tiny
+    size has done the lazy imports and first-call work."""
+    impl = build(CASES[case], name, shape)
+    small = build(CASES[case], name, (*shape[:-1], 16) if len(shape) == 3 else (shape[0], 16))
+    run_once(*small, "forward")
     before = high_water_mb()
-    run_once(*impl, mode)
+    run_once(*impl, "forward")
     return round(high_water_mb() - before, 1)
 
 
@@ -277,15 +268,7 @@ def high_water_mb() -> float:
     raise OSError("no VmHWM in /proc/self/status: peak memory needs Linux")
 
 
-def compile_time(name: str, mode: str, b: int, n: int) -> float:
-    """Seconds from torch.compile to the end of the first call."""
-    call, inputs, params = build(CASES["gpt2-small causal"], name, b, n)
-    start = time.perf_counter()
-    run_once(torch.compile(call, fullgraph=True), inputs, params, mode)
-    return round(time.perf_counter() - start, 1)
-
-
-PROBES = {"memory": peak_memory, "compile": compile_time}
+PROBES = {"memory": peak_memory}
 
 
 # -- compiling specs, and the start-up of the command line
@@ -343,25 +326,48 @@ def latex_startup(repeats: int = 5) -> dict:
     }
 
 
-# -- torch.compile
+# -- start-up and bfloat16
 
 
-def compiled(rounds: int, shape: tuple[int, int] = (4, 512)) -> list[dict]:
-    """Inductor on the generated module and on the hand-written fused one: compile time in a
-    fresh process with an empty cache, then the compiled calls timed as above."""
-    case = CASES["gpt2-small causal"]
+STARTUP = """
+import time, sys
+import torch
+start = time.perf_counter()
+import indexattn
+indexattn.compile_spec(sys.argv[1])
+print(time.perf_counter() - start)
+"""
+
+
+def startup(names: list[str] | None, repeats: int) -> dict[str, float]:
+    """Seconds from `import torch` done to the first compile_spec() done, in a fresh process
+    per spec (the median of a few), for the named shipped specs (None: every one)."""
+    out = {}
+    paths = sorted((ROOT / "specs").glob("*.attn"))
+    for path in (p for p in paths if names is None or p.stem in names):
+        command = [sys.executable, "-c", STARTUP, str(path)]
+        times = [
+            float(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            for _ in range(repeats)
+        ]
+        out[path.stem] = round(statistics.median(times), 3)
+    return out
+
+
+def bfloat16(names: list[str], rounds: int, shape: tuple) -> list[dict]:
+    """The generated module in bfloat16 against float32, forward, interleaved."""
     out = []
-    for mode in MODES:
-        names = ("generated", "fused")
-        row = {"b": shape[0], "n": shape[1], "mode": mode}
-        row["compile s"] = {name: fresh("compile", name, mode, shape) for name in names}
-        built = {}
-        for name in names:
-            call, inputs, params = build(case, name, *shape)
-            built[name] = (torch.compile(call, fullgraph=True), inputs, params)
-        row |= summary(interleaved(built, mode, rounds))
-        out.append(row)
-        print(f"torch.compile {row}", file=sys.stderr)
+    for name in names:
+        built = {
+            str(dtype).removeprefix("torch."): build(CASES[name], "generated", shape, dtype)
+            for dtype in (torch.float32, torch.bfloat16)
+        }
+        samples = interleaved(built, "forward", rounds)
+        ms = {k: statistics.median(v) for k, v in samples.items()}
+        out.append(
+            {"case": name, "shape": shape, "ms": ms, "speedup": ms["float32"] / ms["bfloat16"]}
+        )
+        print(f"bfloat16 {out[-1]}", file=sys.stderr)
     return out
 
 
@@ -369,29 +375,23 @@ def compiled(rounds: int, shape: tuple[int, int] = (4, 512)) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    peak = results["peak_matmul_gflops"]
     lines = [
         "# Benchmark results",
         "",
         f"{machine_line(results['machine'])}; float32; a 4096×4096 matrix product runs at "
-        f"{peak} GFLOP/s (best of 5). Medians of interleaved rounds, in ms; ×: time over the "
-        "fastest implementation's, the median of the ratios within a round; "
-        "GFLOP/s: matrix-product FLOPs as torch's FlopCounterMode counts them, with the "
-        "full N×N scores also under a causal mask, of which the fused kernel skips half "
-        "(so it can pass 100% of the ceiling there).",
+        f"{results['peak_matmul_gflops']} GFLOP/s (best of 5). Medians of interleaved rounds, "
+        "in ms; × hand: the generated module's time over the faster hand-written one's "
+        "(eager or torch.compile'd), the median of the ratios within a round; peak MB: the "
+        "growth of peak resident memory over one forward, each in a fresh process.",
     ]
-    lines += ["", "## Summary", "", *summary_table(results["timings"])]
-    for (case, b, n), rows in grouped(results["timings"]).items():
-        lines += ["", f"## {case}, (b, n) = ({b}, {n})", "", rows[0]["note"], ""]
-        lines += timing_table(rows, peak)
-    lines += ["", f"## Peak memory at {MEMORY_CASE} (b, n) = {MEMORY_SHAPE}", ""]
-    lines += memory_table(results["memory"])
+    lines += ["", "## Summary", "", *summary_table(results)]
+    lines += ["", "## Every implementation over the fastest", "", *ratio_table(results["timings"])]
+    lines += ["", "## Start-up: first compile_spec() after `import torch` (s)", ""]
+    lines += startup_table(results["startup"])
     lines += ["", "## compile_spec() per shipped spec (ms)", ""]
     lines += compile_table(results["compile_spec_ms"])
     lines += ["", "## Start-up of `indexattn latex specs/mha.attn`", "", latex_line(results)]
-    if results.get("torch_compile"):
-        lines += ["", "## torch.compile (inductor, fullgraph)", ""]
-        lines += compile_speed(results["torch_compile"])
+    lines += ["", "## bfloat16 against float32, generated, forward", "", *bf16_table(results)]
     lines += ["", f"Whole run: {results['seconds']} s.", ""]
     return "\n".join(lines)
 
@@ -400,62 +400,67 @@ def machine_line(m: dict) -> str:
     return f"torch {m['torch']}, {m['threads']} threads on {m['cores']} cores ({m['cpu']})"
 
 
-def grouped(timings: list[dict]) -> dict:
-    out: dict = {}
-    for row in timings:
-        out.setdefault((row["case"], row["b"], row["n"]), []).append(row)
-    return out
-
-
-def summary_table(timings: list[dict]) -> list[str]:
-    """One line per case, shape and mode: the generated module's time, and every
-    implementation's time over the fastest."""
-    names = IMPLEMENTATIONS
+def summary_table(results: dict) -> list[str]:
+    """One line per case, shape and mode: the generated module's time, its ratio to the
+    best hand-written one, and (forward at the memory shape) peak MB, generated and by hand."""
+    memory = {(r["case"], tuple(r["shape"])): r for r in results["memory"]}
     lines = [
-        "| case | (b, n) | mode | generated ms | " + " | ".join(f"{n} ×" for n in names) + " |",
-        "|---|---|---|---:|" + "---:|" * len(names),
+        "| case | shape | mode | generated ms | × hand | peak MB generated | peak MB hand |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
-    for row in timings:
-        ratios = [f"{row['ratio'][n]:.2f}" if n in row["ratio"] else "—" for n in names]
+    for row in results["timings"]:
+        mb = memory.get((row["case"], tuple(row["shape"])), {})
+        peak = [
+            f"{mb[k]:.0f}" if k in mb and row["mode"] == "forward" else ""
+            for k in ("generated", "eager")
+        ]
         cells = [
             row["case"],
-            f"({row['b']}, {row['n']})",
+            shape_text(row["shape"]),
             row["mode"],
             f"{row['ms']['generated']:.3g}",
         ]
+        lines.append("| " + " | ".join([*cells, f"{row['vs_hand']:.2f}", *peak]) + " |")
+    return lines
+
+
+def shape_text(shape) -> str:
+    return (
+        f"decode ({shape[0]}, {shape[1]}, cache {shape[2]})"
+        if len(shape) == 3
+        else str(tuple(shape))
+    )
+
+
+def ratio_table(timings: list[dict]) -> list[str]:
+    names = IMPLEMENTATIONS
+    lines = [
+        "| case | shape | mode | " + " | ".join(f"{n} ×" for n in names) + " |",
+        "|---|---|---|" + "---:|" * len(names),
+    ]
+    for row in timings:
+        ratios = [f"{row['ratio'][n]:.2f}" if n in row["ratio"] else "—" for n in names]
+        cells = [row["case"], shape_text(row["shape"]), row["mode"]]
         lines.append("| " + " | ".join(cells + ratios) + " |")
     return lines
 
 
-def timing_table(rows: list[dict], peak: float) -> list[str]:
-    forward, both = rows
-    header = "| implementation | forward ms | × | GFLOP/s | fwd+bwd ms | × | GFLOP/s |"
-    lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
-    for name in forward["ms"]:
-        cells = []
-        for row in (forward, both):
-            ms, ratio = row["ms"][name], row["ratio"][name]
-            gflops = row["flops"] / ms / 1e6
-            cells += [f"{ms:.3g}", f"{ratio:.2f}", f"{gflops:.0f} ({gflops / peak:.0%})"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+def startup_table(times: dict) -> list[str]:
+    lines = ["| spec | s |", "|---|---:|"]
+    return lines + [f"| {name} | {t:.3f} |" for name, t in times.items()]
 
 
-def memory_table(rows: list[dict]) -> list[str]:
-    fused = next(r for r in rows if r["implementation"] == "fused")
-    lines = [
-        "Growth of peak resident memory over one call, each in a fresh process (MB), "
-        "and its ratio to the hand-written fused code.",
-        "",
-        "| implementation | forward MB | × fused | fwd+bwd MB | × fused |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        cells = []
-        for mode in MODES:
-            mb, base = row[mode], fused[mode]
-            cells += ["—", "—"] if mb is None else [f"{mb:.0f}", f"{mb / base:.2f}"]
-        lines.append(f"| {row['implementation']} | " + " | ".join(cells) + " |")
+def bf16_table(results: dict) -> list[str]:
+    lines = ["| case | shape | float32 ms | bfloat16 ms | speed-up |", "|---|---|---:|---:|---:|"]
+    for row in results["bfloat16"]:
+        ms = row["ms"]
+        cells = [
+            row["case"],
+            shape_text(row["shape"]),
+            f"{ms['float32']:.3g}",
+            f"{ms['bfloat16']:.3g}",
+        ]
+        lines.append("| " + " | ".join([*cells, f"{row['speedup']:.2f}"]) + " |")
     return lines
 
 
@@ -471,27 +476,6 @@ def latex_line(results: dict) -> str:
         return f"Not available when this ran: {' '.join(latex['error'])}"
     torch_note = "imports torch" if latex["imports_torch"] else "does not import torch"
     return f"{latex['ms']} ms (median of 5 runs); it {torch_note}."
-
-
-def compile_speed(rows: list[dict]) -> list[str]:
-    b, n = rows[0]["b"], rows[0]["n"]
-    lines = [
-        f"specs/mha.attn at (b, n) = ({b}, {n}), each compiled from a cold cache.",
-        "",
-        "| implementation | mode | compile s | ms | × |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for row in rows:
-        for name, ms in row["ms"].items():
-            cells = [
-                name,
-                row["mode"],
-                str(row["compile s"][name]),
-                f"{ms:.3g}",
-                f"{row['ratio'][name]:.2f}",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    return lines
 
 
 if __name__ == "__main__":

@@ -73,3 +73,33 @@ def test_tracebacks_show_the_generated_line():
     except TypeError:
         text = traceback.format_exc()
     assert "y = torch.log(x)" in text
+
+
+def scalar_code(text: str) -> str:
+    import sympy
+
+    from indexattn.lower.printers import ScalarPrinter
+
+    names = {name: sympy.Symbol(name) for name in ("N", "d", "d_r")}
+    return ScalarPrinter().doprint(sympy.sympify(text, locals=names))
+
+
+def test_an_inverse_root_prints_as_one_root():
+    assert scalar_code("1/sqrt(2*d_r)") == "1/math.sqrt(2*d_r)"
+    assert eval(scalar_code("1/sqrt(2*d_r)"), {"math": __import__("math"), "d_r": 8}) == 0.25
+
+
+def test_a_root_that_is_not_inverse_or_is_negative_keeps_its_factors():
+    assert scalar_code("2*sqrt(d)") == "2*math.sqrt(d)"
+    assert eval(scalar_code("-1/sqrt(2*d)"), {"math": __import__("math"), "d": 8}) == -0.25
+
+
+def test_a_log_of_a_size_is_a_tensor_and_a_log_of_a_number_a_float():
+    assert scalar_code("log(N)") == "torch.scalar_tensor(N, dtype=torch.float64).log()"
+    assert scalar_code("log(2)") == "math.log(2)"
+
+
+def test_whole_scalars_print_as_integers_and_others_as_floats():
+    from indexattn.lower.printers import number_text
+
+    assert [number_text(v) for v in (128.0, 0.0, 0.1, 1e-06)] == ["128", "0", "0.1", "1e-06"]

@@ -176,3 +176,13 @@ def test_sizes_must_be_whole_numbers():
         spec(**mha_args(), h=1.5)
     with pytest.raises(indexattn.ShapeError, match=r"the size d_k must be a positive whole"):
         spec.module(d_m=12, h=3, d_k=4.5)
+
+
+def test_constants_built_under_inference_mode_serve_a_later_backward():
+    spec = indexattn.compile_spec(ROOT / "specs" / "sigmoid_attention.attn")
+    module = spec.module(d_m=8, h=2, d_k=4)
+    x = torch.randn(1, 5, 8)
+    with torch.inference_mode():
+        module(x)
+    module(x.requires_grad_()).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

@@ -85,24 +85,7 @@ def test_torch_compile_with_dynamic_shapes(name):
             torch.testing.assert_close(got, want)
 
 
-# A size used in scalar math in the forward function (`math.log(N)` for sigmoid attention's
-# bias -log N) specializes a dynamic N under torch.export: a known compiler bug, not yet fixed.
-# strict: the mark must go once the bug is fixed.
-EXPORT_SPECIALIZES = {"sigmoid_attention"}
-EXPORTED = [
-    pytest.param(
-        name,
-        marks=pytest.mark.xfail(
-            reason="math.log(N) specializes the dynamic size N under torch.export", strict=True
-        ),
-    )
-    if name in EXPORT_SPECIALIZES
-    else name
-    for name in MASKED
-]
-
-
-@pytest.mark.parametrize("name", EXPORTED)
+@pytest.mark.parametrize("name", MASKED)
 def test_torch_export_with_a_dynamic_sequence_length(name):
     spec, module, inputs = layer(name)
     sizes = sequence_sizes(spec)

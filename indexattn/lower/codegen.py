@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .emit import Emitter
 from .hoist import split
 from .naming import Names
-from .printers import wrap
+from .printers import number_text, wrap
 from .steps import Plan, Var
 
 HEADER = """\
@@ -124,7 +124,7 @@ class Writer:
     def signature(self, constants: bool) -> str:
         tensors = [t.ascii for t in self.spec.arguments]
         keywords = [self.spec.size_ascii(s) for s in self.plan.sizes.required]
-        keywords += [f"{s.ascii}={s.value!r}" for s in self.spec.scalars]
+        keywords += [f"{s.ascii}={number_text(s.value)}" for s in self.spec.scalars]
         keywords.append("training=False")
         keywords += ["constants=None"] if constants else []
         return f"def {self.names.function}({', '.join(tensors)}, *, {', '.join(keywords)}):"

@@ -17,6 +17,26 @@ def float_text(expr) -> str:
     return repr(value) if math.isfinite(value) else ("-" if value < 0 else "") + "math.inf"
 
 
+def number_text(value: float) -> str:
+    """A scalar's value as written: `128` for a whole number, `0.1` otherwise."""
+    return str(int(value)) if float(value).is_integer() else float_text(value)
+
+
+def inverse_root(expr: sympy.Expr) -> sympy.Expr | None:
+    """r when `expr` is 1/sqrt(r) for a product r of positive whole numbers and whole powers
+    of sizes: sympy's `sqrt(2)/(2*sqrt(d_r))` is `1/sqrt(2*d_r)`; None otherwise."""
+    roots = [a for a in expr.args if a.is_Pow and a.exp.is_Rational and a.exp.q == 2]
+    if not roots or expr.could_extract_minus_sign():
+        return None
+    r = 1 / expr**2
+    factors = r.args if r.is_Mul else (r,)
+    whole = all(
+        f.is_Symbol or (f.is_Integer and f > 0) or (f.is_Pow and f.exp.is_Integer and f.exp > 0)
+        for f in factors
+    )
+    return r if whole else None
+
+
 class ScalarPrinter(PythonCodePrinter):
     """Index-free sympy -> Python: `1/math.sqrt(d_k)`; floats re-printed exactly."""
 
@@ -28,6 +48,19 @@ class ScalarPrinter(PythonCodePrinter):
         if "math" in text:
             self.module_imports["math"].add("inf")
         return text
+
+    def _print_Mul(self, expr) -> str:
+        root = inverse_root(expr)
+        if root is None:
+            return super()._print_Mul(expr)
+        return f"1/{self._module_format('math.sqrt')}({self._print(root)})"
+
+    def _print_log(self, expr) -> str:
+        """log of a size as a tensor: `math.log(N)` would fix a dynamic N under torch.export."""
+        if not expr.free_symbols:
+            return f"{self._module_format('math.log')}({self._print(expr.args[0])})"
+        self.module_imports["torch"].add("log")
+        return f"torch.scalar_tensor({self._print(expr.args[0])}, dtype=torch.float64).log()"
 
     def _print_Mod(self, expr) -> str:
         # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3

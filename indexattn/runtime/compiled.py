@@ -127,8 +127,9 @@ class CompiledSpec:
         args = tuple(values[name] for name in self.module_source.constant_args)
         key = (args, like.device, like.dtype)
         found = self._constants.get(key)
-        if found is None:
-            found = self.constants_function(*args, device=like.device, dtype=like.dtype)
+        if found is None:  # kept for later calls: never an inference tensor, which autograd
+            with torch.inference_mode(False):  # would refuse to save for a backward
+                found = self.constants_function(*args, device=like.device, dtype=like.dtype)
             with self._lock:
                 _bounded(self._constants)[key] = found
         checked = (key, self.positions.sizes(sizes))  # a table's size is not a constant's

@@ -17,7 +17,7 @@ def attention_sinks_constants(N, w, *, device, dtype):
     return M,
 
 
-def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, o_proj_bias, sinks, *, h_kv, w=128.0, training=False, constants=None):
+def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, o_proj_bias, sinks, *, h_kv, w=128, training=False, constants=None):
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
     n_rep = q_proj_weight.shape[-2] // (d_k*h_kv)

@@ -19,7 +19,7 @@ def chunked_constants(N, C, *, device, dtype):
     return M_keep,
 
 
-def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_kv, C=8192.0, training=False, constants=None):
+def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_kv, C=8192, training=False, constants=None):
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
     n_rep = q_proj_weight.shape[-2] // (d_k*h_kv)

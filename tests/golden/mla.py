@@ -48,7 +48,7 @@ def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     return Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M
 
 
-def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000.0, eps=1e-06, training=False, constants=None):
+def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000, eps=1e-06, training=False, constants=None):
     N = X.shape[-2]
     d_c = kv_a_layernorm_weight.shape[-1]
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)

@@ -19,7 +19,7 @@ def prefix_lm_constants(N, P, *, device, dtype):
     return M_keep,
 
 
-def prefix_lm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, P=0.0, training=False, constants=None):
+def prefix_lm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, P=0, training=False, constants=None):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
     M_keep, = prefix_lm_constants(N, P, device=X.device, dtype=X.dtype) if constants is None else constants

@@ -24,7 +24,7 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod
 
 
-def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0.0, training=False, constants=None):
+def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
@@ -71,7 +71,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
-    O = F.scaled_dot_product_attention(Qr.flatten(-2).flatten(-4, -3), Kr.flatten(-2), V, is_causal=True, scale=(1/2)*math.sqrt(2)/math.sqrt(d_r), enable_gqa=True)
+    O = F.scaled_dot_product_attention(Qr.flatten(-2).flatten(-4, -3), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r), enable_gqa=True)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))

@@ -23,7 +23,7 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod
 
 
-def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0.0, training=False, constants=None):
+def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
     Qr_cos, Qr_pos, Qr_prod = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
@@ -50,7 +50,7 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=(1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, a)
+    O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r))  # (…, μ, τ, a)
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

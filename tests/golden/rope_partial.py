@@ -27,7 +27,7 @@ def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
     return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos
 
 
-def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0.0, training=False, constants=None):
+def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_p = (query_key_value_weight.shape[-2] - (6*d_r*h)) // (3*h)
     Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos = rope_partial_constants(N, d_r, d_p, offset, device=X.device, dtype=X.dtype) if constants is None else constants

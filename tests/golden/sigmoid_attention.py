@@ -32,7 +32,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = S_prod + (-math.log(N))  # (…, μ, τ, τ')
+    S = S_prod + (-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
     A_sigmoid = torch.sigmoid(S)  # (…, μ, τ, τ')
     A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')

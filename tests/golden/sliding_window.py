@@ -20,7 +20,7 @@ def sliding_window_constants(N, w, *, device, dtype):
     return M_keep,
 
 
-def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_proj_bias, *, h, w=4096.0, p=0.1, training=False, constants=None):
+def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_proj_bias, *, h, w=4096, p=0.1, training=False, constants=None):
     N = X.shape[-2]
     d_k = W_query_weight.shape[-2] // h
     M_keep, = sliding_window_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants

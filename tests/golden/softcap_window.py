@@ -16,7 +16,7 @@ def softcap_window_constants(N, w, *, device, dtype):
     return M,
 
 
-def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, query_pre_attn_scalar=256.0, c=50.0, w=4096.0, training=False, constants=None):
+def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, query_pre_attn_scalar=256, c=50, w=4096, training=False, constants=None):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
     M, = softcap_window_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants
