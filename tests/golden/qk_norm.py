@@ -27,6 +27,22 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod, M
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def qk_norm_rows(Qr, Kr_scaled, M, V):
+    # S, A, O at some positions τ: all of them, or a block of them
+    # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
+    S_prod = einsum(Qr, Kr_scaled, "... g r tau c j, ... g tau_p c j -> ... g r tau tau_p")  # (…, g, r, τ, τ')
+    S = M + S_prod  # (…, g, r, τ, τ')
+    # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
+    # O_<grτa> = A_<grττ'> V_<gτ'a>
+    O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
+    return O
+
+
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_norm_weight.shape[-1] // 2
@@ -72,13 +88,16 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
     Kr_scaled = Kr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, g, τ', c, j)
-    S_prod = einsum(Qr, Kr_scaled, "... g r tau c j, ... g tau_p c j -> ... g r tau tau_p")  # (…, g, r, τ, τ')
-    S = M + S_prod  # (…, g, r, τ, τ')
-    # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
-    # O_<grτa> = A_<grττ'> V_<gτ'a>
-    O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
+    # S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
+    if rows >= N:
+        O = qk_norm_rows(Qr, Kr_scaled, M, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(qk_norm_rows, Qr[..., t:t + rows, :, :], Kr_scaled, M[t:t + rows], V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -27,6 +27,22 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     return Qr_cos, Qr_pos, Qr_prod, M
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def rope_interleaved_rows(Qr_scaled, Kr, M, V):
+    # S, A, O at some positions τ: all of them, or a block of them
+    # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
+    S_prod = einsum(Qr_scaled, Kr, "... mu tau j c, ... mu tau_p j c -> ... mu tau tau_p")  # (…, μ, τ, τ')
+    S = M + S_prod  # (…, μ, τ, τ')
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    O = A @ V  # (…, μ, τ, a)
+    return O
+
+
 def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
@@ -52,13 +68,16 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
     Qr_scaled = Qr * ((1/2)*math.sqrt(2)/math.sqrt(d_r))  # (…, μ, τ, j, c)
-    S_prod = einsum(Qr_scaled, Kr, "... mu tau j c, ... mu tau_p j c -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    S = M + S_prod  # (…, μ, τ, τ')
-    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
-    # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    # S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = rope_interleaved_rows(Qr_scaled, Kr, M, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(rope_interleaved_rows, Qr_scaled[..., t:t + rows, :, :], Kr, M[t:t + rows], V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

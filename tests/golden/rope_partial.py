@@ -31,6 +31,22 @@ def rope_partial_constants(N, d_r, d_p, offset, *, device, dtype):
     return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod, Qp_pos, M
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def rope_partial_rows(Qr_scaled, Kr, M, S_prod_2, V):
+    # S, A, O at some positions τ: all of them, or a block of them
+    # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r + d_p) + Qp_<μτp> Kp_<μτ'p> / sqrt(2 d_r + d_p) + M_<ττ'>
+    S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')
+    S = M + S_prod + S_prod_2  # (…, μ, τ, τ')
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    O = A @ V  # (…, μ, τ, a)
+    return O
+
+
 def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0.0, training=False, constants=None):
     N = X.shape[-2]
     d_p = (query_key_value_weight.shape[-2] - (6*d_r*h)) // (3*h)
@@ -61,15 +77,18 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     Kp = K[..., Qp_pos]  # (…, μ, τ, p)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r + d_p) + Qp_<μτp> Kp_<μτ'p> / sqrt(2 d_r + d_p) + M_<ττ'>
     Qr_scaled = Qr / math.sqrt(d_p + 2*d_r)  # (…, μ, τ, c, j)
-    S_prod = einsum(Qr_scaled, Kr, "... mu tau c j, ... mu tau_p c j -> ... mu tau tau_p")  # (…, μ, τ, τ')
     Qp_scaled = Qp / math.sqrt(d_p + 2*d_r)  # (…, μ, τ, p)
     S_prod_2 = Qp_scaled @ Kp.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = M + S_prod + S_prod_2  # (…, μ, τ, τ')
-    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
-    # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    # S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = rope_partial_rows(Qr_scaled, Kr, M, S_prod_2, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(rope_partial_rows, Qr_scaled[..., t:t + rows, :, :], Kr, M[t:t + rows], S_prod_2[..., t:t + rows, :], V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = dense_weight_<i(μa)> O_<μτa> + dense_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, dense_weight, dense_bias)  # (…, τ, i)
