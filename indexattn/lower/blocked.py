@@ -139,7 +139,8 @@ class RowsWriter:
         """The knob, then the function."""
         inputs = [self.names.var(v) for v in self.rows.inputs]
         keywords = self.keywords()
-        head = f"def {self.function}({', '.join([*inputs, *(['*'] if keywords else []), *keywords])}):"
+        params = [*inputs, "*", *keywords] if keywords else inputs
+        head = f"def {self.function}({', '.join(params)}):"
         doc = (
             f"# {', '.join(self.computed)} at some positions {self.rows.row.glyph}: all of "
             "them, or a block of them"
