@@ -15,11 +15,23 @@ from .hoist import operands
 from .naming import Names
 from .order import planning_count
 from .printers import wrap
-from .steps import Add, Cat, Contract, Elementwise, Gather, Operand, Reduction, Rename, Step, Var
+from .steps import (
+    Add,
+    Cat,
+    Contract,
+    Elementwise,
+    Gather,
+    Linear,
+    Operand,
+    Reduction,
+    Rename,
+    Step,
+    Var,
+)
 
 # Steps a block of rows computes exactly as all rows would (no step that reads a size as a
 # shape, nor one that mixes rows).
-ROW_WISE = (Contract, Add, Elementwise, Rename, Reduction, Gather, Cat)
+ROW_WISE = (Contract, Add, Elementwise, Rename, Reduction, Gather, Cat, Linear)
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     sliced = _inputs(steps, inside, row)
     if sliced is None:
         return None
-    inputs = tuple(dict.fromkeys(o.var for s in steps for o in operands(s) if o.var not in inside))
+    inputs = tuple(dict.fromkeys(v for s in steps for v in _reads(s) if v not in inside))
     scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
     where = frozenset((flat[n][0], flat[n][1]) for n in chosen)
     return Rows(row, where, flat[chosen[-1]][0], inputs, sliced, exits[0], scores)
@@ -88,7 +100,18 @@ def _row_wise(step: Step, row: Index) -> bool:
         return False
     if isinstance(step, Reduction) and row in step.over:
         return False
+    if isinstance(step, Linear) and row in step.inner:
+        return False
     return not (isinstance(step, Cat) and step.over == row)
+
+
+def _reads(step: Step) -> list[Var]:
+    """The variables a step reads: its operands, and a product's weight and bias."""
+    found = [o.var for o in operands(step)]
+    if isinstance(step, Linear):
+        tensors = (step.weight, step.bias) if step.bias is not None else (step.weight,)
+        found += [Var(-1, t.ascii, argument=True) for t in tensors]
+    return found
 
 
 def _inputs(steps: list[Step], inside: set[Var], row: Index):
