@@ -56,7 +56,10 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     if not wide:
         return None
     held = {flat[n][2].out.var for n in wide}
-    end = max(n for n, (_, _, s) in enumerate(flat) if any(o.var in held for o in operands(s)))
+    readers = [n for n, (_, _, s) in enumerate(flat) if any(o.var in held for o in operands(s))]
+    if not readers:  # the scores are an output themselves
+        return None
+    end = readers[-1]
     chosen, inside = [], set()
     for n in range(wide[0], end + 1):
         step = flat[n][2]
