@@ -9,6 +9,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hoist import split
 from .naming import Names
@@ -59,6 +60,7 @@ class Writer:
         self.main = Emitter(self.spec, self.names)
         self.grids = Emitter(self.spec, self.names)
         self.held: list[str] = []  # the constants, in the order they are built
+        self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
     def module(self) -> Module:
         body, constants = self.bodies()
@@ -68,6 +70,8 @@ class Writer:
             args = self.constant_args()
             defs.append(self.constants_function(args, constants))
             prologue.append(self.constants_call(args))
+        if self.rows is not None:
+            defs.append(self.rows.definition())
         if self.main.needs.device or self.main.needs.dtype:
             first = self.spec.like.ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")
@@ -84,14 +88,24 @@ class Writer:
     def bodies(self) -> tuple[list[str], list[str]]:
         """The spec's function's lines and the constants function's, block by block."""
         parts = split(self.plan)
+        rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
+        self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
         body: list[str] = []
         constants: list[str] = []
-        for block, fixed, rest in zip(self.plan.blocks, parts.constant, parts.per_call):
+        blocks = zip(self.plan.blocks, parts.constant, parts.per_call)
+        for b, (block, fixed, rest) in enumerate(blocks):
             heading = [f"# {comment(text)}" for text in block.texts]
             if fixed:
                 constants += heading + [line for s in fixed for line in self.grids.lines(s)]
-            if rest or not fixed:
+            inner = [s for k, s in enumerate(rest) if rows and (b, k) in rows.chosen]
+            rest = tuple(s for s in rest if s not in inner)
+            if inner:
+                tensors = [comment(eq.tensor.name) for eq in block.equations]
+                self.rows.add(tensors, heading, inner)
+            if rest or not (fixed or inner):
                 body += heading + [line for s in rest for line in self.main.lines(s)]
+            if rows is not None and b == rows.last:
+                body += self.rows.call(self.main)
         self.held = [self.names.var(v) for v in parts.held]
         self.held_vars = parts.held
         return body, constants
@@ -150,6 +164,7 @@ class Writer:
     def imports(self) -> str:
         """Only the imports the printed lines use."""
         used = self.main.needs.imports | self.grids.needs.imports
+        used |= self.rows.emitter.needs.imports if self.rows is not None else set()
         used |= {"torch"} if "F" in used else set()
         out = [line for name, line in IMPORTS if name in used]
         einops = [name for name in ("einsum", "rearrange") if name in used]

@@ -17,6 +17,27 @@ def attention_sinks_constants(N, w, *, device, dtype):
     return M,
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
+    # S, L, A, O at some positions τ: all of them, or a block of them
+    # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
+    S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
+    S = M + S_prod  # (…, g, r, τ, τ')
+    # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
+    L = torch.logsumexp(S, dim=-1)  # (…, g, r, τ)
+    # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A_softmax = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
+    A_sum = -sinks_split[:, :, None] + L  # (…, g, r, τ)
+    A_sigmoid = torch.sigmoid(A_sum)  # (…, g, r, τ)
+    A = A_softmax * A_sigmoid[..., :, :, :, None]  # (…, g, r, τ, τ')
+    # O_<grτa> = A_<grττ'> V_<gτ'a>
+    O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
+    return O
+
+
 def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, o_proj_bias, sinks, *, h_kv, w=128, training=False, constants=None):
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
@@ -33,19 +54,18 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     V = V_proj.transpose(-3, -2)  # (…, g, τ, a)
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     K_scaled = K / math.sqrt(d_k)  # (…, g, τ', a)
-    S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
-    S = M + S_prod  # (…, g, r, τ, τ')
-    # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
-    L = torch.logsumexp(S, dim=-1)  # (…, g, r, τ)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A_softmax = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
-    A_sum = -sinks_split[:, :, None] + L  # (…, g, r, τ)
-    A_sigmoid = torch.sigmoid(A_sum)  # (…, g, r, τ)
-    A = A_softmax * A_sigmoid[..., :, :, :, None]  # (…, g, r, τ, τ')
-    # O_<grτa> = A_<grττ'> V_<gτ'a>
-    O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
+    # S, L, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
+    if rows >= N:
+        O = attention_sinks_rows(Q, K_scaled, M, sinks_split, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(attention_sinks_rows, Q[..., t:t + rows, :], K_scaled, M[t:t + rows], sinks_split, V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa> + o_proj_bias_<i>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -17,6 +17,24 @@ def differential_constants(N, *, device, dtype):
     return M,
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def differential_rows(Q_scaled, K, M, lambda__scaled, V):
+    # A, D, O at some positions τ: all of them, or a block of them
+    # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
+    A_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, B, τ, τ')
+    A_sum = M + A_prod  # (…, μ, B, τ, τ')
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(A_sum, -1)  # (…, μ, B, τ, τ')
+    # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
+    D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
+    D = A[..., :, 0, :, :] + D_prod  # (…, μ, τ, τ')
+    # O_<μτe> = D_<μττ'> V_<μτ'e>
+    O = D @ V  # (…, μ, τ, e)
+    return O
+
+
 def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln_weight, *, lambda_init=0.8, eps=1e-05, training=False, constants=None):
     N = X.shape[-2]
     d = lambda_q1.shape[-1]
@@ -33,10 +51,6 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, e)
     # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
     Q_scaled = Q / math.sqrt(d)  # (…, μ, B, τ, a)
-    A_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, B, τ, τ')
-    A_sum = M + A_prod  # (…, μ, B, τ, τ')
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(A_sum, -1)  # (…, μ, B, τ, τ')
     # λ_<> = exp(lambda_q1_<a> lambda_k1_<a>) - exp(lambda_q2_<a> lambda_k2_<a>) + lambda_init
     lambda__prod = einsum(lambda_q1, lambda_k1, "a, a -> ")  # ()
     lambda__exp = torch.exp(lambda__prod)  # ()
@@ -45,10 +59,16 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     lambda_ = lambda__exp - lambda__exp_2 + lambda_init  # ()
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     lambda__scaled = lambda_ * -1  # ()
-    D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
-    D = A[..., :, 0, :, :] + D_prod  # (…, μ, τ, τ')
-    # O_<μτe> = D_<μττ'> V_<μτ'e>
-    O = D @ V  # (…, μ, τ, e)
+    # A, D, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
+    if rows >= N:
+        O = differential_rows(Q_scaled, K, M, lambda__scaled, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(differential_rows, Q_scaled[..., t:t + rows, :], K, M[t:t + rows], lambda__scaled, V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # ρ_<μτ> = rsqrt(mean_<e>(O_<μτe>^2) + eps)
     rho_pow = O ** 2  # (…, μ, τ, e)
     rho_mean = rho_pow.mean(dim=-1)  # (…, μ, τ)

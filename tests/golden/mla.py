@@ -48,6 +48,24 @@ def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     return Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def mla_rows(Qn, Kn, S_prod_2, M, V, *, d_n, d_r):
+    # S, A, O at some positions τ: all of them, or a block of them
+    # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
+    S_prod = Qn @ Kn.transpose(-2, -1)  # (…, μ, τ, τ')
+    S_sum = S_prod + S_prod_2  # (…, μ, τ, τ')
+    S_prod_3 = S_sum / math.sqrt(d_n + d_r)  # (…, μ, τ, τ')
+    S = M + S_prod_3  # (…, μ, τ, τ')
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # O_<μτe> = A_<μττ'> V_<μτ'e>
+    O = A @ V  # (…, μ, τ, e)
+    return O
+
+
 def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000, eps=1e-06, training=False, constants=None):
     N = X.shape[-2]
     d_c = kv_a_layernorm_weight.shape[-1]
@@ -106,16 +124,17 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
-    S_prod = Qn @ Kn.transpose(-2, -1)  # (…, μ, τ, τ')
     S_prod_2 = einsum(Q_theta, K_theta, "... mu tau r, ... tau_p r -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    S_sum = S_prod + S_prod_2  # (…, μ, τ, τ')
-    S_prod_3 = S_sum / math.sqrt(d_n + d_r)  # (…, μ, τ, τ')
-    S = M + S_prod_3  # (…, μ, τ, τ')
-    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
-    # O_<μτe> = A_<μττ'> V_<μτ'e>
-    O = A @ V  # (…, μ, τ, e)
+    # S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = mla_rows(Qn, Kn, S_prod_2, M, V, d_n=d_n, d_r=d_r)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(mla_rows, Qn[..., t:t + rows, :], Kn, S_prod_2[..., t:t + rows, :], M[t:t + rows], V, d_n=d_n, d_r=d_r, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μe)> O_<μτe>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -16,6 +16,22 @@ def sigmoid_attention_constants(N, *, device, dtype):
     return A_grid,
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
+    # S, A, O at some positions τ: all of them, or a block of them
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
+    S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
+    S = S_prod + (-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
+    # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
+    A_sigmoid = torch.sigmoid(S)  # (…, μ, τ, τ')
+    A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    O = A @ V  # (…, μ, τ, a)
+    return O
+
+
 def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, training=False, constants=None):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
@@ -31,13 +47,16 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
-    S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = S_prod + (-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
-    # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
-    A_sigmoid = torch.sigmoid(S)  # (…, μ, τ, τ')
-    A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')
-    # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    # S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = sigmoid_attention_rows(Q_scaled, K, A_grid, V, N=N)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(sigmoid_attention_rows, Q_scaled[..., t:t + rows, :], K, A_grid[t:t + rows], V, N=N, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

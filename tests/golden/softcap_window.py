@@ -16,6 +16,26 @@ def softcap_window_constants(N, w, *, device, dtype):
     return M,
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def softcap_window_rows(Q_scaled, K, M, V, *, c):
+    # R, S, A, O at some positions τ: all of them, or a block of them
+    # R_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(query_pre_attn_scalar)
+    R = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
+    # S_<μττ'> = c tanh(R_<μττ'> / c) + M_<ττ'>
+    S_prod = R / c  # (…, μ, τ, τ')
+    S_tanh = torch.tanh(S_prod)  # (…, μ, τ, τ')
+    S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
+    S = M + S_prod_2  # (…, μ, τ, τ')
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    O = A @ V  # (…, μ, τ, a)
+    return O
+
+
 def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, query_pre_attn_scalar=256, c=50, w=4096, training=False, constants=None):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
@@ -31,17 +51,16 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # R_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(query_pre_attn_scalar)
     Q_scaled = Q / math.sqrt(query_pre_attn_scalar)  # (…, μ, τ, a)
-    R = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    # S_<μττ'> = c tanh(R_<μττ'> / c) + M_<ττ'>
-    S_prod = R / c  # (…, μ, τ, τ')
-    S_tanh = torch.tanh(S_prod)  # (…, μ, τ, τ')
-    S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
-    S = M + S_prod_2  # (…, μ, τ, τ')
-    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
-    # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = A @ V  # (…, μ, τ, a)
+    # R, S, A, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = softcap_window_rows(Q_scaled, K, M, V, c=c)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(softcap_window_rows, Q_scaled[..., t:t + rows, :], K, M[t:t + rows], V, c=c, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -16,6 +16,29 @@ def talking_heads_constants(N, *, device, dtype):
     return M,
 
 
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+
+
+def talking_heads_rows(Q_scaled, K, P_l, M, P_w, V):
+    # S, L, A, W, O at some positions τ: all of them, or a block of them
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)
+    S = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
+    # L_<νττ'> = P_l_<μν> S_<μττ'> + M_<ττ'>
+    L_proj = S.movedim(-3, -1)  # (…, τ, τ', (μ))
+    L_proj = L_proj @ P_l  # (…, τ, τ', ν)
+    L = M + L_proj.movedim(-1, -3)  # (…, ν, τ, τ')
+    # A_<νττ'> = softmax_<τ'>(L_<νττ'>)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients)
+    A = torch.ops.aten._safe_softmax.default(L, -1)  # (…, ν, τ, τ')
+    # W_<μττ'> = P_w_<νμ> A_<νττ'>
+    W_proj = A.movedim(-3, -1)  # (…, τ, τ', (ν))
+    W_proj = W_proj @ P_w  # (…, τ, τ', μ)
+    W = W_proj.movedim(-1, -3)  # (…, μ, τ, τ')
+    # O_<μτa> = W_<μττ'> V_<μτ'a>
+    O = W @ V  # (…, μ, τ, a)
+    return O
+
+
 def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, P_l, P_w, *, training=False, constants=None):
     N = X.shape[-2]
     h = P_l.shape[-2]
@@ -32,20 +55,16 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
-    S = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    # L_<νττ'> = P_l_<μν> S_<μττ'> + M_<ττ'>
-    L_proj = S.movedim(-3, -1)  # (…, τ, τ', (μ))
-    L_proj = L_proj @ P_l  # (…, τ, τ', ν)
-    L = M + L_proj.movedim(-1, -3)  # (…, ν, τ, τ')
-    # A_<νττ'> = softmax_<τ'>(L_<νττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(L, -1)  # (…, ν, τ, τ')
-    # W_<μττ'> = P_w_<νμ> A_<νττ'>
-    W_proj = A.movedim(-3, -1)  # (…, τ, τ', (ν))
-    W_proj = W_proj @ P_w  # (…, τ, τ', μ)
-    W = W_proj.movedim(-1, -3)  # (…, μ, τ, τ')
-    # O_<μτa> = W_<μττ'> V_<μτ'a>
-    O = W @ V  # (…, μ, τ, a)
+    # S, L, A, W, O: by blocks of τ on long sequences
+    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if rows >= N:
+        O = talking_heads_rows(Q_scaled, K, P_l, M, P_w, V)
+    else:  # a block's scores are recomputed in the backward, not kept
+        blocks = [
+            torch.utils.checkpoint.checkpoint(talking_heads_rows, Q_scaled[..., t:t + rows, :], K, P_l, M[t:t + rows], P_w, V, use_reentrant=False)
+            for t in range(0, N, rows)
+        ]
+        O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -1,0 +1,89 @@
+"""Scores by blocks of queries: every shipped spec whose generated code holds scores over
+two sequence positions computes them in a rows function; forced into blocks of one query
+(the module's BLOCK_SCORES knob), it still equals the literal interpreter, in values and
+gradients (each block under checkpoint)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import indexattn
+from indexattn.oracle import reference
+from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+BLOCKED = sorted(p.stem for p in GOLDEN.glob("*.py") if "BLOCK_SCORES = " in p.read_text())
+
+
+def counted(spec, monkeypatch, budget: int | None) -> list[int]:
+    """The queries of each call of the spec's rows function, with the knob at `budget`."""
+    namespace = spec.function.__globals__
+    rows = namespace[f"{spec.name}_rows"]
+    calls: list[int] = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return rows(*args, **kwargs)
+
+    monkeypatch.setitem(namespace, f"{spec.name}_rows", counting)
+    if budget is not None:
+        monkeypatch.setitem(namespace, "BLOCK_SCORES", budget)
+    return calls
+
+
+def test_the_score_modifications_are_blocked():
+    assert {"softcap_window", "sigmoid_attention", "attention_sinks", "differential"} <= set(
+        BLOCKED
+    )
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_short_sequences_take_all_queries_at_once(name, monkeypatch):
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    calls = counted(spec, monkeypatch, None)
+    assert compare(spec, torch.float64, (2,)).ok
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_blocks_of_one_query_equal_the_literal(name, monkeypatch):
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    calls = counted(spec, monkeypatch, 1)
+    result = compare(spec, torch.float64, (2,), seed=0)
+    assert result.ok, f"{name}: error {result.error:.2e}"
+    assert len(calls) == sample_sizes(spec.ir, 0)["N"]
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_blocks_of_one_query_see_a_change_in_the_last_query(name, monkeypatch):
+    """The twin: against the literal reading of inputs whose last position differs, the
+    blocks of the earlier queries still agree (these specs are causal), the last does not."""
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    counted(spec, monkeypatch, 1)
+    sizes = sample_sizes(spec.ir)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    args = sample_arguments(spec.ir, sizes, (2,))
+    changed = {**args, "X": args["X"].clone()}
+    changed["X"][..., -1, :] += 1
+    got = spec(**args, **given)
+    (want,) = reference.evaluate(spec.ir, **changed, **given)
+    assert torch.allclose(got[..., :-1, :], want[..., :-1, :])
+    assert not torch.allclose(got[..., -1, :], want[..., -1, :])
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_gradients_through_blocks_equal_the_literal(name, monkeypatch):
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    counted(spec, monkeypatch, 1)
+    sizes = sample_sizes(spec.ir, seed=1)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64, seed=3)
+    leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
+    twins = {k: v.clone().requires_grad_() for k, v in args.items()}
+    weights = torch.randn_like(spec(**args, **given))
+    (spec(**leaves, **given) * weights).sum().backward()
+    (reference.evaluate(spec.ir, **twins, **given)[0] * weights).sum().backward()
+    for name in args:
+        torch.testing.assert_close(leaves[name].grad, twins[name].grad, rtol=0, atol=1e-12)
