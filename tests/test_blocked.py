@@ -1,7 +1,7 @@
 """Scores by blocks of queries: every shipped spec whose generated code holds scores over
 two sequence positions computes them in a rows function; forced into blocks of one query
 (the module's BLOCK_SCORES knob), it still equals the literal interpreter, in values and
-gradients (each block under checkpoint)."""
+gradients (through every block)."""
 
 from pathlib import Path
 

@@ -2,7 +2,7 @@
 (the N×N scores of each head, and every elementwise step on them: soft-capping, sigmoid,
 sinks), the steps from the scores to the values they produce over the queries alone (`A @ V`)
 go into a function of their own, computed for all query positions at once on short
-sequences, and for blocks of them on long ones, each block under activation checkpointing.
+sequences, and for blocks of them on long ones.
 Exact: a query's row of scores depends on that query alone."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _axes(op: Operand) -> list[Index | None]:
 
 class RowsWriter:
     """Prints the rows' function, and the lines of the spec's function that call it: once
-    for all rows, or per block of rows under `checkpoint`, whichever the sizes ask for."""
+    for all rows, or per block of rows, whichever the sizes ask for."""
 
     def __init__(self, spec: Spec, names: Names, rows: Rows) -> None:
         self.spec, self.names, self.rows = spec, names, rows
@@ -198,10 +198,9 @@ class RowsWriter:
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
             f"if {count} >= {size}:",
             f"    {out} = {self.function}({', '.join(whole + keywords)})",
-            "else:  # a block's scores are recomputed in the backward, not kept",
+            "else:",
             f"    {blocks} = [",
-            f"        torch.utils.checkpoint.checkpoint({', '.join([self.function, *parts])}, "
-            f"{''.join(k + ', ' for k in keywords)}use_reentrant=False)",
+            f"        {self.function}({', '.join(parts + keywords)})",
             f"        for {start} in range(0, {size}, {count})",
             "    ]",
             f"    {out} = torch.cat({blocks}, dim={dim})",

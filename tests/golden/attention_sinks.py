@@ -60,9 +60,9 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
     if rows >= N:
         O = attention_sinks_rows(Q, K_scaled, M, sinks_split, V)
-    else:  # a block's scores are recomputed in the backward, not kept
+    else:
         blocks = [
-            torch.utils.checkpoint.checkpoint(attention_sinks_rows, Q[..., t:t + rows, :], K_scaled, M[t:t + rows], sinks_split, V, use_reentrant=False)
+            attention_sinks_rows(Q[..., t:t + rows, :], K_scaled, M[t:t + rows], sinks_split, V)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)

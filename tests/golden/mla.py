@@ -129,9 +129,9 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
         O = mla_rows(Qn, Kn, S_prod_2, M, V, d_n=d_n, d_r=d_r)
-    else:  # a block's scores are recomputed in the backward, not kept
+    else:
         blocks = [
-            torch.utils.checkpoint.checkpoint(mla_rows, Qn[..., t:t + rows, :], Kn, S_prod_2[..., t:t + rows, :], M[t:t + rows], V, d_n=d_n, d_r=d_r, use_reentrant=False)
+            mla_rows(Qn[..., t:t + rows, :], Kn, S_prod_2[..., t:t + rows, :], M[t:t + rows], V, d_n=d_n, d_r=d_r)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)

@@ -51,9 +51,9 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
         O = sigmoid_attention_rows(Q_scaled, K, A_grid, V, N=N)
-    else:  # a block's scores are recomputed in the backward, not kept
+    else:
         blocks = [
-            torch.utils.checkpoint.checkpoint(sigmoid_attention_rows, Q_scaled[..., t:t + rows, :], K, A_grid[t:t + rows], V, N=N, use_reentrant=False)
+            sigmoid_attention_rows(Q_scaled[..., t:t + rows, :], K, A_grid[t:t + rows], V, N=N)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)

@@ -55,9 +55,9 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
         O = softcap_window_rows(Q_scaled, K, M, V, c=c)
-    else:  # a block's scores are recomputed in the backward, not kept
+    else:
         blocks = [
-            torch.utils.checkpoint.checkpoint(softcap_window_rows, Q_scaled[..., t:t + rows, :], K, M[t:t + rows], V, c=c, use_reentrant=False)
+            softcap_window_rows(Q_scaled[..., t:t + rows, :], K, M[t:t + rows], V, c=c)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)

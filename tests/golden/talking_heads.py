@@ -59,9 +59,9 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
         O = talking_heads_rows(Q_scaled, K, P_l, M, P_w, V)
-    else:  # a block's scores are recomputed in the backward, not kept
+    else:
         blocks = [
-            torch.utils.checkpoint.checkpoint(talking_heads_rows, Q_scaled[..., t:t + rows, :], K, P_l, M[t:t + rows], P_w, V, use_reentrant=False)
+            talking_heads_rows(Q_scaled[..., t:t + rows, :], K, P_l, M[t:t + rows], P_w, V)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
