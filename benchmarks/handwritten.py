@@ -25,7 +25,23 @@ from tests.reference.classic import merge_heads, split_heads
 sdpa = F.scaled_dot_product_attention
 
 
-@functools.lru_cache(maxsize=64)
+def per_shape(maxsize: int):
+    """functools.lru_cache for tensors built once per shape, built outside inference mode: a
+    cache filled by a forward under torch.inference_mode serves training steps too."""
+
+    def decorate(build):
+        @functools.lru_cache(maxsize=maxsize)
+        @functools.wraps(build)
+        def cached(*args, **kwargs):
+            with torch.inference_mode(False):
+                return build(*args, **kwargs)
+
+        return cached
+
+    return decorate
+
+
+@per_shape(64)
 def keep(kind: str, n_q: int, n_k: int, size: int = 0, offset: int = 0) -> torch.Tensor:
     """Boolean (n_q, n_k) mask, True where key τ' is visible to query τ: built once per shape."""
     query = torch.arange(offset, offset + n_q)[:, None]
@@ -40,7 +56,7 @@ def keep(kind: str, n_q: int, n_k: int, size: int = 0, offset: int = 0) -> torch
     return causal
 
 
-@functools.lru_cache(maxsize=16)
+@per_shape(16)
 def rotary(n: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
     """cos and sin (n, dim), rotate-half layout, once per shape."""
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -90,7 +106,7 @@ class ALiBiAttention(classic.ALiBiAttention, MultiHeadAttention):
         )
 
 
-@functools.lru_cache(maxsize=16)
+@per_shape(16)
 def alibi(h: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """(h, n, n) causal ALiBi bias, -inf above the diagonal, once per shape."""
     slopes = 2 ** (-8 * torch.arange(1, h + 1, dtype=torch.float64) / h)
@@ -160,7 +176,7 @@ class GPTJAttention(modern_a.GPTJAttention):
         return self.out_proj(merge_heads(sdpa(q, k, v, is_causal=True)))
 
 
-@functools.lru_cache(maxsize=16)
+@per_shape(16)
 def interleaved(n: int, dim: int, dtype: torch.dtype):
     cos, sin = rotary(n, dim, torch.float64)
     half = dim // 2
@@ -198,7 +214,7 @@ class T5Attention(modern_a.T5Attention):
         return self.o(merge_heads(sdpa(q, k, v, attn_mask=bias.permute(2, 0, 1), scale=1.0)))
 
 
-@functools.lru_cache(maxsize=16)
+@per_shape(16)
 def t5_buckets(n: int, num_buckets: int, max_distance: int) -> torch.Tensor:
     relative = torch.arange(n)[None, :] - torch.arange(n)[:, None]
     return modern_a.t5_relative_position_bucket(relative, True, num_buckets, max_distance)
@@ -340,7 +356,7 @@ def causal_mod(b, h, q, kv):
     return kv <= q
 
 
-@functools.lru_cache(maxsize=16)
+@per_shape(16)
 def block_mask(kind: str, n: int, size: int = 0):
     mods = {
         "causal": causal_mod,
