@@ -180,7 +180,7 @@ class GPTJAttention(modern_a.GPTJAttention):
 def interleaved(n: int, dim: int, dtype: torch.dtype):
     cos, sin = rotary(n, dim, torch.float64)
     half = dim // 2
-    return (t[:, :half].repeat_interleave(2, dim=-1).to(dtype) for t in (cos, sin))
+    return tuple(t[:, :half].repeat_interleave(2, dim=-1).to(dtype) for t in (cos, sin))
 
 
 class Qwen3Attention(modern_a.Qwen3Attention):

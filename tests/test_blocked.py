@@ -87,3 +87,24 @@ def test_gradients_through_blocks_equal_the_literal(name, monkeypatch):
     (reference.evaluate(spec.ir, **twins, **given)[0] * weights).sum().backward()
     for name in args:
         torch.testing.assert_close(leaves[name].grad, twins[name].grad, rtol=0, atol=1e-12)
+
+
+TWO_CORES = (ROOT / "benchmarks" / "specs" / "shared_mask.attn").read_text(encoding="utf-8")
+
+
+def test_rows_read_before_their_block_stay_plain():
+    """Two cores summed in one equation (`O = A1 V1 + A2 V2`, no fused kernel for either): the
+    first core's rows would be read inside the block that computes them, so no rows function
+    is written, and the plain steps equal the literal interpreter. The twin, each core in an
+    equation of its own, takes the fused kernel twice, and is equal too."""
+    spec = indexattn.compile_spec(TWO_CORES, name="two_cores")
+    assert "_rows" not in spec.source
+    assert compare(spec, batch=(2,)).ok
+    apart = TWO_CORES.replace(
+        "O_<μτa>   = A1_<μττ'> V1_<μτ'a> + A2_<μττ'> V2_<μτ'a>",
+        "O1_<μτa>  = A1_<μττ'> V1_<μτ'a>\nO2_<μτa>  = A2_<μττ'> V2_<μτ'a>\n"
+        "O_<μτa> = O1_<μτa> + O2_<μτa>",
+    )
+    split = indexattn.compile_spec(apart, name="apart")
+    assert split.source.count("is_causal=True") == 2 and "_rows" not in split.source
+    assert compare(split, batch=(2,)).ok

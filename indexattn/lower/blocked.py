@@ -70,6 +70,10 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     exits = [flat[n][2].out for n in chosen if flat[n][2].out.var in reads | read_after]
     if len(exits) != 1 or len(sequence & set(exits[0].dims)) != 1:
         return None
+    last = flat[chosen[-1]][0]  # the rows are computed after this block: none may read them before
+    early = [s for n, (b, _, s) in enumerate(flat) if n not in chosen and b <= last]
+    if any(o.var == exits[0].var for s in early for o in operands(s)):
+        return None
     steps = [flat[n][2] for n in chosen]
     row = next(i for i in exits[0].dims if i in sequence)
     if not all(_row_wise(s, row) for s in steps):
@@ -80,7 +84,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     inputs = tuple(dict.fromkeys(v for s in steps for v in _reads(s) if v not in inside))
     scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
     where = frozenset((flat[n][0], flat[n][1]) for n in chosen)
-    return Rows(row, where, flat[chosen[-1]][0], inputs, sliced, exits[0], scores)
+    return Rows(row, where, last, inputs, sliced, exits[0], scores)
 
 
 def _sequence_indices(spec: Spec) -> set[Index]:

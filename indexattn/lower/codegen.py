@@ -64,6 +64,7 @@ class Writer:
 
     def module(self) -> Module:
         body, constants = self.bodies()
+        constants = constants if self.held else []  # built for equations nothing reads
         body.append("return " + ", ".join(self.main.var(r) for r in self.plan.results))
         defs, args, prologue = [], (), []
         if constants:
