@@ -108,8 +108,10 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
             known[name] = SIZES[name](layer, config)
         elif name == "rope_theta":
             known[name] = _rope_theta(config)
-        elif any(_number(source, name) for source in (layer, config)):  # the layer's own first
-            known[name] = _attribute(next(s for s in (layer, config) if _number(s, name)), name)
+        else:  # the layer's own value before its config's
+            source = next((s for s in (layer, config) if _number(s, name)), None)
+            if source is not None:
+                known[name] = _attribute(source, name)
     return known
 
 

@@ -112,21 +112,21 @@ def _ascii(key: str) -> str:
     return key.replace(".", "_")
 
 
-def compare(layer, module, x, extra, run):
+def compare(layer, module, x, extra, run, tol=TOL):
     """Outputs, attention weights, and gradients of a random loss to the input and every
-    weight: the spec's module against the transformers layer."""
+    weight: the spec's module against the transformers layer, within `tol`."""
     (y, a, *_), (y_hf, a_hf) = run(layer, module, x, *extra)
-    torch.testing.assert_close(y, y_hf, **TOL)
+    torch.testing.assert_close(y, y_hf, **tol)
     if a_hf is not None:  # sdpa returns no weights
-        torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **TOL)
+        torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **tol)
     probe = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
     params = dict(module.named_parameters())
     names, weights = zip(*layer.named_parameters())
     ours = torch.autograd.grad((y * probe).sum(), [x, *(params[_ascii(n)] for n in names)])
     theirs = torch.autograd.grad((y_hf * probe).sum(), [x, *weights])
     assert len(ours) == len(theirs) == len(names) + 1
-    for name, g, g_hf in zip(["input", *names], ours, theirs):
-        torch.testing.assert_close(g, g_hf, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+    for name, g, g_hf in zip(["input", *names], ours, theirs, strict=True):
+        torch.testing.assert_close(g, g_hf, **tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("name", CASES)

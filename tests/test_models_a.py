@@ -24,7 +24,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_models import TOL, B, _ascii, causal_mask, float64_rotary, logits, randomise, rotary
+from test_models import (
+    TOL,
+    B,
+    _ascii,
+    causal_mask,
+    compare,
+    float64_rotary,
+    logits,
+    randomise,
+    rotary,
+)
 
 import indexattn
 from indexattn.views import cost
@@ -207,22 +217,6 @@ CASES = {"gpt_neox": neox_case, "gptj": gptj_case, "falcon": falcon_case, "mistr
 
 
 # --- the comparisons ------------------------------------------------------------------------
-
-
-def compare(layer, module, x, extra, run, tol=TOL):
-    """Outputs, attention weights, and gradients of a random loss to the input and every
-    weight: the spec's module against the transformers layer, within `tol`."""
-    (y, a, *_), (y_hf, a_hf) = run(layer, module, x, *extra)
-    torch.testing.assert_close(y, y_hf, **tol)
-    if a_hf is not None:  # sdpa returns no weights
-        torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **tol)
-    probe = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
-    params = dict(module.named_parameters())
-    names, weights = zip(*layer.named_parameters())
-    ours = torch.autograd.grad((y * probe).sum(), [x, *(params[_ascii(n)] for n in names)])
-    theirs = torch.autograd.grad((y_hf * probe).sum(), [x, *weights])
-    for name, g, g_hf in zip(["input", *names], ours, theirs, strict=True):
-        torch.testing.assert_close(g, g_hf, **tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def spec_module(layer, name: str, **given):
