@@ -7,7 +7,8 @@ a boolean mask or an additive bias, built once per shape), the scale folded into
 the scores are materialised, and in-place elementwise steps. A reference module whose own
 forward is already that (it returns the weights, or has no N×N scores) is used as it is.
 `fast(module)` gives a reference module this forward; `flex(module)` FlexAttention's, where
-the spec's core is a score or mask modification (forward only: on CPU it has no backward).
+the spec's core is one (causal, grouped, a mask, a bias or a score modification; forward
+only: on CPU it has no backward).
 """
 
 from __future__ import annotations
@@ -418,8 +419,68 @@ class FlexPrefix(PrefixLMAttention):
         return self.o_proj(merge_heads(compiled_flex()(q, k, v, block_mask=mask)))
 
 
+class FlexGQA(GroupedQueryAttention):
+    def forward(self, x):
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_kv_heads)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        out = compiled_flex()(
+            q, k, v, block_mask=block_mask("causal", x.shape[-2]), enable_gqa=True
+        )
+        return self.o_proj(merge_heads(out))
+
+
+class FlexALiBi(ALiBiAttention):
+    def forward(self, x):
+        h = self.num_heads
+        slopes = 2 ** (-8 * torch.arange(1, h + 1, dtype=x.dtype, device=x.device) / h)
+
+        def bias(score, b, head, q_idx, kv_idx):
+            return score - slopes[head] * (q_idx - kv_idx)
+
+        mask = block_mask("causal", x.shape[-2])
+        out = compiled_flex()(*self.qkv(x), score_mod=bias, block_mask=mask)
+        return self.out_proj(merge_heads(out))
+
+
+class FlexRoPE(RoPEAttention):
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        cos, sin = rotary(x.shape[-2], self.head_dim, x.dtype)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        out = compiled_flex()(q, k, v, block_mask=block_mask("causal", x.shape[-2]))
+        return self.o_proj(merge_heads(out))
+
+
+class FlexDocument(DocumentMaskedAttention):
+    def forward(self, x, doc_ids):
+        q, k, v = self.heads(x)
+
+        def same_document(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+
+        n = x.shape[-2]
+        mask = create_block_mask(same_document, doc_ids.shape[0], None, n, n, device="cpu")
+        return self.o_proj(merge_heads(compiled_flex()(q, k, v, block_mask=mask)))
+
+
+class FlexChunked(ChunkedAttention):
+    def forward(self, x):
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_kv_heads)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        mask = block_mask("chunk", x.shape[-2], self.chunk_size)
+        out = compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
+        return self.o_proj(merge_heads(out))
+
+
 FLEX = {
     classic.MultiHeadAttention: FlexMHA,
+    classic.GroupedQueryAttention: FlexGQA,
+    classic.ALiBiAttention: FlexALiBi,
+    modern_a.RoPEAttention: FlexRoPE,
+    modern_a.DocumentMaskedAttention: FlexDocument,
+    modern_b.ChunkedAttention: FlexChunked,
     classic.SlidingWindowAttention: FlexWindow,
     modern_a.Gemma2Attention: FlexGemma2,
     modern_a.T5Attention: FlexT5,
