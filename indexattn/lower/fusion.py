@@ -7,7 +7,6 @@ into steps. Anything that does not match exactly is left to the general steps.""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -446,14 +445,11 @@ def _cores(node: ir.Node) -> Iterator[ir.Product]:
     elif isinstance(node, ir.Product) and len(node.factors) == 2:
         yield node
     elif isinstance(node, ir.Product):
-        for pair in itertools.combinations(node.factors, 2):
-            alone = [i for i in node.summed if _carried(pair, i) == _carried(node.factors, i)]
-            if alone:
-                yield ir.Product(pair, tuple(alone), node.span)
-
-
-def _carried(factors: tuple[ir.Node, ...], index: Index) -> int:
-    return sum(index in f.free for f in factors)
+        frees = [f.free for f in node.factors]
+        carriers = {i: tuple(k for k, free in enumerate(frees) if i in free) for i in node.summed}
+        for pair in dict.fromkeys(c for c in carriers.values() if len(c) == 2):
+            alone = tuple(i for i, c in carriers.items() if c == pair)
+            yield ir.Product(tuple(node.factors[k] for k in pair), alone, node.span)
 
 
 def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
