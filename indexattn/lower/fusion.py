@@ -273,7 +273,8 @@ class _Chain:
 
 
 class _Matcher:
-    """Walks back from an output equation O = A V through A = softmax(S), S = Q K s + M."""
+    """Walks back from a core A V (an output equation's right-hand side, or part of it) through
+    A = softmax(S), S = Q K s + M."""
 
     def __init__(self, defined: dict[str, Equation], uses: Counter) -> None:
         self.defined, self.uses = defined, uses
