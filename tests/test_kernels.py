@@ -99,6 +99,14 @@ def test_no_materialised_scores_when_the_kernel_runs():
             assert "torch.where" not in code(spec), name
 
 
+def test_a_scaled_output_is_the_kernel_then_the_scale():
+    """`O = A V / 2`: the scale carries no key, so the kernel computes A V and the scale
+    follows (the twin above weighs each key: no kernel)."""
+    spec = compile_text(core(O="O_<μτa> = A_<μττ'> V_<μτ'a> / 2"))
+    assert len(steps(spec, Attention)) == 1 and "softmax" not in code(spec)
+    assert_equals_literal(spec)
+
+
 def test_fused_projections_are_one_matrix_product_and_a_split():
     for name in ("mha", "mha_math", "gpt2"):
         spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
@@ -148,7 +156,7 @@ NEAR_MISSES = {
         S="M_<ττ'> = where(τ' > τ, -inf, 0)\nS_<μττ'> = (Q_<μτa> K_<μτ'a> + M_<ττ'>) / 2"
     ),
     "a constant added": core(S="S_<μττ'> = Q_<μτa> K_<μτ'a> + 1"),
-    "the output scaled": core(O="O_<μτa> = A_<μττ'> V_<μτ'a> / 2"),
+    "the output weighted per key": core(O="O_<μτa> = A_<μττ'> V_<μτ'a> exp(-τ')"),
     "values summed over the query": HEAD.replace("input V_<μτ'a>", "input V_<μτa>")
     + "\n".join([CORE["S"], CORE["A"], "O_<μτ'a> = A_<μττ'> V_<μτa>"]),
     "values carry the query": HEAD.replace("input V_<μτ'a>", "input V_<μττ'a>")

@@ -4,6 +4,7 @@
 import io
 import re
 import tokenize
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import indexattn
 from indexattn.oracle.verify import compare, sample_arguments
 from indexattn.views import cost
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROJECTIONS = """
 index τ, τ' : N
@@ -60,6 +63,12 @@ O_<μτa> = softmax_<τ'>(Q_<μτb> K_<μτ'b> / sqrt(d_k) + M_<ττ'>) V_<μτ'
 Y_<τi> = W_O_<i(μa)> O_<μτa>
 """
     ).replace("index a : d_k", "index a, b : d_k"),
+    "weights, values and the output projection in one product": PROJECTIONS
+    + """
+S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+Y_<τi> = W_O_<i(μa)> A_<μττ'> V_<μτ'a>
+""",
     "other index names": (
         PROJECTIONS
         + """
@@ -76,6 +85,13 @@ TWINS = {
     "the diagonal masked too": SEPARATE.replace("τ' > τ", "τ' >= τ"),
     "scaled by d_k": SEPARATE.replace("/ sqrt(d_k)", "/ d_k"),
     "softmax over the queries": SEPARATE.replace("softmax_<τ'>", "softmax_<τ>"),
+    # a decay that carries the key too: the sum over the key is not the core's alone
+    "a decay on the keys in the one product": PROJECTIONS
+    + """
+S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+Y_<τi> = W_O_<i(μa)> A_<μττ'> V_<μτ'a> exp(τ' - τ)
+""",
     # a is on the left, so the one-equation core without its own width index keeps a free
     # inside the softmax: no sum over a in the scores
     "the width kept free in the scores": PROJECTIONS
@@ -159,6 +175,49 @@ def test_a_shared_mask_read_elsewhere_too_is_built_and_still_causal_in_the_cores
     assert "is_causal" not in twin.source and twin.source.count("attn_mask") == 2
 
 
+def shipped(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def test_the_output_projection_in_one_product_is_mha_with_the_kernel():
+    """`Y = W_O A V + b_O`: A and V alone carry the key, so they are the core and W_O projects
+    the kernel's result, as mha.attn's two equations say."""
+    one = shipped("benchmarks/specs/mha_one_product.attn")
+    assert body(one) == body(shipped("specs/mha.attn"))
+    spec = indexattn.compile_spec(one, name="t")
+    assert "is_causal=True" in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_a_factor_that_carries_the_key_too_leaves_no_core_and_still_equals_the_literal_reading():
+    spec = indexattn.compile_spec(TWINS["a decay on the keys in the one product"], name="t")
+    assert "scaled_dot_product_attention" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+SHARED = shipped("benchmarks/specs/shared_mask.attn")
+SUMMED = "A1_<μττ'> V1_<μτ'a> + A2_<μττ'> V2_<μτ'a>"
+APART = SHARED.replace(
+    f"O_<μτa>   = {SUMMED}",
+    "O1_<μτa> = A1_<μττ'> V1_<μτ'a>\nO2_<μτa> = A2_<μττ'> V2_<μτ'a>\nO_<μτa> = O1_<μτa> + O2_<μτa>",
+)
+
+
+def test_two_cores_summed_in_one_equation_are_two_causal_kernel_calls_then_added():
+    assert APART != SHARED and body(SHARED) == body(APART)
+    spec = indexattn.compile_spec(SHARED, name="t")
+    assert spec.source.count("is_causal=True") == 2 and "attn_mask" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_two_cores_subtracted_are_two_kernel_calls_and_a_subtraction():
+    twin = SHARED.replace(SUMMED, SUMMED.replace("+", "-"))
+    assert body(twin) != body(SHARED)
+    spec = indexattn.compile_spec(twin, name="t")
+    assert spec.source.count("is_causal=True") == 2
+    assert compare(spec, torch.float64, (2,)).ok
+
+
 HALVES = """
 index τ, τ' : N
 index i : d_m
@@ -205,10 +264,12 @@ def test_halves_scaled_apart_are_not_one_kernel_call_and_still_equal_the_literal
     assert compare(spec, torch.float64, (2,)).ok
 
 
-PRODUCT = SEPARATE.replace(
+ONE_PRODUCT = SEPARATE.replace(
     "O_<μτa> = A_<μττ'> V_<μτ'a>\nY_<τi> = W_O_<i(μa)> O_<μτa>\n",
     "Y_<τi> = W_O_<i(μa)> A_<μττ'> V_<μτ'a>\n",
 )
+# the weights returned too: computed, so no kernel, and W_O A V is a product of three
+PRODUCT = ONE_PRODUCT + "output Y, A\n"
 
 
 @pytest.mark.parametrize(("d_m", "h", "d_k"), [(96, 4, 8), (8, 2, 16)])

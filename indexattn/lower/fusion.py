@@ -8,6 +8,7 @@ into steps. Anything that does not match exactly is left to the general steps.""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import sympy
@@ -143,14 +144,18 @@ class AttentionMatch:
     """`O = softmax_<key>(scale · Q·K + mask) · V`, equation by equation, or any of them written
     inline in the next (`A = softmax(Q K / sqrt(d) + M)`, `O = softmax(S) V`): one meaning.
 
-    Indices are named as in the equation `at` that writes the scores, except `value_width` and
-    `rename` (scores names -> output names), which belong to the output equation."""
+    The core `node` (weights times values, summed over the key) is the output's right-hand
+    side, a term of it, or two factors of a longer product there (`W_O A V`: the other
+    factors are applied to the kernel's result). Indices are named as in the equation `at`
+    that writes the scores, except `value_width` and `rename` (scores names -> output names),
+    which belong to the output equation."""
 
     masks: tuple[Equation, ...]  # predicate masks that every use of reads in a core: absorbed
     scores: Equation | None  # None: written inline in the softmax
     weights: Equation | None  # None: the softmax written inline in the output's product
     dropout: Equation | None
     output: Equation
+    node: ir.Product
     q: tuple[ir.Node, ...]  # the queries, in parts whose features sit side by side
     k: tuple[ir.Node, ...]  # the keys, in the same parts
     v: ir.Node
@@ -167,9 +172,19 @@ class AttentionMatch:
     p: sympy.Basic | None  # dropout probability on the weights
 
     @property
-    def equations(self) -> tuple[Equation, ...]:
-        chain = (self.scores, self.weights, self.dropout, self.output)
+    def chain(self) -> tuple[Equation, ...]:
+        """The equations the kernel computes before the output's."""
+        chain = (self.scores, self.weights, self.dropout)
         return self.masks + tuple(eq for eq in chain if eq is not None)
+
+    @property
+    def equations(self) -> tuple[Equation, ...]:
+        return (*self.chain, self.output)
+
+    @property
+    def whole(self) -> bool:
+        """The kernel computes the output's whole right-hand side."""
+        return self.node is self.output.rhs
 
     @property
     def at(self) -> Equation:
@@ -198,11 +213,9 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
     where something else reads it too."""
     uses = _uses(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
-    found = []
-    for eq in spec.equations:
-        match = _Matcher(defined, uses).match(eq)
-        if match is not None:
-            found.append(match)
+    matcher = _Matcher(defined, uses)
+    matches = (matcher.match(eq, node) for eq in spec.equations for node in _cores(eq.rhs))
+    found = [m for m in matches if m is not None]
     absorbed = Counter(eq.tensor.name for m in found for eq in m.masks)
     whole_uses = {name for name, n in absorbed.items() if n == uses[name]}
     return tuple(
@@ -260,7 +273,8 @@ class _Chain:
 
 
 class _Matcher:
-    """Walks back from an output equation O = A V through A = softmax(S), S = Q K s + M."""
+    """Walks back from a core A V (an output equation's right-hand side, or part of it) through
+    A = softmax(S), S = Q K s + M."""
 
     def __init__(self, defined: dict[str, Equation], uses: Counter) -> None:
         self.defined, self.uses = defined, uses
@@ -277,14 +291,13 @@ class _Matcher:
         eq, rename = self.single(node), _rename(node)
         return None if eq is None or rename is None else _Meaning(eq.rhs, rename, eq)
 
-    def match(self, output: Equation) -> AttentionMatch | None:
-        node = output.rhs
-        if not isinstance(node, ir.Product) or len(node.factors) != 2 or len(node.summed) != 1:
+    def match(self, output: Equation, node: ir.Product) -> AttentionMatch | None:
+        if len(node.summed) != 1:
             return None
         for ref, v in (node.factors, node.factors[::-1]):
             chain = self.chain(ref)
             if chain is not None:
-                return self.core(output, v, chain)
+                return self.core(output, node, v, chain)
         return None
 
     def chain(self, node: ir.Node) -> _Chain | None:
@@ -304,15 +317,17 @@ class _Matcher:
         scores = self.meaning(weights.rhs.body)
         return None if scores is None else _Chain(scores, weights, dropped, p)
 
-    def core(self, output: Equation, v: ir.Node, chain: _Chain) -> AttentionMatch | None:
+    def core(self, output, node, v, chain: _Chain) -> AttentionMatch | None:
         """Index roles: the key is softmaxed and summed against V; the rest follow."""
         free = chain.scores.rhs.free
         key = {chain.scores.name(i): i for i in free}.get(chain.weights.rhs.over[0])
         rename = chain.rename()
-        if key is None or output.rhs.summed != (rename[key],):
+        if key is None or node.summed != (rename[key],):
             return None
         parts = self.scores(chain.scores.rhs, key)
-        return None if parts is None else self.assemble(output, v, chain, rename, key, *parts)
+        if parts is None:
+            return None
+        return self.assemble((output, node), v, chain, rename, key, *parts)
 
     def scores(self, node: ir.Node, key: Index):
         """S = scale · Σ Q·K + terms: one or more products of two tensors, each contracted over
@@ -340,7 +355,7 @@ class _Matcher:
                 return None
         return tuple(qs), tuple(ks), parts[0][0], tuple(terms), widths
 
-    def assemble(self, output, v, chain, rename, key, q, k, scale, terms, widths):
+    def assemble(self, at, v, chain, rename, key, q, k, scale, terms, widths):
         heads = tuple(i for i in q[0].free if i in k[0].free and i not in widths[0])
         alone = [i for i in q[0].free if i not in k[0].free]
         if [i for i in k[0].free if i not in q[0].free] != [key] or not alone:
@@ -361,7 +376,8 @@ class _Matcher:
             scores=chain.scores.eq,
             weights=chain.weights.eq,
             dropout=chain.dropped.eq if chain.dropped is not None else None,
-            output=output,
+            output=at[0],
+            node=at[1],
             q=q,
             k=k,
             v=v,
@@ -418,6 +434,23 @@ class _Matcher:
         if keep is None or rename is None:
             return None, None
         return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq
+
+
+def _cores(node: ir.Node) -> Iterator[ir.Product]:
+    """Where an attention core may sit in a right-hand side: all of it, a term of a sum, or
+    two factors of a longer product that alone carry an index summed there (the key): the
+    sum over it is then theirs alone, the other factors applied to its result."""
+    if isinstance(node, ir.Sum):
+        for term in node.terms:
+            yield from _cores(term)
+    elif isinstance(node, ir.Product) and len(node.factors) == 2:
+        yield node
+    elif isinstance(node, ir.Product):
+        frees = [f.free for f in node.factors]
+        carriers = {i: tuple(k for k, free in enumerate(frees) if i in free) for i in node.summed}
+        for pair in dict.fromkeys(c for c in carriers.values() if len(c) == 2):
+            alone = tuple(i for i, c in carriers.items() if c == pair)
+            yield ir.Product(tuple(node.factors[k] for k in pair), alone, node.span)
 
 
 def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:

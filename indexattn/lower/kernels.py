@@ -3,6 +3,7 @@ attention core as one `F.scaled_dot_product_attention`, from the matches of `fus
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import ir
@@ -26,9 +27,11 @@ class Kernels:
 
     def __init__(self, planner: Planner, spec: Spec) -> None:
         self.planner = planner
-        self.attention = {m.output.tensor.name: m for m in find_attention(spec)}
+        self.attention: dict[str, list[AttentionMatch]] = {}
+        for match in find_attention(spec):
+            self.attention.setdefault(match.output.tensor.name, []).append(match)
         self.groups = {g.equations[0].tensor.name: g for g in projection_groups(spec)}
-        skip = {eq.tensor.name for m in self.attention.values() for eq in m.equations}
+        skip = {eq.tensor.name for ms in self.attention.values() for m in ms for eq in m.chain}
         skip |= {eq.tensor.name for g in self.groups.values() for eq in g.equations[1:]}
         self.skip = skip - set(self.attention)
 
@@ -41,12 +44,28 @@ class Kernels:
         name = eq.tensor.name
         if name in self.groups:
             return self.projections(self.groups[name])
-        if name in self.attention:
-            match = self.attention[name]
-            self.planner.order = eq.indices
-            self.planner.assign(eq, self.attend(match, eq.tensor.ascii))
-            return match.equations
-        return None
+        if name not in self.attention:
+            return None
+        matches, planner = self.attention[name], self.planner
+        if matches[0].whole:
+            planner.order = eq.indices
+            planner.assign(eq, self.attend(matches[0], eq.tensor.ascii))
+        else:
+            rhs = eq.rhs
+            for k, match in enumerate(matches):
+                rhs = _substitute(rhs, match.node, self.held(match, eq, k))
+            planner.general(eq, rhs)
+        return (*dict.fromkeys(e for m in matches for e in m.chain), eq)
+
+    def held(self, match: AttentionMatch, eq: ir.Equation, k: int) -> ir.Ref:
+        """The kernel's result for a core inside a longer right-hand side, planned now and
+        held as a tensor of its own that the rest of the equation reads."""
+        value = self.attend(match, eq.tensor.ascii)
+        layout = tuple((i,) for i in value.dims)
+        name = f"{eq.tensor.name} core {k}"  # no spec's tensor is named with spaces
+        tensor = ir.Tensor(name, value.var.hint, "derived", layout, value.batched)
+        self.planner.held[name] = value
+        return ir.Ref(tensor, layout, match.node.span)
 
     def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
         rest = tuple(i for i in x.dims if i not in form.inner)
@@ -123,3 +142,21 @@ class Kernels:
         terms = match.terms
         node = terms[0] if len(terms) == 1 else ir.Sum(terms, terms[0].span)
         return planner.as_tensor(planner.node(node, scores + "_bias"), scores + "_bias")
+
+
+def _substitute(node: ir.Node, core: ir.Product, ref: ir.Ref) -> ir.Node:
+    """`node` with the core read as `ref`: the core itself, a term of a sum, or two factors
+    of a longer product (the sum over the key goes with them)."""
+    if node is core:
+        return ref
+    if isinstance(node, ir.Sum):
+        return replace(node, terms=tuple(_substitute(t, core, ref) for t in node.terms))
+    if not isinstance(node, ir.Product):
+        return node
+    picked = [k for k, f in enumerate(node.factors) if any(f is c for c in core.factors)]
+    if len(picked) != 2:
+        return node
+    first, second = picked
+    factors = tuple(ref if k == first else f for k, f in enumerate(node.factors) if k != second)
+    summed = tuple(i for i in node.summed if i not in core.summed)
+    return replace(node, factors=factors, summed=summed)

@@ -115,9 +115,14 @@ class Planner(Products):
         kernel = self.kernels.block(eq)
         if kernel is not None:
             return kernel
-        self.order = eq.indices
-        self.assign(eq, self.as_tensor(self.node(eq.rhs, eq.tensor.ascii), eq.tensor.ascii))
+        self.general(eq, eq.rhs)
         return (eq,)
+
+    def general(self, eq: ir.Equation, rhs: ir.Node) -> None:
+        """Plans `rhs` (the equation's right-hand side, or it with kernels' results read in
+        place of their cores) with the general steps."""
+        self.order = eq.indices
+        self.assign(eq, self.as_tensor(self.node(rhs, eq.tensor.ascii), eq.tensor.ascii))
 
     def assign(self, eq: ir.Equation, value: Operand) -> None:
         """Names the value after the left-hand side, in its index order."""
