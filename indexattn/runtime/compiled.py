@@ -99,7 +99,7 @@ class CompiledSpec:
         self.required = self.rules.required
         self.size_names = frozenset(plain.sizes)
         self.arguments = plain.arguments
-        self._shapes: dict = {}
+        self._calls: dict = {}  # per kind of call: its sizes and the function's keywords
         self._constants: dict = {}
         self._checked: dict = {}
         self._lock = threading.Lock()
@@ -144,17 +144,37 @@ class CompiledSpec:
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
-        """The generated function on tensors in argument order, sizes solved and checked."""
-        sizes = self.solve(tensors, given)
-        keywords = {name: sizes[name] for name in self.required}
-        if not torch.compiler.is_compiling():  # traced code builds them inline, to be folded
-            self.positions.check_arguments(self.name, tensors, sizes)
-            if self.constants_function is not None:
-                keywords["constants"] = self._constants_for(
-                    sizes, scalars, tensors[self.plain.like]
-                )
+        """The generated function on tensors in argument order, sizes solved and checked. An
+        eager call solves and checks once per distinct shapes, dtypes, devices, given sizes and
+        scalars, and then looks them up; a traced call every time (the checks become guards)."""
+        if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
+            sizes = self._solve(tensors, given)
+            keywords = {name: sizes[name] for name in self.required}
+        else:
+            key = (
+                tuple([(t.shape, t.dtype, t.device) for t in tensors]),
+                tuple(given.items()),
+                tuple(scalars.items()),
+            )
+            found = self._calls.get(key)
+            if found is None:
+                found = self._prepare(key, tensors, given, scalars)
+            elif self.positions.arguments:  # positions read from inputs: checked every call
+                self.positions.check_arguments(self.name, tensors, found[0])
+            keywords = found[1]
         out = self.function(*tensors, **keywords, **scalars, training=training)
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
+
+    def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
+        """Sizes and the function's keywords for a call of a new kind, every check done."""
+        sizes = self.solve(tensors, given)
+        self.positions.check_arguments(self.name, tensors, sizes)
+        keywords = {name: sizes[name] for name in self.required}
+        if self.constants_function is not None:
+            keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
+        with self._lock:
+            _bounded(self._calls)[key] = (sizes, keywords)
+        return sizes, keywords
 
     def _constants_for(self, sizes: dict, scalars: dict, like: torch.Tensor) -> tuple:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""
@@ -193,16 +213,9 @@ class CompiledSpec:
         return ", ".join(names + [f"{s}={value!r}" for s, value in self.plain.scalars])
 
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
-        """Sizes by ASCII name, checked against every shape; `tensors` in argument order.
-        Eager calls solve once per distinct shapes; traced calls every time (as guards)."""
-        if torch.compiler.is_compiling():
-            return self._solve(tensors, given)
-        key = (tuple([t.shape for t in tensors]), tuple(given.items()))
-        found = self._shapes.get(key)
-        if found is None:
-            found = self._solve(tensors, given)
-            with self._lock:
-                _bounded(self._shapes)[key] = found
+        """Sizes by ASCII name, checked against every shape, dtype and device; `tensors` in
+        argument order."""
+        found = self._solve(tensors, given)
         self._same_kind(tensors)
         return found
 
