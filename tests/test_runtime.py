@@ -200,5 +200,5 @@ def test_a_call_of_a_kind_seen_before_is_looked_up_and_still_checked(monkeypatch
     args["W_O"] = args["W_O"].float()  # shapes seen before, one dtype not
     with pytest.raises(indexattn.ShapeError, match=r"W_O is torch\.float32 on cpu, but it must"):
         spec(**args, h=3)
-    with pytest.raises(indexattn.ShapeError, match=r"a multiple of h = 5"):
+    with pytest.raises(indexattn.ShapeError, match=r"a multiple of 3\*h = 15\), got 36"):
         spec(**mha_args(), h=5)  # shapes seen before, another given size
