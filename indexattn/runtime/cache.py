@@ -72,14 +72,14 @@ def store(text: str, name: str, file: str, plain: Plain) -> None:
 
 
 def directory() -> Path | None:
-    """Where entries live; None when INDEXATTN_CACHE=0."""
+    """Where entries live; None when INDEXATTN_CACHE=0 (or there is no home directory)."""
     if os.environ.get("INDEXATTN_CACHE", "1") == "0":
         return None
     chosen = os.environ.get("INDEXATTN_CACHE_DIR")
     if chosen:
         return Path(chosen)
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(home) / "indexattn"
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return None if home.startswith("~") else Path(home) / "indexattn"  # no home: no cache
 
 
 def _path(text: str, name: str, file: str) -> Path | None:
