@@ -1,8 +1,14 @@
-"""Shared fixtures: the shipped specs, compiled once per session."""
+"""Shared fixtures: the shipped specs, compiled once per session, with a compile cache in a
+temporary directory."""
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The compile cache of this run (and of the processes it starts): never the user's own.
+os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))

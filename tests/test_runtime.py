@@ -186,3 +186,19 @@ def test_constants_built_under_inference_mode_serve_a_later_backward():
         module(x)
     module(x.requires_grad_()).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_a_call_of_a_kind_seen_before_is_looked_up_and_still_checked(monkeypatch):
+    spec = indexattn.compile_spec(MHA.read_text(encoding="utf-8") + "\n", name="mha")
+    solved = []
+    monkeypatch.setattr(spec, "_solve", lambda *a: solved.append(1) or type(spec)._solve(spec, *a))
+    args = mha_args()
+    first = spec(**args, h=3)
+    assert torch.equal(spec(**args, h=3), first) and len(solved) == 1  # looked up
+    spec(**mha_args(dtype=torch.float32), h=3)
+    assert len(solved) == 2  # the twin: another dtype is another kind of call
+    args["W_O"] = args["W_O"].float()  # shapes seen before, one dtype not
+    with pytest.raises(indexattn.ShapeError, match=r"W_O is torch\.float32 on cpu, but it must"):
+        spec(**args, h=3)
+    with pytest.raises(indexattn.ShapeError, match=r"a multiple of 3\*h = 15\), got 36"):
+        spec(**mha_args(), h=5)  # shapes seen before, another given size

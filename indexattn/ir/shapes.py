@@ -1,15 +1,13 @@
 """Sizes from shapes: which size each argument axis determines (a recipe fixed per spec), and
-checking real shapes against it with ShapeError."""
+the shape rules of a spec as plain data (indexattn/sizes.py), checked at call time."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
 
-from ..errors import ShapeError
+from ..sizes import Check, Rank, Read, Rules, Tree
 from .nodes import Spec, Tensor
 
 
@@ -70,96 +68,6 @@ def _next_step(tensors: tuple[Tensor, ...], known: set[sympy.Symbol]) -> Step | 
     return None
 
 
-Tree = int | str | tuple  # an integer, a size by ASCII name, or ("*" | "+", *parts)
-
-
-@dataclass(frozen=True)
-class Read:
-    """A size read off an argument axis: `shape[axis] // divisor`."""
-
-    size: str
-    argument: int
-    axis: int
-    divisor: Tree
-    offset: Tree
-    where: str  # `W_<(μBa)i>, axis 0 (μBa)`
-    message: str  # the start of the ShapeError when the axis does not fit
-    multiple: str  # the divisor as written, for "(a multiple of h = 24)"
-
-
-@dataclass(frozen=True)
-class Check:
-    """An argument axis whose size must equal `expected` at the solved sizes."""
-
-    argument: int
-    axis: int
-    expected: Tree
-    message: str
-    literal: bool  # the expected size is a number as written
-
-
-@dataclass(frozen=True)
-class Rank:
-    argument: int
-    rank: int
-    batched: bool
-    message: str
-
-
-@dataclass(frozen=True)
-class Rules:
-    """Every shape check of a spec as plain data: sizes read from axes, then every axis
-    checked. No sympy at call time, so under torch.compile each comparison is a guard."""
-
-    spec: str
-    required: tuple[str, ...]
-    ranks: tuple[Rank, ...]
-    reads: tuple[Read, ...]
-    checks: tuple[Check, ...]
-
-    def solve(self, shapes: Sequence[tuple[int, ...]], given: dict[str, int]) -> dict[str, int]:
-        """Sizes by ASCII name from the arguments' shapes (in argument order) and the given
-        sizes; ShapeError naming tensor, axis, expected and actual size where one differs."""
-        given = {name: whole(self.spec, name, value) for name, value in given.items()}
-        values: dict[str, int] = {}
-        for name in self.required:
-            if name not in given:
-                raise ShapeError(
-                    f"{self.spec}: the size {name} cannot be read from the shapes; "
-                    f"pass it: {name}=..."
-                )
-            values[name] = given[name]
-        for rank in self.ranks:
-            shape = shapes[rank.argument]
-            if len(shape) < rank.rank or (len(shape) != rank.rank and not rank.batched):
-                raise ShapeError(f"{rank.message}{tuple(shape)}")
-        for read in self.reads:
-            self.read(read, shapes[read.argument][read.axis], values, given)
-        for check in self.checks:
-            actual = shapes[check.argument][check.axis]
-            expected = evaluate(check.expected, values)
-            if expected != actual:
-                value = "" if check.literal else f" = {expected}"
-                raise ShapeError(f"{check.message}{value}, got {actual}")
-        return values
-
-    def read(self, read: Read, actual: int, values: dict, given: dict) -> None:
-        divisor, rest = evaluate(read.divisor, values), actual - evaluate(read.offset, values)
-        if rest % divisor != 0 or rest <= 0:
-            multiple = (
-                read.multiple if read.multiple == str(divisor) else f"{read.multiple} = {divisor}"
-            )
-            suffix = f" (a multiple of {multiple})" if divisor != 1 else ""
-            raise ShapeError(f"{read.message}{suffix}, got {actual}")
-        values[read.size] = rest // divisor
-        told = given.get(read.size)
-        if told is not None and told != values[read.size]:
-            raise ShapeError(
-                f"{self.spec}: {read.size} was given as {told}, but {read.where}"
-                f" has size {actual}, which makes {read.size} = {values[read.size]}"
-            )
-
-
 def rules(spec: Spec, plan: Recipe) -> Rules:
     """The checks of `spec` as data, sizes read as `plan` says."""
     position = {t.name: k for k, t in enumerate(spec.arguments)}
@@ -213,22 +121,6 @@ def tree(expr: sympy.Expr, names: dict[sympy.Symbol, str]) -> Tree:
     if expr.is_Mul or expr.is_Add:
         return ("*" if expr.is_Mul else "+", *(tree(a, names) for a in expr.args))
     raise TypeError(f"not a size expression: {expr}")
-
-
-def evaluate(node: Tree, values: dict[str, int]) -> int:
-    if isinstance(node, int):
-        return node
-    if isinstance(node, str):
-        return values[node]
-    parts = [evaluate(part, values) for part in node[1:]]
-    return math.prod(parts) if node[0] == "*" else sum(parts)
-
-
-def whole(spec: str, name: str, value) -> int:
-    """A size as given by a caller: a positive whole number, never silently truncated."""
-    if isinstance(value, bool) or not float(value).is_integer() or int(value) <= 0:
-        raise ShapeError(f"{spec}: the size {name} must be a positive whole number, got {value!r}")
-    return int(value)
 
 
 def _rank_text(spec: Spec, tensor: Tensor) -> str:

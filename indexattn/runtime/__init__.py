@@ -2,6 +2,13 @@
 per shape, check every call's shapes, keep per-shape constants."""
 
 from .compiled import CompiledSpec, compile_spec
-from .module import SpecModule
 
 __all__ = ["CompiledSpec", "SpecModule", "compile_spec"]
+
+
+def __getattr__(name: str):
+    if name == "SpecModule":  # imported on first use: it reads the checked spec (sympy)
+        from .module import SpecModule
+
+        return SpecModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

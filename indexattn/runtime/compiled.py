@@ -1,6 +1,7 @@
-"""Source -> callable: compile once per spec text, solve sizes once per shape, check every
-call's shapes with ShapeError (also under torch.compile, where the checks become guards),
-keep the per-shape constants, register generated source for tracebacks."""
+"""Source -> callable: compile once per spec text (kept on disk between processes, see
+cache.py), solve sizes once per shape, check every call's shapes with ShapeError (also under
+torch.compile, where the checks become guards), keep the per-shape constants, register
+generated source for tracebacks."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import hashlib
 import linecache
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import sympy
 import torch
 
-from .. import ir
 from ..errors import ShapeError
-from ..ir.shapes import rules
-from ..lower.codegen import Module, generate
-from ..lower.plan import Plan, plan
-from ..views import cost
-from .positions import positions
+from . import cache
+from .cache import Plain
+
+if TYPE_CHECKING:
+    import sympy
+
+    from .. import ir
+    from ..lower.codegen import Module
+    from ..lower.plan import Plan
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
@@ -43,8 +47,20 @@ def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
         text, name, file = spec, name or "spec", f"<{name or 'spec'}>"
     key = (text, name, file)
     if key not in _CACHE:
-        _CACHE[key] = CompiledSpec(ir.check(text, name, file), text, file)
+        _CACHE[key] = _compile(text, name, file)
     return _CACHE[key]
+
+
+def _compile(text: str, name: str, file: str) -> CompiledSpec:
+    """From the disk cache if kept there, else checked, planned and generated (and kept)."""
+    kept = cache.load(text, name, file)
+    if kept is not None:
+        return CompiledSpec(None, text, file, plain=kept)
+    from .. import ir
+
+    compiled = CompiledSpec(ir.check(text, name, file), text, file)
+    cache.store(text, name, file, compiled.plain)
+    return compiled
 
 
 def _is_path(text: str) -> bool:
@@ -52,57 +68,74 @@ def _is_path(text: str) -> bool:
     return text.endswith(".attn") and "\n" not in text
 
 
-@dataclass(eq=False)
 class CompiledSpec:
-    """A checked spec with its plan and generated module; call it like its function."""
+    """A checked spec with its plan and generated module; call it like its function.
 
-    ir: ir.Spec
-    text: str = ""  # the spec's source text: what a pickled spec is rebuilt from
-    file: str = "<spec>"
-    plan: Plan = field(init=False)
-    source: str = field(init=False)
+    A call reads only `plain`; `ir`, `plan` and `module_source` are built when first asked
+    for (by latex, flops, param_count, module, ...) when the spec came from the disk cache."""
 
-    def __post_init__(self) -> None:
-        self.plan = plan(self.ir)
-        self.module_source: Module = generate(self.plan)
-        self.source = self.module_source.text
-        namespace = _load(self.source, self.ir.name)
-        self.function = namespace[self.module_source.function]
-        constants = self.module_source.constants
-        self.constants_function = namespace[constants] if constants else None
+    def __init__(
+        self,
+        spec: ir.Spec | None,
+        text: str = "",
+        file: str = "<spec>",
+        *,
+        plain: Plain | None = None,
+    ) -> None:
+        self.text = text  # the spec's source text: what a pickled spec is rebuilt from
+        self.file = file
+        if spec is not None:
+            self.ir = spec
+            self.module_source = _generate(self.plan)
+            plain = _plain(spec, self.plan, self.module_source)
+        assert plain is not None, "a CompiledSpec is built from a checked spec or cache entry"
+        self.plain = plain
+        self.name, self.source = plain.name, plain.source
+        namespace = _load(self.source, self.name)
+        self.function = namespace[plain.function]
+        self.constants_function = namespace[plain.constants] if plain.constants else None
         # Plain attributes, read on every call (and by torch.compile, which cannot trace a lock).
-        self.rules = rules(self.ir, self.plan.sizes)
-        self.positions = positions(self.plan, self.module_source.held)
+        self.rules, self.positions = plain.rules, plain.positions
         self.required = self.rules.required
-        self.size_names = frozenset(self.ir.size_asciis)
-        self.arguments = tuple(t.ascii for t in self.ir.arguments)
-        self._like = self.ir.arguments.index(self.ir.like)  # sets the device and dtype
-        self._integer = tuple(t.dtype == "int" for t in self.ir.arguments)
-        self._shapes: dict = {}
+        self.size_names = frozenset(plain.sizes)
+        self.arguments = plain.arguments
+        self._calls: dict = {}  # per kind of call: its sizes and the function's keywords
         self._constants: dict = {}
         self._checked: dict = {}
         self._lock = threading.Lock()
 
+    @cached_property
+    def ir(self) -> ir.Spec:
+        from .. import ir
+
+        return ir.check(self.text, self.name, self.file)
+
+    @cached_property
+    def plan(self) -> Plan:
+        from ..lower.plan import plan
+
+        return plan(self.ir)
+
+    @cached_property
+    def module_source(self) -> Module:
+        return _generate(self.plan)
+
     def __reduce__(self):
         # Pickled as its text: generated functions and caches are rebuilt, not stored.
-        return compile_spec, (self.text, self.ir.name)
-
-    @property
-    def name(self) -> str:
-        return self.ir.name
+        return compile_spec, (self.text, self.name)
 
     @property
     def sizes(self) -> tuple[sympy.Symbol, ...]:
         return self.ir.sizes
 
     def __repr__(self) -> str:
-        return f"<indexattn spec {self.name}: {', '.join(t.ascii for t in self.ir.arguments)}>"
+        return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
     def __call__(self, /, *, training: bool = False, **kwargs):
         """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name."""
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
-        scalars = {s.ascii: kwargs.pop(s.ascii) for s in self.ir.scalars if s.ascii in kwargs}
+        scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
         if kwargs:
             raise TypeError(
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
@@ -111,20 +144,42 @@ class CompiledSpec:
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
-        """The generated function on tensors in argument order, sizes solved and checked."""
-        sizes = self.solve(tensors, given)
-        keywords = {name: sizes[name] for name in self.required}
-        if not torch.compiler.is_compiling():  # traced code builds them inline, to be folded
-            self.positions.check_arguments(self.name, tensors, sizes)
-            if self.constants_function is not None:
-                keywords["constants"] = self._constants_for(sizes, scalars, tensors[self._like])
+        """The generated function on tensors in argument order, sizes solved and checked. An
+        eager call solves and checks once per distinct shapes, dtypes, devices, given sizes and
+        scalars, and then looks them up; a traced call every time (the checks become guards)."""
+        if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
+            sizes = self._solve(tensors, given)
+            keywords = {name: sizes[name] for name in self.required}
+        else:
+            key = (
+                tuple([(t.shape, t.dtype, t.device) for t in tensors]),
+                tuple(given.items()),
+                tuple(scalars.items()),
+            )
+            found = self._calls.get(key)
+            if found is None:
+                found = self._prepare(key, tensors, given, scalars)
+            elif self.positions.arguments:  # positions read from inputs: checked every call
+                self.positions.check_arguments(self.name, tensors, found[0])
+            keywords = found[1]
         out = self.function(*tensors, **keywords, **scalars, training=training)
-        return out[0] if len(self.ir.outputs) == 1 and isinstance(out, tuple) else out
+        return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
+
+    def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
+        """Sizes and the function's keywords for a call of a new kind, every check done."""
+        sizes = self.solve(tensors, given)
+        self.positions.check_arguments(self.name, tensors, sizes)
+        keywords = {name: sizes[name] for name in self.required}
+        if self.constants_function is not None:
+            keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
+        with self._lock:
+            _bounded(self._calls)[key] = (sizes, keywords)
+        return sizes, keywords
 
     def _constants_for(self, sizes: dict, scalars: dict, like: torch.Tensor) -> tuple:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""
-        values = {**sizes, **{s.ascii: s.value for s in self.ir.scalars}, **scalars}
-        args = tuple(values[name] for name in self.module_source.constant_args)
+        values = {**sizes, **dict(self.plain.scalars), **scalars}
+        args = tuple(values[name] for name in self.plain.constant_args)
         key = (args, like.device, like.dtype)
         found = self._constants.get(key)
         if found is None:  # kept for later calls: never an inference tensor, which autograd
@@ -140,12 +195,12 @@ class CompiledSpec:
         return found
 
     def _tensors(self, kwargs: dict) -> dict[str, torch.Tensor]:
-        missing = [t.ascii for t in self.ir.arguments if t.ascii not in kwargs]
+        missing = [name for name in self.arguments if name not in kwargs]
         if missing:
             raise TypeError(
                 f"{self.name}() is missing {', '.join(missing)}; it takes {self._signature()}"
             )
-        tensors = {t.ascii: kwargs.pop(t.ascii) for t in self.ir.arguments}
+        tensors = {name: kwargs.pop(name) for name in self.arguments}
         for name, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
@@ -154,32 +209,24 @@ class CompiledSpec:
         return tensors
 
     def _signature(self) -> str:
-        names = [t.ascii for t in self.ir.arguments] + list(self.required)
-        return ", ".join(names + [f"{s.ascii}={s.value!r}" for s in self.ir.scalars])
+        names = [*self.arguments, *self.required]
+        return ", ".join(names + [f"{s}={value!r}" for s, value in self.plain.scalars])
 
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
-        """Sizes by ASCII name, checked against every shape; `tensors` in argument order.
-        Eager calls solve once per distinct shapes; traced calls every time (as guards)."""
-        if torch.compiler.is_compiling():
-            return self._solve(tensors, given)
-        key = (tuple([t.shape for t in tensors]), tuple(given.items()))
-        found = self._shapes.get(key)
-        if found is None:
-            found = self._solve(tensors, given)
-            with self._lock:
-                _bounded(self._shapes)[key] = found
+        """Sizes by ASCII name, checked against every shape, dtype and device; `tensors` in
+        argument order."""
+        found = self._solve(tensors, given)
         self._same_kind(tensors)
         return found
 
     def _solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
         values = self.rules.solve([t.shape for t in tensors], given)
-        self._batch({name: tuple(t.shape) for name, t in zip(self.arguments, tensors)})
+        self._batch([tuple(t.shape) for t in tensors])
         return values
 
-    def _batch(self, shapes: dict[str, tuple[int, ...]]) -> None:
+    def _batch(self, shapes: list[tuple[int, ...]]) -> None:
         batches = {
-            t.ascii: shapes[t.ascii][: len(shapes[t.ascii]) - len(t.layout)]
-            for t in self.ir.tensors_of("input")
+            self.arguments[k]: shapes[k][: len(shapes[k]) - rank] for k, rank in self.plain.batch
         }
         try:
             torch.broadcast_shapes(*batches.values())
@@ -190,24 +237,28 @@ class CompiledSpec:
             ) from None
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
-        first = tensors[self._like]
+        first = tensors[self.plain.like]
         dtype, device = first.dtype, first.device
-        for name, integer, t in zip(self.arguments, self._integer, tensors):
+        for name, integer, t in zip(self.arguments, self.plain.integer, tensors):
             if t.device != device or (t.is_floating_point() if integer else t.dtype != dtype):
                 want = "an integer dtype" if integer else f"{dtype}"
                 raise ShapeError(
                     f"{self.name}: {name} is {t.dtype} on {t.device}, but it must be "
-                    f"{want} on {device}, as {self.arguments[self._like]} sets; convert them "
+                    f"{want} on {device}, as {self.arguments[self.plain.like]} sets; convert them "
                     "to one dtype and device" + (" (integers stay integers)" if integer else "")
                 )
 
     def param_count(self) -> sympy.Expr:
         """Learnable numbers in the size symbols, e.g. 4*d_m**2 + d_m."""
+        from ..views import cost
+
         return cost.param_count(self.ir)
 
     def flops(self) -> sympy.Expr:
         """Floating-point operations of one forward pass per batch element, along the steps
         the generated code takes (see indexattn/views/cost.py for what each step costs)."""
+        from ..views import cost
+
         return cost.flops(self.plan)
 
     def latex(self, *, raised: bool = False, sums: bool = False) -> str:
@@ -259,3 +310,33 @@ def _load(source: str, name: str) -> dict:
     namespace: dict = {}
     exec(compile(source, filename, "exec"), namespace)  # our own generated code
     return namespace
+
+
+def _generate(plan: Plan) -> Module:
+    from ..lower.codegen import generate
+
+    return generate(plan)
+
+
+def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
+    """What a call needs of a checked spec, its plan and generated module, as plain data."""
+    from ..ir.shapes import rules
+    from .positions import positions
+
+    arguments = spec.arguments
+    return Plain(
+        name=spec.name,
+        source=module.text,
+        function=module.function,
+        constants=module.constants,
+        constant_args=module.constant_args,
+        rules=rules(spec, plan.sizes),
+        positions=positions(plan, module.held),
+        arguments=tuple(t.ascii for t in arguments),
+        integer=tuple(t.dtype == "int" for t in arguments),
+        like=arguments.index(spec.like),
+        sizes=tuple(spec.size_asciis),
+        scalars=tuple((s.ascii, s.value) for s in spec.scalars),
+        outputs=len(spec.outputs),
+        batch=tuple((arguments.index(t), len(t.layout)) for t in spec.tensors_of("input")),
+    )

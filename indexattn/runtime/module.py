@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import ir
-from ..ir.shapes import whole
+from ..sizes import whole
 from .compiled import CompiledSpec
 
 

@@ -6,12 +6,15 @@ read from integer inputs, on every eager call."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import ShapeError
-from ..ir.shapes import Tree, evaluate, tree
-from ..lower.steps import Gather, Plan, Var
+from ..sizes import Tree, evaluate
+
+if TYPE_CHECKING:
+    from ..lower.steps import Plan, Var
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class Positions:
 def positions(plan: Plan, held: tuple[Var, ...]) -> Positions:
     """The checks of every gather of a plan; `held`: the values the constants function
     returns, in order."""
+    from ..ir.shapes import tree
+    from ..lower.steps import Gather
+
     spec = plan.spec
     grids = list(held)
     arguments = [t.ascii for t in spec.arguments]
