@@ -104,3 +104,17 @@ def test_whole_scalars_print_as_integers_and_others_as_floats():
     from indexattn.lower.printers import number_text
 
     assert [number_text(v) for v in (128.0, 0.0, 0.1, 1e-06)] == ["128", "0", "0.1", "1e-06"]
+
+
+def statement_at(source: str, start: str) -> int:
+    """The number of the first line of `source` that starts (after indentation) with `start`."""
+    return next(n for n, line in enumerate(source.splitlines()) if line.strip().startswith(start))
+
+
+def test_values_are_dropped_after_the_block_that_reads_them_last():
+    source = indexattn.compile_spec(ROOT / "specs" / "rope.attn").source
+    dropped = statement_at(source, "del Q_proj, Q,")
+    assert dropped < statement_at(source, "Kr_prod = ")  # the queries, before the keys rotate
+    assert statement_at(source, "Qr = ") < dropped
+    # twin: what the kernel reads is dropped only after it
+    assert statement_at(source, "del V_proj, V, Qr, Kr") > statement_at(source, "O = ")

@@ -54,6 +54,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     V = V_proj.transpose(-3, -2)  # (…, g, τ, a)
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     K_scaled = K / math.sqrt(d_k)  # (…, g, τ', a)
+    del K_proj, K
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences
@@ -66,6 +67,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
+    del Q_proj, Q, V_proj, V, K_scaled, sinks_split
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa> + o_proj_bias_<i>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -41,16 +41,19 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     Q_at = Q[..., Qr_pos]  # (…, μ, τ, j, c)
     Qr_prod_3 = Q_at * Qr_prod  # (…, μ, τ, j, c)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, j, c)
+    del Q_proj, Q, Qr_prod_2, Q_at, Qr_prod_3
     # Kr_<μτjc> = K_<μτjc> cos(θ_<τj>) + (2 c - 1) K_<μτj[1 - c]> sin(θ_<τj>)
     Kr_prod = K * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
     K_at = K[..., Qr_pos]  # (…, μ, τ, j, c)
     Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, j, c)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
+    del K_proj, K, Kr_prod, K_at, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r))  # (…, μ, τ, a)
+    del V_proj, V, Qr, Kr
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

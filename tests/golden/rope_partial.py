@@ -45,12 +45,14 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     Q_at_2 = Q[..., Qr_pos_2]  # (…, μ, τ, c, j)
     Qr_prod_3 = Q_at_2 * Qr_prod  # (…, μ, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
+    del Q_at, Qr_prod_2, Q_at_2, Qr_prod_3
     # Kr_<μτcj> = K_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) K_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
     K_at = K[..., Qr_pos]  # (…, μ, τ, c, j)
     Kr_prod = K_at * Qr_cos[:, None]  # (…, μ, τ, c, j)
     K_at_2 = K[..., Qr_pos_2]  # (…, μ, τ, c, j)
     Kr_prod_2 = K_at_2 * Qr_prod  # (…, μ, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
+    del K_at, Kr_prod, K_at_2, Kr_prod_2
     # Qp_<μτp> = Q_<μτ[2 d_r + p]>
     Qp = Q[..., Qp_pos]  # (…, μ, τ, p)
     # Kp_<μτp> = K_<μτ[2 d_r + p]>
@@ -60,6 +62,7 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(torch.cat([Qr.flatten(-2), Qp], dim=-1), torch.cat([Kr.flatten(-2), Kp], dim=-1), V, is_causal=True, scale=1/math.sqrt(d_p + 2*d_r))  # (…, μ, τ, a)
+    del QKV, Q_proj, K_proj, V_proj, Q, K, V, Qr, Kr, Qp, Kp
     # Y_<τi> = dense_weight_<i(μa)> O_<μτa> + dense_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, dense_weight, dense_bias)  # (…, τ, i)

@@ -47,6 +47,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
+    del Q_proj, Q
     # S, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
@@ -57,6 +58,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
+    del K_proj, K, V_proj, V, Q_scaled
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -55,6 +55,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
+    del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
@@ -65,6 +66,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
+    del K_proj, K, V_proj, V, Q_scaled
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)
