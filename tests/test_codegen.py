@@ -118,3 +118,19 @@ def test_values_are_dropped_after_the_block_that_reads_them_last():
     assert statement_at(source, "Qr = ") < dropped
     # twin: what the kernel reads is dropped only after it
     assert statement_at(source, "del V_proj, V, Qr, Kr") > statement_at(source, "O = ")
+
+
+def reversed_read(size: str):
+    """Y reads X's last axis (of `size`) backwards over c : 2."""
+    spec = f"index t : N\nindex c : 2\nindex e : {size}\ninput X_<te>\nY_<tc> = X_<t[1 - c]>\n"
+    return indexattn.compile_spec(spec, name="t")
+
+
+def test_a_position_that_reverses_an_axis_is_a_flip():
+    import torch
+
+    spec, x = reversed_read("2"), torch.randn(3, 2)
+    assert "Y = X.flip(-1)" in spec.source and torch.equal(spec(X=x), x.flip(-1))
+    # twin: [1 - c] on an axis of 3 reads its first two backwards: a gather, not a flip
+    spec, x = reversed_read("3"), torch.randn(3, 3)
+    assert "flip" not in spec.source and torch.equal(spec(X=x), x[:, [1, 0]])

@@ -17,6 +17,7 @@ from .steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -111,6 +112,10 @@ class Emitter(KernelSteps, Values):
         table, k = relayout(self.ref(arg), arg.dims, tuple(order)), first
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
+
+    def step_Flip(self, step: Flip) -> str:
+        dim = step.arg.dims.index(step.axis) - len(step.arg.dims)
+        return f"{self.var(step.out)} = {wrap(self.ref(step.arg))}.flip({dim})"
 
     def step_Whole(self, step: Whole) -> str:
         return f"{self.var(step.out)} = {self.ref(step.arg)}.long()"

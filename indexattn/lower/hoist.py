@@ -13,6 +13,7 @@ from .steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Gather,
     Grid,
@@ -25,7 +26,10 @@ from .steps import (
     Whole,
 )
 
-PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat, Whole, Choose)
+PURE = (
+    *(Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Flip, Cat, Whole),
+    Choose,
+)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .steps import (
     Block,
     Cat,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -183,6 +184,11 @@ class Planner(Products):
         return value
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
+        flipped = _reversal(self.fields.get(at.value, at.value), axis)
+        if flipped is not None:
+            dims = tuple(flipped if d == axis else d for d in value.dims)
+            out = Operand(self.var(f"{node.tensor.ascii}_flip"), dims, value.batched)
+            return self.add(Flip(out, value, axis))
         positions = self.positions(at, hint)
         integer = at.value in self.fields or isinstance(at.value, ir.Field)
         if not (integer or integer_tensors(at.value)):
@@ -242,6 +248,17 @@ class Planner(Products):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+
+def _reversal(position: ir.Node, axis: Index) -> Index | None:
+    """The index i when `position` is size - 1 - i along an axis of that size (a flip,
+    `[1 - c]` on halves), else None."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    if sympy.expand(index.size - axis.size) != 0:
+        return None
+    return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
 
 
 def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:

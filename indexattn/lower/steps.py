@@ -79,6 +79,16 @@ class Gather:
 
 
 @dataclass(frozen=True)
+class Flip:
+    """`arg.flip(dim)`: along `axis`, the values in reverse order, which a gather at the
+    positions size - 1 - i reads; `out` has i in the axis's place. Needs no positions."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the declared index of the reversed axis
+
+
+@dataclass(frozen=True)
 class Whole:
     """Whole numbers computed in the call's float dtype made integer positions (`.long()`):
     a step of its own, so that positions from sizes alone are converted once per shape."""
@@ -233,6 +243,7 @@ Step = (
     | Unfuse
     | Grid
     | Gather
+    | Flip
     | Whole
     | Contract
     | Add

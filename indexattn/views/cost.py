@@ -34,6 +34,7 @@ from ..lower.steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -196,6 +197,7 @@ def _(step: Grid) -> Cost:
 
 @step_cost.register(Cat)
 @step_cost.register(Gather)
+@step_cost.register(Flip)
 @step_cost.register(Whole)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)

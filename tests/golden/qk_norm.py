@@ -17,11 +17,10 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
     Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_pos = (1 - c).long()  # (c)
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    return Qr_cos, Qr_pos, Qr_prod
+    return Qr_cos, Qr_prod
 
 
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0, training=False, constants=None):
@@ -29,7 +28,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
     n_rep = q_proj_weight.shape[-2] // (2*d_r*h_kv)
-    Qr_cos, Qr_pos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτcj> = q_proj_weight_<(grcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, 2, d_r))  # (…, τ, g, r, c, j)
     Q = Q_proj.movedim(-5, -3)  # (…, g, r, τ, c, j)
@@ -63,16 +62,16 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     del K_proj, K, Rk, k_norm_weight_split, Kn_prod
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
     Qr_prod_2 = Qn * Qr_cos[:, None]  # (…, g, r, τ, c, j)
-    Qn_at = Qn[..., Qr_pos, :]  # (…, g, r, τ, c, j)
-    Qr_prod_3 = Qn_at * Qr_prod  # (…, g, r, τ, c, j)
+    Qn_flip = Qn.flip(-2)  # (…, g, r, τ, c, j)
+    Qr_prod_3 = Qn_flip * Qr_prod  # (…, g, r, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, g, r, τ, c, j)
-    del Qn, Qr_prod_2, Qn_at, Qr_prod_3
+    del Qn, Qr_prod_2, Qn_flip, Qr_prod_3
     # Kr_<gτcj> = Kn_<gτcj> cos(θ_<τj>) + (2 c - 1) Kn_<gτ[1 - c]j> sin(θ_<τj>)
     Kr_prod = Kn * Qr_cos[:, None]  # (…, g, τ, c, j)
-    Kn_at = Kn[..., Qr_pos, :]  # (…, g, τ, c, j)
-    Kr_prod_2 = Kn_at * Qr_prod  # (…, g, τ, c, j)
+    Kn_flip = Kn.flip(-2)  # (…, g, τ, c, j)
+    Kr_prod_2 = Kn_flip * Qr_prod  # (…, g, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
-    del Kn, Kr_prod, Kn_at, Kr_prod_2
+    del Kn, Kr_prod, Kn_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
