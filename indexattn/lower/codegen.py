@@ -99,8 +99,10 @@ class Writer:
             for b, rest in enumerate(parts.per_call)
         ]
         keep = {*parts.held, *(r.var for r in self.plan.results)}
-        called = {rows.last: set(rows.inputs)} if rows is not None else {}
-        dead = deaths(main, called, keep)
+        # the rows' inputs stay: the comprehension over blocks closes over them, and
+        # torch.compile cannot trace a `del` of a closed-over name (DELETE_DEREF)
+        keep |= set(rows.inputs) if rows is not None else set()
+        dead = deaths(main, keep)
         blocks = zip(self.plan.blocks, parts.constant, parts.per_call, main, dead)
         for b, (block, fixed, rest, plain, drop) in enumerate(blocks):
             heading = [f"# {comment(text)}" for text in block.texts]

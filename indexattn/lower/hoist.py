@@ -21,14 +21,15 @@ from .steps import (
     Plan,
     Reduction,
     Rename,
+    Slice,
     Step,
     Var,
     Whole,
 )
 
 PURE = (
-    *(Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Flip, Cat, Whole),
-    Choose,
+    *(Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Flip, Slice, Cat),
+    *(Whole, Choose),
 )
 
 

@@ -5,18 +5,16 @@ soon as the next equation no longer needs them, as hand-written code frees a reb
 from __future__ import annotations
 
 from .hoist import operands
-from .steps import Fuse, Rename, Split, Step, Var
+from .steps import Fuse, Rename, Slice, Split, Step, Var
 
-VIEWS = (Rename, Split, Fuse)  # results that may share the storage of what they read
+VIEWS = (Rename, Split, Fuse, Slice)  # results that may share the storage of what they read
 
 
-def deaths(
-    blocks: list[tuple[Step, ...]], reads_at: dict[int, set[Var]], keep: set[Var]
-) -> list[tuple[Var, ...]]:
+def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ...]]:
     """For each block of per-call steps, the locals to drop after it: those made by these
-    steps, read no later than it (`reads_at` adds reads made after a block's steps), not in
-    `keep`. A view lives as long as what it views (both are dropped together); nothing is
-    dropped after the last block that computes anything (the function returns there)."""
+    steps, read no later than it, not in `keep`. A view lives as long as what it views (both
+    are dropped together); nothing is dropped after the last block that computes anything
+    (the function returns there)."""
     made: dict[Var, int] = {}  # each local, and the block that makes it
     root: dict[Var, Var] = {}  # a view's storage: the first local of its chain
     last: dict[Var, int] = {}  # each storage's last reading block
@@ -30,8 +28,6 @@ def deaths(
                 if isinstance(step, VIEWS):
                     root[out.var] = root.get(read[0], read[0])
                 last.setdefault(root.get(out.var, out.var), b)
-        for var in reads_at.get(b, ()):
-            last[root.get(var, var)] = b
     final = max((b for b, steps in enumerate(blocks) if steps), default=-1)
     kept = {root.get(v, v) for v in keep}
     dead: list[list[Var]] = [[] for _ in blocks]

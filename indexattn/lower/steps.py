@@ -89,6 +89,18 @@ class Flip:
 
 
 @dataclass(frozen=True)
+class Slice:
+    """`arg[..., start:start + n, ...]`: along `axis`, the n values from `start` on, which a
+    gather at the positions start + i reads (in range for every size); `out` has i in the
+    axis's place. A view."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the declared index of the sliced axis
+    start: sympy.Basic
+
+
+@dataclass(frozen=True)
 class Whole:
     """Whole numbers computed in the call's float dtype made integer positions (`.long()`):
     a step of its own, so that positions from sizes alone are converted once per shape."""
@@ -244,6 +256,7 @@ Step = (
     | Grid
     | Gather
     | Flip
+    | Slice
     | Whole
     | Contract
     | Add

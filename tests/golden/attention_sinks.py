@@ -67,7 +67,6 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
-    del Q_proj, Q, V_proj, V, K_scaled, sinks_split
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa> + o_proj_bias_<i>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -72,7 +72,6 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
-    del K_proj, K, V_proj, V, Q_scaled, lambda__scaled
     # ρ_<μτ> = rsqrt(mean_<e>(O_<μτe>^2) + eps)
     rho_pow = O ** 2  # (…, μ, τ, e)
     rho_mean = rho_pow.mean(dim=-1)  # (…, μ, τ)

@@ -58,7 +58,6 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)
-    del K_proj, K, V_proj, V, Q_scaled
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)
