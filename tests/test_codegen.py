@@ -134,3 +134,21 @@ def test_a_position_that_reverses_an_axis_is_a_flip():
     # twin: [1 - c] on an axis of 3 reads its first two backwards: a gather, not a flip
     spec, x = reversed_read("3"), torch.randn(3, 3)
     assert "flip" not in spec.source and torch.equal(spec(X=x), x[:, [1, 0]])
+
+
+def shifted_read(width: str):
+    """Y reads X's last axis (of `width`) from 2 on, over p : d."""
+    spec = f"index t : N\nindex p : d\nindex a : {width}\ninput X_<ta>\nY_<tp> = X_<t[2 + p]>\n"
+    return indexattn.compile_spec(spec, name="t")
+
+
+def test_a_position_that_shifts_into_the_axis_is_a_slice():
+    import torch
+
+    spec, x = shifted_read("d + 2"), torch.randn(3, 5)
+    assert "Y = X[..., 2:]" in spec.source and torch.equal(spec(X=x, d=3), x[:, 2:])
+    spec, x = shifted_read("d + 3"), torch.randn(3, 6)
+    assert "Y = X[..., 2:d + 2]" in spec.source and torch.equal(spec(X=x, d=3), x[:, 2:5])
+    # twin: a shift that may run past the end stays a gather, checked at the call
+    spec = shifted_read("d + 1")
+    assert "2:" not in spec.source and "X[..., " in spec.source
