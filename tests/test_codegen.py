@@ -104,3 +104,51 @@ def test_whole_scalars_print_as_integers_and_others_as_floats():
     from indexattn.lower.printers import number_text
 
     assert [number_text(v) for v in (128.0, 0.0, 0.1, 1e-06)] == ["128", "0", "0.1", "1e-06"]
+
+
+def statement_at(source: str, start: str) -> int:
+    """The number of the first line of `source` that starts (after indentation) with `start`."""
+    return next(n for n, line in enumerate(source.splitlines()) if line.strip().startswith(start))
+
+
+def test_values_are_dropped_after_the_block_that_reads_them_last():
+    source = indexattn.compile_spec(ROOT / "specs" / "rope.attn").source
+    dropped = statement_at(source, "del Q_proj, Q,")
+    assert dropped < statement_at(source, "Kr_prod = ")  # the queries, before the keys rotate
+    assert statement_at(source, "Qr = ") < dropped
+    # twin: what the kernel reads is dropped only after it
+    assert statement_at(source, "del V_proj, V, Qr, Kr") > statement_at(source, "O = ")
+
+
+def reversed_read(size: str):
+    """Y reads X's last axis (of `size`) backwards over c : 2."""
+    spec = f"index t : N\nindex c : 2\nindex e : {size}\ninput X_<te>\nY_<tc> = X_<t[1 - c]>\n"
+    return indexattn.compile_spec(spec, name="t")
+
+
+def test_a_position_that_reverses_an_axis_is_a_flip():
+    import torch
+
+    spec, x = reversed_read("2"), torch.randn(3, 2)
+    assert "Y = X.flip(-1)" in spec.source and torch.equal(spec(X=x), x.flip(-1))
+    # twin: [1 - c] on an axis of 3 reads its first two backwards: a gather, not a flip
+    spec, x = reversed_read("3"), torch.randn(3, 3)
+    assert "flip" not in spec.source and torch.equal(spec(X=x), x[:, [1, 0]])
+
+
+def shifted_read(width: str):
+    """Y reads X's last axis (of `width`) from 2 on, over p : d."""
+    spec = f"index t : N\nindex p : d\nindex a : {width}\ninput X_<ta>\nY_<tp> = X_<t[2 + p]>\n"
+    return indexattn.compile_spec(spec, name="t")
+
+
+def test_a_position_that_shifts_into_the_axis_is_a_slice():
+    import torch
+
+    spec, x = shifted_read("d + 2"), torch.randn(3, 5)
+    assert "Y = X[..., 2:]" in spec.source and torch.equal(spec(X=x, d=3), x[:, 2:])
+    spec, x = shifted_read("d + 3"), torch.randn(3, 6)
+    assert "Y = X[..., 2:d + 2]" in spec.source and torch.equal(spec(X=x, d=3), x[:, 2:5])
+    # twin: a shift that may run past the end stays a gather, checked at the call
+    spec = shifted_read("d + 1")
+    assert "2:" not in spec.source and "X[..., " in spec.source

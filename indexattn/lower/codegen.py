@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hoist import split
+from .liveness import deaths
 from .naming import Names
 from .printers import number_text, wrap
 from .steps import Plan, Var
@@ -93,20 +94,30 @@ class Writer:
         self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
         body: list[str] = []
         constants: list[str] = []
-        blocks = zip(self.plan.blocks, parts.constant, parts.per_call)
-        for b, (block, fixed, rest) in enumerate(blocks):
+        main = [
+            tuple(s for k, s in enumerate(rest) if not (rows and (b, k) in rows.chosen))
+            for b, rest in enumerate(parts.per_call)
+        ]
+        keep = {*parts.held, *(r.var for r in self.plan.results)}
+        # the rows' inputs stay: the comprehension over blocks closes over them, and
+        # torch.compile cannot trace a `del` of a closed-over name (DELETE_DEREF)
+        keep |= set(rows.inputs) if rows is not None else set()
+        dead = deaths(main, keep)
+        blocks = zip(self.plan.blocks, parts.constant, parts.per_call, main, dead)
+        for b, (block, fixed, rest, plain, drop) in enumerate(blocks):
             heading = [f"# {comment(text)}" for text in block.texts]
             if fixed:
                 constants += heading + [line for s in fixed for line in self.grids.lines(s)]
-            inner = [s for k, s in enumerate(rest) if rows and (b, k) in rows.chosen]
-            rest = tuple(s for s in rest if s not in inner)
+            inner = [s for s in rest if s not in plain]
             if inner:
                 tensors = [comment(eq.tensor.name) for eq in block.equations]
                 self.rows.add(tensors, heading, inner)
-            if rest or not (fixed or inner):
-                body += heading + [line for s in rest for line in self.main.lines(s)]
+            if plain or not (fixed or inner):
+                body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)
+            if drop:
+                body.append(f"del {', '.join(self.names.var(v) for v in drop)}")
         self.held = [self.names.var(v) for v in parts.held]
         self.held_vars = parts.held
         return body, constants

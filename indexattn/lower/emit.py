@@ -17,6 +17,7 @@ from .steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -24,6 +25,7 @@ from .steps import (
     Number,
     Reduction,
     Rename,
+    Slice,
     Unfuse,
     Whole,
 )
@@ -111,6 +113,20 @@ class Emitter(KernelSteps, Values):
         table, k = relayout(self.ref(arg), arg.dims, tuple(order)), first
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
+
+    def step_Flip(self, step: Flip) -> str:
+        dim = step.arg.dims.index(step.axis) - len(step.arg.dims)
+        return f"{self.var(step.out)} = {wrap(self.ref(step.arg))}.flip({dim})"
+
+    def step_Slice(self, step: Slice) -> str:
+        """A shifted read: the axis from `start`, to its end or to start + the index's size."""
+        arg, k = step.arg, step.arg.dims.index(step.axis)
+        stop = step.start + step.out.dims[k].size
+        piece = (self.scalar(step.start) if step.start != 0 else "") + ":"
+        piece += "" if sympy.expand(stop - step.axis.size) == 0 else self.scalar(stop)
+        n = len(arg.dims)
+        slots = ["...", piece, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [piece]
+        return f"{self.var(step.out)} = {wrap(self.ref(arg))}[{', '.join(slots)}]"
 
     def step_Whole(self, step: Whole) -> str:
         return f"{self.var(step.out)} = {self.ref(step.arg)}.long()"

@@ -13,6 +13,7 @@ from .steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Gather,
     Grid,
@@ -20,12 +21,16 @@ from .steps import (
     Plan,
     Reduction,
     Rename,
+    Slice,
     Step,
     Var,
     Whole,
 )
 
-PURE = (Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Cat, Whole, Choose)
+PURE = (
+    *(Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Flip, Slice, Cat),
+    *(Whole, Choose),
+)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .steps import (
     Block,
     Cat,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -35,6 +36,7 @@ from .steps import (
     Plan,
     Reduction,
     Rename,
+    Slice,
     Split,
     Step,
     Unfuse,
@@ -188,6 +190,16 @@ class Planner(Products):
         return value
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
+        field = self.fields.get(at.value, at.value)
+        flipped, start = _reversal(field, axis), _shift(field, axis)
+        if flipped is not None or start is not None:
+            index = flipped or field.free[0]
+            dims = tuple(index if d == axis else d for d in value.dims)
+            if flipped is not None:
+                out = Operand(self.var(f"{node.tensor.ascii}_flip"), dims, value.batched)
+                return self.add(Flip(out, value, axis))
+            out = Operand(self.var(f"{node.tensor.ascii}_part"), dims, value.batched)
+            return self.add(Slice(out, value, axis, start))
         positions = self.positions(at, hint)
         integer = at.value in self.fields or isinstance(at.value, ir.Field)
         if not (integer or integer_tensors(at.value)):
@@ -247,6 +259,33 @@ class Planner(Products):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+
+def _reversal(position: ir.Node, axis: Index) -> Index | None:
+    """The index i when `position` is size - 1 - i along an axis of that size (a flip,
+    `[1 - c]` on halves), else None."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    if sympy.expand(index.size - axis.size) != 0:
+        return None
+    return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
+
+
+def _shift(position: ir.Node, axis: Index) -> sympy.Basic | None:
+    """The start k when `position` is i + k, k free of indices, and k to k + size(i) lies
+    within the axis at every size (`[2 d_r + p]` over `p : d_p` on `a : 2 d_r + d_p`)."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    start = sympy.expand(position.expr - index.symbol)
+    if (
+        start.has(*(i.symbol for i in position.free))
+        or start.free_symbols - axis.size.free_symbols - index.size.free_symbols
+    ):
+        return None
+    fits = (start.is_nonnegative, sympy.expand(axis.size - start - index.size).is_nonnegative)
+    return start if all(fits) else None
 
 
 def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:

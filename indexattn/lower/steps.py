@@ -79,6 +79,28 @@ class Gather:
 
 
 @dataclass(frozen=True)
+class Flip:
+    """`arg.flip(dim)`: along `axis`, the values in reverse order, which a gather at the
+    positions size - 1 - i reads; `out` has i in the axis's place. Needs no positions."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the declared index of the reversed axis
+
+
+@dataclass(frozen=True)
+class Slice:
+    """`arg[..., start:start + n, ...]`: along `axis`, the n values from `start` on, which a
+    gather at the positions start + i reads (in range for every size); `out` has i in the
+    axis's place. A view."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the declared index of the sliced axis
+    start: sympy.Basic
+
+
+@dataclass(frozen=True)
 class Whole:
     """Whole numbers computed in the call's float dtype made integer positions (`.long()`):
     a step of its own, so that positions from sizes alone are converted once per shape."""
@@ -233,6 +255,8 @@ Step = (
     | Unfuse
     | Grid
     | Gather
+    | Flip
+    | Slice
     | Whole
     | Contract
     | Add

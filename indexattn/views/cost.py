@@ -34,6 +34,7 @@ from ..lower.steps import (
     Choose,
     Contract,
     Elementwise,
+    Flip,
     Full,
     Fuse,
     Gather,
@@ -43,6 +44,7 @@ from ..lower.steps import (
     Plan,
     Reduction,
     Rename,
+    Slice,
     Split,
     Unfuse,
     Whole,
@@ -196,6 +198,8 @@ def _(step: Grid) -> Cost:
 
 @step_cost.register(Cat)
 @step_cost.register(Gather)
+@step_cost.register(Flip)
+@step_cost.register(Slice)
 @step_cost.register(Whole)
 @step_cost.register(Unfuse)
 @step_cost.register(Fuse)

@@ -54,6 +54,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     V = V_proj.transpose(-3, -2)  # (…, g, τ, a)
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     K_scaled = K / math.sqrt(d_k)  # (…, g, τ', a)
+    del K_proj, K
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences

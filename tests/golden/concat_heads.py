@@ -24,6 +24,7 @@ def concat_heads(X, heads_W_query_weight, heads_W_query_bias, heads_W_key_weight
     # Z_<τ(μa)> = A_<μττ'> V_<μτ'a>
     Z_attn = F.scaled_dot_product_attention(Q, K, V, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
     Z = Z_attn.transpose(-3, -2)  # (…, τ, μ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # outputs in their declared layouts
     Z_out = Z.flatten(-2)  # (…, τ, (μa))
     return Z_out

@@ -23,6 +23,7 @@ def concat_heads_proj(X, heads_W_query_weight, heads_W_query_bias, heads_W_key_w
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Q, K, V, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa> + out_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight, out_proj_bias)  # (…, τ, i)

@@ -22,6 +22,7 @@ def cross(X, C, to_q_weight, to_k_weight, to_v_weight, to_out_weight, to_out_bia
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # O_<μτa> = A_<μτσ> V_<μσa>
     O = F.scaled_dot_product_attention(Q, K, V, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τi> = to_out_weight_<i(μa)> O_<μτa> + to_out_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, to_out_weight, to_out_bias)  # (…, τ, i)

@@ -51,14 +51,17 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, e)
     # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
     Q_scaled = Q / math.sqrt(d)  # (…, μ, B, τ, a)
+    del Q_proj, Q
     # λ_<> = exp(lambda_q1_<a> lambda_k1_<a>) - exp(lambda_q2_<a> lambda_k2_<a>) + lambda_init
     lambda__prod = einsum(lambda_q1, lambda_k1, "a, a -> ")  # ()
     lambda__exp = torch.exp(lambda__prod)  # ()
     lambda__prod_2 = einsum(lambda_q2, lambda_k2, "a, a -> ")  # ()
     lambda__exp_2 = torch.exp(lambda__prod_2)  # ()
     lambda_ = lambda__exp - lambda__exp_2 + lambda_init  # ()
+    del lambda__prod, lambda__exp, lambda__prod_2, lambda__exp_2
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     lambda__scaled = lambda_ * -1  # ()
+    del lambda_
     # A, D, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
     if rows >= N:
@@ -74,10 +77,12 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     rho_mean = rho_pow.mean(dim=-1)  # (…, μ, τ)
     rho_sum = rho_mean + eps  # (…, μ, τ)
     rho = torch.rsqrt(rho_sum)  # (…, μ, τ)
+    del rho_pow, rho_mean, rho_sum
     # Ô_<μτe> = subln_weight_<e> O_<μτe> ρ_<μτ> (1 - lambda_init)
     O_hat_prod = subln_weight * O  # (…, μ, τ, e)
     rho_scaled = rho * (1 - lambda_init)  # (…, μ, τ)
     O_hat = rho_scaled[..., :, :, None] * O_hat_prod  # (…, μ, τ, e)
+    del rho, O_hat_prod, rho_scaled
     # Y_<τi> = out_proj_weight_<i(μe)> Ô_<μτe>
     Y = O_hat.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

@@ -39,6 +39,7 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
     M_keep_eq = D[..., :, None] == D[..., None, :]  # (…, τ, τ')
     M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V, M_keep_eq, M_keep_and
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

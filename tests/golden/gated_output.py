@@ -26,9 +26,11 @@ def gated_output(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, 
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del K_proj, K, V_proj, V
     # Õ_<μτa> = O_<μτa> sigmoid(G_<μτa>)
     O_tilde_sigmoid = torch.sigmoid(G)  # (…, μ, τ, a)
     O_tilde = O * O_tilde_sigmoid  # (…, μ, τ, a)
+    del QG, Q_proj, G_proj, Q, G, O, O_tilde_sigmoid
     # Y_<τi> = o_proj_weight_<i(μa)> Õ_<μτa>
     Y = O_tilde.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

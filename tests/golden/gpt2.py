@@ -32,16 +32,21 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
     S = P[..., None, None, :] + M + S_prod  # (…, μ, τ, τ')
+    del Q_scaled, S_prod
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    del S
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     A_tilde = F.dropout(A, p, training=training)  # (…, μ, τ, τ')
+    del A
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     O = A_tilde @ V  # (…, μ, τ, a)
+    del QKV, Q_proj, K_proj, V_proj, Q, K, V
     # Z_<τi> = c_proj_weight_<i(μa)> O_<μτa> + c_proj_bias_<i>
     Z = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Z = F.linear(Z, c_proj_weight, c_proj_bias)  # (…, τ, i)
+    del O
     # Y_<τi> = dropout(Z_<τi>, p)
     Y = F.dropout(Z, p, training=training)  # (…, τ, i)
     return Y, A_tilde

@@ -25,6 +25,7 @@ def gqa(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_kv, 
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, is_causal=True, scale=1/math.sqrt(d_k), enable_gqa=True)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -36,13 +36,16 @@ def kv_decode(X, Kc, Vc, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     Vn = Vn_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # K_<μσa> = concat_<σ>(Kc_<μca>, Kn_<μτa>)
     K = torch.cat([Kc, Kn], dim=-2)  # (…, μ, σ, a)
+    del Kn_proj, Kn
     # V_<μσa> = concat_<σ>(Vc_<μca>, Vn_<μτa>)
     V = torch.cat([Vc, Vn], dim=-2)  # (…, μ, σ, a)
+    del Vn_proj, Vn
     # M_<τσ> = where(σ > N_c + τ, -inf, 0)
     # S_<μτσ> = Q_<μτa> K_<μσa> / sqrt(d_k) + M_<τσ>
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # O_<μτa> = A_<μτσ> V_<μσa>
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -20,19 +20,24 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     # Φq_<μτa> = elu(Q_<μτa>) + 1
     Phi_q_elu = F.elu(Q)  # (…, μ, τ, a)
     Phi_q = Phi_q_elu + 1  # (…, μ, τ, a)
+    del Q_proj, Q, Phi_q_elu
     # Φk_<μτa> = elu(K_<μτa>) + 1
     Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
     Phi_k = Phi_k_elu + 1  # (…, μ, τ, a)
+    del K_proj, K, Phi_k_elu
     # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
     S_prod = Phi_k[..., :, :, :, None] * V[..., :, :, None, :]  # (…, μ, τ, a, b)
     S = torch.cumsum(S_prod, dim=-3)  # (…, μ, τ, a, b)
+    del V_proj, V, S_prod
     # z_<μτa> = cumsum_<τ>(Φk_<μτa>)
     z = torch.cumsum(Phi_k, dim=-2)  # (…, μ, τ, a)
+    del Phi_k
     # O_<μτb> = Φq_<μτa> S_<μτab> / (Φq_<μτa> z_<μτa> + eps)
     O_prod = einsum(Phi_q, S, "... mu tau a, ... mu tau a b -> ... mu tau b")  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
     O_sum = O_prod_2 + eps  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
+    del Phi_q, S, z, O_prod, O_prod_2, O_sum
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μb))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -22,6 +22,7 @@ def mha(X, W, W_O, b_O, *, h, training=False):
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del QKV, Q_proj, K_proj, V_proj, Q, K, V
     # Y_<τi> = W_O_<i(μa)> O_<μτa> + b_O_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, W_O, b_O)  # (…, τ, i)

@@ -8,24 +8,11 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 
 
-def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
+def mla_constants(N, d_r, base, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
-    n = torch.arange(d_n, device=device, dtype=torch.float64)
     r = torch.arange(d_r, device=device, dtype=torch.float64)
-    c = torch.arange(d_c, device=device, dtype=torch.float64)
-    e = torch.arange(d_v, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
-    # Qn_<μτn> = q_b_proj_weight_<(μ[n])l> Cq_<τl>
-    Qn_pos = n.long()  # (n)
-    # Qr_<μτr> = q_b_proj_weight_<(μ[d_n + r])l> Cq_<τl>
-    Qr_pos = (d_n + r).long()  # (r)
-    # Lc_<τc> = kv_a_proj_with_mqa_weight_<[c]i> X_<τi>
-    Lc_pos = c.long()  # (c)
-    # Kr_<τr> = kv_a_proj_with_mqa_weight_<[d_c + r]i> X_<τi>
-    Kr_pos = (d_c + r).long()  # (r)
-    # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
-    V_pos = (d_n + e).long()  # (e)
     # f_<r> = mod(r, floor(d_r / 2))
     f = torch.remainder(r, math.floor((1/2)*d_r)).to(dtype)  # (r)
     # θ_<r> = base^(-2 f_<r> / d_r)
@@ -45,7 +32,7 @@ def mla_constants(N, d_c, d_n, d_r, d_v, base, *, device, dtype):
     Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M
+    return Rc, Rs, Q_theta_pos, M
 
 
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
@@ -71,8 +58,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_c = kv_a_layernorm_weight.shape[-1]
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
-    d_v = (kv_b_proj_weight.shape[-2] - (d_n*h)) // h
-    Qn_pos, Qr_pos, Lc_pos, Kr_pos, V_pos, Rc, Rs, Q_theta_pos, M = mla_constants(N, d_c, d_n, d_r, d_v, base, device=X.device, dtype=X.dtype) if constants is None else constants
+    Rc, Rs, Q_theta_pos, M = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
     # ρq_<τ> = rsqrt(mean_<l>(Lq_<τl>^2) + eps)
@@ -80,51 +66,60 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     rho_q_mean = rho_q_pow.mean(dim=-1)  # (…, τ)
     rho_q_sum = rho_q_mean + eps  # (…, τ)
     rho_q = torch.rsqrt(rho_q_sum)  # (…, τ)
+    del rho_q_pow, rho_q_mean, rho_q_sum
     # Cq_<τl> = q_a_layernorm_weight_<l> Lq_<τl> ρq_<τ>
     Cq_prod = q_a_layernorm_weight * Lq  # (…, τ, l)
     Cq = rho_q[..., :, None] * Cq_prod  # (…, τ, l)
+    del Lq, rho_q, Cq_prod
     # Qn_<μτn> = q_b_proj_weight_<(μ[n])l> Cq_<τl>
     q_b_proj_weight_split = rearrange(q_b_proj_weight, "(mu j) l -> mu j l", mu=h)  # (μ, j, l)
-    q_b_proj_weight_at = q_b_proj_weight_split[:, Qn_pos]  # (μ, n, l)
-    Qn = einsum(q_b_proj_weight_at, Cq, "mu n l, ... tau l -> ... mu tau n")  # (…, μ, τ, n)
+    q_b_proj_weight_part = q_b_proj_weight_split[:, :d_n]  # (μ, n, l)
+    Qn = einsum(q_b_proj_weight_part, Cq, "mu n l, ... tau l -> ... mu tau n")  # (…, μ, τ, n)
     # Qr_<μτr> = q_b_proj_weight_<(μ[d_n + r])l> Cq_<τl>
-    q_b_proj_weight_at_2 = q_b_proj_weight_split[:, Qr_pos]  # (μ, r, l)
-    Qr = einsum(q_b_proj_weight_at_2, Cq, "mu r l, ... tau l -> ... mu tau r")  # (…, μ, τ, r)
+    q_b_proj_weight_part_2 = q_b_proj_weight_split[:, d_n:]  # (μ, r, l)
+    Qr = einsum(q_b_proj_weight_part_2, Cq, "mu r l, ... tau l -> ... mu tau r")  # (…, μ, τ, r)
+    del Cq, q_b_proj_weight_split, q_b_proj_weight_part, q_b_proj_weight_part_2
     # Lc_<τc> = kv_a_proj_with_mqa_weight_<[c]i> X_<τi>
-    kv_a_proj_with_mqa_weight_at = kv_a_proj_with_mqa_weight[Lc_pos]  # (c, i)
-    Lc = einsum(kv_a_proj_with_mqa_weight_at, X, "c i, ... tau i -> ... tau c")  # (…, τ, c)
+    kv_a_proj_with_mqa_weight_part = kv_a_proj_with_mqa_weight[:d_c]  # (c, i)
+    Lc = einsum(kv_a_proj_with_mqa_weight_part, X, "c i, ... tau i -> ... tau c")  # (…, τ, c)
     # Kr_<τr> = kv_a_proj_with_mqa_weight_<[d_c + r]i> X_<τi>
-    kv_a_proj_with_mqa_weight_at_2 = kv_a_proj_with_mqa_weight[Kr_pos]  # (r, i)
-    Kr = einsum(kv_a_proj_with_mqa_weight_at_2, X, "r i, ... tau i -> ... tau r")  # (…, τ, r)
+    kv_a_proj_with_mqa_weight_part_2 = kv_a_proj_with_mqa_weight[d_c:]  # (r, i)
+    Kr = einsum(kv_a_proj_with_mqa_weight_part_2, X, "r i, ... tau i -> ... tau r")  # (…, τ, r)
     # ρc_<τ> = rsqrt(mean_<c>(Lc_<τc>^2) + eps)
     rho_c_pow = Lc ** 2  # (…, τ, c)
     rho_c_mean = rho_c_pow.mean(dim=-1)  # (…, τ)
     rho_c_sum = rho_c_mean + eps  # (…, τ)
     rho_c = torch.rsqrt(rho_c_sum)  # (…, τ)
+    del rho_c_pow, rho_c_mean, rho_c_sum
     # Cc_<τc> = kv_a_layernorm_weight_<c> Lc_<τc> ρc_<τ>
     Cc_prod = kv_a_layernorm_weight * Lc  # (…, τ, c)
     Cc = rho_c[..., :, None] * Cc_prod  # (…, τ, c)
+    del Lc, rho_c, Cc_prod
     # Kn_<μτn> = kv_b_proj_weight_<(μ[n])c> Cc_<τc>
     kv_b_proj_weight_split = rearrange(kv_b_proj_weight, "(mu m) c -> mu m c", mu=h)  # (μ, m, c)
-    kv_b_proj_weight_at = kv_b_proj_weight_split[:, Qn_pos]  # (μ, n, c)
-    Kn = einsum(kv_b_proj_weight_at, Cc, "mu n c, ... tau c -> ... mu tau n")  # (…, μ, τ, n)
+    kv_b_proj_weight_part = kv_b_proj_weight_split[:, :d_n]  # (μ, n, c)
+    Kn = einsum(kv_b_proj_weight_part, Cc, "mu n c, ... tau c -> ... mu tau n")  # (…, μ, τ, n)
     # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
-    kv_b_proj_weight_at_2 = kv_b_proj_weight_split[:, V_pos]  # (μ, e, c)
-    V = einsum(kv_b_proj_weight_at_2, Cc, "mu e c, ... tau c -> ... mu tau e")  # (…, μ, τ, e)
+    kv_b_proj_weight_part_2 = kv_b_proj_weight_split[:, d_n:]  # (μ, e, c)
+    V = einsum(kv_b_proj_weight_part_2, Cc, "mu e c, ... tau c -> ... mu tau e")  # (…, μ, τ, e)
+    del Cc, kv_b_proj_weight_split, kv_b_proj_weight_part, kv_b_proj_weight_part_2
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_prod = Qr * Rc  # (…, μ, τ, r)
     Qr_at = Qr[..., Q_theta_pos]  # (…, μ, τ, r)
     Q_theta_prod_2 = Qr_at * Rs  # (…, μ, τ, r)
     Q_theta = Q_theta_prod + Q_theta_prod_2  # (…, μ, τ, r)
+    del Qr, Q_theta_prod, Qr_at, Q_theta_prod_2
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Kθ_<τr> = Kr_<τr> Rc_<τr> + Kr_<τ[p_<r>]> Rs_<τr>
     K_theta_prod = Kr * Rc  # (…, τ, r)
     Kr_at = Kr[..., Q_theta_pos]  # (…, τ, r)
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
+    del Kr, K_theta_prod, Kr_at, K_theta_prod_2
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
     S_prod_2 = einsum(Q_theta, K_theta, "... mu tau r, ... tau_p r -> ... mu tau tau_p")  # (…, μ, τ, τ')
+    del Q_theta, K_theta
     # S, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:

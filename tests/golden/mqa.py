@@ -22,6 +22,7 @@ def mqa(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, traini
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<τ'a>
     O = F.scaled_dot_product_attention(Q, K.unsqueeze(-3), V.unsqueeze(-3), is_causal=True, scale=1/math.sqrt(d_k), enable_gqa=True)  # (…, μ, τ, a)
+    del Q_proj, Q, K, V
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -37,6 +37,7 @@ def prefix_lm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, 
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -17,11 +17,10 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
     Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_pos = (1 - c).long()  # (c)
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    return Qr_cos, Qr_pos, Qr_prod
+    return Qr_cos, Qr_prod
 
 
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0, training=False, constants=None):
@@ -29,7 +28,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
     n_rep = q_proj_weight.shape[-2] // (2*d_r*h_kv)
-    Qr_cos, Qr_pos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτcj> = q_proj_weight_<(grcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, 2, d_r))  # (…, τ, g, r, c, j)
     Q = Q_proj.movedim(-5, -3)  # (…, g, r, τ, c, j)
@@ -44,35 +43,42 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Rq_mean = Rq_pow.mean(dim=(-2, -1))  # (…, g, r, τ)
     Rq_sum = Rq_mean + eps  # (…, g, r, τ)
     Rq = torch.rsqrt(Rq_sum)  # (…, g, r, τ)
+    del Rq_pow, Rq_mean, Rq_sum
     # Rk_<gτ> = rsqrt(mean_<cj>(K_<gτcj>^2) + eps)
     Rk_pow = K ** 2  # (…, g, τ, c, j)
     Rk_mean = Rk_pow.mean(dim=(-2, -1))  # (…, g, τ)
     Rk_sum = Rk_mean + eps  # (…, g, τ)
     Rk = torch.rsqrt(Rk_sum)  # (…, g, τ)
+    del Rk_pow, Rk_mean, Rk_sum
     # Qn_<grτcj> = q_norm_weight_<(cj)> Q_<grτcj> Rq_<grτ>
     q_norm_weight_split = rearrange(q_norm_weight, "(c j) -> c j", c=2)  # (c, j)
     Qn_prod = q_norm_weight_split * Q  # (…, g, r, τ, c, j)
     Qn = Rq[..., :, :, :, None, None] * Qn_prod  # (…, g, r, τ, c, j)
+    del Q_proj, Q, Rq, q_norm_weight_split, Qn_prod
     # Kn_<gτcj> = k_norm_weight_<(cj)> K_<gτcj> Rk_<gτ>
     k_norm_weight_split = rearrange(k_norm_weight, "(c j) -> c j", c=2)  # (c, j)
     Kn_prod = k_norm_weight_split * K  # (…, g, τ, c, j)
     Kn = Rk[..., :, :, None, None] * Kn_prod  # (…, g, τ, c, j)
+    del K_proj, K, Rk, k_norm_weight_split, Kn_prod
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
     Qr_prod_2 = Qn * Qr_cos[:, None]  # (…, g, r, τ, c, j)
-    Qn_at = Qn[..., Qr_pos, :]  # (…, g, r, τ, c, j)
-    Qr_prod_3 = Qn_at * Qr_prod  # (…, g, r, τ, c, j)
+    Qn_flip = Qn.flip(-2)  # (…, g, r, τ, c, j)
+    Qr_prod_3 = Qn_flip * Qr_prod  # (…, g, r, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, g, r, τ, c, j)
+    del Qn, Qr_prod_2, Qn_flip, Qr_prod_3
     # Kr_<gτcj> = Kn_<gτcj> cos(θ_<τj>) + (2 c - 1) Kn_<gτ[1 - c]j> sin(θ_<τj>)
     Kr_prod = Kn * Qr_cos[:, None]  # (…, g, τ, c, j)
-    Kn_at = Kn[..., Qr_pos, :]  # (…, g, τ, c, j)
-    Kr_prod_2 = Kn_at * Qr_prod  # (…, g, τ, c, j)
+    Kn_flip = Kn.flip(-2)  # (…, g, τ, c, j)
+    Kr_prod_2 = Kn_flip * Qr_prod  # (…, g, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
+    del Kn, Kr_prod, Kn_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<grττ'> = Qr_<grτcj> Kr_<gτ'cj> / sqrt(2 d_r) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     O = F.scaled_dot_product_attention(Qr.flatten(-2).flatten(-4, -3), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r), enable_gqa=True)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
+    del V_proj, V, Qr, Kr
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -16,17 +16,16 @@ def rope_constants(N, d_r, offset, *, device, dtype):
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<μτcj> = Q_<μτcj> cos(θ_<τj>) + (2 c - 1) Q_<μτ[1 - c]j> sin(θ_<τj>)
     Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_pos = (1 - c).long()  # (c)
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    return Qr_cos, Qr_pos, Qr_prod
+    return Qr_cos, Qr_prod
 
 
 def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_pos, Qr_prod = rope_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_prod = rope_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτcj> = q_proj_weight_<(μcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, 2, d_r))  # (…, τ, μ, c, j)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, c, j)
@@ -38,19 +37,22 @@ def rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, of
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Qr_<μτcj> = Q_<μτcj> cos(θ_<τj>) + (2 c - 1) Q_<μτ[1 - c]j> sin(θ_<τj>)
     Qr_prod_2 = Q * Qr_cos[:, None]  # (…, μ, τ, c, j)
-    Q_at = Q[..., Qr_pos, :]  # (…, μ, τ, c, j)
-    Qr_prod_3 = Q_at * Qr_prod  # (…, μ, τ, c, j)
+    Q_flip = Q.flip(-2)  # (…, μ, τ, c, j)
+    Qr_prod_3 = Q_flip * Qr_prod  # (…, μ, τ, c, j)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
+    del Q_proj, Q, Qr_prod_2, Q_flip, Qr_prod_3
     # Kr_<μτcj> = K_<μτcj> cos(θ_<τj>) + (2 c - 1) K_<μτ[1 - c]j> sin(θ_<τj>)
     Kr_prod = K * Qr_cos[:, None]  # (…, μ, τ, c, j)
-    K_at = K[..., Qr_pos, :]  # (…, μ, τ, c, j)
-    Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, c, j)
+    K_flip = K.flip(-2)  # (…, μ, τ, c, j)
+    Kr_prod_2 = K_flip * Qr_prod  # (…, μ, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
+    del K_proj, K, Kr_prod, K_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r))  # (…, μ, τ, a)
+    del V_proj, V, Qr, Kr
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

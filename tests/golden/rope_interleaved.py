@@ -16,17 +16,16 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
     # Qr_<μτjc> = Q_<μτjc> cos(θ_<τj>) + (2 c - 1) Q_<μτj[1 - c]> sin(θ_<τj>)
     Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_pos = (1 - c).long()  # (c)
     Qr_sin = torch.sin(theta)  # (τ, j)
     Qr_grid = (2*c - 1).to(dtype)  # (c)
     Qr_prod = Qr_sin[:, :, None] * Qr_grid  # (τ, j, c)
-    return Qr_cos, Qr_pos, Qr_prod
+    return Qr_cos, Qr_prod
 
 
 def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_pos, Qr_prod = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    Qr_cos, Qr_prod = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτjc> = q_proj_weight_<(μjc)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_r, 2))  # (…, τ, μ, j, c)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, j, c)
@@ -38,19 +37,22 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Qr_<μτjc> = Q_<μτjc> cos(θ_<τj>) + (2 c - 1) Q_<μτj[1 - c]> sin(θ_<τj>)
     Qr_prod_2 = Q * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
-    Q_at = Q[..., Qr_pos]  # (…, μ, τ, j, c)
-    Qr_prod_3 = Q_at * Qr_prod  # (…, μ, τ, j, c)
+    Q_flip = Q.flip(-1)  # (…, μ, τ, j, c)
+    Qr_prod_3 = Q_flip * Qr_prod  # (…, μ, τ, j, c)
     Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, j, c)
+    del Q_proj, Q, Qr_prod_2, Q_flip, Qr_prod_3
     # Kr_<μτjc> = K_<μτjc> cos(θ_<τj>) + (2 c - 1) K_<μτj[1 - c]> sin(θ_<τj>)
     Kr_prod = K * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
-    K_at = K[..., Qr_pos]  # (…, μ, τ, j, c)
-    Kr_prod_2 = K_at * Qr_prod  # (…, μ, τ, j, c)
+    K_flip = K.flip(-1)  # (…, μ, τ, j, c)
+    Kr_prod_2 = K_flip * Qr_prod  # (…, μ, τ, j, c)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
+    del K_proj, K, Kr_prod, K_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = Qr_<μτjc> Kr_<μτ'jc> / sqrt(2 d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Qr.flatten(-2), Kr.flatten(-2), V, is_causal=True, scale=1/math.sqrt(2*d_r))  # (…, μ, τ, a)
+    del V_proj, V, Qr, Kr
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

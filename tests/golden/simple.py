@@ -10,6 +10,7 @@ def simple(X, *, training=False):
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, τ, τ')
+    del S
     # Z_<τi> = A_<ττ'> X_<τ'i>
     Z = A @ X  # (…, τ, i)
     return Z, A

@@ -39,6 +39,7 @@ def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_wei
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τj> = out_proj_weight_<j(μa)> O_<μτa> + out_proj_bias_<j>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight, out_proj_bias)  # (…, τ, j)

@@ -49,6 +49,7 @@ def t5_bias(X, q_weight, k_weight, v_weight, o_weight, relative_attention_bias_w
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     relative_attention_bias_weight_at = relative_attention_bias_weight.transpose(-2, -1)[:, beta_pos]  # (μ, τ, τ')
     O = F.scaled_dot_product_attention(Q, K, V, attn_mask=relative_attention_bias_weight_at.expand(*Q.shape[:-3], -1, -1, -1), scale=1.0)  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V, relative_attention_bias_weight_at
     # Y_<τi> = o_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_weight)  # (…, τ, i)

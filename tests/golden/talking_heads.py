@@ -55,6 +55,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
+    del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:

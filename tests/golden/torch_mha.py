@@ -15,23 +15,30 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     Q_prod = einsum(in_proj_weight_split[0], query, "mu a i, ... tau i -> ... mu tau a")  # (…, μ, τ, a)
     in_proj_bias_split = rearrange(in_proj_bias, "(B mu a) -> B mu a", B=3, mu=h)  # (B, μ, a)
     Q = in_proj_bias_split[0][:, None] + Q_prod  # (…, μ, τ, a)
+    del Q_prod
     # K_<μσa> = in_proj_weight_<(1μa)i> key_<σi> + in_proj_bias_<(1μa)>
     K_prod = einsum(in_proj_weight_split[1], key, "mu a i, ... sigma i -> ... mu sigma a")  # (…, μ, σ, a)
     K = in_proj_bias_split[1][:, None] + K_prod  # (…, μ, σ, a)
+    del K_prod
     # V_<μσa> = in_proj_weight_<(2μa)i> value_<σi> + in_proj_bias_<(2μa)>
     V_prod = einsum(in_proj_weight_split[2], value, "mu a i, ... sigma i -> ... mu sigma a")  # (…, μ, σ, a)
     V = in_proj_bias_split[2][:, None] + V_prod  # (…, μ, σ, a)
+    del in_proj_weight_split, in_proj_bias_split, V_prod
     # S_<μτσ> = Q_<μτa> K_<μσa> / sqrt(d_k) + key_padding_mask_<σ>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, σ)
     S = key_padding_mask[..., None, None, :] + S_prod  # (…, μ, τ, σ)
+    del Q, K, Q_scaled, S_prod
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, σ)
+    del S
     # Ã_<μτσ> = dropout(A_<μτσ>, p)
     A_tilde = F.dropout(A, p, training=training)  # (…, μ, τ, σ)
+    del A
     # O_<μτa> = Ã_<μτσ> V_<μσa>
     O = A_tilde @ V  # (…, μ, τ, a)
+    del V
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa> + out_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight, out_proj_bias)  # (…, τ, i)

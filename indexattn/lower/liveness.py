@@ -1,0 +1,39 @@
+"""Where the spec's function lets go of its values: after the block that reads a local for
+the last time, `del` drops it, so the projections and the parts of a rotation are freed as
+soon as the next equation no longer needs them, as hand-written code frees a rebound name."""
+
+from __future__ import annotations
+
+from .hoist import operands
+from .steps import Fuse, Rename, Slice, Split, Step, Var
+
+VIEWS = (Rename, Split, Fuse, Slice)  # results that may share the storage of what they read
+
+
+def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ...]]:
+    """For each block of per-call steps, the locals to drop after it: those made by these
+    steps, read no later than it, not in `keep`. A view lives as long as what it views (both
+    are dropped together); nothing is dropped after the last block that computes anything
+    (the function returns there)."""
+    made: dict[Var, int] = {}  # each local, and the block that makes it
+    root: dict[Var, Var] = {}  # a view's storage: the first local of its chain
+    last: dict[Var, int] = {}  # each storage's last reading block
+    for b, steps in enumerate(blocks):
+        for step in steps:
+            read = [o.var for o in operands(step)]
+            for var in read:
+                last[root.get(var, var)] = b
+            for out in getattr(step, "outs", (step.out,)):
+                made.setdefault(out.var, b)
+                if isinstance(step, VIEWS):
+                    root[out.var] = root.get(read[0], read[0])
+                last.setdefault(root.get(out.var, out.var), b)
+    final = max((b for b, steps in enumerate(blocks) if steps), default=-1)
+    kept = {root.get(v, v) for v in keep}
+    dead: list[list[Var]] = [[] for _ in blocks]
+    for var in made:
+        storage = root.get(var, var)
+        if storage in kept or storage.argument or last[storage] >= final:
+            continue
+        dead[last[storage]].append(var)
+    return [tuple(d) for d in dead]
