@@ -13,8 +13,8 @@ leading batch axes), as sympy expressions in the size symbols:
   1 per element; dropout: 0 (the identity in eval mode);
 - masks and other index-variable fields: sympy's `count_ops` of the expression (at least 1)
   per element;
-- a prefix sum read through a product, by chunks of C = min(64, N) positions padded to
-  whole ones: per padded position, 2·d_a·d_b for the chunk's sum, 2·C·d_a for the scores,
+- a prefix sum read through a product, by chunks of C = 64 positions, N padded to whole
+  chunks: per padded position, 2·d_a·d_b for the chunk's sum, 2·C·d_a for the scores,
   2·C·d_b for them times G, 2·d_a·d_b for H times the sum before, d_b to add the two;
   per chunk, d_a·d_b for the cumsum over chunks; keeping the scores up to the query, none;
 - splitting and merging fused axes, renaming axes: 0 (they move data, no arithmetic).
@@ -231,7 +231,7 @@ def _(step: Attention) -> Cost:
 @step_cost.register
 def _(step: PrefixProduct) -> Cost:
     """The chunked algorithm as it runs, padding included (prefix.py)."""
-    chunk = sympy.Min(step.chunk, step.over.size)
+    chunk = step.chunk
     chunks = sympy.ceiling(step.over.size / chunk)
     a, b = step.inner.size, step.out.dims[-1].size
     heads = elements(step.out.dims[:-2])

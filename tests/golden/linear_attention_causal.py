@@ -31,15 +31,15 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     z = torch.cumsum(Phi_k, dim=-2)  # (…, μ, τ, a)
     # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
     # O_<μτb> = Φq_<μτa> S_<μτab> / (Φq_<μτa> z_<μτa> + eps)
-    chunk = min(CHUNK, N)
-    pad = -N % chunk
-    Phi_q_chunks = F.pad(Phi_q, (0, 0, 0, pad)).unflatten(-2, (-1, chunk))  # (…, μ, τ/c, c, a)
-    Phi_k_chunks = F.pad(Phi_k, (0, 0, 0, pad)).unflatten(-2, (-1, chunk))  # (…, μ, τ/c, c, a)
-    V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (-1, chunk))  # (…, μ, τ/c, c, b)
+    chunks = (N + CHUNK - 1) // CHUNK
+    pad = chunks * CHUNK - N
+    Phi_q_chunks = F.pad(Phi_q, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
+    Phi_k_chunks = F.pad(Phi_k, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
+    V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, b)
     S_chunk = Phi_k_chunks.transpose(-2, -1) @ V_chunks  # (…, μ, τ/c, a, b): each chunk's sum
     S_start = F.pad(torch.cumsum(S_chunk, dim=-3)[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
     S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
-    O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2)[..., :N, :]  # (…, μ, τ, b)
+    O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2).narrow_copy(-2, 0, N)  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
     O_sum = O_prod_2 + eps  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
