@@ -74,6 +74,8 @@ class Writer:
             prologue.append(self.constants_call(args))
         if self.rows is not None:
             defs.append(self.rows.definition())
+        knobs = [line for _, line in self.main.needs.knobs.values()]
+        defs = (["\n".join(knobs)] if knobs else []) + defs
         if self.main.needs.device or self.main.needs.dtype:
             first = self.spec.like.ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")

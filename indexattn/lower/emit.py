@@ -23,6 +23,7 @@ from .steps import (
     Gather,
     Grid,
     Number,
+    PrefixProduct,
     Reduction,
     Rename,
     Slice,
@@ -229,6 +230,42 @@ class Emitter(KernelSteps, Values):
         dim = out.index(step.over) - len(out)
         self.use("torch")
         return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
+
+    def step_PrefixProduct(self, step: PrefixProduct) -> list[str]:
+        """The positions padded with zeros to whole chunks (they add nothing to the sums; their
+        rows are cut off): per chunk, the causal scores within it times G, plus H times the
+        prefix sum at the chunk's start, an exclusive cumsum over the chunks' sums. The number
+        of chunks is a ceiling and the rows are cut off by a copy (`narrow_copy`), so that
+        torch.export with a dynamic N needs no guard at a multiple of the chunk."""
+        self.use("torch", "F")
+        knob = self.knob("CHUNK", step.chunk, "positions per chunk of the prefix sums")
+        chunks, pad = self.names.fresh("chunks"), self.names.fresh("pad")
+        size, common = self.size(step.over), step.out.dims[:-2]
+        glyphs = ["…"] * step.out.batched + [i.glyph for i in common] + [f"{step.over.glyph}/c"]
+        ends = [(step.h, step.inner), (step.f, step.inner), (step.g, step.out.dims[-1])]
+        lines = [
+            f"{chunks} = ({size} + {knob} - 1) // {knob}",
+            f"{pad} = {chunks} * {knob} - {wrap(size)}",
+        ]
+        h, f, g = (self.names.fresh(self.var(x) + "_chunks") for x, _ in ends)
+        for name, (x, width) in zip((h, f, g), ends):
+            code = relayout(self.ref(x), x.dims, (*common, step.over, width))
+            axes = ", ".join([*glyphs, "c", width.glyph])
+            padded = f"F.pad({code}, (0, 0, 0, {pad}))"
+            lines.append(f"{name} = {padded}.unflatten(-2, ({chunks}, {knob}))  # ({axes})")
+        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
+        scores = self.names.fresh(f"{step.name}_scores")
+        outer = ", ".join([*glyphs, step.inner.glyph, step.out.dims[-1].glyph])
+        return [
+            *lines,
+            f"{state} = {f}.transpose(-2, -1) @ {g}  # ({outer}): each chunk's sum",
+            f"{start} = F.pad(torch.cumsum({state}, dim=-3)[..., :-1, :, :], "
+            f"(0, 0, 0, 0, 1, 0))  # ({outer}): {step.name} before each chunk",
+            f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
+            f"# ({', '.join([*glyphs, 'c', 'c'])}): within the chunk, up to the query",
+            f"{self.var(step.out)} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)"
+            f".narrow_copy(-2, 0, {size})",
+        ]
 
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)

@@ -18,6 +18,7 @@ from ..ir.shapes import recipe
 from .fusion import LinearForm, linear_form, whole
 from .kernels import Kernels
 from .order import planning_count
+from .prefix import PrefixProducts, find
 from .products import Products
 from .steps import (
     Add,
@@ -50,7 +51,7 @@ def plan(spec: Spec) -> Plan:
     return Planner(spec).plan()
 
 
-class Planner(Products):
+class Planner(Products, PrefixProducts):
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec) -> None:
@@ -67,6 +68,7 @@ class Planner(Products):
         self.order: tuple[Index, ...] = ()
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
+        self.prefix = find(spec)  # prefix sums computed by chunks where they are read
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
@@ -85,7 +87,8 @@ class Planner(Products):
     def plan(self) -> Plan:
         blocks = []
         for eq in self.spec.equations:
-            if not self.kernels.skipped(eq) and eq.tensor.name not in self.unread:
+            later = self.unread | set(self.prefix)  # planned in the block that reads them
+            if not self.kernels.skipped(eq) and eq.tensor.name not in later:
                 self.steps = []
                 equations = self.block(eq)
                 blocks.append(Block(self.inlined(equations) + equations, tuple(self.steps)))
@@ -97,13 +100,14 @@ class Planner(Products):
         return Plan(self.spec, recipe(self.spec), tuple(blocks), results)
 
     def inlined(self, equations: tuple[ir.Equation, ...]) -> tuple[ir.Equation, ...]:
-        """The equations of position-only tensors these read: they head the block too."""
+        """The equations of position-only tensors and of prefix sums by chunks these read:
+        they head the block too."""
         defined = {eq.tensor.name: eq for eq in self.spec.equations}
         names = [
             ref.tensor.name
             for eq in equations
             for ref in ir.refs(eq.rhs)
-            if ref.tensor.name in self.unread
+            if ref.tensor.name in self.unread | set(self.prefix)
         ]
         return tuple(defined[name] for name in dict.fromkeys(names))
 

@@ -15,9 +15,13 @@ from .steps import Arg, Choose, Contract, Elementwise, Number, Operand
 
 
 class Products:
-    """Mixed into the Planner, which supplies var, add, node, ordered and linear."""
+    """Mixed into the Planner, which supplies var, add, node, ordered, linear and
+    prefix_product."""
 
     def node_Product(self, node: ir.Product, hint: str) -> Arg:
+        chunked = self.prefix_product(node, hint)
+        if chunked is not None:
+            return chunked
         form = linear_form(node)
         if form is not None and whole(form):
             return self.linear(form, hint + "_proj")

@@ -240,6 +240,23 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class PrefixProduct:
+    """`H_<τa> cumsum_<τ>(F_<τa> G_<τb>)_<τab>` summed over a, by chunks of `chunk` positions
+    of τ (the same other axes on all three): within a chunk the causal scores H Fᵀ times G,
+    plus H times the sum of F_<τa> G_<τb> over the chunks before. `out` is (…, τ, b) after
+    those other axes; `name` is the prefix sum's, which is never held."""
+
+    out: Operand
+    h: Operand
+    f: Operand
+    g: Operand
+    over: Index
+    inner: Index
+    name: str
+    chunk: int
+
+
+@dataclass(frozen=True)
 class Choose:
     """Steps chosen by the call's sizes: the first branch whose condition holds (the last
     branch otherwise); each branch's last step gives `out`. The contraction orders of one
@@ -269,6 +286,7 @@ Step = (
     | Linear
     | Split
     | Attention
+    | PrefixProduct
 )
 
 

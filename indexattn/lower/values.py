@@ -24,6 +24,7 @@ class Needs:
     indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
     device: bool = False
     dtype: bool = False
+    knobs: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its line)
 
 
 class Values:
@@ -55,6 +56,13 @@ class Values:
     def number(self, expr: sympy.Basic) -> str:
         """A Python float: printed from its value when it is a number."""
         return repr(float(expr)) if expr.is_number else self.scalar(expr)
+
+    def knob(self, hint: str, value: int, note: str) -> str:
+        """A module-level constant a reader may tune, named once per module."""
+        if hint not in self.needs.knobs:
+            name = self.names.fresh(hint)
+            self.needs.knobs[hint] = (name, f"{name} = {value}  # {note}")
+        return self.needs.knobs[hint][0]
 
     def tensor_of(self, number: str) -> str:
         self.use("torch")

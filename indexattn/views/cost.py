@@ -13,6 +13,10 @@ leading batch axes), as sympy expressions in the size symbols:
   1 per element; dropout: 0 (the identity in eval mode);
 - masks and other index-variable fields: sympy's `count_ops` of the expression (at least 1)
   per element;
+- a prefix sum read through a product, by chunks of C = 64 positions, N padded to whole
+  chunks: per padded position, 2·d_a·d_b for the chunk's sum, 2·C·d_a for the scores,
+  2·C·d_b for them times G, 2·d_a·d_b for H times the sum before, d_b to add the two;
+  per chunk, d_a·d_b for the cumsum over chunks; keeping the scores up to the query, none;
 - splitting and merging fused axes, renaming axes: 0 (they move data, no arithmetic).
 
 A step kind without a registered cost raises: register one with `@step_cost.register`.
@@ -42,6 +46,7 @@ from ..lower.steps import (
     Linear,
     Operand,
     Plan,
+    PrefixProduct,
     Reduction,
     Rename,
     Slice,
@@ -225,6 +230,18 @@ def _(step: Attention) -> Cost:
     matmul = 2 * scores * (features + elements(step.v_dims[-1:]))
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
+
+
+@step_cost.register
+def _(step: PrefixProduct) -> Cost:
+    """The chunked algorithm as it runs, padding included (prefix.py)."""
+    chunk = step.chunk
+    chunks = sympy.ceiling(step.over.size / chunk)
+    a, b = step.inner.size, step.out.dims[-1].size
+    heads = elements(step.out.dims[:-2])
+    matmul = 2 * heads * chunks * chunk * (2 * a * b + chunk * (a + b))
+    other = heads * chunks * (chunk * b + REDUCTIONS["cumsum"].flops * a * b)
+    return Cost(matmul=matmul, other=other)
 
 
 # -- sizes for numbers

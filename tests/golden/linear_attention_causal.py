@@ -6,7 +6,11 @@ import torch.nn.functional as F
 from einops import einsum
 
 
+CHUNK = 64  # positions per chunk of the prefix sums
+
+
 def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, o_proj_bias, *, h, eps=1e-06, training=False):
+    N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi> + q_proj_bias_<(μa)>
     Q_proj = F.linear(X, q_proj_weight, q_proj_bias).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
@@ -25,19 +29,23 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
     Phi_k = Phi_k_elu + 1  # (…, μ, τ, a)
     del K_proj, K, Phi_k_elu
-    # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
-    S_prod = Phi_k[..., :, :, :, None] * V[..., :, :, None, :]  # (…, μ, τ, a, b)
-    S = torch.cumsum(S_prod, dim=-3)  # (…, μ, τ, a, b)
-    del V_proj, V, S_prod
     # z_<μτa> = cumsum_<τ>(Φk_<μτa>)
     z = torch.cumsum(Phi_k, dim=-2)  # (…, μ, τ, a)
-    del Phi_k
+    # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
     # O_<μτb> = Φq_<μτa> S_<μτab> / (Φq_<μτa> z_<μτa> + eps)
-    O_prod = einsum(Phi_q, S, "... mu tau a, ... mu tau a b -> ... mu tau b")  # (…, μ, τ, b)
+    chunks = (N + CHUNK - 1) // CHUNK
+    pad = chunks * CHUNK - N
+    Phi_q_chunks = F.pad(Phi_q, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
+    Phi_k_chunks = F.pad(Phi_k, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
+    V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, b)
+    S_chunk = Phi_k_chunks.transpose(-2, -1) @ V_chunks  # (…, μ, τ/c, a, b): each chunk's sum
+    S_start = F.pad(torch.cumsum(S_chunk, dim=-3)[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
+    S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
+    O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2).narrow_copy(-2, 0, N)  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
     O_sum = O_prod_2 + eps  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
-    del Phi_q, S, z, O_prod, O_prod_2, O_sum
+    del V_proj, V, Phi_q, Phi_k, z, O_prod, O_prod_2, O_sum
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μb))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)
