@@ -50,7 +50,7 @@ class Rows:
 def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var]) -> Rows | None:
     """The rows, where per-call steps hold values over two sequence indices and the steps
     that compute from them can go row by row; else None (the plain steps stay)."""
-    sequence = _sequence_indices(spec)
+    sequence = sequence_indices(spec)
     flat = [(b, k, s) for b, steps in enumerate(per_call) for k, s in enumerate(steps)]
     wide = [n for n, (_, _, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2]
     if not wide:
@@ -63,7 +63,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     chosen, inside = [], set()
     for n in range(wide[0], end + 1):
         step = flat[n][2]
-        if n == wide[0] or any(o.var in inside for o in operands(step)):
+        if n in wide or any(o.var in inside for o in operands(step)):
             chosen.append(n)
             inside.add(step.out.var)
     reads = {o.var for n, (_, _, s) in enumerate(flat) if n not in chosen for o in operands(s)}
@@ -87,7 +87,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     return Rows(row, where, last, inputs, sliced, exits[0], scores)
 
 
-def _sequence_indices(spec: Spec) -> set[Index]:
+def sequence_indices(spec: Spec) -> set[Index]:
     """Indices whose sizes no parameter has: positions in the inputs, not widths or heads."""
     fixed = {
         s

@@ -7,11 +7,12 @@ comments are escaped."""
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hoist import split
+from .inplace import accumulate
 from .liveness import deaths
 from .naming import Names
 from .printers import number_text, wrap
@@ -92,6 +93,7 @@ class Writer:
     def bodies(self) -> tuple[list[str], list[str]]:
         """The spec's function's lines and the constants function's, block by block."""
         parts = split(self.plan)
+        parts = replace(parts, per_call=accumulate(self.spec, parts.per_call, self.plan.results))
         rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
         self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
         body: list[str] = []

@@ -177,10 +177,13 @@ class Emitter(KernelSteps, Values):
     def step_Add(self, step: Add) -> str:
         terms = [self.arg(a, step.out.dims) for a in step.args]
         signs = step.signs or (1,) * len(terms)
-        code = ("-" if signs[0] < 0 else "") + terms[0]
-        for term, sign in zip(terms[1:], signs[1:]):
-            code += f" {'-' if sign < 0 else '+'} {term}"
-        return f"{self.var(step.out)} = {code}"
+        if step.into is None:
+            return f"{self.var(step.out)} = {_summed_code(terms, signs)}"
+        k = step.into
+        target, terms, signs = terms[k], terms[:k] + terms[k + 1 :], signs[:k] + signs[k + 1 :]
+        if len(terms) == 1 and signs[0] < 0:
+            return f"{self.var(step.out)} = {target}.sub_({_unwrapped(terms[0])})"
+        return f"{self.var(step.out)} = {target}.add_({_unwrapped(_summed_code(terms, signs))})"
 
     def step_Rename(self, step: Rename) -> str:
         return f"{self.var(step.out)} = {self.arg(step.arg, step.out.dims)}"
@@ -277,6 +280,13 @@ class Emitter(KernelSteps, Values):
         )
         source = self.pattern(step.arg.dims, step.arg.batched)
         return f'{out} = rearrange({arg}, "{source} -> {target}")'
+
+
+def _summed_code(terms: list[str], signs: tuple[int, ...]) -> str:
+    code = ("-" if signs[0] < 0 else "") + terms[0]
+    for term, sign in zip(terms[1:], signs[1:]):
+        code += f" {'-' if sign < 0 else '+'} {term}"
+    return code
 
 
 def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:

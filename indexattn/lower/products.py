@@ -25,6 +25,9 @@ class Products:
         form = linear_form(node)
         if form is not None and whole(form):
             return self.linear(form, hint + "_proj")
+        spread = _spread(node)
+        if spread is not None:
+            return self.node(spread, hint)
         below = [f for f in node.factors if denominator(f)]
         summed_below = set(node.summed) & {i for f in below for i in f.free}
         if below and len(below) < len(node.factors) and not summed_below:
@@ -99,6 +102,20 @@ class Products:
             last = sympy.Integer(1) if pending else scale
             pending.append(self.contract(chosen, dims, last, hint))
         return pending[0]
+
+
+def _spread(node: ir.Product) -> ir.Sum | None:
+    """A number times a sum of contractions, `(Q K + R P) / c`, as `Q K / c + R P / c`: the
+    number then scales each contraction's smallest factor, not the sum's (N×N) result."""
+    numbers = [f for f in node.factors if isinstance(f, ir.Field) and not f.free]
+    rest = [f for f in node.factors if not (isinstance(f, ir.Field) and not f.free)]
+    if node.summed or not numbers or len(rest) != 1 or not isinstance(rest[0], ir.Sum):
+        return None
+    terms = rest[0].terms
+    if not all(isinstance(t, ir.Product) and t.summed for t in terms):
+        return None
+    scaled = tuple(ir.Product((*t.factors, *numbers), t.summed, t.span) for t in terms)
+    return ir.Sum(scaled, rest[0].span)
 
 
 def _batched(arg: Arg) -> bool:

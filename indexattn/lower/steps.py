@@ -120,11 +120,13 @@ class Contract:
 
 @dataclass(frozen=True)
 class Add:
-    """A sum of terms; `signs` (when given) subtracts the terms marked -1."""
+    """A sum of terms; `signs` (when given) subtracts the terms marked -1; `into` (when
+    given) is the term the others are added onto in place (lower/inplace.py)."""
 
     out: Operand
     args: tuple[Arg, ...]
     signs: tuple[int, ...] = ()
+    into: int | None = None
 
 
 @dataclass(frozen=True)

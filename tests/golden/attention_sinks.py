@@ -24,7 +24,7 @@ def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     # S, L, A, O at some positions τ: all of them, or a block of them
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
-    S = M + S_prod  # (…, g, r, τ, τ')
+    S = S_prod.add_(M)  # (…, g, r, τ, τ')
     # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
     L = torch.logsumexp(S, dim=-1)  # (…, g, r, τ)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)

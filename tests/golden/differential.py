@@ -24,12 +24,12 @@ def differential_rows(Q_scaled, K, M, lambda__scaled, V):
     # A, D, O at some positions τ: all of them, or a block of them
     # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
     A_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, B, τ, τ')
-    A_sum = M + A_prod  # (…, μ, B, τ, τ')
+    A_sum = A_prod.add_(M)  # (…, μ, B, τ, τ')
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(A_sum, -1)  # (…, μ, B, τ, τ')
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
-    D = A[..., :, 0, :, :] + D_prod  # (…, μ, τ, τ')
+    D = D_prod.add_(A[..., :, 0, :, :])  # (…, μ, τ, τ')
     # O_<μτe> = D_<μττ'> V_<μτ'e>
     O = D @ V  # (…, μ, τ, e)
     return O

@@ -31,7 +31,7 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'> + P_<τ'>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = P[..., None, None, :] + M + S_prod  # (…, μ, τ, τ')
+    S = S_prod.add_(P[..., None, None, :] + M)  # (…, μ, τ, τ')
     del Q_scaled, S_prod
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)

@@ -38,13 +38,13 @@ def mla_constants(N, d_r, base, *, device, dtype):
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
 
 
-def mla_rows(Qn, Kn, S_prod_2, M, V, *, d_n, d_r):
+def mla_rows(Qn_scaled, Kn, Q_theta, K_theta_scaled, M, V):
     # S, A, O at some positions τ: all of them, or a block of them
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
-    S_prod = Qn @ Kn.transpose(-2, -1)  # (…, μ, τ, τ')
-    S_sum = S_prod + S_prod_2  # (…, μ, τ, τ')
-    S_prod_3 = S_sum / math.sqrt(d_n + d_r)  # (…, μ, τ, τ')
-    S = M + S_prod_3  # (…, μ, τ, τ')
+    S_prod = Qn_scaled @ Kn.transpose(-2, -1)  # (…, μ, τ, τ')
+    S_prod_2 = einsum(Q_theta, K_theta_scaled, "... mu tau r, ... tau_p r -> ... mu tau tau_p")  # (…, μ, τ, τ')
+    S_sum = S_prod_2.add_(S_prod)  # (…, μ, τ, τ')
+    S = S_sum.add_(M)  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
@@ -118,15 +118,16 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
     del Kr, K_theta_prod, Kr_at, K_theta_prod_2
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
-    S_prod_2 = einsum(Q_theta, K_theta, "... mu tau r, ... tau_p r -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    del Q_theta, K_theta
+    Qn_scaled = Qn / math.sqrt(d_n + d_r)  # (…, μ, τ, n)
+    K_theta_scaled = K_theta / math.sqrt(d_n + d_r)  # (…, τ', r)
+    del Qn, K_theta
     # S, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N:
-        O = mla_rows(Qn, Kn, S_prod_2, M, V, d_n=d_n, d_r=d_r)
+        O = mla_rows(Qn_scaled, Kn, Q_theta, K_theta_scaled, M, V)
     else:
         blocks = [
-            mla_rows(Qn[..., t:t + rows, :], Kn, S_prod_2[..., t:t + rows, :], M[t:t + rows], V, d_n=d_n, d_r=d_r)
+            mla_rows(Qn_scaled[..., t:t + rows, :], Kn, Q_theta[..., t:t + rows, :], K_theta_scaled, M[t:t + rows], V)
             for t in range(0, N, rows)
         ]
         O = torch.cat(blocks, dim=-2)

@@ -23,7 +23,7 @@ def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
     # S, A, O at some positions τ: all of them, or a block of them
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = S_prod + (-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
+    S = S_prod.add_(-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
     A_sigmoid = torch.sigmoid(S)  # (…, μ, τ, τ')
     A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')

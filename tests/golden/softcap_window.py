@@ -27,7 +27,7 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
     S_prod = R / c  # (…, μ, τ, τ')
     S_tanh = torch.tanh(S_prod)  # (…, μ, τ, τ')
     S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
-    S = M + S_prod_2  # (…, μ, τ, τ')
+    S = S_prod_2.add_(M)  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)
     A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')

@@ -27,7 +27,7 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     # S_<μτσ> = Q_<μτa> K_<μσa> / sqrt(d_k) + key_padding_mask_<σ>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, σ)
-    S = key_padding_mask[..., None, None, :] + S_prod  # (…, μ, τ, σ)
+    S = S_prod.add_(key_padding_mask[..., None, None, :])  # (…, μ, τ, σ)
     del Q, K, Q_scaled, S_prod
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients)

@@ -1,0 +1,80 @@
+"""Scores that take their masks in place (lower/inplace.py) and a scale spread over a sum of
+contractions (lower/products.py): the generated code adds onto the product it owns, leaves a
+product it returns alone, and equals the literal interpreter in values and gradients."""
+
+from pathlib import Path
+
+import torch
+
+import indexattn
+from indexattn.oracle import reference
+from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MASKED = """
+index τ, τ' : N
+index a     : d
+input Q_<τa>
+input K_<τa>
+input P_<τ'>
+R_<ττ'> = Q_<τa> K_<τ'a>
+S_<ττ'> = R_<ττ'> + P_<τ'>
+output S
+"""
+
+
+def gradients(spec) -> None:
+    """The generated function's gradients equal the literal interpreter's."""
+    sizes = sample_sizes(spec.ir, seed=1)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64, seed=3)
+    leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
+    twins = {k: v.clone().requires_grad_() for k, v in args.items()}
+    got = spec(**leaves, **given)
+    got = got if isinstance(got, tuple) else (got,)
+    want = reference.evaluate(spec.ir, **twins, **given)
+    for g, w in zip(got, want):
+        weights = torch.randn_like(g)
+        (g * weights).sum().backward(retain_graph=True)
+        (w * weights).sum().backward(retain_graph=True)
+    for name in args:
+        torch.testing.assert_close(leaves[name].grad, twins[name].grad, rtol=0, atol=1e-12)
+
+
+def test_the_scores_take_the_mask_in_place():
+    spec = indexattn.compile_spec(MASKED, name="masked")
+    assert "S = R.add_(P[..., None, :])" in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+
+
+def test_a_product_that_is_returned_is_left_alone():
+    """The twin: R is an output too, so S is a new tensor and R keeps the bare product."""
+    spec = indexattn.compile_spec(MASKED.replace("output S", "output S, R"), name="both")
+    assert ".add_(" not in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+
+
+def test_the_returned_weights_are_held_once():
+    """gpt2 returns its weights: the masks go onto the product; values and gradients hold."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
+    assert "S = S_prod.add_(P[..., None, None, :] + M)" in spec.source
+    assert compare(spec, batch=(2,)).ok
+
+
+def test_a_scale_over_a_sum_of_products_goes_onto_their_factors():
+    """mla: (Qn Kn + Qθ Kθ) / sqrt(d_n + d_r) scales Qn and Kθ, never the N×N sum; the twin
+    without the scale has no scaled factors, and both equal the literal interpreter."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "mla.attn")
+    assert "Qn_scaled = Qn / math.sqrt(d_n + d_r)" in spec.source
+    assert "S_sum / " not in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+    text = (ROOT / "specs" / "mla.attn").read_text(encoding="utf-8")
+    plain = text.replace(") / sqrt(d_n + d_r) + M_<ττ'>", ") + M_<ττ'>")
+    assert plain != text
+    unscaled = indexattn.compile_spec(plain, name="mla_unscaled")
+    assert "_scaled" not in unscaled.source
+    assert compare(unscaled, batch=(2,)).ok
