@@ -34,7 +34,14 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     held = {t.name: run.unfuse(arguments[t.ascii], t) for t in spec.arguments}
     for eq in spec.equations:
         held[eq.tensor.name] = (run.align(run.node(eq.rhs, held), eq.indices), eq.indices)
-    return tuple(run.fuse(held[t.name][0], t) for t in spec.outputs)
+    batch = torch.broadcast_shapes(  # every output carries the inputs' batch axes
+        *(held[t.name][0].shape[: -len(t.indices) or None] for t in spec.tensors_of("input"))
+    )
+    outputs = (run.fuse(held[t.name][0], t) for t in spec.outputs)
+    return tuple(
+        out.expand(*batch, *out.shape[len(out.shape) - len(t.shape) :])
+        for out, t in zip(outputs, spec.outputs)
+    )
 
 
 class Interpreter:
@@ -147,6 +154,9 @@ class Interpreter:
             self.align(self.node(part, held), (*shared, along))
             for part, along in zip(node.parts, node.along)
         ]
+        rank = len(shared) + 1  # the batch axes before them broadcast, as in any other node
+        batch = torch.broadcast_shapes(*(part.shape[:-rank] for part in parts))
+        parts = [part.expand(*batch, *part.shape[-rank:]) for part in parts]
         return torch.cat(parts, dim=-1), (*shared, node.over)
 
     def reduce(self, node: ir.Reduce, held: dict[str, Value]) -> Value:

@@ -150,6 +150,7 @@ class CompiledSpec:
         if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
             sizes = self._solve(tensors, given)
             keywords = {name: sizes[name] for name in self.required}
+            widen = self._widen(tensors)
         else:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
@@ -161,7 +162,11 @@ class CompiledSpec:
                 found = self._prepare(key, tensors, given, scalars)
             elif self.positions.arguments:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
-            keywords = found[1]
+            _, keywords, widen = found
+        if widen:
+            tensors = list(tensors)
+            for k, shape in widen:
+                tensors[k] = tensors[k].expand(shape)
         out = self.function(*tensors, **keywords, **scalars, training=training)
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 
@@ -172,9 +177,10 @@ class CompiledSpec:
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
+        found = (sizes, keywords, self._widen(tensors))
         with self._lock:
-            _bounded(self._calls)[key] = (sizes, keywords)
-        return sizes, keywords
+            _bounded(self._calls)[key] = found
+        return found
 
     def _constants_for(self, sizes: dict, scalars: dict, like: torch.Tensor) -> tuple:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""
@@ -224,17 +230,32 @@ class CompiledSpec:
         self._batch([tuple(t.shape) for t in tensors])
         return values
 
-    def _batch(self, shapes: list[tuple[int, ...]]) -> None:
-        batches = {
-            self.arguments[k]: shapes[k][: len(shapes[k]) - rank] for k, rank in self.plain.batch
-        }
+    def _batches(self, shapes: list[tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """Each input's leading batch axes, by argument position."""
+        return {k: shapes[k][: len(shapes[k]) - rank] for k, rank in self.plain.batch}
+
+    def _batch(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """The call's batch: the inputs' batch axes broadcast."""
+        batches = self._batches(shapes)
         try:
-            torch.broadcast_shapes(*batches.values())
+            return tuple(torch.broadcast_shapes(*batches.values()))
         except RuntimeError:
-            listed = ", ".join(f"{name} {tuple(b)}" for name, b in batches.items())
+            listed = ", ".join(f"{self.arguments[k]} {tuple(b)}" for k, b in batches.items())
             raise ShapeError(
                 f"{self.name}: the inputs' leading batch axes do not broadcast: {listed}"
             ) from None
+
+    def _widen(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, tuple], ...]:
+        """Inputs with fewer or narrower batch axes than the call's, and the shape each is
+        expanded to (a view) before the function runs: every step then sees one batch (the
+        kernel cannot broadcast queries to a mask's batch, nor an in-place sum its target)."""
+        shapes = [tuple(t.shape) for t in tensors]
+        full = self._batch(shapes)
+        return tuple(
+            (k, full + shapes[k][len(batch) :])
+            for k, batch in self._batches(shapes).items()
+            if batch != full
+        )
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
