@@ -228,13 +228,11 @@ class CompiledSpec:
         batches = {
             self.arguments[k]: shapes[k][: len(shapes[k]) - rank] for k, rank in self.plain.batch
         }
-        try:
-            torch.broadcast_shapes(*batches.values())
-        except RuntimeError:
+        if not _broadcast(list(batches.values())):
             listed = ", ".join(f"{name} {tuple(b)}" for name, b in batches.items())
             raise ShapeError(
                 f"{self.name}: the inputs' leading batch axes do not broadcast: {listed}"
-            ) from None
+            )
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
@@ -296,6 +294,16 @@ class CompiledSpec:
         return SpecModule(self, **kwargs)
 
 
+def _broadcast(shapes: list[tuple[int, ...]]) -> bool:
+    """Whether the shapes broadcast together, as torch.broadcast_shapes says, which imports
+    sympy (through torch.fx) on its first call."""
+    for axis in range(1, max([0] + [len(shape) for shape in shapes]) + 1):
+        sizes = [shape[-axis] for shape in shapes if len(shape) >= axis and shape[-axis] != 1]
+        if any(size != sizes[0] for size in sizes[1:]):
+            return False
+    return True
+
+
 def _bounded(cache: dict) -> dict:
     """The cache with room for one more entry: the oldest goes (call under the lock)."""
     while len(cache) >= MAX_SHAPES:
@@ -321,6 +329,7 @@ def _generate(plan: Plan) -> Module:
 def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
     """What a call needs of a checked spec, its plan and generated module, as plain data."""
     from ..ir.shapes import rules
+    from .held import layer
     from .positions import positions
 
     arguments = spec.arguments
@@ -339,4 +348,5 @@ def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
         scalars=tuple((s.ascii, s.value) for s in spec.scalars),
         outputs=len(spec.outputs),
         batch=tuple((arguments.index(t), len(t.layout)) for t in spec.tensors_of("input")),
+        layer=layer(spec),
     )
