@@ -109,6 +109,15 @@ def evaluate(node: Tree, values: dict[str, int]) -> int:
     return math.prod(parts) if node[0] == "*" else sum(parts)
 
 
+def names(node: Tree) -> set[str]:
+    """The sizes a tree reads, by ASCII name."""
+    if isinstance(node, int):
+        return set()
+    if isinstance(node, str):
+        return {node}
+    return set().union(*(names(part) for part in node[1:]))
+
+
 def whole(spec: str, name: str, value) -> int:
     """A size as given by a caller: a positive whole number, never silently truncated."""
     if isinstance(value, bool) or not float(value).is_integer() or int(value) <= 0:

@@ -114,3 +114,131 @@ def test_a_process_compiling_a_cached_spec_imports_no_sympy(directory):
         subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT) for _ in range(2)
     ]
     assert [r.stdout.split() for r in runs] == [["True", "True"], ["False", "False"]]
+
+
+# spec.module(...) on a cache hit: built from the entry's plain data, never from the IR.
+MODULES = SPECS + sorted((ROOT / "specs" / "models").glob("*.attn"))
+
+
+def built(spec, sizes: dict, seed: int = 0):
+    torch.manual_seed(seed)
+    return spec.module(**sizes).eval()
+
+
+def ran(module, inputs: list) -> tuple:
+    with torch.no_grad():
+        out = module(*inputs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def refusal(spec, sizes: dict) -> str | None:
+    """The TypeError of spec.module(**sizes), or None where it builds."""
+    try:
+        spec.module(**sizes)
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_a_module_built_on_a_cache_hit_is_the_module_built_afresh(path):
+    miss, hit = fresh(path)
+    sizes = sample_sizes(miss.ir, seed=0)
+    got, want = built(hit, sizes), built(miss, sizes)
+    assert "ir" not in vars(hit)  # the hit built its module with no IR
+    arguments = sample_arguments(miss.ir, sizes, (2,), torch.float32, seed=0)
+    held = {k: v for k, v in arguments.items() if k not in want._inputs}  # shaped by sympy
+    kinds = {k: (v.shape, v.dtype) for k, v in held.items()}
+    assert {k: (v.shape, v.dtype) for k, v in want.state_dict().items()} == kinds
+    assert {k: (v.shape, v.dtype) for k, v in got.state_dict().items()} == kinds
+    for key, value in want.state_dict().items():
+        assert torch.equal(got.state_dict()[key], value)
+    inputs = [arguments[name] for name in want._inputs]
+    for a, b in zip(ran(got, inputs), ran(want, inputs)):
+        assert torch.equal(a, b)
+    if held:  # the twin: other sizes, other shapes
+        other = built(hit, {k: v + 1 for k, v in sizes.items()})
+        assert any(other.state_dict()[k].shape != v.shape for k, v in want.state_dict().items())
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_a_module_refused_on_a_cache_hit_is_refused_in_the_same_words(path):
+    miss, hit = fresh(path)
+    sizes = sample_sizes(miss.ir, seed=0)
+    calls = [{k: v for k, v in sizes.items() if k != left} for left in sizes]  # one size short
+    calls += [{}, {**sizes, "nonsense": 1, "also_not": 2}]
+    found = [refusal(hit, call) for call in calls]
+    assert found == [refusal(miss, call) for call in calls]
+    assert "ir" not in vars(hit)
+    assert found[-1] == f"{miss.name}.module() got unexpected keywords: nonsense, also_not"
+    if miss.plain.layer.params or miss.plain.layer.buffers:  # the twin: all sizes given
+        assert refusal(hit, sizes) is None and found[-2].startswith(f"{miss.name}.module() needs")
+
+
+def test_a_changed_initialiser_in_the_spec_text_is_a_changed_module():
+    path = ROOT / "specs" / "mha.attn"
+    text = path.read_text(encoding="utf-8")
+    assert text.count("normal(0, 0.02)") == 2
+    sizes = {"d_m": 16, "h": 2, "d_k": 8}
+    compiled._compile(text, "mha", str(path))
+    declared = built(compiled._compile(text, "mha", str(path)), sizes)  # a hit
+    wider = text.replace("normal(0, 0.02)", "normal(0, 0.5)")
+    compiled._compile(wider, "mha", str(path))
+    changed = built(compiled._compile(wider, "mha", str(path)), sizes)  # a hit of the change
+    assert declared.W.std() < 0.05 < 0.3 < changed.W.std()
+    assert torch.equal(changed.W, built(compiled._compile(wider, "mha", str(path)), sizes).W)
+
+
+TWO_WEIGHTS = """index i : n
+index j : m
+index k : ν
+input x_<i>
+input z_<k>
+param W_<ji>
+param U_<jk>
+param b_<j>
+y_<j> = W_<ji> x_<i> + U_<jk> z_<k> + b_<j>
+"""
+
+
+def test_a_bias_after_two_weights_takes_the_larger_known_fan_in_on_a_hit():
+    miss = compiled._compile(TWO_WEIGHTS, "two", "<two>")
+    hit = compiled._compile(TWO_WEIGHTS, "two", "<two>")
+    assert "ir" not in vars(hit)
+    wide = {"n": 4, "m": 300, "nu": 100}  # b's fan-in: the larger of n and ν, 100
+    assert torch.equal(built(hit, wide).b, built(miss, wide).b)
+    assert 0.09 < built(hit, wide).b.abs().max() <= 0.1
+    narrow = built(hit, {**wide, "nu": 1})  # the twin: fan-in n = 4, bound 1/2
+    assert 0.45 < narrow.b.abs().max() <= 0.5
+    message = refusal(hit, {"n": 4, "m": 300})  # a size named as the spec writes it
+    assert message == refusal(miss, {"n": 4, "m": 300}) and "ν=..." in message
+
+
+def test_a_process_building_a_module_of_a_cached_spec_imports_no_sympy(directory):
+    script = (
+        "import sys, torch, indexattn; spec = indexattn.compile_spec(sys.argv[1]); "
+        "layer = spec.module(d_m=16, h=2, d_k=8); y = layer(torch.randn(2, 5, 16)); "
+        "print(tuple(y.shape), 'sympy' in sys.modules, 'indexattn.ir' in sys.modules)"
+    )
+    env = {**os.environ, "INDEXATTN_CACHE_DIR": str(directory)}
+    command = [sys.executable, "-c", script, str(ROOT / "specs" / "mha.attn")]
+    runs = [
+        subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT) for _ in range(2)
+    ]
+    assert [r.stdout.split(")")[1].split() for r in runs] == [["True", "True"], ["False", "False"]]
+    assert [r.stdout.split(")")[0] for r in runs] == ["(2, 5, 16"] * 2
+
+
+def broadcasts(shapes) -> tuple | None:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        return None
+
+
+def test_batch_axes_broadcast_as_torch_says_with_no_sympy():
+    cases = [[(2,), (3, 1)], [(2,), (3,)], [(), (4, 5)], [(4, 1), (1, 5), (5,)], [(4, 2), (4, 3)]]
+    cases += [[(0,), (1,)], [(0,), (2,)], [(2, 1, 3), (5, 3)], [(2, 1, 3), (5, 2)], []]
+    found = [compiled._broadcast(shapes) for shapes in cases]
+    assert found == [broadcasts(shapes) for shapes in cases]
+    assert None in found and (3, 2) in found

@@ -7,7 +7,7 @@ __all__ = ["CompiledSpec", "SpecModule", "compile_spec"]
 
 
 def __getattr__(name: str):
-    if name == "SpecModule":  # imported on first use: it reads the checked spec (sympy)
+    if name == "SpecModule":  # imported on first use (torch.nn)
         from .module import SpecModule
 
         return SpecModule

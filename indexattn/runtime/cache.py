@@ -1,6 +1,7 @@
-"""The compile cache on disk: what a call of a compiled spec needs, as plain data (generated
-source, argument names, shape rules, position checks), so that a process compiling a spec
-compiled before skips sympy, the checker and the planner. Like numba's `cache=True`.
+"""The compile cache on disk: what a call of a compiled spec and `spec.module(...)` need, as
+plain data (generated source, argument names, shape rules, position checks, the params and
+buffers), so that a process compiling a spec compiled before skips sympy, the checker and the
+planner. Like numba's `cache=True`.
 
 An entry is keyed by the spec's text, name and file, the contents of indexattn's own source
 files and torch's version; it lives in $INDEXATTN_CACHE_DIR (default: ~/.cache/indexattn),
@@ -20,14 +21,15 @@ from pathlib import Path
 import torch
 
 from ..sizes import Rules
+from .held import Layer
 from .positions import Positions
 
-FORMAT = 1  # bumped when Plain changes shape
+FORMAT = 2  # bumped when Plain changes shape
 
 
 @dataclass(frozen=True)
 class Plain:
-    """Everything a call of a compiled spec reads, with no sympy in it."""
+    """Everything a call of a compiled spec, and `spec.module(...)`, reads, with no sympy."""
 
     name: str
     source: str  # the generated module
@@ -43,6 +45,7 @@ class Plain:
     scalars: tuple[tuple[str, float], ...]  # ASCII name and declared value
     outputs: int
     batch: tuple[tuple[int, int], ...]  # per input: its argument position and its rank
+    layer: Layer  # the params and buffers, for spec.module(...)
 
 
 def load(text: str, name: str, file: str) -> Plain | None:

@@ -237,13 +237,13 @@ class CompiledSpec:
     def _batch(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         """The call's batch: the inputs' batch axes broadcast."""
         batches = self._batches(shapes)
-        try:
-            return tuple(torch.broadcast_shapes(*batches.values()))
-        except RuntimeError:
+        full = _broadcast(list(batches.values()))
+        if full is None:
             listed = ", ".join(f"{self.arguments[k]} {tuple(b)}" for k, b in batches.items())
             raise ShapeError(
                 f"{self.name}: the inputs' leading batch axes do not broadcast: {listed}"
-            ) from None
+            )
+        return full
 
     def _widen(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, tuple], ...]:
         """Inputs with fewer or narrower batch axes than the call's, and the shape each is
@@ -317,6 +317,18 @@ class CompiledSpec:
         return SpecModule(self, **kwargs)
 
 
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The shapes broadcast together, or None where they do not, as torch.broadcast_shapes
+    says (which imports sympy, through torch.fx, on its first call)."""
+    out: list[int] = []
+    for axis in range(1, max([0] + [len(shape) for shape in shapes]) + 1):
+        sizes = [shape[-axis] for shape in shapes if len(shape) >= axis and shape[-axis] != 1]
+        if any(size != sizes[0] for size in sizes[1:]):
+            return None
+        out.insert(0, sizes[0] if sizes else 1)
+    return tuple(out)
+
+
 def _bounded(cache: dict) -> dict:
     """The cache with room for one more entry: the oldest goes (call under the lock)."""
     while len(cache) >= MAX_SHAPES:
@@ -342,6 +354,7 @@ def _generate(plan: Plan) -> Module:
 def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
     """What a call needs of a checked spec, its plan and generated module, as plain data."""
     from ..ir.shapes import rules
+    from .held import layer
     from .positions import positions
 
     arguments = spec.arguments
@@ -360,4 +373,5 @@ def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
         scalars=tuple((s.ascii, s.value) for s in spec.scalars),
         outputs=len(spec.outputs),
         batch=tuple((arguments.index(t), len(t.layout)) for t in spec.tensors_of("input")),
+        layer=layer(spec),
     )

@@ -3,19 +3,20 @@ under the spec's own names (so state_dict keys are the spec's), initialised as d
 
 Parameters and buffers live only in `_parameters` and `_buffers`, never as attributes set on
 the instance, and scalars in `self.scalars`: a spec name such as `forward`, `to`, `spec` or
-`train` is a state_dict key and cannot replace a method or an attribute of the module."""
+`train` is a state_dict key and cannot replace a method or an attribute of the module.
+
+Built from the spec's plain data (held.py), never its IR: on a compile-cache hit, no sympy."""
 
 from __future__ import annotations
 
 import math
 
-import sympy
 import torch
 from torch import nn
 
-from .. import ir
-from ..sizes import whole
+from ..sizes import evaluate, names, whole
 from .compiled import CompiledSpec
+from .held import Held
 
 
 class SpecModule(nn.Module):
@@ -24,31 +25,29 @@ class SpecModule(nn.Module):
     def __init__(self, spec: CompiledSpec, /, **kwargs) -> None:
         super().__init__()
         self.spec = spec
-        ir_spec = spec.ir
-        size_names = {a: s for s, a in ir_spec.size_names.items()}
+        plain, layer = spec.plain, spec.plain.layer
         self.sizes = {
-            k: whole(spec.name, k, kwargs.pop(k)) for k in list(kwargs) if k in size_names
+            k: whole(spec.name, k, kwargs.pop(k)) for k in list(kwargs) if k in plain.sizes
         }
-        values = {size_names[k]: v for k, v in self.sizes.items()}
-        self.scalars = {s.ascii: float(kwargs.pop(s.ascii, s.value)) for s in ir_spec.scalars}
-        buffers = {t.ascii: kwargs.pop(t.ascii, None) for t in ir_spec.tensors_of("buffer")}
+        self.scalars = {s: float(kwargs.pop(s, value)) for s, value in plain.scalars}
+        buffers = {t.ascii: kwargs.pop(t.ascii, None) for t in layer.buffers}
         if kwargs:
             raise TypeError(f"{spec.name}.module() got unexpected keywords: {', '.join(kwargs)}")
-        self._inputs = tuple(t.ascii for t in ir_spec.tensors_of("input"))
+        held = {t.ascii for t in (*layer.buffers, *layer.params)}
+        self._inputs = tuple(a for a in plain.arguments if a not in held)
         # each argument of the function: the position of an input, or the name of a tensor held
-        self._order = tuple(
-            self._inputs.index(t.ascii) if t.role == "input" else t.ascii for t in ir_spec.arguments
-        )
-        for tensor in ir_spec.tensors_of("buffer"):
+        self._order = tuple(a if a in held else self._inputs.index(a) for a in plain.arguments)
+        spelled = dict(layer.spelled)
+        for tensor in layer.buffers:
             data = buffers[tensor.ascii]
-            shape = _shape(tensor, values, spec.name)
-            kind = torch.long if tensor.dtype == "int" else None
+            shape = _shape(tensor, self.sizes, spelled, spec.name)
+            kind = torch.long if tensor.integer else None
             self._buffers[tensor.ascii] = (
                 data if data is not None else torch.zeros(shape, dtype=kind)
             )
-        for tensor in ir_spec.tensors_of("param"):
-            param = nn.Parameter(torch.empty(_shape(tensor, values, spec.name)))
-            _initialise(param, tensor, fan_in(ir_spec, tensor, values))
+        for tensor in layer.params:
+            param = nn.Parameter(torch.empty(_shape(tensor, self.sizes, spelled, spec.name)))
+            _initialise(param, tensor, fan_in(tensor, self.sizes))
             self._parameters[tensor.ascii] = param
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
@@ -78,55 +77,33 @@ def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _shape(tensor: ir.Tensor, values: dict, name: str) -> tuple[int, ...]:
-    shape = [s.subs(values) for s in tensor.shape]
-    missing = sorted({str(x) for s in shape for x in s.free_symbols})
+def _shape(tensor: Held, values: dict, spelled: dict, name: str) -> tuple[int, ...]:
+    missing = sorted({spelled[x] for s in tensor.shape for x in names(s) if x not in values})
     if missing:
         raise TypeError(
             f"{name}.module() needs the size{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(missing)} to build {tensor!r}: pass "
+            f"{', '.join(missing)} to build {tensor.text}: pass "
             + ", ".join(f"{m}=..." for m in missing)
         )
-    return tuple(int(s) for s in shape)
+    return tuple(evaluate(s, values) for s in tensor.shape)
 
 
-def fan_in(spec: ir.Spec, tensor: ir.Tensor, values: dict) -> int:
-    """nn.Linear's in_features: the size of a param's axes that its product sums over; a param
-    summed over nothing (a bias) takes the fan-in of a weight in its equation, as nn.Linear's
-    bias does."""
-    for eq in spec.equations:
-        if all(ref.tensor != tensor for ref in ir.refs(eq.rhs)):
-            continue
-        fans = [
-            (f.tensor, set(p.summed) & set(f.tensor.indices))
-            for p in ir.walk(eq.rhs)
-            if isinstance(p, ir.Product)
-            for f in p.factors
-            if isinstance(f, ir.Ref) and f.tensor.role == "param"
-        ]
-        own = [fan for t, fan in fans if t == tensor and fan]
-        known = [_size(fan, values) for _, fan in fans if fan and _known(fan, values)]
-        return _size(own[0], values) if own else max(known, default=1)
-    return 1
+def fan_in(tensor: Held, values: dict) -> int:
+    """nn.Linear's in_features, at the given sizes (see held.py)."""
+    known = [evaluate(fan, values) for fan in tensor.fans if names(fan) <= values.keys()]
+    return max(known, default=1)
 
 
-def _known(indices: set[ir.Index], values: dict) -> bool:
-    return all(s in values for i in indices for s in i.size.free_symbols)
-
-
-def _size(indices: set[ir.Index], values: dict) -> int:
-    return int(sympy.Mul(*(i.size for i in indices)).subs(values))
-
-
-def _initialise(param: nn.Parameter, tensor: ir.Tensor, fan: int) -> None:
-    init = tensor.init
+def _initialise(param: nn.Parameter, tensor: Held, fan: int) -> None:
     with torch.no_grad():
-        if init is None:
+        if tensor.init is None:
             bound = 1 / math.sqrt(fan) if fan > 0 else 0.0
             nn.init.uniform_(param, -bound, bound)
-        elif init.kind == "normal":
-            nn.init.normal_(param, *init.args)
-        elif init.kind == "uniform":
-            nn.init.uniform_(param, *init.args)
+            return
+        kind, args = tensor.init
+        if kind == "normal":
+            nn.init.normal_(param, *args)
+        elif kind == "uniform":
+            nn.init.uniform_(param, *args)
         else:
-            nn.init.constant_(param, 0.0 if init.kind == "zeros" else 1.0)
+            nn.init.constant_(param, 0.0 if kind == "zeros" else 1.0)
