@@ -2,6 +2,8 @@
 gradients) on every code path and dtype, huge logits give a finite softmax, two finfo.min masks
 never make NaN, and float16/bfloat16 agree with float64 within the dtype's tolerance."""
 
+import math
+
 import pytest
 import torch
 
@@ -98,3 +100,26 @@ def test_reduced_precision_agrees_with_float64(shipped, dtype):
         scale = 1 + w.abs().max().item()
         error = (g.double() - w).abs().max().item() / scale
         assert error <= TOLERANCE[dtype], f"{shipped.name}: {error:.2e} in {dtype}"
+
+
+SCORES = """index τ, τ' : N
+index i : d
+input X_<τi>
+{mask}S_<ττ'> = X_<τi> X_<τ'i>{plus}
+A_<ττ'> = softmax_<τ'>(S_<ττ'>)
+output A
+"""
+
+
+def test_scores_of_data_alone_take_the_plain_softmax():
+    """Dot products of inputs cannot hide a whole row; an added input mask can (its twin)."""
+    plain = indexattn.compile_spec(SCORES.format(mask="", plus=""), name="plain")
+    masked = indexattn.compile_spec(
+        SCORES.format(mask="input M_<ττ'>\n", plus=" + M_<ττ'>"), name="masked"
+    )
+    assert "torch.softmax(" in plain.source and "_safe_softmax" not in plain.source
+    assert "_safe_softmax" in masked.source
+    x = torch.randn(4, 3, dtype=torch.float64)
+    hidden = torch.zeros(4, 4, dtype=torch.float64).index_fill_(0, torch.tensor([1]), -math.inf)
+    assert masked(X=x, M=hidden)[1].eq(0).all()  # the row hidden everywhere gives zeros
+    torch.testing.assert_close(plain(X=x), reference.evaluate(plain.ir, X=x)[0])

@@ -390,9 +390,17 @@ def _unread(spec: Spec, fields: dict[ir.Ref, ir.Field]) -> set[str]:
 
 
 def _may_be_masked(node: ir.Node, masked: dict[str, bool]) -> bool:
-    """Whether a value can hold -inf: an inf written in the spec, or data passed in."""
+    """Whether a value can hold -inf: an inf written in the spec, or data passed in, unless
+    the data is summed over in a product (a contraction of an -inf gives -inf or NaN by
+    itself, never a row the softmax should zero: only added masks hide keys)."""
     if isinstance(node, ir.Field):
         return bool(node.expr.has(sympy.oo, -sympy.oo))
     if isinstance(node, ir.Ref):
         return masked.get(node.tensor.name, False)
+    if isinstance(node, ir.Product) and node.summed:
+        return any(_may_be_masked(f, masked) for f in node.factors if not _is_argument(f))
     return any(_may_be_masked(child, masked) for child in ir.children(node))
+
+
+def _is_argument(node: ir.Node) -> bool:
+    return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")

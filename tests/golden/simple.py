@@ -8,8 +8,7 @@ def simple(X, *, training=False):
     # S_<ττ'> = X_<τi> X_<τ'i>
     S = X @ X.transpose(-2, -1)  # (…, τ, τ')
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, τ, τ')
+    A = torch.softmax(S, dim=-1)  # (…, τ, τ')
     del S
     # Z_<τi> = A_<ττ'> X_<τ'i>
     Z = A @ X  # (…, τ, i)
