@@ -59,15 +59,12 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     readers = [n for n, (_, _, s) in enumerate(flat) if any(o.var in held for o in operands(s))]
     if not readers:  # the scores are an output themselves
         return None
-    end = readers[-1]
-    chosen, inside = [], set()
-    for n in range(wide[0], end + 1):
-        step = flat[n][2]
-        if n in wide or any(o.var in inside for o in operands(step)):
-            chosen.append(n)
-            inside.add(step.out.var)
-    reads = {o.var for n, (_, _, s) in enumerate(flat) if n not in chosen for o in operands(s)}
-    exits = [flat[n][2].out for n in chosen if flat[n][2].out.var in reads | read_after]
+    for starts in (set(wide), {wide[0]}):  # every wide step (one core's several score
+        chosen, inside = _chain(flat, starts, readers[-1])  # products), else the first core
+        reads = {o.var for n, (_, _, s) in enumerate(flat) if n not in chosen for o in operands(s)}
+        exits = [flat[n][2].out for n in chosen if flat[n][2].out.var in reads | read_after]
+        if len(exits) == 1:
+            break
     if len(exits) != 1 or len(sequence & set(exits[0].dims)) != 1:
         return None
     last = flat[chosen[-1]][0]  # the rows are computed after this block: none may read them before
@@ -85,6 +82,17 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
     where = frozenset((flat[n][0], flat[n][1]) for n in chosen)
     return Rows(row, where, last, inputs, sliced, exits[0], scores)
+
+
+def _chain(flat: list, starts: set[int], end: int) -> tuple[list[int], set[Var]]:
+    """The steps from the first start to `end` that are a start or read one chosen before."""
+    chosen, inside = [], set()
+    for n in range(min(starts), end + 1):
+        step = flat[n][2]
+        if n in starts or any(o.var in inside for o in operands(step)):
+            chosen.append(n)
+            inside.add(step.out.var)
+    return chosen, inside
 
 
 def sequence_indices(spec: Spec) -> set[Index]:
