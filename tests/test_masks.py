@@ -130,15 +130,16 @@ def kernel_path(module, *inputs, **keywords) -> str:
 @pytest.mark.parametrize("mask_batch", [(), (3,), (1,)])
 def test_an_input_mask_with_or_without_batch_axes_takes_the_fused_kernel(mask_batch, masks):
     """An additive mask input M_<τσ> (llama3_decode's) comes as (N, N_c + N) or with the batch's
-    axes: the kernel gets it with 2 axes, or with a head axis and as many as the queries, and
-    takes its fused path either way (a 3-axis mask would go the math way: the twin below)."""
+    axes (any narrower batch is expanded to the call's, a view): the kernel gets it with a head
+    axis and as many as the queries, and takes its fused path either way (a 3-axis mask would
+    go the math way: the twin below)."""
     spec = indexattn.compile_spec(Path("specs/models/llama3_decode.attn"))
     decode = spec.module(d_m=16, h_kv=2, n_rep=2, d_r=2)
     x, positions = torch.randn(3, 1, 16), torch.tensor([[4]])
     cache = torch.randn(3, 2, 4, 2, 2), torch.randn(3, 2, 4, 4)
     mask = torch.zeros(*mask_batch, 1, 5)
     assert kernel_path(decode, x, positions, *cache, mask) == "fused"
-    assert masks[-1].dim() == (2 if not mask_batch else 4)
+    assert masks[-1].shape == (3, 1, 1, 5)
 
 
 def test_a_three_axis_mask_goes_the_math_way():

@@ -103,10 +103,11 @@ Y_<τi> = W_O_<i(μa)> O_<μτa>
 
 
 def body(text: str) -> list[str]:
-    """The generated function's code, comments dropped, its local variables and the words of
-    its strings (einsum's index names) renamed in the order they first appear."""
+    """The generated function's code, comments and `del` lines dropped (when a name is let go
+    follows the equations' blocks, not the steps), its local variables and the words of its
+    strings (einsum's index names) renamed in the order they first appear."""
     source = indexattn.compile_spec(text, name="t").source
-    code = source[source.index("\ndef t(") :]
+    code = re.sub(r"^ +del .*\n", "", source[source.index("\ndef t(") :], flags=re.MULTILINE)
     tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
     targets = re.findall(r"^ +([\w, ]+?) = ", code, re.MULTILINE)
     local = {name.strip() for line in targets for name in line.split(",")}

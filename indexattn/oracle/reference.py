@@ -34,14 +34,17 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     held = {t.name: run.unfuse(arguments[t.ascii], t) for t in spec.arguments}
     for eq in spec.equations:
         held[eq.tensor.name] = (run.align(run.node(eq.rhs, held), eq.indices), eq.indices)
-    batch = torch.broadcast_shapes(  # every output carries the inputs' batch axes
+    batch = torch.broadcast_shapes(
         *(held[t.name][0].shape[: -len(t.indices) or None] for t in spec.tensors_of("input"))
     )
-    outputs = (run.fuse(held[t.name][0], t) for t in spec.outputs)
-    return tuple(
-        out.expand(*batch, *out.shape[len(out.shape) - len(t.shape) :])
-        for out, t in zip(outputs, spec.outputs)
-    )
+    outputs = [run.fuse(held[t.name][0], t) for t in spec.outputs]
+    return tuple(_batched(out, batch, len(t.shape)) for out, t in zip(outputs, spec.outputs))
+
+
+def _batched(out: torch.Tensor, batch: torch.Size, rank: int) -> torch.Tensor:
+    """An output that reads the inputs carries all of the call's batch axes, though it reads
+    only narrower ones; one that reads none (positions only) has its own axes."""
+    return out.expand(*batch, *out.shape[-rank or len(out.shape) :]) if out.dim() > rank else out
 
 
 class Interpreter:

@@ -248,13 +248,12 @@ class CompiledSpec:
     def _widen(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, tuple], ...]:
         """Inputs with fewer or narrower batch axes than the call's, and the shape each is
         expanded to (a view) before the function runs: every step then sees one batch (the
-        kernel cannot broadcast queries to a mask's batch, nor an in-place sum its target)."""
+        kernel cannot broadcast queries to a mask's batch, torch.cat a cache to the new keys'
+        batch, nor an in-place sum its target)."""
         shapes = [tuple(t.shape) for t in tensors]
         full = self._batch(shapes)
         return tuple(
-            (k, full + shapes[k][len(batch) :])
-            for k, batch in self._batches(shapes).items()
-            if batch != full
+            (k, full + shapes[k][len(b) :]) for k, b in self._batches(shapes).items() if b != full
         )
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
