@@ -108,11 +108,7 @@ def test_a_process_compiling_a_cached_spec_imports_no_sympy(directory):
         "import sys, indexattn; indexattn.compile_spec(sys.argv[1]); "
         "print('sympy' in sys.modules, 'indexattn.ir' in sys.modules)"
     )
-    env = {**os.environ, "INDEXATTN_CACHE_DIR": str(directory)}
-    command = [sys.executable, "-c", script, str(ROOT / "specs" / "mha.attn")]
-    runs = [
-        subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT) for _ in range(2)
-    ]
+    runs = twice(script, directory)
     assert [r.stdout.split() for r in runs] == [["True", "True"], ["False", "False"]]
 
 
@@ -220,11 +216,7 @@ def test_a_process_building_a_module_of_a_cached_spec_imports_no_sympy(directory
         "layer = spec.module(d_m=16, h=2, d_k=8); y = layer(torch.randn(2, 5, 16)); "
         "print(tuple(y.shape), 'sympy' in sys.modules, 'indexattn.ir' in sys.modules)"
     )
-    env = {**os.environ, "INDEXATTN_CACHE_DIR": str(directory)}
-    command = [sys.executable, "-c", script, str(ROOT / "specs" / "mha.attn")]
-    runs = [
-        subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT) for _ in range(2)
-    ]
+    runs = twice(script, directory)
     assert [r.stdout.split(")")[1].split() for r in runs] == [["True", "True"], ["False", "False"]]
     assert [r.stdout.split(")")[0] for r in runs] == ["(2, 5, 16"] * 2
 
@@ -242,3 +234,12 @@ def test_batch_axes_broadcast_as_torch_says_with_no_sympy():
     found = [compiled._broadcast(shapes) for shapes in cases]
     assert found == [broadcasts(shapes) for shapes in cases]
     assert None in found and (3, 2) in found
+
+
+def twice(script: str, directory) -> list[subprocess.CompletedProcess]:
+    """The script on specs/mha.attn in two fresh processes sharing one cache: a miss, a hit."""
+    env = {**os.environ, "INDEXATTN_CACHE_DIR": str(directory)}
+    command = [sys.executable, "-c", script, str(ROOT / "specs" / "mha.attn")]
+    return [
+        subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT) for _ in range(2)
+    ]
