@@ -384,3 +384,19 @@ def test_a_key_part_that_reads_the_query_is_not_viewed_over_heads():
     spec = indexattn.compile_spec(mla_key_with_query(), name="mla_query_key")
     assert not steps(spec, Attention) and "scaled_dot_product_attention" not in spec.source
     assert_equals_literal(spec)
+
+
+def test_a_query_part_without_heads_is_viewed_over_them():
+    """A query part every head shares (P_<τa>) joins the kernel as the shared key part does;
+    its twin that also carries the key position is no query of the kernel's. Both equal the
+    oracle."""
+    shared = HEAD + "input P_<τa>\ninput R_<μτ'a>\n"
+    scores = "S_<μττ'> = (Q_<μτa> K_<μτ'a> + P_<τa> R_<μτ'a>) / sqrt(d_k)"
+    spec = compile_text(core(S=scores).replace(HEAD, shared))
+    assert len(steps(spec, Attention)) == 1 and "softmax" not in code(spec)
+    assert ".unsqueeze(-3).expand(" in spec.source
+    assert_equals_literal(spec)
+    keyed = shared.replace("P_<τa>", "P_<ττ'a>")
+    twin = compile_text(core(S=scores.replace("P_<τa>", "P_<ττ'a>")).replace(HEAD, keyed))
+    assert not steps(twin, Attention) and "softmax" in code(twin)
+    assert_equals_literal(twin)
