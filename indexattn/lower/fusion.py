@@ -481,7 +481,7 @@ def _lead(parts: tuple[ir.Node, ...], widths) -> tuple[Index, ...]:
 def _spread_over(parts: tuple[ir.Node, ...], widths, heads: tuple[Index, ...]) -> bool:
     """Each part carries every index of the parts together, or lacks only heads: one rotary
     key for all heads is that key viewed over them (MLA). A part that lacks the sequence, or
-    carries an index the others lack, does not join the others side by side."""
+    whose features another part carries as a free index, does not join the others."""
     lead = set(_lead(parts, widths))
     if lead & {i for w in widths for i in w}:
         return False
