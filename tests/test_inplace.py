@@ -5,6 +5,7 @@ product it returns alone, and equals the literal interpreter in values and gradi
 from pathlib import Path
 
 import torch
+from test_kernels import mla_key_with_query
 
 import indexattn
 from indexattn.oracle import reference
@@ -65,14 +66,16 @@ def test_the_returned_weights_are_held_once():
 
 
 def test_a_scale_over_a_sum_of_products_goes_onto_their_factors():
-    """mla: (Qn Kn + Qθ Kθ) / sqrt(d_n + d_r) scales Qn and Kθ, never the N×N sum; the twin
-    without the scale has no scaled factors, and both equal the literal interpreter."""
-    spec = indexattn.compile_spec(ROOT / "specs" / "mla.attn")
+    """mla without the kernel (its shared key part also reads the query position):
+    (Qn Kn + Qθ Kq) / sqrt(d_n + d_r) scales Qn and Kq, never the N×N sum; the twin without
+    the scale has no scaled factors, and both equal the literal interpreter."""
+    text = mla_key_with_query()
+    spec = indexattn.compile_spec(text, name="mla_general")
+    assert "scaled_dot_product_attention" not in spec.source
     assert "Qn_scaled = Qn / math.sqrt(d_n + d_r)" in spec.source
     assert "S_sum / " not in spec.source
     assert compare(spec, batch=(2,)).ok
     gradients(spec)
-    text = (ROOT / "specs" / "mla.attn").read_text(encoding="utf-8")
     plain = text.replace(") / sqrt(d_n + d_r) + M_<ττ'>", ") + M_<ττ'>")
     assert plain != text
     unscaled = indexattn.compile_spec(plain, name="mla_unscaled")

@@ -353,3 +353,50 @@ def test_torch_compile_fullgraph_on_every_generated_module(name):
         got, want = (x if isinstance(x, tuple) else (x,) for x in (got, want))
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w)
+
+
+MLA = (ROOT / "specs" / "mla.attn").read_text(encoding="utf-8")
+
+
+def mla_key_with_query() -> str:
+    """mla with the shared key part multiplied by a table of the query position τ."""
+    text = MLA.replace("Qθ_<μτr> Kθ_<τ'r>)", "Qθ_<μτr> Kq_<ττ'r>)").replace(
+        "M_<ττ'>   = where", "Kq_<ττ'r> = Rc_<τr> Kθ_<τ'r>\nM_<ττ'>   = where"
+    )
+    assert text.count("Kq_<ττ'r>") == 2
+    return text
+
+
+def test_a_key_part_without_heads_is_viewed_over_them():
+    """mla: the rotary key Kθ_<τ'r> is one for all heads; it joins the kernel expanded over
+    them (a view), and no N x N tensor is built. Values and gradients equal the oracle."""
+    spec = indexattn.compile_spec(MLA, name="mla")
+    (core,) = steps(spec, Attention)
+    assert "is_causal=True" in spec.source and ".unsqueeze(-3).expand(" in spec.source
+    square = {core.q_dims[-1], core.k_dims[-1]}
+    assert not any(square <= set(s.out.dims) for s in spec.plan.steps)
+    assert_equals_literal(spec)
+
+
+def test_a_key_part_that_reads_the_query_is_not_viewed_over_heads():
+    """The twin: the shared key part also carries the query position τ, so it is no key of
+    the kernel's; the scores are built and softmaxed, and still equal the oracle."""
+    spec = indexattn.compile_spec(mla_key_with_query(), name="mla_query_key")
+    assert not steps(spec, Attention) and "scaled_dot_product_attention" not in spec.source
+    assert_equals_literal(spec)
+
+
+def test_a_query_part_without_heads_is_viewed_over_them():
+    """A query part every head shares (P_<τa>) joins the kernel as the shared key part does;
+    its twin that also carries the key position is no query of the kernel's. Both equal the
+    oracle."""
+    shared = HEAD + "input P_<τa>\ninput R_<μτ'a>\n"
+    scores = "S_<μττ'> = (Q_<μτa> K_<μτ'a> + P_<τa> R_<μτ'a>) / sqrt(d_k)"
+    spec = compile_text(core(S=scores).replace(HEAD, shared))
+    assert len(steps(spec, Attention)) == 1 and "softmax" not in code(spec)
+    assert ".unsqueeze(-3).expand(" in spec.source
+    assert_equals_literal(spec)
+    keyed = shared.replace("P_<τa>", "P_<ττ'a>")
+    twin = compile_text(core(S=scores.replace("P_<τa>", "P_<ττ'a>")).replace(HEAD, keyed))
+    assert not steps(twin, Attention) and "softmax" in code(twin)
+    assert_equals_literal(twin)

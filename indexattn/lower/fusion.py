@@ -350,18 +350,18 @@ class _Matcher:
             qs.append(q)
             ks.append(k)
         widths = tuple(product.summed for _, product in parts)
-        for found in (qs, ks):
-            if len({frozenset(set(n.free) - set(w)) for n, w in zip(found, widths)}) != 1:
-                return None
         return tuple(qs), tuple(ks), parts[0][0], tuple(terms), widths
 
     def assemble(self, at, v, chain, rename, key, q, k, scale, terms, widths):
-        heads = tuple(i for i in q[0].free if i in k[0].free and i not in widths[0])
-        alone = [i for i in q[0].free if i not in k[0].free]
-        if [i for i in k[0].free if i not in q[0].free] != [key] or not alone:
+        q_free, k_free = _lead(q, widths), _lead(k, widths)
+        heads = tuple(i for i in q_free if i in k_free)
+        alone = [i for i in q_free if i not in k_free]
+        if [i for i in k_free if i not in q_free] != [key] or not alone:
             return None
         query = _query(alone, key)
         groups = tuple(i for i in alone if i != query)
+        if not (_spread_over(q, widths, (*heads, *groups)) and _spread_over(k, widths, heads)):
+            return None
         value_width = [i for i in v.free if i not in rename.values()]
         v_heads = {i for i in v.free if i in rename.values()} - {rename[key]}
         if len(value_width) != 1 or v_heads != {rename[i] for i in heads}:
@@ -471,6 +471,21 @@ def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
     if not all(inner):
         return []
     return [(scale * s, product) for found in inner for s, product in found]
+
+
+def _lead(parts: tuple[ir.Node, ...], widths) -> tuple[Index, ...]:
+    """The indices the parts of the queries (or keys) carry besides their features, together."""
+    return tuple(dict.fromkeys(i for n, w in zip(parts, widths) for i in n.free if i not in w))
+
+
+def _spread_over(parts: tuple[ir.Node, ...], widths, heads: tuple[Index, ...]) -> bool:
+    """Each part carries every index of the parts together, or lacks only heads: one rotary
+    key for all heads is that key viewed over them (MLA). A part that lacks the sequence, or
+    whose features another part carries as a free index, does not join the others."""
+    lead = set(_lead(parts, widths))
+    if lead & {i for w in widths for i in w}:
+        return False
+    return all(lead - set(n.free) <= set(heads) for n in parts)
 
 
 def _query(alone: list[Index], key: Index) -> Index:

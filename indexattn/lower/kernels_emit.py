@@ -73,11 +73,24 @@ class KernelSteps:
 
     def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int, width: int = 1) -> str:
         """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
-        code = relayout(self.ref(arg), arg.dims, dims)
+        code = relayout(self.ref(arg), arg.dims, tuple(i for i in dims if i in arg.dims))
         code += f".flatten({-width})" if width > 1 else ""
+        code = self.spread(code, arg, dims[: len(dims) - width])
         if heads == 0:
             return code + ".unsqueeze(-3)"
         return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
+
+    def spread(self, code: str, arg: Operand, lead: tuple[Index, ...]) -> str:
+        """`code`, laid out (…, lead..., features) but for the heads `arg` lacks, viewed
+        over those heads (no copy): one rotary key for every head."""
+        lacking = [k for k, i in enumerate(lead) if i not in arg.dims]
+        if not lacking:
+            return code
+        for k in reversed(lacking):
+            code += f".unsqueeze({k - len(lead) - 1})"
+        sizes = [self.size(i) if k in lacking else "-1" for k, i in enumerate(lead)]
+        batch = [f"*{self.ref(arg)}.shape[:-{len(arg.dims)}]"] if arg.batched else []
+        return f"{code}.expand({', '.join([*batch, *sizes, '-1'])})"
 
     def attention_mask(self, step: Attention) -> str:
         """The mask against (…, heads, query, key): a unit axis for heads it lacks. The

@@ -12,7 +12,6 @@ def mla_constants(N, d_r, base, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     r = torch.arange(d_r, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # f_<r> = mod(r, floor(d_r / 2))
     f = torch.remainder(r, math.floor((1/2)*d_r)).to(dtype)  # (r)
     # θ_<r> = base^(-2 f_<r> / d_r)
@@ -30,27 +29,7 @@ def mla_constants(N, d_r, base, *, device, dtype):
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
-    # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return Rc, Rs, Q_theta_pos, M
-
-
-BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
-
-
-def mla_rows(Qn_scaled, Kn, Q_theta, K_theta_scaled, M, V):
-    # S, A, O at some positions τ: all of them, or a block of them
-    # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
-    S_prod = Qn_scaled @ Kn.transpose(-2, -1)  # (…, μ, τ, τ')
-    S_prod_2 = einsum(Q_theta, K_theta_scaled, "... mu tau r, ... tau_p r -> ... mu tau tau_p")  # (…, μ, τ, τ')
-    S_sum = S_prod_2.add_(S_prod)  # (…, μ, τ, τ')
-    S = S_sum.add_(M)  # (…, μ, τ, τ')
-    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients)
-    A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
-    # O_<μτe> = A_<μττ'> V_<μτ'e>
-    O = A @ V  # (…, μ, τ, e)
-    return O
+    return Rc, Rs, Q_theta_pos
 
 
 def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000, eps=1e-06, training=False, constants=None):
@@ -58,7 +37,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_c = kv_a_layernorm_weight.shape[-1]
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
-    Rc, Rs, Q_theta_pos, M = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
+    Rc, Rs, Q_theta_pos = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
     # ρq_<τ> = rsqrt(mean_<l>(Lq_<τl>^2) + eps)
@@ -117,20 +96,12 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
     del Kr, K_theta_prod, Kr_at, K_theta_prod_2
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
-    Qn_scaled = Qn / math.sqrt(d_n + d_r)  # (…, μ, τ, n)
-    K_theta_scaled = K_theta / math.sqrt(d_n + d_r)  # (…, τ', r)
-    del Qn, K_theta
-    # S, A, O: by blocks of τ on long sequences
-    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
-    if rows >= N:
-        O = mla_rows(Qn_scaled, Kn, Q_theta, K_theta_scaled, M, V)
-    else:
-        blocks = [
-            mla_rows(Qn_scaled[..., t:t + rows, :], Kn, Q_theta[..., t:t + rows, :], K_theta_scaled, M[t:t + rows], V)
-            for t in range(0, N, rows)
-        ]
-        O = torch.cat(blocks, dim=-2)
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # O_<μτe> = A_<μττ'> V_<μτ'e>
+    O = F.scaled_dot_product_attention(torch.cat([Qn, Q_theta], dim=-1), torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1), V, is_causal=True, scale=1/math.sqrt(d_n + d_r))  # (…, μ, τ, e)
+    del Qn, Kn, V, Q_theta, K_theta
     # Y_<τi> = o_proj_weight_<i(μe)> O_<μτe>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)
