@@ -370,7 +370,11 @@ def block_mask(kind: str, n: int, size: int = 0):
 
 @functools.cache
 def compiled_flex():
-    return torch.compile(flex_attention, fullgraph=True)
+    # one compiled flex_attention serves every case: each mask and score modification, shape
+    # and head count is a recompile of its one frame (static shapes: flex_attention with
+    # dynamic ones failed to lower here), more than dynamo's default limit of 8
+    torch._dynamo.config.recompile_limit = 64
+    return torch.compile(flex_attention, fullgraph=True, dynamic=False)
 
 
 class FlexMHA(MultiHeadAttention):
