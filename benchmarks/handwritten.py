@@ -127,11 +127,18 @@ class DkDvAttention(classic.DkDvAttention):
         return sdpa(self.W_q(x), self.W_k(x), self.W_v(x), attn_mask=mask)
 
 
+def grouped_heads(module, x):
+    """Queries, keys and values with their heads split, fewer key/value heads than query heads
+    (the layout of the grouped reference modules: q_proj, k_proj, v_proj)."""
+    q = split_heads(module.q_proj(x), module.num_heads)
+    k = split_heads(module.k_proj(x), module.num_kv_heads)
+    v = split_heads(module.v_proj(x), module.num_kv_heads)
+    return q, k, v
+
+
 class GroupedQueryAttention(classic.GroupedQueryAttention):
     def forward(self, x):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k, v = grouped_heads(self, x)
         return self.o_proj(merge_heads(sdpa(q, k, v, is_causal=True, enable_gqa=True)))
 
 
@@ -294,9 +301,7 @@ class SigmoidAttention(modern_b.SigmoidAttention):
 
 class ChunkedAttention(modern_b.ChunkedAttention):
     def forward(self, x):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k, v = grouped_heads(self, x)
         n = x.shape[-2]
         mask = keep("chunk", n, n, self.chunk_size)
         return self.o_proj(merge_heads(sdpa(q, k, v, attn_mask=mask, enable_gqa=True)))
@@ -425,9 +430,7 @@ class FlexPrefix(PrefixLMAttention):
 
 class FlexGQA(GroupedQueryAttention):
     def forward(self, x):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k, v = grouped_heads(self, x)
         out = compiled_flex()(
             q, k, v, block_mask=block_mask("causal", x.shape[-2]), enable_gqa=True
         )
@@ -470,9 +473,7 @@ class FlexDocument(DocumentMaskedAttention):
 
 class FlexChunked(ChunkedAttention):
     def forward(self, x):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k, v = grouped_heads(self, x)
         mask = block_mask("chunk", x.shape[-2], self.chunk_size)
         out = compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
         return self.o_proj(merge_heads(out))
