@@ -123,3 +123,32 @@ def test_scores_of_data_alone_take_the_plain_softmax():
     hidden = torch.zeros(4, 4, dtype=torch.float64).index_fill_(0, torch.tensor([1]), -math.inf)
     assert masked(X=x, M=hidden)[1].eq(0).all()  # the row hidden everywhere gives zeros
     torch.testing.assert_close(plain(X=x), reference.evaluate(plain.ir, X=x)[0])
+
+
+def _ops_run(call) -> set[str]:
+    with torch.profiler.profile() as prof:
+        call()
+    return {event.key for event in prof.key_averages()}
+
+
+def test_the_safe_softmax_runs_only_where_a_row_is_dead_and_both_agree():
+    """Eager calls take the plain softmax unless some row is -inf everywhere; a traced call
+    always takes the safe one. Where no row is dead the two agree bit for bit, values and
+    gradients; where one is (the twin) only the safe one runs and the row gives zeros."""
+    masked = indexattn.compile_spec(
+        SCORES.format(mask="input M_<ττ'>\n", plus=" + M_<ττ'>"), name="masked"
+    )
+    x = torch.randn(4, 3, dtype=torch.float64)
+    live = torch.zeros(4, 4, dtype=torch.float64).index_fill_(1, torch.tensor([2]), -math.inf)
+    dead = live.index_fill(0, torch.tensor([1]), -math.inf)
+    assert "aten::_safe_softmax" not in _ops_run(lambda: masked(X=x, M=live))
+    assert "aten::_safe_softmax" in _ops_run(lambda: masked(X=x, M=dead))
+    traced = torch.compile(lambda X, M: masked(X=X, M=M), backend="eager", fullgraph=True)
+    got = []
+    for call in (lambda X: masked(X=X, M=live), lambda X: traced(X, live)):
+        leaf = x.clone().requires_grad_()
+        out = call(leaf)
+        (out * torch.arange(16.0, dtype=out.dtype).view(4, 4)).sum().backward()
+        got.append((out, leaf.grad))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert masked(X=x, M=dead)[1].eq(0).all() and not masked(X=x, M=dead).isnan().any()
