@@ -321,6 +321,36 @@ Y_<τa> = Q_<τa> K_<τa>
     assert_equals_literal(spec)
 
 
+SLICED = """index τ : N
+index i : d
+index μ : h
+index a : k
+index B : 3
+input X_<τi>
+input Y_<τi>
+param W_<{w}i>
+param b_<{w}>
+Q_<μτa> = W_<{q}i> X_<τi> + b_<{q}>
+K_<μτa> = W_<{k}i> Y_<τi> + b_<{k}>
+Z_<μτa> = Q_<μτa> K_<μτa>
+output Z
+"""
+
+
+def test_a_slice_leading_a_weights_rows_is_f_linear_on_a_view():
+    """nn.MultiheadAttention's packed weight against distinct inputs: each slice is the
+    block of rows its literal selects, one F.linear with its bias, no copy; a literal that
+    does not lead the rows (the twin) is an einsum over the split weight. Both equal the
+    literal reading."""
+    spec = compile_text(SLICED.format(w="(Bμa)", q="(0μa)", k="(1μa)"))
+    assert len(steps(spec, Linear)) == 2 and not steps(spec, Split)
+    assert "F.linear(X, W.unflatten(0, (3, -1))[0], b.unflatten(0, (3, -1))[0])" in spec.source
+    assert_equals_literal(spec)
+    twin = compile_text(SLICED.format(w="(μBa)", q="(μ0a)", k="(μ1a)"))
+    assert not steps(twin, Linear) and "einsum(" in twin.source
+    assert_equals_literal(twin)
+
+
 def test_masks_from_positions_are_built_once_per_shape():
     spec = indexattn.compile_spec(ROOT / "specs" / "sliding_window.attn")
     cache = spec._constants

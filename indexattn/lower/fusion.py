@@ -64,6 +64,12 @@ def whole(form: LinearForm) -> bool:
     return all(isinstance(i, Index) for i in form.outer)
 
 
+def direct(form: LinearForm) -> bool:
+    """`F.linear` reads the weight as it is stored: whole, or the block of rows that one
+    literal leading its out block selects (`in_proj_weight_<(0μa)i>`, a view)."""
+    return whole(form) or (not form.transposed and form.literal == 0)
+
+
 def _weight_form(weight: ir.Node, x: ir.Node, summed: tuple[Index, ...]):
     if not isinstance(weight, ir.Ref) or weight.tensor.role not in ("param", "buffer"):
         return None

@@ -68,8 +68,12 @@ class Kernels:
         return ir.Ref(tensor, layout, match.node.span)
 
     def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
+        """x's other axes, then the weight's out block but the literal it picks."""
         rest = tuple(i for i in x.dims if i not in form.inner)
-        return rest + declared_outer(form)
+        outer = declared_outer(form)
+        return rest + (
+            outer if form.literal is None else outer[: form.literal] + outer[form.literal + 1 :]
+        )
 
     def projections(self, group: ProjectionGroup) -> tuple[ir.Equation, ...]:
         """One matrix product for all slices of a weight, split into the group's tensors."""
@@ -77,15 +81,14 @@ class Kernels:
         planner.order = eqs[0].indices
         first = group.forms[0]
         names = [eq.tensor.ascii for eq in eqs]
-        fused = planner.linear(first, ("" if all(len(n) == 1 for n in names) else "_").join(names))
+        joined = ("" if all(len(n) == 1 for n in names) else "_").join(names)
+        fused = planner.linear(replace(first, outer=declared_outer(first)), joined)
         over = fused.dims[len(fused.dims) - len(first.outer) + first.literal]
         # Split first, then view each slice in its own order: the gradients of the slices
         # then stack straight into the layout of the product (no copy in the backward).
-        kept = [k for k, i in enumerate(fused.dims) if i != over]
         outs = []
         for eq, form in zip(eqs, group.forms):
-            names = self.linear_dims(form, planner.node(form.x, eq.tensor.ascii))
-            dims = tuple(names[k] for k in kept)
+            dims = self.linear_dims(form, planner.node(form.x, eq.tensor.ascii))
             hint = eq.tensor.ascii if dims == eq.indices else eq.tensor.ascii + "_proj"
             outs.append(Operand(planner.var(hint), dims, fused.batched))
         planner.steps.append(Split(tuple(outs), fused, over))

@@ -19,10 +19,14 @@ class KernelSteps:
         code += f".flatten({-len(step.inner)})" if len(step.inner) > 1 else ""
         lines = [] if code == self.ref(x) else [f"{out} = {code}  # {axes_comment(x, rest)}"]
         x_code = out if lines else code
-        weight = _matrix(step.weight, step.out_axes, step.transposed)
+        pick = ""
+        if step.pick is not None:  # its rows for one value of the leading index: a view
+            value, index = step.pick
+            pick = f".unflatten(0, ({self.size(index)}, -1))[{value}]"
+        weight = _matrix(step.weight, step.out_axes, step.transposed) + pick
         self.use("F")
         if step.bias is not None:
-            bias = step.bias.ascii + (".flatten()" if len(step.bias.layout) > 1 else "")
+            bias = step.bias.ascii + (".flatten()" if len(step.bias.layout) > 1 else "") + pick
             weight = weight + ".mT" if step.transposed else weight
             call = f"F.linear({x_code}, {weight}, {bias})"
         elif step.transposed:

@@ -15,7 +15,7 @@ from .. import ir
 from ..ir import Index, Spec, Tensor
 from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
-from .fusion import LinearForm, linear_form, whole
+from .fusion import LinearForm, declared_outer, direct, linear_form
 from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts, find
@@ -160,8 +160,13 @@ class Planner(Products, PrefixProducts):
         x = self.as_tensor(self.node(form.x, hint), hint)
         out = Operand(self.var(hint), self.kernels.linear_dims(form, x), x.batched)
         bias = form.bias.tensor if form.bias is not None else None
+        pick = None
+        if form.literal is not None:  # the rows of one value of the index leading the block
+            pick = (form.outer[form.literal], declared_outer(form)[form.literal])
         return self.add(
-            Linear(out, x, form.inner, form.weight.tensor, form.out_axes, bias, form.transposed)
+            Linear(
+                out, x, form.inner, form.weight.tensor, form.out_axes, bias, form.transposed, pick
+            )
         )
 
     # -- nodes -> steps; each returns the value's operand
@@ -234,7 +239,7 @@ class Planner(Products, PrefixProducts):
 
     def node_Sum(self, node: ir.Sum, hint: str) -> Arg:
         form = linear_form(node)
-        if form is not None and form.bias is not None and whole(form):
+        if form is not None and form.bias is not None and direct(form):
             return self.linear(form, hint + "_proj")
         # Smallest tensors first, numbers last: `M + P + S` adds the masks once, not per head.
         terms = sorted(

@@ -9,7 +9,7 @@ import sympy
 from .. import ir
 from ..ir import Index
 from ..ir.einstein import denominator
-from .fusion import linear_form, whole
+from .fusion import direct, linear_form
 from .order import choice, orders, planning_count, result_dims
 from .steps import Arg, Choose, Contract, Elementwise, Number, Operand
 
@@ -23,7 +23,7 @@ class Products:
         if chunked is not None:
             return chunked
         form = linear_form(node)
-        if form is not None and whole(form):
+        if form is not None and direct(form):
             return self.linear(form, hint + "_proj")
         spread = _spread(node)
         if spread is not None:

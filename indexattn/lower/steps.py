@@ -195,6 +195,7 @@ class Linear:
     out_axes: int  # how many declared axes of the weight form its out block
     bias: Tensor | None = None
     transposed: bool = False
+    pick: tuple[int, Index] | None = None  # one value of the index leading the out block
 
 
 @dataclass(frozen=True)

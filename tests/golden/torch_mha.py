@@ -5,30 +5,24 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
 
 
 def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, *, h, p=0.1, training=False):
     d_k = in_proj_weight.shape[-2] // (3*h)
     # Q_<μτa> = in_proj_weight_<(0μa)i> query_<τi> + in_proj_bias_<(0μa)>
-    in_proj_weight_split = rearrange(in_proj_weight, "(B mu a) i -> B mu a i", B=3, mu=h)  # (B, μ, a, i)
-    Q_prod = einsum(in_proj_weight_split[0], query, "mu a i, ... tau i -> ... mu tau a")  # (…, μ, τ, a)
-    in_proj_bias_split = rearrange(in_proj_bias, "(B mu a) -> B mu a", B=3, mu=h)  # (B, μ, a)
-    Q = in_proj_bias_split[0][:, None] + Q_prod  # (…, μ, τ, a)
-    del Q_prod
+    Q_proj = F.linear(query, in_proj_weight.unflatten(0, (3, -1))[0], in_proj_bias.unflatten(0, (3, -1))[0]).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
+    Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # K_<μσa> = in_proj_weight_<(1μa)i> key_<σi> + in_proj_bias_<(1μa)>
-    K_prod = einsum(in_proj_weight_split[1], key, "mu a i, ... sigma i -> ... mu sigma a")  # (…, μ, σ, a)
-    K = in_proj_bias_split[1][:, None] + K_prod  # (…, μ, σ, a)
-    del K_prod
+    K_proj = F.linear(key, in_proj_weight.unflatten(0, (3, -1))[1], in_proj_bias.unflatten(0, (3, -1))[1]).unflatten(-1, (h, d_k))  # (…, σ, μ, a)
+    K = K_proj.transpose(-3, -2)  # (…, μ, σ, a)
     # V_<μσa> = in_proj_weight_<(2μa)i> value_<σi> + in_proj_bias_<(2μa)>
-    V_prod = einsum(in_proj_weight_split[2], value, "mu a i, ... sigma i -> ... mu sigma a")  # (…, μ, σ, a)
-    V = in_proj_bias_split[2][:, None] + V_prod  # (…, μ, σ, a)
-    del in_proj_weight_split, in_proj_bias_split, V_prod
+    V_proj = F.linear(value, in_proj_weight.unflatten(0, (3, -1))[2], in_proj_bias.unflatten(0, (3, -1))[2]).unflatten(-1, (h, d_k))  # (…, σ, μ, a)
+    V = V_proj.transpose(-3, -2)  # (…, μ, σ, a)
     # S_<μτσ> = Q_<μτa> K_<μσa> / sqrt(d_k) + key_padding_mask_<σ>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, σ)
     S = S_prod.add_(key_padding_mask[..., None, None, :])  # (…, μ, τ, σ)
-    del Q, K, Q_scaled, S_prod
+    del Q_proj, Q, K_proj, K, Q_scaled, S_prod
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # rows that are -inf everywhere give 0, not NaN (values and gradients): the safe
     # softmax where there are such rows (always when traced), else the plain one
@@ -42,7 +36,7 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     del A
     # O_<μτa> = Ã_<μτσ> V_<μσa>
     O = A_tilde @ V  # (…, μ, τ, a)
-    del V
+    del V_proj, V
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa> + out_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, out_proj_weight, out_proj_bias)  # (…, τ, i)
