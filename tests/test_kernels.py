@@ -447,3 +447,31 @@ def test_padded_values_trace_whole_with_dynamic_sizes(d_v):
     for x in inputs.values():
         torch.testing.assert_close(compiled(x), module(x))
         torch.testing.assert_close(exported(x), module(x))
+
+
+NARROW = """index τ, τ' : N
+index μ : h
+index a : 4
+index e : 2
+input Q_<μτa>
+input K_<μτ'a>
+input V_<μeτ'>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+S_<μττ'> = Q_<μτa> K_<μτ'a> / 2 + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτe> = A_<μττ'> V_<μeτ'>
+output O
+"""
+
+
+def test_values_known_to_be_narrower_are_padded_along_their_own_axis():
+    """Widths 4 and 2, the value width not V's last axis: the pad needs no condition and
+    pads that axis. The twin with values as wide as the keys is not padded. Both equal the
+    oracle."""
+    spec = compile_text(NARROW)
+    lines = [line.strip() for line in code(spec).splitlines()]
+    assert "V_pad = F.pad(V, (0, 0, 0, 2))" in lines and "O = O[..., :2]" in lines
+    assert_equals_literal(spec)
+    twin = compile_text(NARROW.replace("index e : 2", "index e : 4"))
+    assert not steps(twin, Pad) and "[..., :4]" not in code(twin)
+    assert_equals_literal(twin)

@@ -68,14 +68,15 @@ class KernelSteps:
 
     def step_Pad(self, step: Pad) -> list[str]:
         arg, out = self.ref(step.arg), self.var(step.out)
-        size, width = self.size(step.over), self.scalar(step.width)
+        missing = step.width - step.over.size
         after = len(step.arg.dims) - 1 - step.arg.dims.index(step.over)
-        pad = f"F.pad({arg}, ({'0, 0, ' * after}0, {width} - {size}))"
+        pad = f"F.pad({arg}, ({'0, 0, ' * after}0, {self.scalar(missing)}))"
         self.use("F")
         why = "# zero features up to the query/key width, so that the kernel takes its fused path"
-        if (step.width - step.over.size).is_positive:
+        if missing.is_positive:
             return [why, f"{out} = {pad}"]
-        return [why, f"{out} = {pad} if {size} < {width} else {arg}"]
+        narrower = f"{self.size(step.over)} < {self.scalar(step.width)}"
+        return [why, f"{out} = {pad} if {narrower} else {arg}"]
 
     def features(self, parts, lead: tuple[Index, ...], widths, heads: int) -> str:
         """Queries or keys as the kernel wants them: each part's features flattened, the
