@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower.steps import Attention, Linear, Split
+from indexattn.lower.steps import Attention, Linear, Pad, Split
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 
@@ -429,4 +429,79 @@ def test_a_query_part_without_heads_is_viewed_over_them():
     keyed = shared.replace("P_<τa>", "P_<ττ'a>")
     twin = compile_text(core(S=scores.replace("P_<τa>", "P_<ττ'a>")).replace(HEAD, keyed))
     assert not steps(twin, Attention) and "softmax" in code(twin)
+    assert_equals_literal(twin)
+
+
+def test_values_narrower_than_the_keys_are_padded_for_the_kernel():
+    """mla: V (d_v) may be narrower than the queries and keys (d_n + d_r), and on CPU the
+    causal kernel takes its fused path only at equal widths: V gains zero features up to
+    theirs where narrower, and the result is cut back to d_v. No spec of equal widths pads."""
+    spec = indexattn.compile_spec(MLA, name="mla")
+    (pad,) = steps(spec, Pad)
+    (core,) = steps(spec, Attention)
+    assert core.v == pad.out and core.cut
+    assert (str(pad.over.size), str(pad.width)) == ("d_v", "d_n + d_r")
+    assert "V_pad = F.pad(V, (0, d_n + d_r - d_v)) if d_v < d_n + d_r else V" in code(spec)
+    assert "O = O[..., :d_v]" in code(spec)
+    for name in SHIPPED:
+        assert not steps(indexattn.compile_spec(ROOT / "specs" / f"{name}.attn"), Pad), name
+
+
+def test_values_are_not_padded_for_a_kernel_with_a_mask():
+    """The twin: mla with a mask that also hides the next key, so the kernel gets attn_mask
+    (where padding was measured not to pay, docs/decisions.md): V goes in as it is."""
+    text = MLA.replace("where(τ' > τ, -inf, 0)", "where(τ' > τ + 1, -inf, 0)")
+    spec = indexattn.compile_spec(text, name="mla_masked")
+    (core,) = steps(spec, Attention)
+    assert core.mask is not None and not core.cut and not steps(spec, Pad)
+    assert "F.pad(" not in spec.source
+    assert_equals_literal(spec)
+
+
+@pytest.mark.parametrize("d_v", [2, 9])
+def test_padded_values_trace_whole_with_dynamic_sizes(d_v):
+    """mla at a value width below (padded) and above (as it is) d_n + d_r = 7: one graph
+    under torch.compile(dynamic=True, fullgraph=True), and torch.export with a dynamic N."""
+    torch._dynamo.reset()
+    spec = indexattn.compile_spec(MLA, name="mla")
+    sizes = {**sample_sizes(spec.ir), "d_n": 3, "d_r": 4, "d_v": d_v}
+    module = spec.module(**{k: v for k, v in sizes.items() if k != "N"}).eval()
+    inputs = {}
+    for n in (5, 8):
+        args = sample_arguments(spec.ir, {**sizes, "N": n}, (2,), torch.float32)
+        module.load_state_dict({k: args[k] for k in module.state_dict()})
+        inputs[n] = args["X"]
+    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend="eager")
+    dims = (({1: torch.export.Dim("N", min=2, max=64)},),)  # forward(*inputs)
+    exported = torch.export.export(module, (inputs[5],), dynamic_shapes=dims).module()
+    for x in inputs.values():
+        torch.testing.assert_close(compiled(x), module(x))
+        torch.testing.assert_close(exported(x), module(x))
+
+
+NARROW = """index τ, τ' : N
+index μ : h
+index a : 4
+index e : 2
+input Q_<μτa>
+input K_<μτ'a>
+input V_<μeτ'>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+S_<μττ'> = Q_<μτa> K_<μτ'a> / 2 + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτe> = A_<μττ'> V_<μeτ'>
+output O
+"""
+
+
+def test_values_known_to_be_narrower_are_padded_along_their_own_axis():
+    """Widths 4 and 2, the value width not V's last axis: the pad needs no condition and
+    pads that axis. The twin with values as wide as the keys is not padded. Both equal the
+    oracle."""
+    spec = compile_text(NARROW)
+    lines = [line.strip() for line in code(spec).splitlines()]
+    assert "V_pad = F.pad(V, (0, 0, 0, 2))" in lines and "O = O[..., :2]" in lines
+    assert_equals_literal(spec)
+    twin = compile_text(NARROW.replace("index e : 2", "index e : 4"))
+    assert not steps(twin, Pad) and "[..., :4]" not in code(twin)
     assert_equals_literal(twin)

@@ -7,13 +7,15 @@ differing in one weight or one mask bit, which must be told apart, and a check a
 independent formulation of the same attention.
 """
 
+from dataclasses import replace
+
 import pytest
 import sympy
 import torch
 from reference import classic
 from reference import modern_b as mb
 from reference.cases import BATCH, N
-from reference.modern_b import MODERN_B_CASES
+from reference.modern_b import MLA_SIZES, MODERN_B_CASES
 from test_classic_variants import (
     SPECS,
     as_tuple,
@@ -228,6 +230,41 @@ def absorbed_mla(layer, x):
 def test_mla_equals_its_absorbed_latent_form():
     layer, x = module("mla")
     close(layer(x), absorbed_mla(layer, x))
+
+
+# mla's kernel gets V zero-padded to the query/key width d_n + d_r = 7 where V is narrower, and
+# its result cut back to d_v: the spec must equal the module below, at and above that width.
+VALUE_WIDTHS = {"narrower": 2, "equal": 7, "wider": 9}
+
+
+def mla_at(d_v):
+    """The mla module and the spec's, same weights, at value width d_v, and their inputs."""
+    case = replace(CASES["mla"], sizes={**MLA_SIZES, "d_v": d_v})
+    return case, *setup(case, case.build)
+
+
+@pytest.mark.parametrize("d_v", VALUE_WIDTHS.values(), ids=VALUE_WIDTHS)
+def test_mla_equals_its_module_at_any_value_width(d_v):
+    case, ref, spec_module, inputs = mla_at(d_v)
+    want, got = as_tuple(ref(*inputs.values())), as_tuple(spec_module(*inputs.values()))
+    assert_all_close(got, want)
+    assert_same_gradients(case, want, got, inputs, ref, spec_module, same_keys=True)
+
+
+@pytest.mark.parametrize("d_v", VALUE_WIDTHS.values(), ids=VALUE_WIDTHS)
+def test_mla_with_its_last_value_feature_changed_differs_from_its_module(d_v):
+    """The twin: one weight of head 0's last value feature (the column next to the zeros)
+    changed in the spec's module only; values and the gradient of X both see it."""
+    _, ref, spec_module, inputs = mla_at(d_v)
+    with torch.no_grad():
+        spec_module.kv_b_proj_weight[MLA_SIZES["d_n"] + d_v - 1, 0] += 0.1
+    x = inputs["X"]
+    got, want = spec_module(x), ref(x)
+    assert (got - want).abs().max() > 1e-4
+    cotangent = torch.randn_like(want)
+    (mine,) = torch.autograd.grad(got, x, cotangent)
+    (theirs,) = torch.autograd.grad(want, x, cotangent)
+    assert (mine - theirs).abs().max() > 1e-4
 
 
 def rms_norm(x, eps):

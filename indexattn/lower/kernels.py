@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import sympy
+
 from .. import ir
 from ..ir import Index, Spec
 from .fusion import (
@@ -16,7 +18,7 @@ from .fusion import (
     find_attention,
     projection_groups,
 )
-from .steps import Attention, Grid, Operand, Split
+from .steps import Attention, Grid, Operand, Pad, Split
 
 if TYPE_CHECKING:
     from .plan import Planner
@@ -106,6 +108,7 @@ class Kernels:
         mask = self.mask(match, scores)
         planner.order = match.output.indices
         v = planner.as_tensor(planner.node(match.v, name), name)
+        padded = self.padded(match, v)
         rename = dict(match.rename)
         heads = match.heads + match.groups
         out = (*(rename[i] for i in (*heads, match.query)), match.value_width)
@@ -115,7 +118,7 @@ class Kernels:
                 Operand(planner.var(name + "_attn"), out, batched),
                 q=q,
                 k=k,
-                v=v,
+                v=padded,
                 mask=mask,
                 q_dims=(*heads, match.query),
                 k_dims=(*match.heads, match.key),
@@ -127,8 +130,22 @@ class Kernels:
                 scale=match.scale,
                 causal=match.causal,
                 dropout=match.p,
+                cut=padded is not v,
             )
         )
+
+    def padded(self, match: AttentionMatch, v: Operand) -> Operand:
+        """The values with zero features up to the width of the queries and keys, where they
+        may be narrower: CPU's fused kernel wants the three as wide, else the call builds the
+        scores. Only with is_causal, where it was measured to pay; never the queries and keys,
+        which would add to the score products (docs/decisions.md, "Values narrower than the
+        queries and keys"). The zeros only make output features that are cut off."""
+        width = sum(sympy.Mul(*(i.size for i in w)) for w in match.widths)
+        over = match.value_width
+        if not match.causal or over not in v.dims or (width - over.size).is_nonpositive:
+            return v
+        out = Operand(self.planner.var(v.var.hint + "_pad"), v.dims, v.batched)
+        return self.planner.add(Pad(out, v, over, width))
 
     def mask(self, match: AttentionMatch, scores: str) -> Operand | None:
         """None for is_causal; a boolean grid for predicates; else the terms, summed."""

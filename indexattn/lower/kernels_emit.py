@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ir import Index
 from .printers import wrap
-from .steps import Attention, Linear, Operand, Split
+from .steps import Attention, Linear, Operand, Pad, Split
 from .values import axes_comment, expand, relayout
 
 
@@ -61,12 +61,26 @@ class KernelSteps:
             args.append("enable_gqa=True")
         self.use("F")
         lines = [f"{out} = F.scaled_dot_product_attention({', '.join(args)})"]
+        if step.cut:
+            lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
         if step.heads == 0:
             lines.append(f"{out} = {out}.squeeze(-3)")
         elif step.heads > 1:
             sizes = ", ".join(self.size(i) for i in step.out.dims[-2 - step.heads : -2])
             lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
         return lines
+
+    def step_Pad(self, step: Pad) -> list[str]:
+        arg, out = self.ref(step.arg), self.var(step.out)
+        missing = step.width - step.over.size
+        after = len(step.arg.dims) - 1 - step.arg.dims.index(step.over)
+        pad = f"F.pad({arg}, ({'0, 0, ' * after}0, {self.scalar(missing)}))"
+        self.use("F")
+        why = "# zero features up to the query/key width, so that the kernel takes its fused path"
+        if missing.is_positive:
+            return [why, f"{out} = {pad}"]
+        narrower = f"{self.size(step.over)} < {self.scalar(step.width)}"
+        return [why, f"{out} = {pad} if {narrower} else {arg}"]
 
     def features(self, parts, lead: tuple[Index, ...], widths, heads: int) -> str:
         """Queries or keys as the kernel wants them: each part's features flattened, the

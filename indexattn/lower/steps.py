@@ -174,6 +174,18 @@ class Cat:
 
 
 @dataclass(frozen=True)
+class Pad:
+    """`arg` with zero features appended along `over` up to `width` where it is narrower (the
+    same tensor where not): attention's values as wide as its queries and keys, which the
+    kernel's fused path needs. `out` keeps the axes of `arg`."""
+
+    out: Operand
+    arg: Operand
+    over: Index
+    width: sympy.Basic
+
+
+@dataclass(frozen=True)
 class Fuse:
     """Merge a result's axes into the fused layout of its left-hand side."""
 
@@ -235,6 +247,7 @@ class Attention:
     scale: sympy.Basic
     causal: bool = False
     dropout: sympy.Basic | None = None
+    cut: bool = False  # v was padded (`Pad`): the result is cut back to the value width
 
     @property
     def grouped(self) -> bool:
@@ -285,6 +298,7 @@ Step = (
     | Full
     | Reduction
     | Cat
+    | Pad
     | Fuse
     | Linear
     | Split

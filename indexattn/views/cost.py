@@ -45,6 +45,7 @@ from ..lower.steps import (
     Grid,
     Linear,
     Operand,
+    Pad,
     Plan,
     PrefixProduct,
     Reduction,
@@ -202,6 +203,7 @@ def _(step: Grid) -> Cost:
 
 
 @step_cost.register(Cat)
+@step_cost.register(Pad)
 @step_cost.register(Gather)
 @step_cost.register(Flip)
 @step_cost.register(Slice)
@@ -224,10 +226,13 @@ def _(step: Linear) -> Cost:
 @step_cost.register
 def _(step: Attention) -> Cost:
     """Two matrix products (scores, weighted sum); per score: the scale, the mask added (none
-    for is_causal, which only selects), the softmax; dropout is the identity in eval mode."""
+    for is_causal, which only selects), the softmax; dropout is the identity in eval mode.
+    Values padded to the features' width (`cut`) are multiplied at that width where wider."""
     scores = elements(step.q_dims) * elements(step.k_dims[-1:])
     features = sum(elements(w) for w in step.widths)
-    matmul = 2 * scores * (features + elements(step.v_dims[-1:]))
+    values = elements(step.v_dims[-1:])
+    values = sympy.Max(features, values) if step.cut else values
+    matmul = 2 * scores * (features + values)
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
 

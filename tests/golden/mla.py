@@ -37,6 +37,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_c = kv_a_layernorm_weight.shape[-1]
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
+    d_v = (kv_b_proj_weight.shape[-2] - (d_n*h)) // h
     Rc, Rs, Q_theta_pos = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
@@ -100,8 +101,11 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτe> = A_<μττ'> V_<μτ'e>
-    O = F.scaled_dot_product_attention(torch.cat([Qn, Q_theta], dim=-1), torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1), V, is_causal=True, scale=1/math.sqrt(d_n + d_r))  # (…, μ, τ, e)
-    del Qn, Kn, V, Q_theta, K_theta
+    # zero features up to the query/key width, so that the kernel takes its fused path
+    V_pad = F.pad(V, (0, d_n + d_r - d_v)) if d_v < d_n + d_r else V  # (…, μ, τ', e)
+    O = F.scaled_dot_product_attention(torch.cat([Qn, Q_theta], dim=-1), torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1), V_pad, is_causal=True, scale=1/math.sqrt(d_n + d_r))
+    O = O[..., :d_v]  # (…, μ, τ, e)
+    del Qn, Kn, V, Q_theta, K_theta, V_pad
     # Y_<τi> = o_proj_weight_<i(μe)> O_<μτe>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)
