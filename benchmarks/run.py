@@ -344,13 +344,17 @@ print(time.perf_counter() - start)
 def startup(names: list[str] | None, repeats: int) -> dict[str, dict[str, float]]:
     """Seconds from `import torch` done to the first compile_spec() done, in a fresh process
     per spec (the median of a few), for the named shipped specs: cold (the compile cache off)
-    and warm (a cache directory of this run's own, which one run before filled)."""
+    and warm (a cache directory of this run's own, which one run before filled). Python may
+    write the package's bytecode, as an installed package has it: with
+    PYTHONDONTWRITEBYTECODE set (as on the CI machines) an editable install compiles every
+    module of indexattn from source in each process."""
     out: dict[str, dict[str, float]] = {"cold": {}, "warm": {}}
     paths = sorted((ROOT / "specs").glob("*.attn"))
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     with tempfile.TemporaryDirectory(prefix="indexattn-cache-") as directory:
         environments = {
-            "cold": {**os.environ, "INDEXATTN_CACHE": "0"},
-            "warm": {**os.environ, "INDEXATTN_CACHE": "1", "INDEXATTN_CACHE_DIR": directory},
+            "cold": {**base, "INDEXATTN_CACHE": "0"},
+            "warm": {**base, "INDEXATTN_CACHE": "1", "INDEXATTN_CACHE_DIR": directory},
         }
         for path in (p for p in paths if p.stem in names):
             command = [sys.executable, "-c", STARTUP, str(path)]

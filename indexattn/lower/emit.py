@@ -218,12 +218,11 @@ class Emitter(KernelSteps, Values):
                 f"{out} = torch.exp({x} - {out}.masked_fill({out} == -math.inf, 0.0))",
             ]
         return [
-            "# rows that are -inf everywhere give 0, not NaN (values and gradients): the safe",
-            "# softmax where there are such rows (always when traced), else the plain one",
-            f"if torch.compiler.is_compiling() or {x}.amax({dim}).isneginf().any():",
+            f"{out} = torch.softmax({x}, dim={dim})",
+            "# rows that are -inf everywhere give 0, not NaN (values and gradients): where the",
+            "# plain softmax made such a row (NaN throughout), or when traced, the safe one",
+            f"if torch.compiler.is_compiling() or {out}.select({dim}, 0).isnan().any():",
             f"    {out} = torch.ops.aten._safe_softmax.default({x}, {dim})",
-            "else:",
-            f"    {out} = torch.softmax({x}, dim={dim})",
         ]
 
     def step_Cat(self, step: Cat) -> str:

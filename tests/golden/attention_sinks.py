@@ -28,12 +28,11 @@ def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
     L = torch.logsumexp(S, dim=-1)  # (…, g, r, τ)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): the safe
-    # softmax where there are such rows (always when traced), else the plain one
-    if torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
-        A_softmax = torch.ops.aten._safe_softmax.default(S, -1)
-    else:
-        A_softmax = torch.softmax(S, dim=-1)  # (…, g, r, τ, τ')
+    A_softmax = torch.softmax(S, dim=-1)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+    # plain softmax made such a row (NaN throughout), or when traced, the safe one
+    if torch.compiler.is_compiling() or A_softmax.select(-1, 0).isnan().any():
+        A_softmax = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
     A_sum = -sinks_split[:, :, None] + L  # (…, g, r, τ)
     A_sigmoid = torch.sigmoid(A_sum)  # (…, g, r, τ)
     A = A_softmax * A_sigmoid[..., :, :, :, None]  # (…, g, r, τ, τ')
