@@ -69,6 +69,7 @@ class Planner(Products, PrefixProducts):
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
         self.prefix = find(spec)  # prefix sums computed by chunks where they are read
+        self.later = self.unread | set(self.prefix)  # planned in the block that reads them
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
@@ -87,8 +88,7 @@ class Planner(Products, PrefixProducts):
     def plan(self) -> Plan:
         blocks = []
         for eq in self.spec.equations:
-            later = self.unread | set(self.prefix)  # planned in the block that reads them
-            if not self.kernels.skipped(eq) and eq.tensor.name not in later:
+            if not self.kernels.skipped(eq) and eq.tensor.name not in self.later:
                 self.steps = []
                 equations = self.block(eq)
                 blocks.append(Block(self.inlined(equations) + equations, tuple(self.steps)))
@@ -107,7 +107,7 @@ class Planner(Products, PrefixProducts):
             ref.tensor.name
             for eq in equations
             for ref in ir.refs(eq.rhs)
-            if ref.tensor.name in self.unread | set(self.prefix)
+            if ref.tensor.name in self.later
         ]
         return tuple(defined[name] for name in dict.fromkeys(names))
 
