@@ -152,3 +152,81 @@ def test_the_safe_softmax_runs_only_where_a_row_is_dead_and_both_agree():
         got.append((out, leaf.grad))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
     assert masked(X=x, M=dead)[1].eq(0).all() and not masked(X=x, M=dead).isnan().any()
+
+
+def _softmax_bytes(call) -> int:
+    """What the softmax steps allocate, in bytes."""
+    with torch.profiler.profile(profile_memory=True) as prof:
+        call()
+    events = prof.key_averages()
+    return sum(e.self_cpu_memory_usage for e in events if e.key == "aten::_softmax")
+
+
+MASKED = SCORES.format(mask="input M_<ττ'>\n", plus=" + M_<ττ'>")
+
+
+@pytest.mark.parametrize("mask", ["", "input M_<ττ'>\n"], ids=["plain", "safe"])
+def test_without_gradients_the_weights_overwrite_the_scores_and_agree_bit_for_bit(mask):
+    """No gradient needed: the softmax writes over the fresh scores (nothing allocated), the
+    same numbers as the softmax that allocates, which runs where a gradient is needed."""
+    spec = indexattn.compile_spec(SCORES.format(mask=mask, plus=" + M_<ττ'>" if mask else ""))
+    x = torch.randn(64, 3, dtype=torch.float64)
+    m = torch.zeros(64, 64, dtype=torch.float64).index_fill_(1, torch.tensor([5]), -math.inf)
+    args = {"X": x, "M": m} if mask else {"X": x}
+    with torch.no_grad():
+        assert _softmax_bytes(lambda: spec(**args)) == 0
+        kept = spec(**args)
+    leaf = x.clone().requires_grad_()
+    assert _softmax_bytes(lambda: spec(**{**args, "X": leaf})) == 64 * 64 * 8  # the twin
+    assert torch.equal(kept, spec(**{**args, "X": leaf}).detach())
+
+
+def test_without_gradients_a_dead_row_still_gives_zeros_and_nan_scores_still_nan():
+    spec = indexattn.compile_spec(MASKED, name="masked")
+    x = torch.randn(6, 3, dtype=torch.float64)
+    dead = torch.zeros(6, 6, dtype=torch.float64).index_fill_(0, torch.tensor([1]), -math.inf)
+    nan = torch.zeros(6, 6, dtype=torch.float64).index_fill_(0, torch.tensor([2]), math.nan)
+    for mask in (dead, nan):
+        with torch.no_grad():
+            got = spec(X=x, M=mask)
+        want = spec(X=x.clone().requires_grad_(), M=mask).detach()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    with torch.no_grad():
+        assert spec(X=x, M=dead)[1].eq(0).all() and spec(X=x, M=nan)[2].isnan().all()
+
+
+def test_scores_passed_in_or_read_twice_are_never_overwritten():
+    given = indexattn.compile_spec(
+        "index τ, τ' : N\ninput S_<ττ'>\nA_<ττ'> = softmax_<τ'>(S_<ττ'>)\noutput A\n", name="given"
+    )
+    s = torch.randn(5, 5, dtype=torch.float64)
+    before = s.clone()
+    with torch.no_grad():
+        given(S=s)
+    assert torch.equal(s, before) and "out=" not in given.source
+    read_twice = SCORES.format(mask="", plus="").replace("output A", "output A, S")
+    twice = indexattn.compile_spec(read_twice, name="twice")
+    with torch.no_grad():
+        a, scores = twice(X=torch.randn(5, 3, dtype=torch.float64))
+    assert not torch.equal(a, scores) and "out=" not in twice.source
+
+
+@pytest.mark.parametrize("mask", ["", "input M_<ττ'>\n"], ids=["plain", "safe"])
+def test_the_softmax_over_the_scores_traces_without_gradients(mask):
+    """torch.compile (fullgraph) and torch.export of the step that writes over the scores."""
+    spec = indexattn.compile_spec(SCORES.format(mask=mask, plus=" + M_<ττ'>" if mask else ""))
+    names = ("X", "M") if mask else ("X",)
+    call = lambda *args: spec(**dict(zip(names, args)))  # noqa: E731
+    x = torch.randn(6, 3, dtype=torch.float64)
+    args = (x, torch.zeros(6, 6, dtype=torch.float64)) if mask else (x,)
+
+    class Layer(torch.nn.Module):
+        def forward(self, *args):
+            return call(*args)
+
+    with torch.no_grad():
+        want = call(*args)
+        traced = torch.compile(call, backend="eager", fullgraph=True)(*args)
+        exported = torch.export.export(Layer(), args).module()(*args)
+    torch.testing.assert_close(traced, want, rtol=0, atol=0)
+    torch.testing.assert_close(exported, want, rtol=0, atol=0)

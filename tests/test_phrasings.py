@@ -103,11 +103,14 @@ Y_<τi> = W_O_<i(μa)> O_<μτa>
 
 
 def body(text: str) -> list[str]:
-    """The generated function's code, comments and `del` lines dropped (when a name is let go
-    follows the equations' blocks, not the steps), its local variables and the words of its
-    strings (einsum's index names) renamed in the order they first appear."""
+    """The generated function's code (its scores' function by rows first, where it has one),
+    comments and `del` lines dropped (when a name is let go follows the equations' blocks, not
+    the steps), its local variables and the words of its strings (einsum's index names)
+    renamed in the order they first appear."""
     source = indexattn.compile_spec(text, name="t").source
-    code = re.sub(r"^ +del .*\n", "", source[source.index("\ndef t(") :], flags=re.MULTILINE)
+    start = source.find("\ndef t_rows(")
+    start = source.index("\ndef t(") if start < 0 else start
+    code = re.sub(r"^ +del .*\n", "", source[start:], flags=re.MULTILINE)
     tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
     targets = re.findall(r"^ +([\w, ]+?) = ", code, re.MULTILINE)
     local = {name.strip() for line in targets for name in line.split(",")}
@@ -302,3 +305,81 @@ def test_the_order_chosen_by_sizes_traces_under_compile_and_export():
     exported = torch.export.export(module, (x,), dynamic_shapes=(({1: n},),)).module()
     longer = torch.randn(2, 12, 16, dtype=torch.float64)
     torch.testing.assert_close(exported(longer), module(longer))
+
+
+SINKS = shipped("specs/attention_sinks.attn")
+SINK_LINE = "A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)"
+LSE_LINE = "L_<grτ>   = logsumexp_<τ'>(S_<grττ'>)\n"
+SINK_PHRASINGS = {
+    "the logsumexp inline": SINKS.replace(LSE_LINE, "").replace(
+        "L_<grτ> - sinks", "logsumexp_<τ'>(S_<grττ'>) - sinks"
+    ),
+    "the logsumexp with other index names": SINKS.replace(
+        LSE_LINE, "L_<grσ> = logsumexp_<κ>(S_<grσκ>)\n"
+    ).replace("index a     : d_k", "index a     : d_k\nindex σ, κ : N"),
+    "the factors the other way round": SINKS.replace(
+        SINK_LINE, "A_<grττ'> = sigmoid(L_<grτ> - sinks_<(gr)>) softmax_<τ'>(S_<grττ'>)"
+    ),
+}
+
+
+def code_lines(source: str) -> str:
+    return "\n".join(line.split("#")[0] for line in source.splitlines())
+
+
+@pytest.mark.parametrize("phrasing", SINK_PHRASINGS)
+def test_a_sink_is_one_more_column_of_the_softmax_however_it_is_written(phrasing):
+    """softmax(S) σ(L - s), L the logsumexp of S: GPT-OSS's softmax over [S, s] without the
+    sink's column; the logsumexp is never computed."""
+    assert SINK_PHRASINGS[phrasing] != SINKS
+    assert body(SINK_PHRASINGS[phrasing]) == body(SINKS)
+    code = code_lines(indexattn.compile_spec(SINKS, name="t").source)
+    assert "torch.cat([S, sinks_split" in code and "[..., :-1]" in code
+    assert "logsumexp" not in code and "sigmoid" not in code
+
+
+SINK_TWINS = {
+    # σ(L + s) is the sink -s: another sign, the literal steps
+    "the sink's logit added": SINKS.replace("L_<grτ> - sinks", "L_<grτ> + sinks"),
+    # the logsumexp of other scores (the mask left out) is no sink
+    "the logsumexp of other scores": SINKS.replace(
+        LSE_LINE,
+        "P_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k)\nL_<grτ> = logsumexp_<τ'>(P_<grττ'>)\n",
+    ),
+    # a logsumexp over the queries is no sink either
+    "the logsumexp over the queries": SINKS.replace(
+        LSE_LINE, "L_<grτ'> = logsumexp_<τ>(S_<grττ'>)\n"
+    ).replace("L_<grτ> - sinks", "L_<grτ'> - sinks"),
+}
+
+
+@pytest.mark.parametrize("twin", SINK_TWINS)
+def test_a_sink_twin_is_computed_as_written_and_equals_the_literal_reading(twin):
+    spec = indexattn.compile_spec(SINK_TWINS[twin], name="t")
+    assert body(SINK_TWINS[twin]) != body(SINKS)
+    assert "logsumexp" in code_lines(spec.source) and "sigmoid" in code_lines(spec.source)
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_a_logsumexp_read_elsewhere_too_is_computed_and_the_sink_still_one_column():
+    spec = indexattn.compile_spec(SINKS.replace("output Y", "output Y, L"), name="t")
+    code = code_lines(spec.source)
+    assert code.count("torch.logsumexp") == 1 and "torch.cat([S, sinks_split" in code
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_a_row_with_every_key_hidden_gives_zeros_with_a_sink_as_without():
+    """The first query sees no key: the sink takes the whole row, as the literal σ(L - s) = 0
+    with L = -inf says (values and gradients)."""
+    hidden = SINKS.replace("where(τ' > τ or", "where(τ' > τ or τ == 0 or")
+    assert hidden != SINKS
+    spec = indexattn.compile_spec(hidden, name="t")
+    assert compare(spec, torch.float64, (2,)).ok
+    args = sample_arguments(
+        spec.ir, {"N": 6, "d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 4}, (1,), torch.float64, seed=0
+    )
+    args = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
+    y = spec(**args, h_kv=2)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(args["sinks"].grad).all()
+    assert torch.allclose(y[0, 0], args["o_proj_bias"], atol=0, rtol=0)

@@ -87,6 +87,15 @@ class Analysis:
         return Reduce(node.fn, node.over, body, node.span)
 
 
+def signed(term: Node) -> tuple[Node, int]:
+    """A term `-x` as (x, -1), so that it is subtracted; any other term as (term, 1)."""
+    if isinstance(term, Product) and len(term.factors) == 2 and not term.summed:
+        minus = [f for f in term.factors if isinstance(f, Field) and f.expr == -1]
+        if minus:
+            return next(f for f in term.factors if f is not minus[0]), -1
+    return term, 1
+
+
 def denominator(node: Node) -> bool:
     """A factor written below a fraction bar: x^-1."""
     return (

@@ -209,6 +209,13 @@ class Emitter(KernelSteps, Values):
         dim = str(dims[0]) if len(dims) == 1 else str(dims)
         x = self.ref(arg)
         self.use("torch")
+        if step.sink is not None:
+            return self.sink_softmax(step, out, x, dim)
+        if step.fn == "softmax" and step.into and not step.safe:
+            return [
+                "# without gradients the weights overwrite the scores: no second N×N tensor",
+                f"{out} = torch.softmax({x}, dim={dim}, out=None if {x}.requires_grad else {x})",
+            ]
         if step.fn != "softmax" or (len(dims) == 1 and not step.safe):
             return f"{out} = {ops.REDUCTIONS[step.fn].torch.format(x=x, dim=dim)}"
         if len(dims) > 1:
@@ -217,12 +224,41 @@ class Emitter(KernelSteps, Values):
                 f"{out} = torch.logsumexp({x}, dim={dim}, keepdim=True)",
                 f"{out} = torch.exp({x} - {out}.masked_fill({out} == -math.inf, 0.0))",
             ]
-        return [
+        safe = [
             f"{out} = torch.softmax({x}, dim={dim})",
             "# rows that are -inf everywhere give 0, not NaN (values and gradients): where the",
             "# plain softmax made such a row (NaN throughout), or when traced, the safe one",
             f"if torch.compiler.is_compiling() or {out}.select({dim}, 0).isnan().any():",
             f"    {out} = torch.ops.aten._safe_softmax.default({x}, {dim})",
+        ]
+        if not step.into:
+            return safe
+        return [
+            "# without gradients the weights overwrite the scores (no second tensor of their",
+            "# size), unless a row is -inf everywhere",
+            f"if {x}.requires_grad or torch.compiler.is_compiling() or "
+            f"{x}.amax({dim}).isneginf().any():",
+            *("    " + line for line in safe),
+            "else:",
+            f"    {out} = torch.softmax({x}, dim={dim}, out={x})",
+        ]
+
+    def sink_softmax(self, step: Reduction, out: str, x: str, dim: str) -> list[str]:
+        """The sink's logit as one more column of the scores; the softmax's is dropped."""
+        sink = expand(self.ref(step.sink), step.sink.dims, step.arg.dims, step.sink.batched)
+        first, kept = (
+            ("[..., :1]", "[..., :-1]")
+            if dim == "-1"
+            else (
+                f".narrow({dim}, 0, 1)",
+                f".narrow({dim}, 0, {x}.shape[{dim}])",
+            )
+        )
+        return [
+            "# = exp(S) / (Σ exp(S) + exp(sink)): a softmax with the sink's logit as one more",
+            "# column of each row, that column dropped after",
+            f"{out} = torch.cat([{x}, {sink}.expand_as({x}{first})], dim={dim})",
+            f"{out} = torch.softmax({out}, dim={dim}){kept}",
         ]
 
     def step_Cat(self, step: Cat) -> str:

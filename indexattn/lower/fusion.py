@@ -217,7 +217,7 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
     """Every attention core in the spec that the fused kernel computes exactly. A predicate
     mask read by several cores is absorbed by each (`is_causal` twice), and computed only
     where something else reads it too."""
-    uses = _uses(spec)
+    uses = read_counts(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
     matcher = _Matcher(defined, uses)
     matches = (matcher.match(eq, node) for eq in spec.equations for node in _cores(eq.rhs))
@@ -229,14 +229,14 @@ def find_attention(spec: Spec) -> tuple[AttentionMatch, ...]:
     )
 
 
-def _uses(spec: Spec) -> Counter:
+def read_counts(spec: Spec) -> Counter:
     counts: Counter = Counter(t.name for t in spec.outputs)
     for eq in spec.equations:
         counts.update(ref.tensor.name for ref in ir.refs(eq.rhs))
     return counts
 
 
-def _rename(ref: ir.Ref) -> dict[Index, Index] | None:
+def renaming(ref: ir.Ref) -> dict[Index, Index] | None:
     """The referenced tensor's left-hand indices -> the indices written in `ref`."""
     written = [i for axis in ref.axes for i in axis]
     if not all(isinstance(i, Index) for i in written):
@@ -294,7 +294,7 @@ class _Matcher:
     def meaning(self, node: ir.Node) -> _Meaning | None:
         if not isinstance(node, ir.Ref):
             return _Meaning(node, {}, None)
-        eq, rename = self.single(node), _rename(node)
+        eq, rename = self.single(node), renaming(node)
         return None if eq is None or rename is None else _Meaning(eq.rhs, rename, eq)
 
     def match(self, output: Equation, node: ir.Product) -> AttentionMatch | None:
@@ -428,7 +428,7 @@ class _Matcher:
         if isinstance(term, ir.Apply):
             return predicates.keep_of(term), None
         single = self.single(term)
-        if single is not None and _rename(term) == {i: i for i in single.indices}:
+        if single is not None and renaming(term) == {i: i for i in single.indices}:
             keep = predicates.keep_of(single.rhs)  # a mask that reads tensors, used only here
             if keep is not None:
                 return keep, single
@@ -436,7 +436,7 @@ class _Matcher:
         if eq is None or not isinstance(eq.rhs, ir.Field):
             return None, None
         keep = _keep(eq.rhs.expr)
-        rename = _rename(term)
+        rename = renaming(term)
         if keep is None or rename is None:
             return None, None
         return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq

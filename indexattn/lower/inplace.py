@@ -2,7 +2,11 @@
 where one term is a fresh tensor of the sum's own shape that nothing else reads, the N×N
 scores are held once, not twice (smaller sums keep the plainer `M + S_prod`). Exact under
 autograd: the steps that make such a term (a product, a scaled tensor, a sum) keep their
-operands for the backward pass, never their result."""
+operands for the backward pass, never their result.
+
+A softmax over such scores, read by nothing else, writes its weights over them when no
+gradient is needed (`out=S`): a new tensor of N×N per head costs more in page faults than
+the softmax's arithmetic (docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from dataclasses import replace
 from ..ir import Spec
 from .blocked import sequence_indices
 from .hoist import operands
-from .steps import Add, Arg, Contract, Operand, Step, Var
+from .steps import Add, Arg, Contract, Operand, Reduction, Step, Var
 
 
 def accumulate(spec: Spec, per_call: tuple[tuple[Step, ...], ...], results: tuple[Operand, ...]):
@@ -26,6 +30,15 @@ def accumulate(spec: Spec, per_call: tuple[tuple[Step, ...], ...], results: tupl
     return tuple(tuple(_into(s, fresh & wide, reads) for s in block) for block in per_call)
 
 
+def _softmax_into(step: Step, fresh: set[Var], reads: Counter) -> Step:
+    """A softmax along one axis over fresh scores nothing else reads, marked `into`."""
+    if not (isinstance(step, Reduction) and step.fn == "softmax" and len(step.over) == 1):
+        return step
+    if step.sink is None and _target(step.arg, step.out, fresh, reads):
+        return replace(step, into=True)
+    return step
+
+
 def _fresh(step: Step) -> bool:
     """Steps whose result is a new tensor, not a view of what they read."""
     if isinstance(step, Contract):
@@ -37,7 +50,7 @@ def _into(step: Step, fresh: set[Var], reads: Counter) -> Step:
     """The sum marked with its last (widest) term that can take the others in place: one the
     others broadcast into, as a batched term does where the others' batch axes are its own."""
     if not isinstance(step, Add):
-        return step
+        return _softmax_into(step, fresh, reads)
     signs = step.signs or (1,) * len(step.args)
     for k in reversed(range(len(step.args))):
         term, others = step.args[k], step.args[:k] + step.args[k + 1 :]

@@ -13,6 +13,7 @@ import sympy
 
 from .. import ir
 from ..ir import Index, Spec, Tensor
+from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
 from .fusion import LinearForm, declared_outer, direct, linear_form
@@ -20,6 +21,7 @@ from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts, find
 from .products import Products
+from .sinks import Sink, absorbed
 from .steps import (
     Add,
     Arg,
@@ -69,7 +71,9 @@ class Planner(Products, PrefixProducts):
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
         self.prefix = find(spec)  # prefix sums computed by chunks where they are read
-        self.later = self.unread | set(self.prefix)  # planned in the block that reads them
+        self.defined = {eq.tensor.name: eq for eq in spec.equations}
+        # planned in the block that reads them; logsumexps only sinks read, never
+        self.later = self.unread | set(self.prefix) | absorbed(spec)
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
@@ -102,14 +106,13 @@ class Planner(Products, PrefixProducts):
     def inlined(self, equations: tuple[ir.Equation, ...]) -> tuple[ir.Equation, ...]:
         """The equations of position-only tensors and of prefix sums by chunks these read:
         they head the block too."""
-        defined = {eq.tensor.name: eq for eq in self.spec.equations}
         names = [
             ref.tensor.name
             for eq in equations
             for ref in ir.refs(eq.rhs)
             if ref.tensor.name in self.later
         ]
-        return tuple(defined[name] for name in dict.fromkeys(names))
+        return tuple(self.defined[name] for name in dict.fromkeys(names))
 
     def ordered(self, dims: tuple[Index, ...]) -> tuple[Index, ...]:
         """Axes in the order of the left-hand side, so results need no transposes."""
@@ -243,7 +246,7 @@ class Planner(Products, PrefixProducts):
             return self.linear(form, hint + "_proj")
         # Smallest tensors first, numbers last: `M + P + S` adds the masks once, not per head.
         terms = sorted(
-            ((self.node(t, hint), sign) for t, sign in map(_signed, node.terms)),
+            ((self.node(t, hint), sign) for t, sign in map(signed, node.terms)),
             key=lambda pair: _planning_elements(pair[0]),
         )
         args, signs = tuple(a for a, _ in terms), tuple(s for _, s in terms)
@@ -268,6 +271,13 @@ class Planner(Products, PrefixProducts):
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
+
+    def sink_softmax(self, found: Sink, hint: str) -> Operand:
+        """A softmax with one more logit in its denominator (lower/sinks.py)."""
+        body = self.as_tensor(self.node(found.scores, hint), hint)
+        logit = self.as_tensor(self.node(found.logit, hint + "_sink"), hint + "_sink")
+        out = Operand(self.var(f"{hint}_softmax"), body.dims, body.batched)
+        return self.add(Reduction(out, "softmax", body, (found.over,), sink=logit))
 
 
 def _reversal(position: ir.Node, axis: Index) -> Index | None:
@@ -311,15 +321,6 @@ def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple
     if wanted[start : start + len(positions.dims)] == positions.dims:
         return wanted
     return value.dims[:k] + positions.dims + value.dims[k + 1 :]
-
-
-def _signed(term: ir.Node) -> tuple[ir.Node, int]:
-    """A term `-x` as (x, -1), so that it is subtracted; any other term as (term, 1)."""
-    if isinstance(term, ir.Product) and len(term.factors) == 2 and not term.summed:
-        minus = [f for f in term.factors if isinstance(f, ir.Field) and f.expr == -1]
-        if minus:
-            return next(f for f in term.factors if f is not minus[0]), -1
-    return term, 1
 
 
 def _signature(step: Step) -> tuple | None:

@@ -11,17 +11,21 @@ from ..ir import Index
 from ..ir.einstein import denominator
 from .fusion import direct, linear_form
 from .order import choice, orders, planning_count, result_dims
+from .sinks import sink
 from .steps import Arg, Choose, Contract, Elementwise, Number, Operand
 
 
 class Products:
-    """Mixed into the Planner, which supplies var, add, node, ordered, linear and
-    prefix_product."""
+    """Mixed into the Planner, which supplies var, add, node, ordered, linear, prefix_product,
+    sink_softmax and the equations `defined`."""
 
     def node_Product(self, node: ir.Product, hint: str) -> Arg:
         chunked = self.prefix_product(node, hint)
         if chunked is not None:
             return chunked
+        found = sink(node, self.defined)
+        if found is not None:
+            return self.sink_softmax(found, hint)
         form = linear_form(node)
         if form is not None and direct(form):
             return self.linear(form, hint + "_proj")

@@ -161,6 +161,8 @@ class Reduction:
     arg: Operand
     over: tuple[Index, ...]
     safe: bool = False  # softmax whose rows may be all -inf: zeros, not NaN
+    sink: Operand | None = None  # softmax with one more logit per row in its denominator
+    into: bool = False  # softmax written over its argument when nothing needs its gradient
 
 
 @dataclass(frozen=True)

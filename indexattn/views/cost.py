@@ -194,7 +194,11 @@ def _(step: Elementwise) -> Cost:
 
 @step_cost.register
 def _(step: Reduction) -> Cost:
-    return Cost(other=REDUCTIONS[step.fn].flops * _size(step.arg))
+    """A softmax with a sink runs over one more column (lower/sinks.py)."""
+    size = _size(step.arg)
+    if step.sink is not None:
+        size = size / elements(step.over) * (elements(step.over) + 1)
+    return Cost(other=REDUCTIONS[step.fn].flops * size)
 
 
 @step_cost.register

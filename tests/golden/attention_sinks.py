@@ -26,16 +26,11 @@ def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
     S = S_prod.add_(M)  # (…, g, r, τ, τ')
     # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
-    L = torch.logsumexp(S, dim=-1)  # (…, g, r, τ)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
-    A_softmax = torch.softmax(S, dim=-1)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-    # plain softmax made such a row (NaN throughout), or when traced, the safe one
-    if torch.compiler.is_compiling() or A_softmax.select(-1, 0).isnan().any():
-        A_softmax = torch.ops.aten._safe_softmax.default(S, -1)  # (…, g, r, τ, τ')
-    A_sum = -sinks_split[:, :, None] + L  # (…, g, r, τ)
-    A_sigmoid = torch.sigmoid(A_sum)  # (…, g, r, τ)
-    A = A_softmax * A_sigmoid[..., :, :, :, None]  # (…, g, r, τ, τ')
+    # = exp(S) / (Σ exp(S) + exp(sink)): a softmax with the sink's logit as one more
+    # column of each row, that column dropped after
+    A = torch.cat([S, sinks_split[:, :, None, None].expand_as(S[..., :1])], dim=-1)
+    A = torch.softmax(A, dim=-1)[..., :-1]  # (…, g, r, τ, τ')
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
     return O
@@ -58,6 +53,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     K_scaled = K / math.sqrt(d_k)  # (…, g, τ', a)
     del K_proj, K
+    # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences

@@ -25,11 +25,16 @@ def differential_rows(Q_scaled, K, M, lambda__scaled, V):
     # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
     A_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, B, τ, τ')
     A_sum = A_prod.add_(M)  # (…, μ, B, τ, τ')
-    A = torch.softmax(A_sum, dim=-1)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-    # plain softmax made such a row (NaN throughout), or when traced, the safe one
-    if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-        A = torch.ops.aten._safe_softmax.default(A_sum, -1)  # (…, μ, B, τ, τ')
+    # without gradients the weights overwrite the scores (no second tensor of their
+    # size), unless a row is -inf everywhere
+    if A_sum.requires_grad or torch.compiler.is_compiling() or A_sum.amax(-1).isneginf().any():
+        A = torch.softmax(A_sum, dim=-1)
+        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+        # plain softmax made such a row (NaN throughout), or when traced, the safe one
+        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
+            A = torch.ops.aten._safe_softmax.default(A_sum, -1)
+    else:
+        A = torch.softmax(A_sum, dim=-1, out=A_sum)  # (…, μ, B, τ, τ')
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
     D = D_prod.add_(A[..., :, 0, :, :])  # (…, μ, τ, τ')

@@ -34,11 +34,16 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     S = S_prod.add_(P[..., None, None, :] + M)  # (…, μ, τ, τ')
     del Q_scaled, S_prod
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    A = torch.softmax(S, dim=-1)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-    # plain softmax made such a row (NaN throughout), or when traced, the safe one
-    if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-        A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # without gradients the weights overwrite the scores (no second tensor of their
+    # size), unless a row is -inf everywhere
+    if S.requires_grad or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
+        A = torch.softmax(S, dim=-1)
+        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+        # plain softmax made such a row (NaN throughout), or when traced, the safe one
+        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
+            A = torch.ops.aten._safe_softmax.default(S, -1)
+    else:
+        A = torch.softmax(S, dim=-1, out=S)  # (…, μ, τ, τ')
     del S
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     A_tilde = F.dropout(A, p, training=training)  # (…, μ, τ, τ')

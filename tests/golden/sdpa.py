@@ -13,7 +13,8 @@ def sdpa(Q, K, V, *, training=False):
     S = Q_scaled @ K.transpose(-2, -1)  # (…, τ, σ)
     del Q_scaled
     # A_<τσ> = softmax_<σ>(S_<τσ>)
-    A = torch.softmax(S, dim=-1)  # (…, τ, σ)
+    # without gradients the weights overwrite the scores: no second N×N tensor
+    A = torch.softmax(S, dim=-1, out=None if S.requires_grad else S)  # (…, τ, σ)
     del S
     # O_<τc> = A_<τσ> V_<σc>
     O = A @ V  # (…, τ, c)

@@ -8,7 +8,8 @@ def simple(X, *, training=False):
     # S_<ττ'> = X_<τi> X_<τ'i>
     S = X @ X.transpose(-2, -1)  # (…, τ, τ')
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
-    A = torch.softmax(S, dim=-1)  # (…, τ, τ')
+    # without gradients the weights overwrite the scores: no second N×N tensor
+    A = torch.softmax(S, dim=-1, out=None if S.requires_grad else S)  # (…, τ, τ')
     del S
     # Z_<τi> = A_<ττ'> X_<τ'i>
     Z = A @ X  # (…, τ, i)

@@ -29,11 +29,16 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
     S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
     S = S_prod_2.add_(M)  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    A = torch.softmax(S, dim=-1)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-    # plain softmax made such a row (NaN throughout), or when traced, the safe one
-    if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-        A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, τ')
+    # without gradients the weights overwrite the scores (no second tensor of their
+    # size), unless a row is -inf everywhere
+    if S.requires_grad or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
+        A = torch.softmax(S, dim=-1)
+        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+        # plain softmax made such a row (NaN throughout), or when traced, the safe one
+        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
+            A = torch.ops.aten._safe_softmax.default(S, -1)
+    else:
+        A = torch.softmax(S, dim=-1, out=S)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)
     return O

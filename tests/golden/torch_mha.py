@@ -24,11 +24,16 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     S = S_prod.add_(key_padding_mask[..., None, None, :])  # (…, μ, τ, σ)
     del Q_proj, Q, K_proj, K, Q_scaled, S_prod
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
-    A = torch.softmax(S, dim=-1)
-    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-    # plain softmax made such a row (NaN throughout), or when traced, the safe one
-    if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-        A = torch.ops.aten._safe_softmax.default(S, -1)  # (…, μ, τ, σ)
+    # without gradients the weights overwrite the scores (no second tensor of their
+    # size), unless a row is -inf everywhere
+    if S.requires_grad or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
+        A = torch.softmax(S, dim=-1)
+        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+        # plain softmax made such a row (NaN throughout), or when traced, the safe one
+        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
+            A = torch.ops.aten._safe_softmax.default(S, -1)
+    else:
+        A = torch.softmax(S, dim=-1, out=S)  # (…, μ, τ, σ)
     del S
     # Ã_<μτσ> = dropout(A_<μτσ>, p)
     A_tilde = F.dropout(A, p, training=training)  # (…, μ, τ, σ)
