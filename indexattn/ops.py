@@ -34,6 +34,8 @@ class Op:
     tensors: bool = False  # the torch template needs tensors: numbers are made tensors first
     integers: bool = False  # maps whole numbers to whole numbers (floor, mod, max, where, ...)
     keeps: bool = False  # a reduction whose index stays free: softmax_<j>, cumsum_<j>, concat_<j>
+    # the in-place form, for functions whose backward reads their result, not their argument
+    inplace: str = ""
 
     @property
     def condition(self) -> bool:
@@ -64,9 +66,26 @@ def _softplus(x):
 INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "max", "mod"})
 
 
+# Functions whose backward reads their result (tanh: 1 - y², exp: y, ...): they may overwrite
+# their argument, as torch's `tanh_` does under autograd.
+INPLACE = frozenset({"exp", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
+
+
 def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
     integers = name in INTEGER_FUNCTIONS
-    return Op(name, "function", 1, torch, latex, flops, form, frozenset(imports), integers=integers)
+    inplace = "{0}." + name + "_()" if name in INPLACE else ""
+    return Op(
+        name,
+        "function",
+        1,
+        torch,
+        latex,
+        flops,
+        form,
+        frozenset(imports),
+        integers=integers,
+        inplace=inplace,
+    )
 
 
 def _binary(name: str, torch: str, latex: str, form, tensors: bool = True) -> Op:

@@ -81,3 +81,57 @@ def test_a_scale_over_a_sum_of_products_goes_onto_their_factors():
     unscaled = indexattn.compile_spec(plain, name="mla_unscaled")
     assert "_scaled" not in unscaled.source
     assert compare(unscaled, batch=(2,)).ok
+
+
+CAPPED = """
+index τ, τ' : N
+index a     : d
+scalar c = 5
+input Q_<τa>
+input K_<τa>
+input P_<τ'>
+R_<ττ'> = Q_<τa> K_<τ'a>
+S_<ττ'> = c tanh(R_<ττ'> / c) + P_<τ'>
+output S
+"""
+
+
+def test_a_soft_cap_writes_over_the_product_until_tanh_keeps_its_result():
+    """R / c and tanh overwrite the product (a scale keeps nothing, tanh keeps its result);
+    `* c` then makes a tensor, since tanh's backward reads what it wrote, and the mask goes
+    onto that. Values and gradients equal the literal interpreter's."""
+    spec = indexattn.compile_spec(CAPPED, name="capped")
+    assert "S_prod = R.div_(c)" in spec.source and "S_tanh = S_prod.tanh_()" in spec.source
+    assert "S_prod_2 = S_tanh * c" in spec.source and "S_prod_2.add_(" in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+
+
+def test_a_product_that_is_returned_is_left_alone_and_its_scaled_copy_capped_in_place():
+    spec = indexattn.compile_spec(CAPPED.replace("output S", "output S, R"), name="both")
+    assert "div_(" not in spec.source and "S_prod = R / c" in spec.source
+    assert "S_tanh = S_prod.tanh_()" in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+
+
+def test_functions_whose_backward_reads_their_argument_make_a_tensor():
+    """sin's backward reads its argument (cos x), exp's its result: sin makes a tensor, which
+    the scale then writes over; exp writes over the product, and the scale after it makes a
+    tensor (it must not touch what exp keeps). Values and gradients hold."""
+    for fn, inplace in (("sin", False), ("exp", True)):
+        text = CAPPED.replace("c tanh(R_<ττ'> / c)", f"{fn}(R_<ττ'>) / c")
+        spec = indexattn.compile_spec(text, name=fn)
+        assert (f"R.{fn}_()" in spec.source) == inplace
+        assert (f"torch.{fn}(R)" in spec.source) == (not inplace)
+        assert (f"S_{fn}.div_(c)" in spec.source) == (not inplace)
+        assert compare(spec, batch=(2,)).ok
+        gradients(spec)
+
+
+def test_a_condition_is_never_the_tensor_a_sum_adds_onto():
+    text = CAPPED.replace("c tanh(R_<ττ'> / c)", "where(R_<ττ'> > 0, 1, 0) + log(R_<ττ'> R_<ττ'>)")
+    spec = indexattn.compile_spec(text, name="condition")
+    assert "S_where.add_" not in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)

@@ -134,6 +134,12 @@ class Emitter(KernelSteps, Values):
 
     def step_Contract(self, step: Contract) -> str:
         out = step.out
+        if step.into:  # lower/inplace.py
+            numerator, denominator = step.scale.as_numer_denom()
+            x = self.ref(step.args[0])
+            if numerator == 1:
+                return f"{self.var(out)} = {x}.div_({self.scalar(denominator)})"
+            return f"{self.var(out)} = {x}.mul_({self.scalar(step.scale)})"
         if len(step.args) == 1:
             code = self.arg(step.args[0], out.dims)
         elif len(step.args) == 2 and not _summed(step):
@@ -201,7 +207,8 @@ class Emitter(KernelSteps, Values):
         elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
             args[1] = self.tensor_of(args[1])
         self.use(*op.imports)
-        return f"{self.var(step.out)} = {op.torch.format(*args)}"
+        template = op.inplace if step.into else op.torch  # lower/inplace.py
+        return f"{self.var(step.out)} = {template.format(*args)}"
 
     def step_Reduction(self, step: Reduction) -> str | list[str]:
         out, arg = self.var(step.out), step.arg

@@ -1,8 +1,11 @@
-"""Sums over two sequence indices that add onto a product in place, `S = S_prod.add_(M)`:
-where one term is a fresh tensor of the sum's own shape that nothing else reads, the N×N
-scores are held once, not twice (smaller sums keep the plainer `M + S_prod`). Exact under
-autograd: the steps that make such a term (a product, a scaled tensor, a sum) keep their
-operands for the backward pass, never their result.
+"""Steps over two sequence indices that write over a fresh tensor instead of making another:
+a sum adds onto a product in place, `S = S_prod.add_(M)`; a scale multiplies its operand in
+place, `S_prod = R.div_(c)`; a function whose backward reads its result overwrites its
+argument, `S_tanh = S_prod.tanh_()`. Each takes a tensor made in this function, of the step's
+own shape, that nothing else reads, so the N×N scores are held once, not once per step
+(smaller values keep the plainer out-of-place forms). Exact under autograd: the tensor taken
+is never one its own maker keeps for the backward pass (a product, a scale and a sum keep
+their operands; tanh, exp and sigmoid keep their result, so what follows them allocates).
 
 A softmax over such scores, read by nothing else, writes its weights over them when no
 gradient is needed (`out=S`): a new tensor of N×N per head costs more in page faults than
@@ -13,56 +16,79 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from .. import ops
 from ..ir import Spec
 from .blocked import sequence_indices
 from .hoist import operands
-from .steps import Add, Arg, Contract, Operand, Reduction, Step, Var
+from .steps import Add, Arg, Contract, Elementwise, Operand, Reduction, Step, Var
 
 
 def accumulate(spec: Spec, per_call: tuple[tuple[Step, ...], ...], results: tuple[Operand, ...]):
-    """The per-call steps, each wide sum marked with the term it adds onto (`Add.into`)."""
+    """The per-call steps, each wide step that can write over a fresh tensor marked so."""
     steps = [s for block in per_call for s in block]
     reads = Counter(o.var for s in steps for o in operands(s))
     reads.update(r.var for r in results)
-    fresh = {s.out.var for s in steps if _fresh(s)}
     sequence = sequence_indices(spec)
     wide = {s.out.var for s in steps if len(sequence & set(s.out.dims)) >= 2}
-    return tuple(tuple(_into(s, fresh & wide, reads) for s in block) for block in per_call)
+    marked, free = [], set()
+    for block in per_call:
+        marked.append([])
+        for step in block:
+            step = _into(step, free & wide, reads)
+            marked[-1].append(step)
+            if _fresh(step):
+                free.add(step.out.var)
+    return tuple(map(tuple, marked))
 
 
-def _softmax_into(step: Step, fresh: set[Var], reads: Counter) -> Step:
-    """A softmax along one axis over fresh scores nothing else reads, marked `into`."""
-    if not (isinstance(step, Reduction) and step.fn == "softmax" and len(step.over) == 1):
-        return step
-    if step.sink is None and _target(step.arg, step.out, fresh, reads):
+def _fresh(step: Step) -> bool:
+    """Steps whose result is a tensor that no step keeps for the backward pass: new (not a
+    view of what they read), or one they wrote over, and not their own saved result."""
+    if isinstance(step, Contract):
+        return len(step.args) > 1 or step.scale != 1
+    if isinstance(step, Elementwise):  # a function of floats to floats that keeps its argument
+        op = ops.lookup(step.fn)
+        return op.kind == "function" and step.fn != "dropout" and not (op.integers or op.inplace)
+    return isinstance(step, Add)
+
+
+def _into(step: Step, free: set[Var], reads: Counter) -> Step:
+    """The step marked to write over the fresh tensor it reads, where it can."""
+    if isinstance(step, Add):
+        return _add_into(step, free, reads)
+    arg = _overwritable(step)
+    if arg is not None and _target(arg, step.out, free, reads):
         return replace(step, into=True)
     return step
 
 
-def _fresh(step: Step) -> bool:
-    """Steps whose result is a new tensor, not a view of what they read."""
-    if isinstance(step, Contract):
-        return len(step.args) > 1 or step.scale != 1
-    return isinstance(step, Add)
+def _overwritable(step: Step) -> Arg | None:
+    """What a step could write its result over: a softmax's scores, a scale's operand, the
+    argument of a function the operator table writes in place."""
+    if isinstance(step, Reduction) and step.fn == "softmax" and step.sink is None:
+        return step.arg if len(step.over) == 1 else None
+    if isinstance(step, Contract) and len(step.args) == 1 and step.scale != 1:
+        return step.args[0]
+    if isinstance(step, Elementwise) and ops.lookup(step.fn).inplace:
+        return step.args[0]
+    return None
 
 
-def _into(step: Step, fresh: set[Var], reads: Counter) -> Step:
+def _add_into(step: Add, free: set[Var], reads: Counter) -> Step:
     """The sum marked with its last (widest) term that can take the others in place: one the
     others broadcast into, as a batched term does where the others' batch axes are its own."""
-    if not isinstance(step, Add):
-        return _softmax_into(step, fresh, reads)
     signs = step.signs or (1,) * len(step.args)
     for k in reversed(range(len(step.args))):
         term, others = step.args[k], step.args[:k] + step.args[k + 1 :]
-        if signs[k] > 0 and _target(term, step.out, fresh, reads) and _fits(term, others):
+        if signs[k] > 0 and _target(term, step.out, free, reads) and _fits(term, others):
             return replace(step, into=k)
     return step
 
 
-def _target(term: Arg, out: Operand, fresh: set[Var], reads: Counter) -> bool:
+def _target(term: Arg, out: Operand, free: set[Var], reads: Counter) -> bool:
     return (
         isinstance(term, Operand)
-        and term.var in fresh
+        and term.var in free
         and reads[term.var] == 1
         and term.dims == out.dims
         and not term.select

@@ -111,11 +111,12 @@ class Whole:
 
 @dataclass(frozen=True)
 class Contract:
-    """einsum over its operands, times a scale."""
+    """einsum over its operands, times a scale; `into`: one operand scaled in place."""
 
     out: Operand
     args: tuple[Operand, ...]
     scale: sympy.Basic = sympy.S.One
+    into: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,13 @@ class Add:
 
 @dataclass(frozen=True)
 class Elementwise:
-    """An entry of the operator table applied elementwise (functions, pow, comparisons)."""
+    """An entry of the operator table applied elementwise (functions, pow, comparisons);
+    `into`: a function written over its one argument (the table's in-place form)."""
 
     out: Operand
     fn: str
     args: tuple[Arg, ...]
+    into: bool = False
 
 
 @dataclass(frozen=True)

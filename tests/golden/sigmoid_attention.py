@@ -25,7 +25,7 @@ def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
     S = S_prod.add_(-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
-    A_sigmoid = torch.sigmoid(S)  # (…, μ, τ, τ')
+    A_sigmoid = S.sigmoid_()  # (…, μ, τ, τ')
     A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)

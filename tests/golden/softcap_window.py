@@ -24,8 +24,8 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
     # R_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(query_pre_attn_scalar)
     R = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
     # S_<μττ'> = c tanh(R_<μττ'> / c) + M_<ττ'>
-    S_prod = R / c  # (…, μ, τ, τ')
-    S_tanh = torch.tanh(S_prod)  # (…, μ, τ, τ')
+    S_prod = R.div_(c)  # (…, μ, τ, τ')
+    S_tanh = S_prod.tanh_()  # (…, μ, τ, τ')
     S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
     S = S_prod_2.add_(M)  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
