@@ -3,6 +3,7 @@ gradients) on every code path and dtype, huge logits give a finite softmax, two 
 never make NaN, and float16/bfloat16 agree with float64 within the dtype's tolerance."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import indexattn
 from indexattn.oracle import reference
 from indexattn.oracle.verify import TOLERANCE, sample_arguments, sample_sizes
 
+ROOT = Path(__file__).resolve().parent.parent
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 HEAD = """index τ, τ' : N
@@ -230,3 +232,13 @@ def test_the_softmax_over_the_scores_traces_without_gradients(mask):
         exported = torch.export.export(Layer(), args).module()(*args)
     torch.testing.assert_close(traced, want, rtol=0, atol=0)
     torch.testing.assert_close(exported, want, rtol=0, atol=0)
+
+
+def test_a_safe_softmax_over_scores_mixed_across_heads_keeps_the_plain_path():
+    """Whether a row is dead is asked by a reduction over the scores before they are written
+    over: over talking heads' mixed scores (strided along the key) that costs more than it
+    saves, so only scores laid out as a product's are written over (gpt2, the twin)."""
+    mixed = indexattn.compile_spec(ROOT / "specs" / "talking_heads.attn").source
+    product = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn").source
+    assert "out=" not in mixed and "amax" not in mixed and "_safe_softmax" in mixed
+    assert "A = torch.softmax(S, dim=-1, out=S)" in product

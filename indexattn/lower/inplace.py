@@ -30,15 +30,33 @@ def accumulate(spec: Spec, per_call: tuple[tuple[Step, ...], ...], results: tupl
     reads.update(r.var for r in results)
     sequence = sequence_indices(spec)
     wide = {s.out.var for s in steps if len(sequence & set(s.out.dims)) >= 2}
-    marked, free = [], set()
+    marked, free, rows = [], set(), set()
     for block in per_call:
         marked.append([])
         for step in block:
-            step = _into(step, free & wide, reads)
+            step = _into(step, free & wide, rows, reads)
             marked[-1].append(step)
             if _fresh(step):
                 free.add(step.out.var)
+            if _contiguous(step, rows):
+                rows.add(step.out.var)
     return tuple(map(tuple, marked))
+
+
+def _contiguous(step: Step, rows: set[Var]) -> bool:
+    """Steps whose result is laid out as its axes say: a product, a step that wrote over one,
+    or a scale or function of one (torch keeps the layout of a lone argument). A safe softmax
+    asks whether a row is dead by a reduction over its scores, slow over a strided axis
+    (talking heads' scores, mixed across heads)."""
+    if isinstance(step, Contract) and len(step.args) > 1:
+        return True
+    if isinstance(step, Add):
+        return step.into is not None and step.args[step.into].var in rows
+    if isinstance(step, Contract | Elementwise):
+        tensors = [a for a in step.args if isinstance(a, Operand)]
+        one = len(tensors) == 1 and not tensors[0].select and tensors[0].dims == step.out.dims
+        return one and tensors[0].var in rows
+    return False
 
 
 def _fresh(step: Step) -> bool:
@@ -52,11 +70,14 @@ def _fresh(step: Step) -> bool:
     return isinstance(step, Add)
 
 
-def _into(step: Step, free: set[Var], reads: Counter) -> Step:
-    """The step marked to write over the fresh tensor it reads, where it can."""
+def _into(step: Step, free: set[Var], rows: set[Var], reads: Counter) -> Step:
+    """The step marked to write over the fresh tensor it reads, where it can (a safe softmax
+    only over scores laid out as a product's)."""
     if isinstance(step, Add):
         return _add_into(step, free, reads)
     arg = _overwritable(step)
+    if isinstance(step, Reduction) and step.safe and arg is not None and arg.var not in rows:
+        return step
     if arg is not None and _target(arg, step.out, free, reads):
         return replace(step, into=True)
     return step

@@ -28,16 +28,11 @@ def talking_heads_rows(Q_scaled, K, P_l, M, P_w, V):
     L_proj = L_proj @ P_l  # (…, τ, τ', ν)
     L = M + L_proj.movedim(-1, -3)  # (…, ν, τ, τ')
     # A_<νττ'> = softmax_<τ'>(L_<νττ'>)
-    # without gradients the weights overwrite the scores (no second tensor of their
-    # size), unless a row is -inf everywhere
-    if L.requires_grad or torch.compiler.is_compiling() or L.amax(-1).isneginf().any():
-        A = torch.softmax(L, dim=-1)
-        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-        # plain softmax made such a row (NaN throughout), or when traced, the safe one
-        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-            A = torch.ops.aten._safe_softmax.default(L, -1)
-    else:
-        A = torch.softmax(L, dim=-1, out=L)  # (…, ν, τ, τ')
+    A = torch.softmax(L, dim=-1)
+    # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
+    # plain softmax made such a row (NaN throughout), or when traced, the safe one
+    if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
+        A = torch.ops.aten._safe_softmax.default(L, -1)  # (…, ν, τ, τ')
     # W_<μττ'> = P_w_<νμ> A_<νττ'>
     W_proj = A.movedim(-3, -1)  # (…, τ, τ', (ν))
     W_proj = W_proj @ P_w  # (…, τ, τ', μ)
