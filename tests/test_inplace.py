@@ -135,3 +135,61 @@ def test_a_condition_is_never_the_tensor_a_sum_adds_onto():
     assert "S_where.add_" not in spec.source
     assert compare(spec, batch=(2,)).ok
     gradients(spec)
+
+
+POSITIONS = """
+index τ, τ' : N
+index μ : h
+index a : d
+input Q_<μτa>
+input K_<μτa>
+input V_<μτa>
+input P_<τ> : int
+S_<μττ'> = Q_<μτa> K_<μτ'a> - 1.0 (P_<τ> - P_<τ'>)
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+output O, A
+"""
+
+
+def test_a_difference_of_integer_positions_is_never_scaled_in_place():
+    """P_<τ> - P_<τ'> of integer data is an integer tensor: a float scale makes a new one."""
+    spec = indexattn.compile_spec(POSITIONS, name="positions")
+    assert ".mul_(" not in spec.source
+    assert compare(spec, batch=(2,)).ok
+    twin = indexattn.compile_spec(POSITIONS.replace(" : int", ""), name="float_positions")
+    assert ".mul_(" in twin.source  # float data: the difference is scaled in place
+    assert compare(twin, batch=(2,)).ok
+
+
+BLOCKED_INPUT = """
+index τ, τ' : N
+index a : d
+input X_<τa>
+input Y_<τa>
+input Z_<τa>
+input V_<τa>
+input P_<τa>
+param G_<a>
+S1_<ττ'> = X_<τa> Y_<τ'a>
+A1_<ττ'> = softmax_<τ'>(S1_<ττ'>)
+W_<ττ'> = Z_<τa> Y_<τ'a>
+S_<ττ'> = W_<ττ'> + A1_<ττ'>
+T_<ττ'> = tanh(S_<ττ'>)
+O_<τa> = T_<ττ'> V_<τ'a> G_<a>
+S3_<ττ'> = P_<τa> Y_<τ'a>
+A3_<ττ'> = softmax_<τ'>(sin(S3_<ττ'>))
+O3_<τa> = A3_<ττ'> V_<τ'a>
+output O, O3
+"""
+
+
+def test_blocks_of_rows_never_write_over_what_they_are_given(monkeypatch):
+    """W is made before the rows and read by them a block at a time: each block's slice is a
+    view of W, so writing over it would change what an earlier block kept for its backward.
+    Gradients through blocks of one query equal the literal interpreter's."""
+    spec = indexattn.compile_spec(BLOCKED_INPUT, name="given")
+    rows = spec.source[spec.source.index("def given_rows") : spec.source.index("def given(")]
+    assert "W.add_(" not in rows and "tanh_()" in rows
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_SCORES", 1)
+    gradients(spec)

@@ -242,3 +242,14 @@ def test_a_safe_softmax_over_scores_mixed_across_heads_keeps_the_plain_path():
     product = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn").source
     assert "out=" not in mixed and "amax" not in mixed and "_safe_softmax" in mixed
     assert "A = torch.softmax(S, dim=-1, out=S)" in product
+
+
+def test_vmap_and_jvp_take_the_softmax_that_allocates():
+    """torch.func's tensors do not require grad, but gradients are recorded: the plain path,
+    which vmap batches and jvp differentiates."""
+    spec = indexattn.compile_spec(SCORES.format(mask="", plus=""), name="plain")
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    batched = torch.func.vmap(lambda X: spec(X=X))(x)
+    torch.testing.assert_close(batched, spec(X=x), rtol=0, atol=1e-15)
+    _, tangent = torch.func.jvp(lambda X: spec(X=X), (x[0],), (torch.ones_like(x[0]),))
+    assert torch.isfinite(tangent).all()

@@ -383,3 +383,30 @@ def test_a_row_with_every_key_hidden_gives_zeros_with_a_sink_as_without():
     y.sum().backward()
     assert torch.isfinite(y).all() and torch.isfinite(args["sinks"].grad).all()
     assert torch.allclose(y[0, 0], args["o_proj_bias"], atol=0, rtol=0)
+
+
+SHARED_SCORES = """
+index τ, τ' : N
+index i : d
+index μ : h
+input X_<τi>
+input V_<μτi>
+input s_<μ>
+S_<ττ'> = X_<τi> X_<τ'i>
+L_<τ> = logsumexp_<τ'>(S_<ττ'>)
+A_<μττ'> = softmax_<τ'>(S_<ττ'>) sigmoid(L_<τ> - s_<μ>)
+O_<μτi> = A_<μττ'> V_<μτ'i>
+output O
+"""
+
+
+def test_a_sink_with_axes_of_its_own_is_computed_as_written():
+    """One logit per head over scores the heads share is no column of the scores' rows; one
+    logit per query (the twin) is."""
+    spec = indexattn.compile_spec(SHARED_SCORES, name="shared")
+    assert "torch.logsumexp" in spec.source and "torch.cat" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+    per_query = SHARED_SCORES.replace("s_<μ>", "s_<τ>").replace("A_<μττ'>", "A_<ττ'>")
+    twin = indexattn.compile_spec(per_query, name="per_query")
+    assert "torch.logsumexp" not in twin.source and "torch.cat" in twin.source
+    assert compare(twin, torch.float64, (2,)).ok

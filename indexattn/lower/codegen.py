@@ -93,8 +93,10 @@ class Writer:
     def bodies(self) -> tuple[list[str], list[str]]:
         """The spec's function's lines and the constants function's, block by block."""
         parts = split(self.plan)
-        parts = replace(parts, per_call=accumulate(self.spec, parts.per_call, self.plan.results))
         rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
+        # never written over: the rows' inputs (sliced per block, views of one tensor)
+        kept = set(rows.inputs) if rows is not None else set()
+        parts = replace(parts, per_call=accumulate(self.plan, parts.per_call, kept))
         self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
         body: list[str] = []
         constants: list[str] = []

@@ -221,7 +221,8 @@ class Emitter(KernelSteps, Values):
         if step.fn == "softmax" and step.into and not step.safe:
             return [
                 "# without gradients the weights overwrite the scores: no second N×N tensor",
-                f"{out} = torch.softmax({x}, dim={dim}, out=None if {x}.requires_grad else {x})",
+                f"{out} = torch.softmax({x}, dim={dim}, "
+                f"out=None if torch.is_grad_enabled() else {x})",
             ]
         if step.fn != "softmax" or (len(dims) == 1 and not step.safe):
             return f"{out} = {ops.REDUCTIONS[step.fn].torch.format(x=x, dim=dim)}"
@@ -243,7 +244,7 @@ class Emitter(KernelSteps, Values):
         return [
             "# without gradients the weights overwrite the scores (no second tensor of their",
             "# size), unless a row is -inf everywhere",
-            f"if {x}.requires_grad or torch.compiler.is_compiling() or "
+            "if torch.is_grad_enabled() or torch.compiler.is_compiling() or "
             f"{x}.amax({dim}).isneginf().any():",
             *("    " + line for line in safe),
             "else:",

@@ -16,31 +16,78 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import sympy
+
 from .. import ops
-from ..ir import Spec
 from .blocked import sequence_indices
 from .hoist import operands
-from .steps import Add, Arg, Contract, Elementwise, Operand, Reduction, Step, Var
+from .steps import (
+    Add,
+    Arg,
+    Attention,
+    Contract,
+    Elementwise,
+    Grid,
+    Linear,
+    Number,
+    Operand,
+    Plan,
+    PrefixProduct,
+    Reduction,
+    Step,
+    Var,
+    Whole,
+)
 
 
-def accumulate(spec: Spec, per_call: tuple[tuple[Step, ...], ...], results: tuple[Operand, ...]):
-    """The per-call steps, each wide step that can write over a fresh tensor marked so."""
+def accumulate(plan: Plan, per_call: tuple[tuple[Step, ...], ...], kept: set[Var]):
+    """The per-call steps, each wide step that can write over a fresh tensor marked so;
+    `kept`: values never written over."""
     steps = [s for block in per_call for s in block]
     reads = Counter(o.var for s in steps for o in operands(s))
-    reads.update(r.var for r in results)
-    sequence = sequence_indices(spec)
+    reads.update(r.var for r in plan.results)
+    sequence = sequence_indices(plan.spec)
     wide = {s.out.var for s in steps if len(sequence & set(s.out.dims)) >= 2}
+    whole = _integers(plan)
     marked, free, rows = [], set(), set()
     for block in per_call:
         marked.append([])
         for step in block:
             step = _into(step, free & wide, rows, reads)
             marked[-1].append(step)
-            if _fresh(step):
+            if _fresh(step) and step.out.var not in whole | kept:
                 free.add(step.out.var)
             if _contiguous(step, rows):
                 rows.add(step.out.var)
     return tuple(map(tuple, marked))
+
+
+def _integers(plan: Plan) -> set[Var]:
+    """Values that may hold whole numbers in an integer dtype (which `mul_` by a float, or
+    `add_` of one, cannot take): integer arguments, positions, and what steps that keep whole
+    numbers whole make of them alone."""
+    found = {Var(-1, t.ascii, argument=True) for t in plan.spec.tensors if t.dtype == "int"}
+    for step in plan.steps:
+        tensors = [o.var for o in operands(step)]
+        made = isinstance(step, Whole) or (isinstance(step, Grid) and step.index)
+        if made or (tensors and set(tensors) <= found and not _floats(step)):
+            found.update(o.var for o in getattr(step, "outs", (step.out,)))
+    return found
+
+
+def _floats(step: Step) -> bool:
+    """Steps that make floats of whatever they read."""
+    numbers = [a.expr for a in getattr(step, "args", ()) if isinstance(a, Number)]
+    if isinstance(step, Contract):
+        return not sympy.sympify(step.scale).is_integer
+    if isinstance(step, Add):
+        return not all(n.is_integer for n in numbers)
+    if isinstance(step, Elementwise):
+        op = ops.lookup(step.fn)
+        return not (op.integers or op.condition) or not all(n.is_integer for n in numbers)
+    if isinstance(step, Reduction):
+        return step.fn not in ("sum", "max", "min")
+    return isinstance(step, Linear | Attention | PrefixProduct)
 
 
 def _contiguous(step: Step, rows: set[Var]) -> bool:

@@ -45,7 +45,12 @@ def sink(node: ir.Node, defined: dict[str, Equation]) -> Sink | None:
     if len(lse) != 1 or _logsumexp(lse[0], softmax.over[0], defined) != softmax.body:
         return None
     logit = rest[0] if len(rest) == 1 else ir.Sum(rest, gate[0].span)
-    if softmax.over[0] in logit.free or (ir.batched(logit) and not ir.batched(softmax.body)):
+    outside = set(logit.free) - set(softmax.body.free)  # the sink's own axes: not one column
+    if (
+        softmax.over[0] in logit.free
+        or outside
+        or (ir.batched(logit) and not ir.batched(softmax.body))
+    ):
         return None
     return Sink(softmax.body, softmax.over[0], logit, lse[0])
 

@@ -27,7 +27,7 @@ def differential_rows(Q_scaled, K, M, lambda__scaled, V):
     A_sum = A_prod.add_(M)  # (…, μ, B, τ, τ')
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere
-    if A_sum.requires_grad or torch.compiler.is_compiling() or A_sum.amax(-1).isneginf().any():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or A_sum.amax(-1).isneginf().any():
         A = torch.softmax(A_sum, dim=-1)
         # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
         # plain softmax made such a row (NaN throughout), or when traced, the safe one

@@ -36,7 +36,7 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere
-    if S.requires_grad or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
         A = torch.softmax(S, dim=-1)
         # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
         # plain softmax made such a row (NaN throughout), or when traced, the safe one

@@ -14,7 +14,7 @@ def sdpa(Q, K, V, *, training=False):
     del Q_scaled
     # A_<τσ> = softmax_<σ>(S_<τσ>)
     # without gradients the weights overwrite the scores: no second N×N tensor
-    A = torch.softmax(S, dim=-1, out=None if S.requires_grad else S)  # (…, τ, σ)
+    A = torch.softmax(S, dim=-1, out=None if torch.is_grad_enabled() else S)  # (…, τ, σ)
     del S
     # O_<τc> = A_<τσ> V_<σc>
     O = A @ V  # (…, τ, c)

@@ -9,7 +9,7 @@ def simple(X, *, training=False):
     S = X @ X.transpose(-2, -1)  # (…, τ, τ')
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
     # without gradients the weights overwrite the scores: no second N×N tensor
-    A = torch.softmax(S, dim=-1, out=None if S.requires_grad else S)  # (…, τ, τ')
+    A = torch.softmax(S, dim=-1, out=None if torch.is_grad_enabled() else S)  # (…, τ, τ')
     del S
     # Z_<τi> = A_<ττ'> X_<τ'i>
     Z = A @ X  # (…, τ, i)

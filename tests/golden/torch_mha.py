@@ -26,7 +26,7 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere
-    if S.requires_grad or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
         A = torch.softmax(S, dim=-1)
         # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
         # plain softmax made such a row (NaN throughout), or when traced, the safe one
