@@ -410,3 +410,25 @@ def test_a_sink_with_axes_of_its_own_is_computed_as_written():
     twin = indexattn.compile_spec(per_query, name="per_query")
     assert "torch.logsumexp" not in twin.source and "torch.cat" in twin.source
     assert compare(twin, torch.float64, (2,)).ok
+
+
+TWICE = """
+index τ, τ' : N
+index a : d
+input Z_<τa>
+input Y_<τa>
+W_<ττ'> = Z_<τa> Y_<τ'a>
+S3_<ττ'> = Z_<τa> Y_<τ'a>
+O_<ττ'> = W_<ττ'> + 2 S3_<ττ'>
+output O
+"""
+
+
+def test_one_product_written_in_two_equations_is_computed_once_under_its_first_name():
+    spec = indexattn.compile_spec(TWICE, name="twice")
+    code = code_lines(spec.source)
+    assert code.count("@") + code.count("einsum(") == 1
+    assert compare(spec, torch.float64, (2,)).ok
+    twin = indexattn.compile_spec(TWICE.replace("S3_<ττ'> = Z_<τa>", "S3_<ττ'> = Y_<τa>"))
+    assert code_lines(twin.source).count("@") + code_lines(twin.source).count("einsum(") == 2
+    assert compare(twin, torch.float64, (2,)).ok

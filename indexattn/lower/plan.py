@@ -139,8 +139,11 @@ class Planner(Products, PrefixProducts):
         last = self.steps[-1] if self.steps else None
         mine = last is not None and not isinstance(last, Split) and last.out == value
         if mine and value.dims == eq.indices and not value.var.argument:
-            value = replace(value, var=own)
-            self.steps[-1] = replace(last, out=value)
+            renamed = replace(value, var=own)
+            self.steps[-1] = replace(last, out=renamed)
+            # a later equal step reuses the value under the name it now has
+            self.seen = {k: renamed if v == value else v for k, v in self.seen.items()}
+            value = renamed
         if value.dims != eq.indices or value.var != own:
             value = self.add(
                 Rename(Operand(self.var(eq.tensor.ascii), eq.indices, value.batched), value)
