@@ -135,11 +135,9 @@ class Emitter(KernelSteps, Values):
     def step_Contract(self, step: Contract) -> str:
         out = step.out
         if step.into:  # lower/inplace.py
-            numerator, denominator = step.scale.as_numer_denom()
-            x = self.ref(step.args[0])
-            if numerator == 1:
-                return f"{self.var(out)} = {x}.div_({self.scalar(denominator)})"
-            return f"{self.var(out)} = {x}.mul_({self.scalar(step.scale)})"
+            sign, value = self.scale_of(step.scale)
+            method = "div_" if sign == "/" else "mul_"
+            return f"{self.var(out)} = {self.ref(step.args[0])}.{method}({value})"
         if len(step.args) == 1:
             code = self.arg(step.args[0], out.dims)
         elif len(step.args) == 2 and not _summed(step):
@@ -175,10 +173,15 @@ class Emitter(KernelSteps, Values):
     def scaled(self, scale: sympy.Basic) -> str:
         if scale == 1:
             return ""
+        sign, value = self.scale_of(scale)
+        return f" {sign} {wrap(value)}"
+
+    def scale_of(self, scale: sympy.Basic) -> tuple[str, str]:
+        """A scale as ("/", its denominator) where its numerator is 1, else ("*", itself)."""
         numerator, denominator = scale.as_numer_denom()
         if numerator == 1:
-            return f" / {wrap(self.scalar(denominator))}"
-        return f" * {wrap(self.scalar(scale))}"
+            return "/", self.scalar(denominator)
+        return "*", self.scalar(scale)
 
     def step_Add(self, step: Add) -> str:
         terms = [self.arg(a, step.out.dims) for a in step.args]

@@ -35,6 +35,7 @@ from .steps import (
     PrefixProduct,
     Reduction,
     Step,
+    Unfuse,
     Var,
     Whole,
 )
@@ -70,6 +71,7 @@ def _integers(plan: Plan) -> set[Var]:
     for step in plan.steps:
         tensors = [o.var for o in operands(step)]
         made = isinstance(step, Whole) or (isinstance(step, Grid) and step.index)
+        made = made or (isinstance(step, Unfuse) and step.tensor.dtype == "int")
         if made or (tensors and set(tensors) <= found and not _floats(step)):
             found.update(o.var for o in getattr(step, "outs", (step.out,)))
     return found

@@ -73,7 +73,7 @@ class Planner(Products, PrefixProducts):
         self.prefix = find(spec)  # prefix sums computed by chunks where they are read
         self.defined = {eq.tensor.name: eq for eq in spec.equations}
         # planned in the block that reads them; logsumexps only sinks read, never
-        self.later = self.unread | set(self.prefix) | absorbed(spec)
+        self.later = self.unread | set(self.prefix) | absorbed(spec, self.defined)
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)

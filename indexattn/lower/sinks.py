@@ -45,19 +45,14 @@ def sink(node: ir.Node, defined: dict[str, Equation]) -> Sink | None:
     if len(lse) != 1 or _logsumexp(lse[0], softmax.over[0], defined) != softmax.body:
         return None
     logit = rest[0] if len(rest) == 1 else ir.Sum(rest, gate[0].span)
-    outside = set(logit.free) - set(softmax.body.free)  # the sink's own axes: not one column
-    if (
-        softmax.over[0] in logit.free
-        or outside
-        or (ir.batched(logit) and not ir.batched(softmax.body))
-    ):
+    rows = set(softmax.body.free) - {softmax.over[0]}  # one logit per row, no axes of its own
+    if not set(logit.free) <= rows or (ir.batched(logit) and not ir.batched(softmax.body)):
         return None
     return Sink(softmax.body, softmax.over[0], logit, lse[0])
 
 
-def absorbed(spec: Spec) -> set[str]:
+def absorbed(spec: Spec, defined: dict[str, Equation]) -> set[str]:
     """The logsumexps that only sinks read: their tensors are never computed."""
-    defined = {eq.tensor.name: eq for eq in spec.equations}
     found = (sink(node, defined) for eq in spec.equations for node in ir.walk(eq.rhs))
     sunk = Counter(s.lse.tensor.name for s in found if s and isinstance(s.lse, ir.Ref))
     read = read_counts(spec)
