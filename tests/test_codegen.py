@@ -34,7 +34,8 @@ def test_generated_code_is_standalone_and_one_operation_per_line(shipped):
     functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     constants = [shipped.name + "_constants"] if shipped.constants_function else []
     rows = [shipped.name + "_rows"] if "BLOCK_SCORES = " in shipped.source else []
-    assert functions == [*constants, *rows, shipped.name]
+    spans = ["key_spans"] if "QUERY_BLOCK = " in shipped.source else []
+    assert functions == [*spans, *constants, *rows, shipped.name]
     for line in shipped.source.splitlines():
         code = line.split("  #")[0]
         assert code.count("einsum(") <= 1 and code.count("rearrange(") <= 1, line

@@ -351,6 +351,66 @@ def test_a_slice_leading_a_weights_rows_is_f_linear_on_a_view():
     assert_equals_literal(twin)
 
 
+PARTS = """index τ : N
+index i : d
+index μ : h
+index n : d_n
+index r : d_r
+index j : {j}
+input X_<τi>
+input Y_<τi>
+param W_<(μj)i>
+param b_<(μj)>
+Qn_<μτn> = W_<(μ[n])i> X_<τi> + b_<(μ[n])>
+Qr_<μτr> = W_<(μ[{start} + r])i> {x}_<τi> + b_<(μ[{start} + r])>
+Z_<μτ> = sum_<n>(Qn_<μτn>) sum_<r>(Qr_<μτr>)
+output Z
+"""
+
+
+def test_runs_of_a_weight_end_to_end_are_one_matrix_product_and_a_split():
+    """MLA's q_b_proj: `[n]` and `[d_n + r]` of one head's block cover it, so one F.linear
+    over the whole weight (and bias), and `split([d_n, d_r])`, compute both. Twins: a gap
+    between the runs, or another operand, leave two products; all equal the oracle."""
+    spec = compile_text(PARTS.format(j="d_n + d_r", start="d_n", x="X"))
+    (split,) = steps(spec, Split)
+    assert [i.glyph for i in split.parts] == ["n", "r"] and len(steps(spec, Linear)) == 1
+    assert "F.linear(X, W, b).unflatten(-1, (h, d_n + d_r))" in spec.source
+    assert ".split([d_n, d_r], dim=-1)" in spec.source and "einsum(" not in spec.source
+    assert_equals_literal(spec)
+    for twin in (
+        compile_text(PARTS.format(j="d_n + d_r + 1", start="d_n + 1", x="X")),
+        compile_text(PARTS.format(j="d_n + d_r", start="d_n", x="Y")),
+    ):
+        assert not steps(twin, Split) and "einsum(" in twin.source
+        assert_equals_literal(twin)
+
+
+def test_runs_written_in_any_order_split_in_the_weights_order():
+    """Three runs, the last written first, the declared index a sum of sizes."""
+    text = """index τ : N
+index i : d
+index c : d_c
+index r : d_r
+index e : d_e
+index k : d_c + d_r + d_e
+input X_<τi>
+param W_<ki>
+E_<τe> = W_<[d_c + d_r + e]i> X_<τi>
+C_<τc> = W_<[c]i> X_<τi>
+R_<τr> = W_<[d_c + r]i> X_<τi>
+output C, R, E
+"""
+    spec = compile_text(text)
+    (split,) = steps(spec, Split)
+    assert [i.glyph for i in split.parts] == ["c", "r", "e"]
+    assert "C, R, E = CRE.split([d_c, d_r, d_e], dim=-1)" in spec.source
+    assert_equals_literal(spec)
+    twin = compile_text(text.replace("[d_c + d_r + e]", "[d_c + e]"))  # overlaps R's run
+    assert not steps(twin, Split)
+    assert_equals_literal(twin)
+
+
 def test_masks_from_positions_are_built_once_per_shape():
     spec = indexattn.compile_spec(ROOT / "specs" / "sliding_window.attn")
     cache = spec._constants

@@ -61,6 +61,7 @@ class Writer:
         self.names = Names(self.spec)
         self.main = Emitter(self.spec, self.names)
         self.grids = Emitter(self.spec, self.names)
+        _share(self.main, self.grids)
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
@@ -76,7 +77,8 @@ class Writer:
         if self.rows is not None:
             defs.append(self.rows.definition())
         knobs = [line for _, line in self.main.needs.knobs.values()]
-        defs = (["\n".join(knobs)] if knobs else []) + defs
+        helpers = [text for _, text in self.main.needs.helpers.values()]
+        defs = (["\n".join(knobs)] if knobs else []) + helpers + defs
         if self.main.needs.device or self.main.needs.dtype:
             first = self.spec.like.ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")
@@ -98,6 +100,8 @@ class Writer:
         kept = set(rows.inputs) if rows is not None else set()
         parts = replace(parts, per_call=accumulate(self.plan, parts.per_call, kept))
         self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
+        if self.rows is not None:
+            _share(self.main, self.rows.emitter)
         body: list[str] = []
         constants: list[str] = []
         main = [
@@ -188,6 +192,12 @@ class Writer:
         einops = [name for name in ("einsum", "rearrange") if name in used]
         out += [f"from einops import {', '.join(einops)}"] if einops else []
         return "\n".join(out) + "\n" if out else ""
+
+
+def _share(main: Emitter, other: Emitter) -> None:
+    """One module's knobs and helpers, whichever function's lines use them."""
+    other.needs.knobs = main.needs.knobs
+    other.needs.helpers = main.needs.helpers
 
 
 def _indent(lines: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ from .steps import (
     Reduction,
     Rename,
     Slice,
+    Spans,
     Unfuse,
     Whole,
 )
@@ -39,8 +40,8 @@ class Emitter(KernelSteps, Values):
     def lines(self, step) -> list[str]:
         """The step's code, its last line commented with the axes of its result."""
         code = getattr(self, "step_" + type(step).__name__)(step)
-        if isinstance(step, Choose):
-            return code
+        if isinstance(step, (Choose, Spans)):
+            return code if isinstance(code, list) else [code]
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
         return [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]

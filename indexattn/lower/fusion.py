@@ -39,6 +39,26 @@ class LinearForm:
         hits = [k for k, item in enumerate(self.outer) if isinstance(item, int)]
         return hits[0] if len(hits) == 1 else None
 
+    @property
+    def part(self) -> int | None:
+        """The flat position, in the out block, of the one run of consecutive positions it
+        reads (`[d_n + r]`: r from d_n on; or None): the rest of the block is indices."""
+        hits = [k for k, item in enumerate(self.outer) if not isinstance(item, Index)]
+        if len(hits) != 1 or not isinstance(self.outer[hits[0]], ir.At):
+            return None
+        declared = _declared_outer(self)[hits[0]]
+        return hits[0] if shift(self.outer[hits[0]].value, declared) is not None else None
+
+    @property
+    def sliced(self) -> int | None:
+        """Where the out block is sliced: the literal's or the part's flat position."""
+        return self.literal if self.literal is not None else self.part
+
+    def span(self) -> tuple[Index, sympy.Basic]:
+        """A part's index and its first position along the declared one."""
+        at = self.outer[self.part]
+        return at.value.free[0], shift(at.value, _declared_outer(self)[self.part])
+
 
 def linear_form(node: ir.Node) -> LinearForm | None:
     """`W_<(μa)i> X_<τi>` or `W_<(μa)i> X_<τi> + b_<(μa)>`: one weight whose contracted axes
@@ -96,37 +116,90 @@ def _fits_bias(form: tuple, bias: ir.Ref) -> bool:
 
 @dataclass(frozen=True)
 class ProjectionGroup:
-    """Equations that read the slices B = 0, 1, ... of one weight against one operand: one
-    matrix product computes them all, and a split hands out the slices."""
+    """Equations that read the slices of one weight against one operand, together all of
+    it: the values B = 0, 1, ... of an index (`W_<(μ0a)i>`, `W_<(μ1a)i>`, ...), or runs of
+    positions end to end (`W_<(μ[n])l>`, `W_<(μ[d_n + r])l>`). One matrix product computes
+    them all, and a split hands out the slices."""
 
-    equations: tuple[Equation, ...]  # in the order of the literal they select
+    equations: tuple[Equation, ...]  # in the order of the slices along the weight
     forms: tuple[LinearForm, ...]
+
+    @property
+    def parts(self) -> tuple[Index, ...]:
+        """Each run's index, in order ((): slices by literals)."""
+        return () if self.forms[0].part is None else tuple(f.span()[0] for f in self.forms)
 
 
 def projection_groups(spec: Spec) -> tuple[ProjectionGroup, ...]:
-    """Every full set of literal slices of one weight against the same operand."""
+    """Every full set of slices of one weight against the same operand."""
     found: dict[tuple, list[tuple[Equation, LinearForm]]] = {}
     for eq in spec.equations:
         form = linear_form(eq.rhs)
-        if form is not None and form.literal is not None and isinstance(form.x, ir.Ref):
+        if form is not None and form.sliced is not None and isinstance(form.x, ir.Ref):
             found.setdefault(_signature(form), []).append((eq, form))
     groups = []
     for members in found.values():
-        members.sort(key=lambda m: m[1].outer[m[1].literal])
-        values = [form.outer[form.literal] for _, form in members]
-        declared = _declared_outer(members[0][1])[members[0][1].literal]
-        if declared.size.is_Integer and values == list(range(int(declared.size))):
-            groups.append(ProjectionGroup(*map(tuple, zip(*members))))
+        forms = [form for _, form in members]
+        whole = _by_literal(forms) if forms[0].literal is not None else _end_to_end(forms)
+        if whole is not None:
+            order = sorted(range(len(members)), key=whole.__getitem__)
+            groups.append(ProjectionGroup(*(tuple(members[k][j] for k in order) for j in (0, 1))))
     return tuple(groups)
 
 
+def _by_literal(forms: list[LinearForm]) -> list | None:
+    """Each slice's literal, where they are 0, 1, ... up to the index's size; else None."""
+    values = [form.outer[form.literal] for form in forms]
+    declared = _declared_outer(forms[0])[forms[0].literal]
+    if declared.size.is_Integer and sorted(values) == list(range(int(declared.size))):
+        return values
+    return None
+
+
+def _end_to_end(forms: list[LinearForm]) -> list | None:
+    """Each run's rank along the weight, where the runs (two or more) lie end to end from 0
+    to the end of the declared index at every size; else None. Chained from 0 (each start
+    the previous end, proved by sympy): sizes need not be comparable (`d_r < d_e`)."""
+    spans = [form.span() for form in forms]
+    declared = _declared_outer(forms[0])[forms[0].part]
+    order: list[int] = []
+    at = sympy.S.Zero
+    while len(order) < len(spans):
+        following = [k for k, (_, start) in enumerate(spans) if sympy.expand(start - at) == 0]
+        following = [k for k in following if k not in order]
+        if len(following) != 1:
+            return None
+        order.append(following[0])
+        at = spans[following[0]][1] + spans[following[0]][0].size
+    if len(forms) < 2 or sympy.expand(at - declared.size) != 0:
+        return None
+    return [order.index(k) for k in range(len(spans))]
+
+
 def _signature(form: LinearForm) -> tuple:
-    """What equal slices share: tensors, the literal's place, and which axes pair up."""
+    """What equal slices share: tensors, the slice's place, and which axes pair up."""
     x_flat = [i for axis in form.x.axes for i in axis]
     w_flat = [i for axis in form.weight.axes for i in axis]
     pairs = tuple(w_flat.index(i) if i in w_flat else -1 for i in x_flat)
     bias = form.bias.tensor.name if form.bias else None
-    return (form.weight.tensor.name, form.literal, form.x.tensor.name, pairs, bias)
+    kind = "literal" if form.literal is not None else "part"
+    return (form.weight.tensor.name, kind, form.sliced, form.x.tensor.name, pairs, bias)
+
+
+def shift(position: ir.Node, axis: Index) -> sympy.Basic | None:
+    """The start k when `position` is i + k, k free of indices, and k to k + size(i) lies
+    within the axis at every size (`[2 d_r + p]` over `p : d_p` on `a : 2 d_r + d_p`)."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    start = sympy.expand(position.expr - index.symbol)
+    if (
+        start.has(*(i.symbol for i in position.free))
+        or start.free_symbols - axis.size.free_symbols - index.size.free_symbols
+    ):
+        return None
+    fits = (start.is_nonnegative, sympy.expand(axis.size - start - index.size).is_nonnegative)
+    return start if all(fits) else None
 
 
 def _declared_outer(form: LinearForm) -> tuple[Index, ...]:

@@ -22,6 +22,7 @@ from .steps import (
     Reduction,
     Rename,
     Slice,
+    Spans,
     Step,
     Var,
     Whole,
@@ -29,7 +30,7 @@ from .steps import (
 
 PURE = (
     *(Grid, Contract, Add, Elementwise, Rename, Full, Reduction, Gather, Flip, Slice, Cat),
-    *(Whole, Choose),
+    *(Whole, Choose, Spans),
 )
 
 
@@ -59,6 +60,15 @@ def split(plan: Plan) -> Split:
     read |= {s.positions.var for s in plan.steps if isinstance(s, Gather)}  # checked at calls
     held = tuple(s.out.var for fixed, _ in parts for s in fixed if s.out.var in read)
     return Split(tuple(f for f, _ in parts), tuple(r for _, r in parts), held)
+
+
+def constant(steps: tuple[Step, ...]) -> set[Var]:
+    """The values of `steps` that depend on sizes and scalars only."""
+    made: set[Var] = set()
+    for step in steps:
+        if _hoistable(step, made):
+            made.add(step.out.var)
+    return made
 
 
 def _hoistable(step: Step, constant: set[Var]) -> bool:

@@ -18,7 +18,8 @@ from .fusion import (
     find_attention,
     projection_groups,
 )
-from .steps import Attention, Grid, Operand, Pad, Split
+from .hoist import constant
+from .steps import Attention, Grid, Operand, Pad, Spans, Split
 
 if TYPE_CHECKING:
     from .plan import Planner
@@ -70,12 +71,15 @@ class Kernels:
         return ir.Ref(tensor, layout, match.node.span)
 
     def linear_dims(self, form: LinearForm, x: Operand) -> tuple[Index, ...]:
-        """x's other axes, then the weight's out block but the literal it picks."""
+        """x's other axes, then the weight's out block: without the literal it picks, with
+        the index of the part it reads in the declared index's place."""
         rest = tuple(i for i in x.dims if i not in form.inner)
         outer = declared_outer(form)
-        return rest + (
-            outer if form.literal is None else outer[: form.literal] + outer[form.literal + 1 :]
-        )
+        if form.literal is not None:
+            return rest + outer[: form.literal] + outer[form.literal + 1 :]
+        if form.part is not None:
+            return rest + outer[: form.part] + (form.span()[0],) + outer[form.part + 1 :]
+        return rest + outer
 
     def projections(self, group: ProjectionGroup) -> tuple[ir.Equation, ...]:
         """One matrix product for all slices of a weight, split into the group's tensors."""
@@ -85,7 +89,7 @@ class Kernels:
         names = [eq.tensor.ascii for eq in eqs]
         joined = ("" if all(len(n) == 1 for n in names) else "_").join(names)
         fused = planner.linear(replace(first, outer=declared_outer(first)), joined)
-        over = fused.dims[len(fused.dims) - len(first.outer) + first.literal]
+        over = fused.dims[len(fused.dims) - len(first.outer) + first.sliced]
         # Split first, then view each slice in its own order: the gradients of the slices
         # then stack straight into the layout of the product (no copy in the backward).
         outs = []
@@ -93,7 +97,7 @@ class Kernels:
             dims = self.linear_dims(form, planner.node(form.x, eq.tensor.ascii))
             hint = eq.tensor.ascii if dims == eq.indices else eq.tensor.ascii + "_proj"
             outs.append(Operand(planner.var(hint), dims, fused.batched))
-        planner.steps.append(Split(tuple(outs), fused, over))
+        planner.steps.append(Split(tuple(outs), fused, over, group.parts))
         for eq, out in zip(eqs, outs):
             planner.assign(eq, out)
         return eqs
@@ -131,8 +135,22 @@ class Kernels:
                 causal=match.causal,
                 dropout=match.p,
                 cut=padded is not v,
+                spans=self.spans(match, mask),
             )
         )
+
+    def spans(self, match: AttentionMatch, mask: Operand | None) -> Operand | None:
+        """Blocks of queries over the keys each sees, where the mask may hide whole blocks of
+        keys: a boolean mask, or a float one built once per shape (scanning a per-call float
+        bias, which hides nothing, would cost a pass over it on every call). The mask must end
+        in (query, key), so that a block is a slice of it."""
+        if mask is None or mask.dims[-2:] != (match.query, match.key):
+            return None
+        boolean = match.keep is not None
+        if not boolean and mask.var not in constant(self.planner.planned):
+            return None
+        out = Operand(self.planner.var(mask.var.hint + "_spans"), (), False)
+        return self.planner.add(Spans(out, mask, boolean))
 
     def padded(self, match: AttentionMatch, v: Operand) -> Operand:
         """The values with zero features up to the width of the queries and keys, where they

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ir import Index
 from .printers import wrap
-from .steps import Attention, Linear, Operand, Pad, Split
+from .steps import Attention, Linear, Operand, Pad, Spans, Split
 from .values import axes_comment, expand, relayout
 
 
@@ -40,27 +40,30 @@ class KernelSteps:
 
     def step_Split(self, step: Split) -> str:
         dims = step.arg.dims
-        unbind = f"{self.ref(step.arg)}.unbind({dims.index(step.over) - len(dims)})"
-        return f"{', '.join(self.var(o) for o in step.outs)} = {unbind}"
+        dim = dims.index(step.over) - len(dims)
+        if step.parts:
+            sizes = ", ".join(self.size(i) for i in step.parts)
+            split = f"{self.ref(step.arg)}.split([{sizes}], dim={dim})"
+        else:
+            split = f"{self.ref(step.arg)}.unbind({dim})"
+        return f"{', '.join(self.var(o) for o in step.outs)} = {split}"
 
     def step_Attention(self, step: Attention) -> list[str]:
         out = self.var(step.out)
-        args = [
-            self.features(step.q, step.q_dims, step.widths, step.heads),
-            self.features(step.k, step.k_dims, step.widths, step.kv_heads),
-            self.heads(step.v, step.v_dims, step.kv_heads),
-        ]
-        if step.mask is not None:
-            args.append(f"attn_mask={self.attention_mask(step)}")
-        if step.dropout is not None:
-            args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
-        if step.causal:
-            args.append("is_causal=True")
-        args.append(f"scale={self.number(step.scale)}")
-        if step.grouped:
-            args.append("enable_gqa=True")
-        self.use("F")
-        lines = [f"{out} = F.scaled_dot_product_attention({', '.join(args)})"]
+        lines = [f"{out} = {self.attention_call(step)}"]
+        if step.spans is not None:  # a loop, not a comprehension: that would close over
+            spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
+            names = [self.names.fresh(hint) for hint in ("blocks", "q0", "q1", "k0", "k1")]
+            self.use("torch")
+            lines = [
+                f"if {spans} is None:",
+                "    " + lines[0],
+                "else:  # by blocks of queries, each over the keys its mask lets it see",
+                f"    {names[0]} = []",
+                f"    for {', '.join(names[1:])} in {spans}:",
+                f"        {names[0]}.append({self.attention_call(step, names[1:])})",
+                f"    {out} = torch.cat({names[0]}, dim=-2)",
+            ]
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
         if step.heads == 0:
@@ -69,6 +72,36 @@ class KernelSteps:
             sizes = ", ".join(self.size(i) for i in step.out.dims[-2 - step.heads : -2])
             lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
         return lines
+
+    def attention_call(self, step: Attention, block: list[str] | None = None) -> str:
+        """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
+        end, first key and end), on those queries and keys alone."""
+        rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
+        args = [
+            _sliced(self.features(step.q, step.q_dims, step.widths, step.heads), rows),
+            _sliced(self.features(step.k, step.k_dims, step.widths, step.kv_heads), keys),
+            _sliced(self.heads(step.v, step.v_dims, step.kv_heads), keys),
+        ]
+        if step.mask is not None:
+            mask = self.attention_mask(step)
+            if block:  # as the kernel takes it, the mask ends in (query, key)
+                mask = f"{wrap(mask)}[..., {rows}, {keys}]"
+            args.append(f"attn_mask={mask}")
+        if step.dropout is not None:
+            args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
+        if step.causal:
+            args.append("is_causal=True")
+        args.append(f"scale={self.number(step.scale)}")
+        if step.grouped:
+            args.append("enable_gqa=True")
+        self.use("F")
+        return f"F.scaled_dot_product_attention({', '.join(args)})"
+
+    def step_Spans(self, step: Spans) -> str:
+        mask = self.ref(step.mask)
+        keep = mask if step.boolean else f"~{wrap(mask)}.isneginf()"
+        spans = self.helper("key_spans", "QUERY_BLOCK", _key_spans)
+        return f"{self.var(step.out)} = {spans}({keep})  # blocks of queries and their keys"
 
     def step_Pad(self, step: Pad) -> list[str]:
         arg, out = self.ref(step.arg), self.var(step.out)
@@ -137,3 +170,29 @@ def _matrix(weight, out_axes: int, transposed: bool) -> str:
     first = n - out_axes if transposed else out_axes
     code = weight.ascii + (f".flatten({first})" if n - first > 1 else "")
     return code + (f".flatten(0, {first - 1})" if first > 1 else "")
+
+
+def _sliced(code: str, piece: str) -> str:
+    """`code` (…, sequence, features) at the positions `piece`; all of them for none."""
+    return f"{wrap(code)}[..., {piece}, :]" if piece else code
+
+
+def _key_spans(name: str, knob: str) -> str:
+    """The module's function that reads a mask's blocks of queries and keys (`Spans`)."""
+    return f'''{knob} = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def {name}(keep):
+    """Per block of {knob} queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split({knob}, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, {knob})
+    spans = [(t, min(t + {knob}, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None'''

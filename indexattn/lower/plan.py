@@ -16,7 +16,7 @@ from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
-from .fusion import LinearForm, declared_outer, direct, linear_form
+from .fusion import LinearForm, declared_outer, direct, linear_form, shift
 from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts, find
@@ -66,7 +66,8 @@ class Planner(Products, PrefixProducts):
         self.literals = _literal_positions(spec)
         self.fields = _field_references(spec)
         self.unread = _unread(spec, self.fields)
-        self.steps: list[Step] = []
+        self.steps: list[Step] = []  # the block being planned
+        self.blocks: list[Block] = []  # the blocks planned before it
         self.order: tuple[Index, ...] = ()
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
@@ -90,7 +91,7 @@ class Planner(Products, PrefixProducts):
         return step.out
 
     def plan(self) -> Plan:
-        blocks = []
+        blocks = self.blocks
         for eq in self.spec.equations:
             if not self.kernels.skipped(eq) and eq.tensor.name not in self.later:
                 self.steps = []
@@ -102,6 +103,11 @@ class Planner(Products, PrefixProducts):
         if self.steps:
             blocks.append(Block((), tuple(self.steps), "outputs in their declared layouts"))
         return Plan(self.spec, recipe(self.spec), tuple(blocks), results)
+
+    @property
+    def planned(self) -> tuple[Step, ...]:
+        """Every step so far, in order: the blocks' before, then this block's."""
+        return (*(s for block in self.blocks for s in block.steps), *self.steps)
 
     def inlined(self, equations: tuple[ir.Equation, ...]) -> tuple[ir.Equation, ...]:
         """The equations of position-only tensors and of prefix sums by chunks these read:
@@ -206,7 +212,7 @@ class Planner(Products, PrefixProducts):
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
         field = self.fields.get(at.value, at.value)
-        flipped, start = _reversal(field, axis), _shift(field, axis)
+        flipped, start = _reversal(field, axis), shift(field, axis)
         if flipped is not None or start is not None:
             index = flipped or field.free[0]
             dims = tuple(index if d == axis else d for d in value.dims)
@@ -292,22 +298,6 @@ def _reversal(position: ir.Node, axis: Index) -> Index | None:
     if sympy.expand(index.size - axis.size) != 0:
         return None
     return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
-
-
-def _shift(position: ir.Node, axis: Index) -> sympy.Basic | None:
-    """The start k when `position` is i + k, k free of indices, and k to k + size(i) lies
-    within the axis at every size (`[2 d_r + p]` over `p : d_p` on `a : 2 d_r + d_p`)."""
-    if not isinstance(position, ir.Field) or len(position.free) != 1:
-        return None
-    index = position.free[0]
-    start = sympy.expand(position.expr - index.symbol)
-    if (
-        start.has(*(i.symbol for i in position.free))
-        or start.free_symbols - axis.size.free_symbols - index.size.free_symbols
-    ):
-        return None
-    fits = (start.is_nonnegative, sympy.expand(axis.size - start - index.size).is_nonnegative)
-    return start if all(fits) else None
 
 
 def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:

@@ -218,11 +218,14 @@ class Linear:
 @dataclass(frozen=True)
 class Split:
     """`Q, K, V = QKV.unbind(...)`: one result per value of the literal index `over`, each
-    with the other axes of `arg` in their order."""
+    with the other axes of `arg` in their order; or, given `parts`, `Qn, Qr =
+    Q.split([d_n, d_r], ...)`: one result per run of positions along `over`, each with its
+    part's index in the place of `over`."""
 
     outs: tuple[Operand, ...]
     arg: Operand
     over: Index
+    parts: tuple[Index, ...] = ()
 
     @property
     def out(self) -> Operand:
@@ -253,11 +256,24 @@ class Attention:
     causal: bool = False
     dropout: sympy.Basic | None = None
     cut: bool = False  # v was padded (`Pad`): the result is cut back to the value width
+    spans: Operand | None = None  # blocks of queries and the keys each sees (`Spans`)
 
     @property
     def grouped(self) -> bool:
         """Several query heads share a key head: the kernel's enable_gqa."""
         return self.heads != self.kv_heads
+
+
+@dataclass(frozen=True)
+class Spans:
+    """The blocks of queries a mask (…, query, key) lets the kernel run one by one, each on the
+    keys any of its queries sees: `(first query, end, first key, end)` per block, read off the
+    mask's values (a boolean one, else where it is not -inf); None where blocks would skip
+    too little, or when traced. `out` has no axes: it is a list of numbers, not a tensor."""
+
+    out: Operand
+    mask: Operand
+    boolean: bool
 
 
 @dataclass(frozen=True)
@@ -308,6 +324,7 @@ Step = (
     | Linear
     | Split
     | Attention
+    | Spans
     | PrefixProduct
 )
 

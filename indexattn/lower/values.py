@@ -4,6 +4,7 @@ device and dtype) is recorded as they are printed, never recovered from the text
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sympy
@@ -25,6 +26,7 @@ class Needs:
     device: bool = False
     dtype: bool = False
     knobs: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its line)
+    helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
 
 
 class Values:
@@ -63,6 +65,15 @@ class Values:
             name = self.names.fresh(hint)
             self.needs.knobs[hint] = (name, f"{name} = {value}  # {note}")
         return self.needs.knobs[hint][0]
+
+    def helper(self, hint: str, knob: str, text: Callable[[str, str], str]) -> str:
+        """A module-level function the printed lines call, named once per module with a knob
+        of its own: `text(name, knob)` is its definition."""
+        if hint not in self.needs.helpers:
+            name, knob = self.names.fresh(hint), self.names.fresh(knob)
+            self.needs.helpers[hint] = (name, text(name, knob))
+        self.use("torch")
+        return self.needs.helpers[hint][0]
 
     def tensor_of(self, number: str) -> str:
         self.use("torch")

@@ -90,7 +90,8 @@ def _path(text: str, name: str, file: str) -> Path | None:
     if where is None:
         return None
     parts = (str(FORMAT), text, name, file, torch.__version__, _package())
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    # a spec's text may hold lone surrogates (read with errors="surrogateescape"): hashed too
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return where / f"{digest}.pickle"
 
 

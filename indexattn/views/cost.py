@@ -51,6 +51,7 @@ from ..lower.steps import (
     Reduction,
     Rename,
     Slice,
+    Spans,
     Split,
     Unfuse,
     Whole,
@@ -199,6 +200,13 @@ def _(step: Reduction) -> Cost:
     if step.sink is not None:
         size = size / elements(step.over) * (elements(step.over) + 1)
     return Cost(other=REDUCTIONS[step.fn].flops * size)
+
+
+@step_cost.register
+def _(step: Spans) -> Cost:
+    """One pass over the mask (`any` per block of queries); `Attention` counts every score,
+    also those a block skips: how many it skips depends on the mask's values."""
+    return Cost(other=_size(step.mask))
 
 
 @step_cost.register

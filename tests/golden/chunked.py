@@ -7,6 +7,25 @@ import torch
 import torch.nn.functional as F
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def chunked_constants(N, C, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -16,14 +35,15 @@ def chunked_constants(N, C, *, device, dtype):
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     M_keep = torch.logical_and((tau[:, None] >= tau_p[None, :]), (torch.floor(tau[:, None]/C) == torch.floor(tau_p[None, :]/C)))  # (τ, τ')
-    return M_keep,
+    M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
+    return M_keep, M_keep_spans
 
 
 def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_kv, C=8192, training=False, constants=None):
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
     n_rep = q_proj_weight.shape[-2] // (d_k*h_kv)
-    M_keep, = chunked_constants(N, C, device=X.device, dtype=X.dtype) if constants is None else constants
+    M_keep, M_keep_spans = chunked_constants(N, C, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτa> = q_proj_weight_<(gra)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, d_k))  # (…, τ, g, r, a)
     Q = Q_proj.movedim(-4, -2)  # (…, g, r, τ, a)
@@ -37,7 +57,13 @@ def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
-    O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k), enable_gqa=True)
+    if M_keep_spans is None:
+        O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k), enable_gqa=True)
+    else:  # by blocks of queries, each over the keys its mask lets it see
+        blocks = []
+        for q0, q1, k0, k1 in M_keep_spans:
+            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=M_keep[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k), enable_gqa=True))
+        O = torch.cat(blocks, dim=-2)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa>

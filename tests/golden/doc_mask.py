@@ -7,6 +7,25 @@ import torch
 import torch.nn.functional as F
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def doc_mask_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -38,8 +57,15 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     M_keep_eq = D[..., :, None] == D[..., None, :]  # (…, τ, τ')
     M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
-    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
-    del Q_proj, Q, K_proj, K, V_proj, V, M_keep_eq, M_keep_and
+    M_keep_and_spans = key_spans(M_keep_and)  # blocks of queries and their keys
+    if M_keep_and_spans is None:
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))
+    else:  # by blocks of queries, each over the keys its mask lets it see
+        blocks = []
+        for q0, q1, k0, k1 in M_keep_and_spans:
+            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=(M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :])[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k)))
+        O = torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V, M_keep_eq, M_keep_and, M_keep_and_spans
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -5,7 +5,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
 
 
 def mla_constants(N, d_r, base, *, device, dtype):
@@ -52,19 +51,16 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     Cq = rho_q[..., :, None] * Cq_prod  # (…, τ, l)
     del Lq, rho_q, Cq_prod
     # Qn_<μτn> = q_b_proj_weight_<(μ[n])l> Cq_<τl>
-    q_b_proj_weight_split = rearrange(q_b_proj_weight, "(mu j) l -> mu j l", mu=h)  # (μ, j, l)
-    q_b_proj_weight_part = q_b_proj_weight_split[:, :d_n]  # (μ, n, l)
-    Qn = einsum(q_b_proj_weight_part, Cq, "mu n l, ... tau l -> ... mu tau n")  # (…, μ, τ, n)
     # Qr_<μτr> = q_b_proj_weight_<(μ[d_n + r])l> Cq_<τl>
-    q_b_proj_weight_part_2 = q_b_proj_weight_split[:, d_n:]  # (μ, r, l)
-    Qr = einsum(q_b_proj_weight_part_2, Cq, "mu r l, ... tau l -> ... mu tau r")  # (…, μ, τ, r)
-    del Cq, q_b_proj_weight_split, q_b_proj_weight_part, q_b_proj_weight_part_2
+    Qn_Qr = F.linear(Cq, q_b_proj_weight).unflatten(-1, (h, d_n + d_r))  # (…, τ, μ, j)
+    Qn_proj, Qr_proj = Qn_Qr.split([d_n, d_r], dim=-1)  # (…, τ, μ, n)
+    Qn = Qn_proj.transpose(-3, -2)  # (…, μ, τ, n)
+    Qr = Qr_proj.transpose(-3, -2)  # (…, μ, τ, r)
+    del Cq
     # Lc_<τc> = kv_a_proj_with_mqa_weight_<[c]i> X_<τi>
-    kv_a_proj_with_mqa_weight_part = kv_a_proj_with_mqa_weight[:d_c]  # (c, i)
-    Lc = einsum(kv_a_proj_with_mqa_weight_part, X, "c i, ... tau i -> ... tau c")  # (…, τ, c)
     # Kr_<τr> = kv_a_proj_with_mqa_weight_<[d_c + r]i> X_<τi>
-    kv_a_proj_with_mqa_weight_part_2 = kv_a_proj_with_mqa_weight[d_c:]  # (r, i)
-    Kr = einsum(kv_a_proj_with_mqa_weight_part_2, X, "r i, ... tau i -> ... tau r")  # (…, τ, r)
+    Lc_Kr = F.linear(X, kv_a_proj_with_mqa_weight)  # (…, τ, k)
+    Lc, Kr = Lc_Kr.split([d_c, d_r], dim=-1)  # (…, τ, c)
     # ρc_<τ> = rsqrt(mean_<c>(Lc_<τc>^2) + eps)
     rho_c_pow = Lc ** 2  # (…, τ, c)
     rho_c_mean = rho_c_pow.mean(dim=-1)  # (…, τ)
@@ -74,29 +70,28 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # Cc_<τc> = kv_a_layernorm_weight_<c> Lc_<τc> ρc_<τ>
     Cc_prod = kv_a_layernorm_weight * Lc  # (…, τ, c)
     Cc = rho_c[..., :, None] * Cc_prod  # (…, τ, c)
-    del Lc, rho_c, Cc_prod
+    del rho_c, Cc_prod
     # Kn_<μτn> = kv_b_proj_weight_<(μ[n])c> Cc_<τc>
-    kv_b_proj_weight_split = rearrange(kv_b_proj_weight, "(mu m) c -> mu m c", mu=h)  # (μ, m, c)
-    kv_b_proj_weight_part = kv_b_proj_weight_split[:, :d_n]  # (μ, n, c)
-    Kn = einsum(kv_b_proj_weight_part, Cc, "mu n c, ... tau c -> ... mu tau n")  # (…, μ, τ, n)
     # V_<μτe> = kv_b_proj_weight_<(μ[d_n + e])c> Cc_<τc>
-    kv_b_proj_weight_part_2 = kv_b_proj_weight_split[:, d_n:]  # (μ, e, c)
-    V = einsum(kv_b_proj_weight_part_2, Cc, "mu e c, ... tau c -> ... mu tau e")  # (…, μ, τ, e)
-    del Cc, kv_b_proj_weight_split, kv_b_proj_weight_part, kv_b_proj_weight_part_2
+    Kn_V = F.linear(Cc, kv_b_proj_weight).unflatten(-1, (h, d_n + d_v))  # (…, τ, μ, m)
+    Kn_proj, V_proj = Kn_V.split([d_n, d_v], dim=-1)  # (…, τ, μ, n)
+    Kn = Kn_proj.transpose(-3, -2)  # (…, μ, τ, n)
+    V = V_proj.transpose(-3, -2)  # (…, μ, τ, e)
+    del Cc
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_prod = Qr * Rc  # (…, μ, τ, r)
     Qr_at = Qr[..., Q_theta_pos]  # (…, μ, τ, r)
     Q_theta_prod_2 = Qr_at * Rs  # (…, μ, τ, r)
     Q_theta = Q_theta_prod + Q_theta_prod_2  # (…, μ, τ, r)
-    del Qr, Q_theta_prod, Qr_at, Q_theta_prod_2
+    del Q_theta_prod, Qr_at, Q_theta_prod_2
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Kθ_<τr> = Kr_<τr> Rc_<τr> + Kr_<τ[p_<r>]> Rs_<τr>
     K_theta_prod = Kr * Rc  # (…, τ, r)
     Kr_at = Kr[..., Q_theta_pos]  # (…, τ, r)
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
-    del Kr, K_theta_prod, Kr_at, K_theta_prod_2
+    del Lc_Kr, Lc, Kr, K_theta_prod, Kr_at, K_theta_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     # S_<μττ'> = (Qn_<μτn> Kn_<μτ'n> + Qθ_<μτr> Kθ_<τ'r>) / sqrt(d_n + d_r) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
@@ -105,7 +100,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     V_pad = F.pad(V, (0, d_n + d_r - d_v)) if d_v < d_n + d_r else V  # (…, μ, τ', e)
     O = F.scaled_dot_product_attention(torch.cat([Qn, Q_theta], dim=-1), torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1), V_pad, is_causal=True, scale=1/math.sqrt(d_n + d_r))
     O = O[..., :d_v]  # (…, μ, τ, e)
-    del Qn, Kn, V, Q_theta, K_theta, V_pad
+    del Qn_Qr, Qn_proj, Qr_proj, Qn, Qr, Kn_V, Kn_proj, V_proj, Kn, V, Q_theta, K_theta, V_pad
     # Y_<τi> = o_proj_weight_<i(μe)> O_<μτe>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -7,6 +7,25 @@ import torch
 import torch.nn.functional as F
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def sliding_window_constants(N, w, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -17,13 +36,14 @@ def sliding_window_constants(N, w, *, device, dtype):
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     M_keep = torch.logical_and((tau[:, None] >= tau_p[None, :]), (w > tau[:, None] - tau_p[None, :]))  # (τ, τ')
-    return M_keep,
+    M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
+    return M_keep, M_keep_spans
 
 
 def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_proj_bias, *, h, w=4096, p=0.1, training=False, constants=None):
     N = X.shape[-2]
     d_k = W_query_weight.shape[-2] // h
-    M_keep, = sliding_window_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants
+    M_keep, M_keep_spans = sliding_window_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = W_query_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, W_query_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -38,7 +58,13 @@ def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_wei
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
+    if M_keep_spans is None:
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))
+    else:  # by blocks of queries, each over the keys its mask lets it see
+        blocks = []
+        for q0, q1, k0, k1 in M_keep_spans:
+            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=M_keep[..., q0:q1, k0:k1], dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k)))
+        O = torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τj> = out_proj_weight_<j(μa)> O_<μτa> + out_proj_bias_<j>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

@@ -1,0 +1,150 @@
+"""The kernel by blocks of queries, each over the keys its mask lets it see: every shipped spec
+whose mask may hide whole blocks of keys reads the blocks off the mask (`key_spans`); forced
+into blocks of one query (the module's QUERY_BLOCK knob) it equals the literal interpreter in
+values and gradients, calls the kernel once per block, and a span cut one key short is seen.
+Where the blocks would skip too little, or when traced, the kernel runs once."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import indexattn
+from indexattn.oracle import reference
+from indexattn.oracle.verify import sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+SPANNED = sorted(p.stem for p in GOLDEN.glob("*.py") if "QUERY_BLOCK = " in p.read_text())
+# scalars that make the masks hide more than the causal half at the sampled sizes
+SCALARS = {"sliding_window": {"w": 2}, "chunked": {"C": 2}, "prefix_lm": {"P": 2}}
+FRESH = itertools.count()
+SIZES = {"kv_decode": {"N": 6, "N_c": 1}}  # a prefill after one cached token
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[int]:
+    """The number of queries of every call of the kernel while the test runs."""
+    seen: list[int] = []
+    kernel = F.scaled_dot_product_attention
+
+    def record(q, *args, **kwargs):
+        seen.append(q.shape[-2])
+        return kernel(q, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    return seen
+
+
+def spec_in_blocks(name: str, monkeypatch, block: int = 1):
+    """The shipped spec compiled afresh (its own caches of constants), at `block` queries."""
+    text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
+    spec = indexattn.compile_spec(text, name=f"{name}_{next(FRESH)}")
+    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", block)
+    return spec
+
+
+def run(spec, name: str, seed: int = 0):
+    """Generated and literal outputs and gradients on the same data."""
+    sizes = sample_sizes(spec.ir, seed) | SIZES.get(name, {})
+    given = {k: v for k, v in sizes.items() if k in spec.required} | SCALARS.get(name, {})
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64, seed)
+    floats = {k for k, v in args.items() if v.is_floating_point()}
+    results = []
+    for fn in (lambda **kw: spec(**kw), lambda **kw: reference.evaluate(spec.ir, **kw)):
+        mine = {k: v.clone().requires_grad_(k in floats) for k, v in args.items()}
+        out = fn(**mine, **given)
+        out = out if isinstance(out, tuple) else (out,)
+        sum((o * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum() for o in out).backward()
+        results.append((out, [mine[k].grad for k in sorted(floats)]))
+    return results
+
+
+def test_the_masked_kernels_take_spans():
+    assert {"sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_decode"} <= set(
+        SPANNED
+    )
+
+
+@pytest.mark.parametrize("name", SPANNED)
+def test_blocks_of_one_query_equal_the_literal(name, monkeypatch, kernel_calls):
+    spec = spec_in_blocks(name, monkeypatch)
+    (got, got_grads), (want, want_grads) = run(spec, name)
+    for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=0)
+    assert len(kernel_calls) > 1 and set(kernel_calls) == {1}
+
+
+@pytest.mark.parametrize("name", SPANNED)
+def test_a_span_cut_one_key_short_is_seen(name, monkeypatch):
+    """The twin: the same blocks with each span's last key left out differ from the literal."""
+    spec = spec_in_blocks(name, monkeypatch)
+    namespace = spec.function.__globals__
+    spans = namespace["key_spans"]
+
+    def short(keep):
+        found = spans(keep)
+        return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1) for t, u, k0, k1 in found]
+
+    monkeypatch.setitem(namespace, "key_spans", short)
+    (got, _), (want, _) = run(spec, name)
+    assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, want))
+
+
+def test_spans_are_the_keys_each_block_sees(monkeypatch):
+    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
+    spans = spec.function.__globals__["key_spans"]
+    tau = torch.arange(12)
+    keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
+    assert spans(keep) == [(0, 4, 0, 4), (4, 8, 2, 8), (8, 12, 6, 12)]
+    assert spans(keep.expand(2, 3, 12, 12)) == spans(keep)  # batch and head axes: their union
+    assert spans(torch.ones(12, 12, dtype=torch.bool)) is None  # nothing to skip
+    causal = tau[:, None] >= tau[None, :]  # 2/3 of the scores at blocks of 4 of 12
+    assert spans(causal) == [(0, 4, 0, 4), (4, 8, 0, 8), (8, 12, 0, 12)]
+    assert spans(tau[:, None] + 6 >= tau[None, :]) is None  # 17/18 of them: one call
+    assert spans(keep[:0]) is None
+
+
+def test_a_mask_that_hides_too_little_runs_the_kernel_once(monkeypatch, kernel_calls):
+    """A prefix as long as the sequence hides nothing: one call, as before; a short one
+    hides a third of the scores at blocks of 4 of 12: three calls."""
+    spec = spec_in_blocks("prefix_lm", monkeypatch, block=4)
+    weights = dict(spec.module(d_m=16, h=2, d_k=8).named_parameters())
+    x = torch.randn(1, 12, 16)
+    spec(**weights, X=x, h=2, P=12)
+    assert kernel_calls == [12]
+    spec(**weights, X=x, h=2, P=2)
+    assert kernel_calls == [12, 4, 4, 4]
+
+
+def test_rows_that_see_no_key_give_zeros_in_blocks(monkeypatch):
+    """Queries before 3 see nothing: their block's span is every key, and the kernel's zeros
+    (values and gradients) stay zeros."""
+    text = """index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+M_<ττ'> = where(τ' > τ or τ < 3, -inf, 0)
+A_<ττ'> = softmax_<τ'>(Q_<τa> K_<τ'a> + M_<ττ'>)
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+    spec = indexattn.compile_spec(text, name="dead_rows_in_blocks")
+    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
+    q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = spec(Q=q, K=k, V=v)
+    want = reference.evaluate(spec.ir, Q=q, K=k, V=v)[0]
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
+    assert out[:3].eq(0).all()
+    out.sum().backward()
+    assert q.grad.isfinite().all() and q.grad[:3].eq(0).all()
+
+
+def test_traced_code_runs_the_kernel_once(monkeypatch):
+    spec = spec_in_blocks("sliding_window", monkeypatch)
+    namespace = spec.function.__globals__
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert namespace["key_spans"](torch.eye(8, dtype=torch.bool)) is None
