@@ -44,17 +44,14 @@ class Split:
 
 
 def split(plan: Plan) -> Split:
-    constant: set[Var] = set()
-    parts = []
-    for block in plan.blocks:
-        fixed, rest = [], []
-        for step in block.steps:
-            if _hoistable(step, constant):
-                fixed.append(step)
-                constant.add(step.out.var)
-            else:
-                rest.append(step)
-        parts.append((tuple(fixed), tuple(rest)))
+    made = constant(plan.steps)
+    parts = [
+        (
+            tuple(s for s in block.steps if s.out.var in made),
+            tuple(s for s in block.steps if s.out.var not in made),
+        )
+        for block in plan.blocks
+    ]
     read = {o.var for _, rest in parts for s in rest for o in operands(s)}
     read |= {r.var for r in plan.results}
     read |= {s.positions.var for s in plan.steps if isinstance(s, Gather)}  # checked at calls
