@@ -38,11 +38,22 @@ def kernel_calls(monkeypatch) -> list[int]:
     return seen
 
 
-def spec_in_blocks(name: str, monkeypatch, block: int = 1):
-    """The shipped spec compiled afresh (its own caches of constants), at `block` queries."""
+def spec_in_blocks(name: str, monkeypatch, block: int = 1, calls: list[int] | None = None):
+    """The shipped spec compiled afresh (its own caches of constants), at `block` queries;
+    `calls` records the queries of every call of its rows' function (scores by blocks of
+    queries, where the kernel cannot take them)."""
     text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_{next(FRESH)}")
-    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", block)
+    namespace = spec.function.__globals__
+    monkeypatch.setitem(namespace, "QUERY_BLOCK", block)
+    rows = namespace.get(spec.function.__name__ + "_rows")
+    if rows is not None and calls is not None:
+
+        def record(first, *args, **kwargs):
+            calls.append(first.shape[-2])
+            return rows(first, *args, **kwargs)
+
+        monkeypatch.setitem(namespace, rows.__name__, record)
     return spec
 
 
@@ -62,15 +73,15 @@ def run(spec, name: str, seed: int = 0):
     return results
 
 
-def test_the_masked_kernels_take_spans():
-    assert {"sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_decode"} <= set(
-        SPANNED
-    )
+def test_the_masked_kernels_and_rows_take_spans():
+    kernels = {"sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_decode"}
+    rows = {"softcap_window", "differential", "sigmoid_attention", "talking_heads"}
+    assert kernels | rows | {"attention_sinks"} <= set(SPANNED)
 
 
 @pytest.mark.parametrize("name", SPANNED)
 def test_blocks_of_one_query_equal_the_literal(name, monkeypatch, kernel_calls):
-    spec = spec_in_blocks(name, monkeypatch)
+    spec = spec_in_blocks(name, monkeypatch, calls=kernel_calls)
     (got, got_grads), (want, want_grads) = run(spec, name)
     for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
         torch.testing.assert_close(g, w, atol=1e-12, rtol=0)

@@ -8,6 +8,7 @@ Exact: a query's row of scores depends on that query alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..ir import Index, Spec
 from .emit import Emitter
@@ -28,6 +29,9 @@ from .steps import (
     Step,
     Var,
 )
+
+if TYPE_CHECKING:
+    from .hidden import Skip
 
 # Steps a block of rows computes exactly as all rows would (no step that reads a size as a
 # shape, nor one that mixes rows).
@@ -75,7 +79,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     row = next(i for i in exits[0].dims if i in sequence)
     if not all(_row_wise(s, row) for s in steps):
         return None
-    sliced = _inputs(steps, inside, row)
+    sliced = inputs_along(steps, inside, row)
     if sliced is None:
         return None
     inputs = tuple(dict.fromkeys(v for s in steps for v in _reads(s) if v not in inside))
@@ -129,15 +133,15 @@ def _reads(step: Step) -> list[Var]:
     return found
 
 
-def _inputs(steps: list[Step], inside: set[Var], row: Index):
-    """Inputs read with the row axis, each as (its place, its axes, batched); None when one
-    input is read both with and without it (it would be needed sliced and whole)."""
+def inputs_along(steps: list[Step], inside: set[Var], index: Index):
+    """Inputs read with the index's axis, each as (its place, its axes, batched); None when
+    one input is read both with and without it (it would be needed sliced and whole)."""
     sliced: dict[Var, tuple[int, int, bool]] = {}
     whole: set[Var] = set()
     for op in (o for s in steps for o in operands(s) if o.var not in inside):
-        if row in op.dims:
+        if index in op.dims:
             axes = _axes(op)
-            sliced[op.var] = (axes.index(row), len(axes), op.batched)
+            sliced[op.var] = (axes.index(index), len(axes), op.batched)
         else:
             whole.add(op.var)
     return None if whole & set(sliced) else sliced
@@ -153,8 +157,8 @@ class RowsWriter:
     """Prints the rows' function, and the lines of the spec's function that call it: once
     for all rows, or per block of rows, whichever the sizes ask for."""
 
-    def __init__(self, spec: Spec, names: Names, rows: Rows) -> None:
-        self.spec, self.names, self.rows = spec, names, rows
+    def __init__(self, spec: Spec, names: Names, rows: Rows, skip: Skip | None = None) -> None:
+        self.spec, self.names, self.rows, self.skip = spec, names, rows, skip
         self.emitter = Emitter(spec, names)
         self.function = names.fresh(names.function + "_rows")
         self.knob = names.fresh("BLOCK_SCORES")
@@ -193,40 +197,82 @@ class RowsWriter:
     def call(self, main: Emitter) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
         rows, names = self.rows, self.names
-        size, count, start = main.size(rows.row), names.fresh("rows"), names.fresh("t")
-        blocks, out = names.fresh("blocks"), names.var(rows.exit.var)
+        size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
         main.use("torch")
         per_row = [wrap(main.size(i)) for i in rows.scores.dims if i != rows.row]
         batch = self._batch()
         per_row = ([batch] if batch and rows.scores.batched else []) + per_row
-        keywords = [f"{k}={k}" for k in self.keywords()]
-        whole = [names.var(v) for v in rows.inputs]
-        parts = [self._slice(v, start, count) for v in rows.inputs]
-        dim = rows.exit.dims.index(rows.row) - len(rows.exit.dims)
-        return [
+        head = [
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
+        ]
+        whole = self._call([names.var(v) for v in rows.inputs])
+        if self.skip is None:
+            return head + self._blocks(main, size, count, whole)
+        return head + self._spans(main, size, count, whole)
+
+    def _blocks(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+        """Every key for every block of rows."""
+        names, rows = self.names, self.rows
+        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exit.var)
+        piece = f"{start}:{start} + {count}"
+        parts = [self._slice(v, {rows.row: piece}) for v in rows.inputs]
+        return [
             f"if {count} >= {size}:",
-            f"    {out} = {self.function}({', '.join(whole + keywords)})",
+            f"    {out} = {whole}",
             "else:",
             f"    {blocks} = [",
-            f"        {self.function}({', '.join(parts + keywords)})",
+            f"        {self._call(parts)}",
             f"        for {start} in range(0, {size}, {count})",
             "    ]",
-            f"    {out} = torch.cat({blocks}, dim={dim})",
+            f"    {out} = torch.cat({blocks}, dim={self._dim()})",
         ]
 
-    def _slice(self, var: Var, start: str, count: str) -> str:
+    def _spans(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+        """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
+        names, rows, skip = self.names, self.rows, self.skip
+        q0, q1, k0, k1, start, end, blocks = (
+            names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
+        )
+        out, spans = names.var(rows.exit.var), names.var(skip.step.out.var)
+        cuts = {rows.row: f"{start}:{end}", skip.hidden.key: f"{k0}:{k1}"}
+        parts = [self._slice(v, cuts) for v in rows.inputs]
+        every = f"[(0, {size}, 0, {main.size(skip.hidden.key)})]"
+        return [
+            f"if {count} >= {size} and {spans} is None:",
+            f"    {out} = {whole}",
+            f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
+            f"    {blocks} = []",
+            f"    for {q0}, {q1}, {k0}, {k1} in {spans} or {every}:",
+            f"        for {start} in range({q0}, {q1}, {count}):",
+            f"            {end} = min({start} + {count}, {q1})",
+            f"            {blocks}.append({self._call(parts)})",
+            f"    {out} = torch.cat({blocks}, dim={self._dim()})",
+        ]
+
+    def _call(self, arguments: list[str]) -> str:
+        keywords = [f"{k}={k}" for k in self.keywords()]
+        return f"{self.function}({', '.join(arguments + keywords)})"
+
+    def _dim(self) -> int:
+        exit = self.rows.exit
+        return exit.dims.index(self.rows.row) - len(exit.dims)
+
+    def _slice(self, var: Var, pieces: dict[Index, str]) -> str:
+        """The input cut to `pieces` along its row and key axes: counted from the end when
+        batched (after `...`), else from the start."""
         name = self.names.var(var)
-        if var not in self.rows.sliced:
+        found = [(self.rows.sliced, self.rows.row)]
+        found += [(self.skip.hidden.keyed, self.skip.hidden.key)] if self.skip else []
+        cuts = {table[var][0]: pieces[index] for table, index in found if var in table}
+        if not cuts:
             return name
-        axis, axes, batched = self.rows.sliced[var]
-        piece = f"{start}:{start} + {count}"
-        if batched:
-            return f"{name}[{', '.join(['...', piece, *[':'] * (axes - axis - 1)])}]"
-        return f"{name}[{', '.join([*[':'] * axis, piece])}]"
+        _, axes, batched = next(table[var] for table, _ in found if var in table)
+        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
+        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
+        return f"{name}[{', '.join(items)}]"
 
     def _batch(self) -> str | None:
         """The number of batch elements, read from the first batched input."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from .blocked import RowsWriter, find
 from .emit import Emitter
+from .hidden import skip
 from .hoist import split
 from .inplace import accumulate
 from .liveness import deaths
@@ -96,10 +97,11 @@ class Writer:
         """The spec's function's lines and the constants function's, block by block."""
         parts = split(self.plan)
         rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
+        parts, skipping = skip(self.spec, rows, parts) if rows is not None else (parts, None)
         # never written over: the rows' inputs (sliced per block, views of one tensor)
         kept = set(rows.inputs) if rows is not None else set()
         parts = replace(parts, per_call=accumulate(self.plan, parts.per_call, kept))
-        self.rows = RowsWriter(self.spec, self.names, rows) if rows is not None else None
+        self.rows = RowsWriter(self.spec, self.names, rows, skipping) if rows else None
         if self.rows is not None:
             _share(self.main, self.rows.emitter)
         body: list[str] = []

@@ -146,11 +146,11 @@ class Kernels:
         in (query, key), so that a block is a slice of it."""
         if mask is None or mask.dims[-2:] != (match.query, match.key):
             return None
-        boolean = match.keep is not None
-        if not boolean and mask.var not in constant(self.planner.planned):
+        hides = "false" if match.keep is not None else "-inf"
+        if hides == "-inf" and mask.var not in constant(self.planner.planned):
             return None
         out = Operand(self.planner.var(mask.var.hint + "_spans"), (), False)
-        return self.planner.add(Spans(out, mask, boolean))
+        return self.planner.add(Spans(out, mask, hides))
 
     def padded(self, match: AttentionMatch, v: Operand) -> Operand:
         """The values with zero features up to the width of the queries and keys, where they

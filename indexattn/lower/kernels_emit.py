@@ -99,9 +99,10 @@ class KernelSteps:
 
     def step_Spans(self, step: Spans) -> str:
         mask = self.ref(step.mask)
-        keep = mask if step.boolean else f"~{wrap(mask)}.isneginf()"
+        keep = {"false": mask, "true": f"~{wrap(mask)}", "-inf": f"~{wrap(mask)}.isneginf()"}
         spans = self.helper("key_spans", "QUERY_BLOCK", _key_spans)
-        return f"{self.var(step.out)} = {spans}({keep})  # blocks of queries and their keys"
+        out = self.var(step.out)
+        return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"
 
     def step_Pad(self, step: Pad) -> list[str]:
         arg, out = self.ref(step.arg), self.var(step.out)

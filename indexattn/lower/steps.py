@@ -268,12 +268,14 @@ class Attention:
 class Spans:
     """The blocks of queries a mask (…, query, key) lets the kernel run one by one, each on the
     keys any of its queries sees: `(first query, end, first key, end)` per block, read off the
-    mask's values (a boolean one, else where it is not -inf); None where blocks would skip
-    too little, or when traced. `out` has no axes: it is a list of numbers, not a tensor."""
+    mask's values; None where blocks would skip too little, or when traced. `hides`: the
+    entries that hide a key, "false" (a boolean mask that keeps where true), "true" (one that
+    hides where true) or "-inf" (a float mask). `out` has no axes: it is a list of numbers,
+    not a tensor."""
 
     out: Operand
     mask: Operand
-    boolean: bool
+    hides: str
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,33 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def attention_sinks_constants(N, w, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
     M = torch.where(torch.logical_or((tau[:, None] < tau_p[None, :]), (w <= tau[:, None] - tau_p[None, :])), -math.inf, 0).to(dtype)  # (τ, τ')
-    return M,
+    M_spans = key_spans(~M.isneginf())  # blocks of queries and their keys
+    return M, M_spans
 
 
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
@@ -40,7 +60,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
     n_rep = q_proj_weight.shape[-2] // (d_k*h_kv)
-    M, = attention_sinks_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants
+    M, M_spans = attention_sinks_constants(N, w, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτa> = q_proj_weight_<(gra)i> X_<τi> + q_proj_bias_<(gra)>
     Q_proj = F.linear(X, q_proj_weight, q_proj_bias).unflatten(-1, (h_kv, n_rep, d_k))  # (…, τ, g, r, a)
     Q = Q_proj.movedim(-4, -2)  # (…, g, r, τ, a)
@@ -58,13 +78,14 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
-    if rows >= N:
+    if rows >= N and M_spans is None:
         O = attention_sinks_rows(Q, K_scaled, M, sinks_split, V)
-    else:
-        blocks = [
-            attention_sinks_rows(Q[..., t:t + rows, :], K_scaled, M[t:t + rows], sinks_split, V)
-            for t in range(0, N, rows)
-        ]
+    else:  # by blocks of τ, each over the keys the mask lets them see
+        blocks = []
+        for q0, q1, k0, k1 in M_spans or [(0, N, 0, N)]:
+            for t in range(q0, q1, rows):
+                u = min(t + rows, q1)
+                blocks.append(attention_sinks_rows(Q[..., t:u, :], K_scaled[..., k0:k1, :], M[t:u, k0:k1], sinks_split, V[..., k0:k1, :]))
         O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa> + o_proj_bias_<i>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))

@@ -8,13 +8,33 @@ import torch.nn.functional as F
 from einops import einsum
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def differential_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return M,
+    M_spans = key_spans(~M.isneginf())  # blocks of queries and their keys
+    return M, M_spans
 
 
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
@@ -47,7 +67,7 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     N = X.shape[-2]
     d = lambda_q1.shape[-1]
     h = q_proj_weight.shape[-2] // (2*d)
-    M, = differential_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    M, M_spans = differential_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μBτa> = q_proj_weight_<(μBa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, 2, d))  # (…, τ, μ, B, a)
     Q = Q_proj.movedim(-4, -2)  # (…, μ, B, τ, a)
@@ -72,13 +92,14 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     del lambda_
     # A, D, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
-    if rows >= N:
+    if rows >= N and M_spans is None:
         O = differential_rows(Q_scaled, K, M, lambda__scaled, V)
-    else:
-        blocks = [
-            differential_rows(Q_scaled[..., t:t + rows, :], K, M[t:t + rows], lambda__scaled, V)
-            for t in range(0, N, rows)
-        ]
+    else:  # by blocks of τ, each over the keys the mask lets them see
+        blocks = []
+        for q0, q1, k0, k1 in M_spans or [(0, N, 0, N)]:
+            for t in range(q0, q1, rows):
+                u = min(t + rows, q1)
+                blocks.append(differential_rows(Q_scaled[..., t:u, :], K[..., k0:k1, :], M[t:u, k0:k1], lambda__scaled, V[..., k0:k1, :]))
         O = torch.cat(blocks, dim=-2)
     # ρ_<μτ> = rsqrt(mean_<e>(O_<μτe>^2) + eps)
     rho_pow = O ** 2  # (…, μ, τ, e)

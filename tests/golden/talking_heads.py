@@ -7,13 +7,33 @@ import torch
 import torch.nn.functional as F
 
 
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(keep):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
+    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
+    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+    if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    n_q, n_k = keep.shape[-2:]
+    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
+    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    return spans if kept <= 0.8 * n_q * n_k else None
+
+
 def talking_heads_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
-    return M,
+    M_spans = key_spans(~M.isneginf())  # blocks of queries and their keys
+    return M, M_spans
 
 
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
@@ -46,7 +66,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     N = X.shape[-2]
     h = P_l.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
-    M, = talking_heads_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    M, M_spans = talking_heads_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -61,13 +81,14 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
-    if rows >= N:
+    if rows >= N and M_spans is None:
         O = talking_heads_rows(Q_scaled, K, P_l, M, P_w, V)
-    else:
-        blocks = [
-            talking_heads_rows(Q_scaled[..., t:t + rows, :], K, P_l, M[t:t + rows], P_w, V)
-            for t in range(0, N, rows)
-        ]
+    else:  # by blocks of τ, each over the keys the mask lets them see
+        blocks = []
+        for q0, q1, k0, k1 in M_spans or [(0, N, 0, N)]:
+            for t in range(q0, q1, rows):
+                u = min(t + rows, q1)
+                blocks.append(talking_heads_rows(Q_scaled[..., t:u, :], K[..., k0:k1, :], P_l, M[t:u, k0:k1], P_w, V[..., k0:k1, :]))
         O = torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

@@ -1,0 +1,82 @@
+"""Scores by blocks of queries skip the keys a mask hides from a whole block only where the
+rows' steps prove those keys add nothing (lower/hidden.py): a mask of -inf added before a
+softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidden entries.
+Each phrasing below is compiled with a sliding window and run in blocks of two queries; it
+equals the literal interpreter in values and gradients whether it skips keys or not, and it
+skips them exactly where the proof holds (tanh(-inf) is -1, not 0: those keys count; 0 times
+-inf is NaN, which the rows must make as the interpreter does)."""
+
+import itertools
+
+import pytest
+import torch
+
+import indexattn
+from indexattn.oracle import reference
+
+FRESH = itertools.count()
+HEAD = """index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+param g_<a>  # a width of its own: the sequence is the one index no parameter has
+scalar w = 3
+M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
+S_<ττ'> = Q_<τa> g_<a> K_<τ'a>
+"""
+WEIGHTS = {
+    # the weights at each key, and whether the keys the mask hides from a block are skipped
+    "softmax_<τ'>(4 tanh(S_<ττ'> / 4) + M_<ττ'>)": True,
+    "sigmoid(S_<ττ'> + M_<ττ'>)": True,
+    "exp(S_<ττ'> + M_<ττ'>) / 3": True,
+    "where(τ' > τ or τ - τ' >= w, 0, sigmoid(S_<ττ'>))": True,
+    "where(τ' <= τ and τ - τ' < w, sigmoid(S_<ττ'>), 0)": True,
+    "tanh(S_<ττ'> + M_<ττ'>)": False,
+    "softmax_<τ'>(4 tanh(S_<ττ'> / 4) + M_<ττ'>) + 1": False,
+    "where(τ' > τ or τ - τ' >= w, 1, sigmoid(S_<ττ'>))": False,
+    # 0 · -inf at hidden keys: NaN over all keys (so here, as in the literal interpreter)
+    "sigmoid(S_<ττ'> + M_<ττ'>) (M_<ττ'> + 1)": False,
+}
+
+
+def compiled(weights: str, monkeypatch):
+    text = HEAD + f"A_<ττ'> = {weights}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
+    spec = indexattn.compile_spec(text, name=f"hidden_{next(FRESH)}")
+    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
+    return spec
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_keys_are_skipped_where_they_add_nothing(weights, monkeypatch):
+    spec = compiled(weights, monkeypatch)
+    assert ("key_spans(" in spec.source) == WEIGHTS[weights]
+    q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    g = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    got = spec(Q=q, K=k, V=v, g=g)
+    want = reference.evaluate(spec.ir, Q=q, K=k, V=v, g=g)[0]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0, equal_nan=True)
+    grads = [torch.autograd.grad(o.sum(), (q, k, v, g)) for o in (got, want)]
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=0, equal_nan=True)
+
+
+def test_the_rows_run_once_per_block_of_queries(monkeypatch):
+    """Five blocks of two queries: the first over its two keys, the others over four (a
+    window of 3 reaches two keys back from the block's first query)."""
+    spec = compiled("sigmoid(S_<ττ'> + M_<ττ'>)", monkeypatch)
+    namespace = spec.function.__globals__
+    rows = namespace[spec.function.__name__ + "_rows"]
+    seen = []
+
+    def record(*args):
+        seen.append(tuple(tuple(a.shape) for a in args))
+        return rows(*args)
+
+    monkeypatch.setitem(namespace, rows.__name__, record)
+    spec(**{name: torch.randn(10, 4) for name in "QKV"}, g=torch.rand(4))
+    # K and V over the block's keys, the queries and the mask over its two rows
+    first = sorted([(2, 4), (2, 4), (2, 2), (2, 4)])
+    assert [sorted(shapes) for shapes in seen] == [first] + [
+        sorted([(4, 4), (2, 4), (2, 4), (4, 4)])
+    ] * 4
