@@ -36,6 +36,8 @@ class Op:
     keeps: bool = False  # a reduction whose index stays free: softmax_<j>, cumsum_<j>, concat_<j>
     # the in-place form, for functions whose backward reads their result, not their argument
     inplace: str = ""
+    # may make inf or NaN of finite arguments (log 0, 1/0, the root of a negative number)
+    partial: bool = False
 
     @property
     def condition(self) -> bool:
@@ -70,6 +72,9 @@ INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "
 # their argument, as torch's `tanh_` does under autograd.
 INPLACE = frozenset({"exp", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
 
+# Functions and operators that may make inf or NaN of finite numbers (exp's overflow aside).
+PARTIAL = frozenset({"log", "sqrt", "rsqrt", "mod", "/", "^", "pow"})
+
 
 def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
     integers = name in INTEGER_FUNCTIONS
@@ -85,11 +90,15 @@ def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops
         frozenset(imports),
         integers=integers,
         inplace=inplace,
+        partial=name in PARTIAL,
     )
 
 
 def _binary(name: str, torch: str, latex: str, form, tensors: bool = True) -> Op:
-    return Op(name, "function", 2, torch, latex, 1, form, tensors=tensors, integers=True)
+    partial = name in PARTIAL
+    return Op(
+        name, "function", 2, torch, latex, 1, form, tensors=tensors, integers=True, partial=partial
+    )
 
 
 def _named(word: str) -> str:
@@ -186,7 +195,10 @@ REDUCTIONS: dict[str, Op] = {
 
 
 def _operator(name, kind, level, torch, latex, form, arity=2) -> Op:
-    return Op(name, kind, arity, torch, latex, 1, form, frozenset(), level, integers=True)
+    partial = name in PARTIAL
+    return Op(
+        name, kind, arity, torch, latex, 1, form, frozenset(), level, integers=True, partial=partial
+    )
 
 
 OPERATORS: dict[str, Op] = {
@@ -210,7 +222,7 @@ OPERATORS: dict[str, Op] = {
     )
 }
 # `^` between tensors is kept as the function pow (a Field folds it exactly instead).
-POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8)
+POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8, partial=True)
 
 # What a spec may call by name: min and max are both, the reductions min_<j>(x) and max_<j>(x)
 # and the elementwise min(a, b) and max(a, b).

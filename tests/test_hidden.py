@@ -4,7 +4,9 @@ softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidd
 Each phrasing below is compiled with a sliding window and run in blocks of two queries; it
 equals the literal interpreter in values and gradients whether it skips keys or not, and it
 skips them exactly where the proof holds (tanh(-inf) is -1, not 0: those keys count; 0 times
--inf is NaN, which the rows must make as the interpreter does)."""
+-inf is NaN, which the rows must make as the interpreter does; torch's rsqrt(-inf) is NaN and
+sqrt's derivative at 0 infinite, whatever sympy says; a mask or score read transposed hides
+other entries). The cases that must not skip each fail, in values or gradients, if they do."""
 
 import itertools
 
@@ -37,11 +39,27 @@ WEIGHTS = {
     "where(τ' > τ or τ - τ' >= w, 1, sigmoid(S_<ττ'>))": False,
     # 0 · -inf at hidden keys: NaN over all keys (so here, as in the literal interpreter)
     "sigmoid(S_<ττ'> + M_<ττ'>) (M_<ττ'> + 1)": False,
+    # the same with S · -inf (±inf, not a finite number) an equation of its own
+    "T_<ττ'> = S_<ττ'> M_<ττ'>\nsigmoid(S_<ττ'> + M_<ττ'>) T_<ττ'>": False,
+    # rsqrt(-inf) is NaN in torch (sympy's 1/sqrt(-oo) is 0): the code's values count
+    "rsqrt(exp(S_<ττ'>) + M_<ττ'>)": False,
+    # sqrt(0) is 0, but its derivative is inf: the gradients are NaN over all keys
+    "sqrt(sigmoid(S_<ττ'> + M_<ττ'>))": False,
+    "sqrt(sigmoid(S_<ττ'> + M_<ττ'>) + 1)": False,
+    # the mask read the other way round hides other entries
+    "sigmoid(S_<ττ'> + M_<ττ'>) + sigmoid(S_<ττ'> + M_<τ'τ>)": False,
+    "T_<ττ'> = S_<ττ'> + M_<ττ'>\nsigmoid(T_<ττ'>) + 0 sigmoid(T_<τ'τ>)": False,
+    "T_<ττ'> = S_<ττ'> + M_<ττ'>\nsigmoid(T_<ττ'>)": True,
+    # where on another mask picks either branch: a finite number or 0, finite
+    "where(τ' > τ, 0, sigmoid(S_<ττ'> + M_<ττ'>))": True,
+    "where(τ' > τ, -inf, sigmoid(S_<ττ'> + M_<ττ'>))": False,
 }
 
 
 def compiled(weights: str, monkeypatch):
-    text = HEAD + f"A_<ττ'> = {weights}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
+    *before, last = weights.split("\n")
+    equations = "".join(line + "\n" for line in before)
+    text = HEAD + equations + f"A_<ττ'> = {last}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
     spec = indexattn.compile_spec(text, name=f"hidden_{next(FRESH)}")
     monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
     return spec

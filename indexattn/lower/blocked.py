@@ -31,7 +31,7 @@ from .steps import (
 )
 
 if TYPE_CHECKING:
-    from .hidden import Skip
+    from .hidden import KeySpans
 
 # Steps a block of rows computes exactly as all rows would (no step that reads a size as a
 # shape, nor one that mixes rows).
@@ -135,19 +135,22 @@ def _reads(step: Step) -> list[Var]:
 
 def inputs_along(steps: list[Step], inside: set[Var], index: Index):
     """Inputs read with the index's axis, each as (its place, its axes, batched); None when
-    one input is read both with and without it (it would be needed sliced and whole)."""
+    one input is read both with and without it, or with it on two axes (it would be needed
+    sliced and whole, or sliced twice)."""
     sliced: dict[Var, tuple[int, int, bool]] = {}
     whole: set[Var] = set()
     for op in (o for s in steps for o in operands(s) if o.var not in inside):
-        if index in op.dims:
-            axes = _axes(op)
-            sliced[op.var] = (axes.index(index), len(axes), op.batched)
-        else:
+        if index not in op.dims:
             whole.add(op.var)
+            continue
+        axes = axes_of(op)
+        place = (axes.index(index), len(axes), op.batched)
+        if sliced.setdefault(op.var, place) != place:
+            return None
     return None if whole & set(sliced) else sliced
 
 
-def _axes(op: Operand) -> list[Index | None]:
+def axes_of(op: Operand) -> list[Index | None]:
     """The variable's own axes: a literal's selected axis as None."""
     dims = iter(op.dims)
     return [next(dims) if s is None else None for s in op.select] + list(dims)
@@ -157,8 +160,8 @@ class RowsWriter:
     """Prints the rows' function, and the lines of the spec's function that call it: once
     for all rows, or per block of rows, whichever the sizes ask for."""
 
-    def __init__(self, spec: Spec, names: Names, rows: Rows, skip: Skip | None = None) -> None:
-        self.spec, self.names, self.rows, self.skip = spec, names, rows, skip
+    def __init__(self, spec: Spec, names: Names, rows: Rows, spans: KeySpans | None = None) -> None:
+        self.spec, self.names, self.rows, self.spans = spec, names, rows, spans
         self.emitter = Emitter(spec, names)
         self.function = names.fresh(names.function + "_rows")
         self.knob = names.fresh("BLOCK_SCORES")
@@ -209,11 +212,11 @@ class RowsWriter:
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
         ]
         whole = self._call([names.var(v) for v in rows.inputs])
-        if self.skip is None:
-            return head + self._blocks(main, size, count, whole)
+        if self.spans is None:
+            return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
 
-    def _blocks(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+    def _blocks(self, size: str, count: str, whole: str) -> list[str]:
         """Every key for every block of rows."""
         names, rows = self.names, self.rows
         start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exit.var)
@@ -232,20 +235,20 @@ class RowsWriter:
 
     def _spans(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
         """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
-        names, rows, skip = self.names, self.rows, self.skip
+        names, rows, spans = self.names, self.rows, self.spans
         q0, q1, k0, k1, start, end, blocks = (
             names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
         )
-        out, spans = names.var(rows.exit.var), names.var(skip.step.out.var)
-        cuts = {rows.row: f"{start}:{end}", skip.hidden.key: f"{k0}:{k1}"}
+        out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
+        cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
         parts = [self._slice(v, cuts) for v in rows.inputs]
-        every = f"[(0, {size}, 0, {main.size(skip.hidden.key)})]"
+        every = f"[(0, {size}, 0, {main.size(spans.hidden.key)})]"
         return [
-            f"if {count} >= {size} and {spans} is None:",
+            f"if {count} >= {size} and {read} is None:",
             f"    {out} = {whole}",
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
             f"    {blocks} = []",
-            f"    for {q0}, {q1}, {k0}, {k1} in {spans} or {every}:",
+            f"    for {q0}, {q1}, {k0}, {k1} in {read} or {every}:",
             f"        for {start} in range({q0}, {q1}, {count}):",
             f"            {end} = min({start} + {count}, {q1})",
             f"            {blocks}.append({self._call(parts)})",
@@ -265,7 +268,7 @@ class RowsWriter:
         batched (after `...`), else from the start."""
         name = self.names.var(var)
         found = [(self.rows.sliced, self.rows.row)]
-        found += [(self.skip.hidden.keyed, self.skip.hidden.key)] if self.skip else []
+        found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
         cuts = {table[var][0]: pieces[index] for table, index in found if var in table}
         if not cuts:
             return name

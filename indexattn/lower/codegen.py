@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from .blocked import RowsWriter, find
 from .emit import Emitter
-from .hidden import skip
+from .hidden import add_spans
 from .hoist import split
 from .inplace import accumulate
 from .liveness import deaths
@@ -97,11 +97,11 @@ class Writer:
         """The spec's function's lines and the constants function's, block by block."""
         parts = split(self.plan)
         rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
-        parts, skipping = skip(self.spec, rows, parts) if rows is not None else (parts, None)
+        parts, spans = add_spans(self.spec, rows, parts) if rows is not None else (parts, None)
         # never written over: the rows' inputs (sliced per block, views of one tensor)
         kept = set(rows.inputs) if rows is not None else set()
         parts = replace(parts, per_call=accumulate(self.plan, parts.per_call, kept))
-        self.rows = RowsWriter(self.spec, self.names, rows, skipping) if rows else None
+        self.rows = RowsWriter(self.spec, self.names, rows, spans) if rows is not None else None
         if self.rows is not None:
             _share(self.main, self.rows.emitter)
         body: list[str] = []

@@ -2,24 +2,29 @@
 steps over the other keys alone give what they give over all of them, if every sum over the
 keys sees the hidden entries as zeros: the mask added to the scores makes them -inf, a softmax
 over the keys makes those zeros, a product keeps zeros zero. A pass over the rows' steps that
-follows the value at hidden entries (-inf, 0, or any finite number) proves it, or finds the
-step that would read a hidden entry (then the rows go over every key, as before).
+follows the value at hidden entries (-inf, 0, any finite number, or anything) proves it, or
+finds the step that would read a hidden entry (then the rows go over every key, as before).
+A function maps the value by its torch code, run on -inf and 0, and must have a finite
+derivative there: the backward passes through the hidden entries too.
 
 The proof assumes the values the mask does not make are finite: a score of inf or NaN at a
-hidden key would make NaN of its whole row over all keys, and nothing of it over the spans."""
+hidden key would make NaN of its whole row over all keys, and nothing of it over the spans.
+Functions that make inf or NaN of finite numbers (log, sqrt, division: `partial` in the
+operator table) are not followed at hidden entries at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import sympy
 
 from ..ir import Index, Spec
 from ..ops import lookup
-from .blocked import Rows, inputs_along, sequence_indices
+from .blocked import Rows, axes_of, inputs_along, sequence_indices
 from .hoist import Split, operands
 from .steps import (
     Add,
+    Arg,
     Cat,
     Contract,
     Elementwise,
@@ -36,6 +41,9 @@ from .steps import (
 # a value at the hidden entries: -inf, 0, anything (inf and NaN too); None: a finite number
 NEG, ZERO, ANY = "-inf", "0", "any"
 FAIL = "fail"  # a step whose result would change without the hidden keys
+# the spans' variable is the code generator's own: the planner counts its ids from 0, and
+# gives arguments -1
+SPANS_ID = -2
 
 
 @dataclass(frozen=True)
@@ -51,34 +59,34 @@ class Hidden:
 
 
 @dataclass(frozen=True)
-class Skip:
-    """The mask the rows skip keys by, and the step that reads its spans (a constant)."""
+class KeySpans:
+    """How the rows skip keys: the mask that hides them, and the step (one of the constants)
+    that reads the blocks of rows and keys off it."""
 
     hidden: Hidden
     step: Spans
 
 
-def skip(spec: Spec, rows: Rows, parts: Split) -> tuple[Split, Skip | None]:
-    """The split with the spans' step among the constants, and how the rows skip keys; the
-    same split and None where they cannot."""
+def add_spans(spec: Spec, rows: Rows, parts: Split) -> tuple[Split, KeySpans | None]:
+    """The split with the spans' step among the constants, after the mask's, and how the rows
+    skip keys; the same split and None where they cannot."""
     flat = [((b, k), s) for b, part in enumerate(parts.per_call) for k, s in enumerate(part)]
     steps = [s for where, s in flat if where in rows.chosen]
-    hidden = find(spec, rows, steps, set(parts.held))
+    hidden = find_hidden(spec, rows, steps, set(parts.held))
     if hidden is None:
         return parts, None
     mask = hidden.mask.var
-    # a value of the code generator's own: the planner's variables have ids from 0 on
-    out = Operand(Var(-2, mask.hint + "_spans"), (), False)
-    step = Spans(out, hidden.mask, hidden.hides)
+    step = Spans(Operand(Var(SPANS_ID, mask.hint + "_spans"), (), False), hidden.mask, hidden.hides)
+    placed = [any(s.out.var == mask for s in fixed) for fixed in parts.constant]
+    assert any(placed), f"the mask {mask} is held but no constant step makes it"
     constant = tuple(
-        (*fixed, step) if any(s.out.var == mask for s in fixed) else fixed
-        for fixed in parts.constant
+        (*fixed, step) if here else fixed for fixed, here in zip(parts.constant, placed)
     )
-    parts = replace(parts, constant=constant, held=(*parts.held, out.var))
-    return parts, Skip(hidden, step)
+    parts = replace(parts, constant=constant, held=(*parts.held, step.out.var))
+    return parts, KeySpans(hidden, step)
 
 
-def find(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) -> Hidden | None:
+def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) -> Hidden | None:
     """The mask whose hidden keys the rows may skip, or None. Only a mask built once per
     shape (`constants`): one the call builds from tensors is a step of the rows."""
     key = _key(spec, rows)
@@ -93,7 +101,10 @@ def find(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) -> Hidd
         senses = ("true", "false") if _condition(op.var, steps) else ("-inf",)
         others = {v for v in keyed if v in constants and v != op.var}
         for hides in senses:
-            if _proves(steps, key, op.var, hides, others):
+            # the other inputs over the keys built once per shape may hold anything there
+            # (a second mask's -inf, or the mask plus one)
+            start = dict.fromkeys(others, ANY) | ({op.var: NEG} if hides == "-inf" else {})
+            if Pass(rows.row, key, op.var, hides, start).proves(steps):
                 return Hidden(key, op, hides, keyed)
     return None
 
@@ -113,45 +124,83 @@ def _condition(var: Var, steps: list[Step]) -> bool:
     )
 
 
-def _proves(steps: list[Step], key: Index, mask: Var, hides: str, others: set[Var]) -> bool:
-    """Whether no step reads a hidden key's entry in a way that its absence would change.
-    `others`: inputs over the keys built once per shape, besides the mask: they may hold
-    anything there (a second mask's -inf, or the mask plus one)."""
-    state: dict[Var, str | None] = dict.fromkeys(others, ANY)
-    state |= {mask: NEG} if hides == "-inf" else {}
-    for step in steps:
-        got = _follow(step, key, state, (mask, hides))
-        if got == FAIL:
-            return False
-        state[step.out.var] = got if key in step.out.dims else None
-    return True
+@dataclass
+class Pass:
+    """The pass over the rows' steps: the value each makes at hidden entries (`state`), and
+    the axes it was made with (`made`), so that a read that swaps the row and key axes, or
+    renames the key, is seen (it reads other entries than the hidden ones)."""
 
+    row: Index
+    key: Index
+    mask: Var
+    hides: str
+    state: dict[Var, str | None]
+    made: dict[Var, tuple[Index, ...]] = field(default_factory=dict)
 
-def _follow(step: Step, key: Index, state: dict, mask: tuple[Var, str]) -> str | None:
-    """The value at hidden entries of what the step makes, or FAIL."""
+    def proves(self, steps: list[Step]) -> bool:
+        """Whether no step reads a hidden key's entry in a way that its absence would change."""
+        for step in steps:
+            if not all(map(self.aligned, operands(step))):
+                return False
+            got = self.follow(step)
+            if got == FAIL:
+                return False
+            if self.key in step.out.dims:
+                self.state[step.out.var] = got
+                self.made[step.out.var] = step.out.dims
+        return True
 
-    def at(arg) -> str | None:
-        return state.get(arg.var) if isinstance(arg, Operand) and key in arg.dims else None
+    def aligned(self, op: Operand) -> bool:
+        """Whether the read puts the row and the key on the axes the value has them on."""
+        if op.var == self.mask:
+            return axes_of(op)[-2:] == [self.row, self.key]
+        made = self.made.get(op.var)
+        if made is None:
+            return True
+        own = zip(made, axes_of(op), strict=True)
+        return all((m == i) == (d == i) for m, d in own for i in (self.row, self.key))
 
-    if isinstance(step, Rename):
-        return at(step.arg)
-    if isinstance(step, Contract):
-        summed = any(key in a.dims for a in step.args) and key not in step.out.dims
-        return _product([at(a) for a in step.args], summed, step.scale.is_positive)
-    if isinstance(step, Linear):
-        value = _product([at(step.x)], key in step.inner, False)
-        return None if value == ZERO and step.bias is not None else value
-    if isinstance(step, Add):
-        return _sum(step, at)
-    if isinstance(step, Reduction):
-        return _reduction(step, key, at(step.arg))
-    if isinstance(step, Elementwise):
-        return _elementwise(step, at, mask)
-    if isinstance(step, Cat):
-        return FAIL if step.over == key else _any({at(p) for p in step.parts})
-    if isinstance(step, Gather):
-        return FAIL if key in step.arg.dims else _any({at(step.positions)})
-    return FAIL
+    def at(self, arg: Arg) -> str | None:
+        if not isinstance(arg, Operand):
+            return _number(arg.expr)
+        return self.state.get(arg.var) if self.key in arg.dims else None
+
+    def follow(self, step: Step) -> str | None:
+        """The value at hidden entries of what the step makes, or FAIL."""
+        at, key = self.at, self.key
+        if isinstance(step, Rename):
+            return at(step.arg)
+        if isinstance(step, Contract):
+            summed = any(key in a.dims for a in step.args) and key not in step.out.dims
+            return _product([at(a) for a in step.args], summed, step.scale.is_positive)
+        if isinstance(step, Linear):
+            value = _product([at(step.x)], key in step.inner, False)
+            return None if value == ZERO and step.bias is not None else value
+        if isinstance(step, Add):
+            return _sum([at(a) for a in step.args], step.signs or (1,) * len(step.args))
+        if isinstance(step, Reduction):
+            return _reduction(step.fn, key in step.over, at(step.arg))
+        if isinstance(step, Elementwise):
+            return self.elementwise(step)
+        if isinstance(step, Cat):
+            return FAIL if step.over == key else _either([at(p) for p in step.parts])
+        if isinstance(step, Gather):
+            return FAIL if key in step.arg.dims else _either([at(step.positions)])
+        return FAIL
+
+    def elementwise(self, step: Elementwise) -> str | None:
+        """`where` on the mask picks a branch at hidden entries, and any other picks either;
+        dropout keeps 0 and nothing else; a function maps the values by its torch code."""
+        if step.fn == "where":
+            cond, *branches = step.args
+            picked = isinstance(cond, Operand) and cond.var == self.mask and self.hides != "-inf"
+            if picked:
+                return self.at(branches[0 if self.hides == "true" else 1])
+            return _either([self.at(b) for b in branches])
+        values = [self.at(a) for a in step.args]
+        if step.fn == "dropout":  # -inf times a dropped entry's 0 is NaN
+            return values[0] if values[0] in (ZERO, None) else ANY
+        return _image(step.fn, values, step.args)
 
 
 def _product(values: list[str | None], summed: bool, positive: bool | None) -> str | None:
@@ -160,14 +209,12 @@ def _product(values: list[str | None], summed: bool, positive: bool | None) -> s
         return FAIL if {NEG, ANY} & set(values) else ZERO  # 0 · -inf: NaN
     if summed:
         return FAIL
-    if ANY in values:
-        return ANY
-    return NEG if values == [NEG] and positive else None
+    if values == [NEG] and positive:
+        return NEG
+    return ANY if {NEG, ANY} & set(values) else None  # -inf · -inf, -inf · x: ±inf or NaN
 
 
-def _sum(step: Add, at) -> str | None:
-    signs = step.signs or (1,) * len(step.args)
-    values = [at(a) for a in step.args]
+def _sum(values: list[str | None], signs: tuple[int, ...]) -> str | None:
     if any(v == NEG and s < 0 for v, s in zip(values, signs)):
         return FAIL  # -inf - -inf: NaN
     if ANY in values or NEG in values:
@@ -175,45 +222,90 @@ def _sum(step: Add, at) -> str | None:
     return ZERO if all(v == ZERO for v in values) else None
 
 
-def _reduction(step: Reduction, key: Index, value: str | None) -> str | None:
-    if key not in step.over:
-        kept = {"sum": ZERO, "max": NEG, "min": NEG}.get(step.fn)
-        return value if value in (kept, ANY) else None
-    if step.fn == "softmax":
-        return ZERO if value == NEG else FAIL
-    if (step.fn, value) in (("sum", ZERO), ("max", NEG), ("logsumexp", NEG)):
-        return None
-    return FAIL
+# reductions along other axes than the key that give back a value all of whose entries are
+# the same: the sum, max, min and mean of 0s are 0, of -infs -inf
+KEEPING = frozenset({"sum", "max", "min", "mean"})
 
 
-def _elementwise(step: Elementwise, at, mask: tuple[Var, str]) -> str | None:
-    """`where` on the mask picks a branch at hidden entries; a function of one argument maps
-    0 and -inf by its entry in the operator table."""
-    if step.fn == "where":
-        cond, *branches = step.args
-        if isinstance(cond, Operand) and cond.var == mask[0] and mask[1] != "-inf":
-            return _constant(branches[0 if mask[1] == "true" else 1], at)
-        values = {_constant(b, at) for b in branches} | {at(cond)}
-        return values.pop() if len(values) == 1 else _any(values)
-    values = [at(a) for a in step.args]
-    value = values[0] if len(values) == 1 else _any(set(values))
-    if step.fn == "dropout":
-        return value if value in (ZERO, ANY) else None
-    form = lookup(step.fn).sympy
-    if value in (None, ANY) or len(values) != 1 or form is None:
-        return value if value in (None, ANY) else _any({value, ANY})
-    image = form(sympy.S.Zero if value == ZERO else sympy.S.NegativeInfinity)
-    return {sympy.S.Zero: ZERO, sympy.S.NegativeInfinity: NEG}.get(sympy.simplify(image))
+def _reduction(fn: str, over_key: bool, value: str | None) -> str | None:
+    """A sum (or max, softmax, ...) over the keys must see the hidden entries as nothing;
+    one along other axes maps the value."""
+    if over_key:
+        if fn == "softmax" and value == NEG:
+            return ZERO
+        return None if (fn, value) in (("sum", ZERO), ("max", NEG), ("logsumexp", NEG)) else FAIL
+    if value in (None, ANY) or fn in KEEPING:
+        return value
+    if fn == "logsumexp":
+        return NEG if value == NEG else None  # log n of 0s
+    return None if value == ZERO else ANY  # a softmax of -infs is NaN
 
 
-def _any(values: set[str | None]) -> str | None:
-    """Values that are not all the same special one: finite, unless one may be anything."""
+def _either(values: list[str | None]) -> str | None:
+    """One of the values at each entry: the value they all are, else finite, unless one may
+    be anything or -inf."""
+    if len(set(values)) == 1:
+        return values[0]
     return ANY if ANY in values or NEG in values else None
 
 
-def _constant(arg, at) -> str | None:
-    """A branch's value at hidden entries: a number's own, a tensor's as followed."""
-    if isinstance(arg, Operand):
-        return at(arg)
-    value = {sympy.S.Zero: ZERO, sympy.S.NegativeInfinity: NEG}.get(arg.expr)
-    return value if value or arg.expr.is_finite else ANY
+def _number(expr: sympy.Basic) -> str | None:
+    """A number's value: 0, -inf, anything (inf, NaN) or finite (scalars are finite)."""
+    if expr == 0:
+        return ZERO
+    if expr == sympy.S.NegativeInfinity:
+        return NEG
+    return ANY if expr.is_finite is False else None
+
+
+# finite values a finite argument is tried at, next to a hidden entry's 0 or -inf
+SAMPLES = (-2.5, -1.0, 0.0, 0.5, 3.0)
+
+
+def _image(fn: str, values: list[str | None], args: tuple[Arg, ...]) -> str | None:
+    """What the operator makes of the arguments' values at hidden entries: run its torch code
+    on -inf, 0 and finite samples; 0 or -inf everywhere is that, finite numbers are finite;
+    anything else (inf, NaN, an infinite derivative, an error) may be anything."""
+    op = lookup(fn)
+    if ANY in values:
+        return ANY
+    if not {NEG, ZERO} & set(values):
+        return ANY if op.partial else None
+    try:
+        made, grads = _run(op.torch, values, args)
+    except (RuntimeError, TypeError, ValueError):
+        return ANY
+    if not all(g is None or bool(g.isfinite().all()) for g in grads):
+        return ANY
+    if bool((made == 0).all()):
+        return ZERO
+    if bool((made == float("-inf")).all()):
+        return NEG
+    return None if bool(made.isfinite().all()) and not op.partial else ANY
+
+
+def _run(template: str, values: list[str | None], args: tuple[Arg, ...]):
+    """The template run on probes (each argument's own axis of values) in float64, and its
+    derivative in each argument where it has one."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    probes = []
+    for k, (value, arg) in enumerate(zip(values, args)):
+        if value is None and not isinstance(arg, Operand) and arg.expr.is_number:
+            points = [float(arg.expr)]
+        else:
+            points = {NEG: [float("-inf")], ZERO: [0.0]}.get(value, list(SAMPLES))
+        shape = [1] * len(args)
+        shape[k] = len(points)
+        probe = torch.tensor(points, dtype=torch.float64).reshape(shape)
+        probes.append(probe.requires_grad_())
+    names = {f"x{k}": p for k, p in enumerate(probes)}
+    scope = {"torch": torch, "F": F, "math": math, "training": False, **names}
+    made = eval(template.format(*names), scope)  # the operator table's own code, no spec text
+    if not made.dtype.is_floating_point:
+        return made.to(torch.float64), []
+    grads = torch.autograd.grad(made.sum(), probes, allow_unused=True)
+    return made.detach(), grads
