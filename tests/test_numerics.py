@@ -241,7 +241,9 @@ def test_a_safe_softmax_over_scores_mixed_across_heads_keeps_the_plain_path():
     mixed = indexattn.compile_spec(ROOT / "specs" / "talking_heads.attn").source
     product = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn").source
     assert "out=" not in mixed and "amax" not in mixed and "_safe_softmax" in mixed
-    assert "A = torch.softmax(S, dim=-1, out=S)" in product
+    # the weights are returned: the softmax is softmax_dropout_values' (lower/weights.py)
+    assert "softmax_dropout_values(S, V" in product
+    assert "torch.softmax(scores, dim=-1, out=scores if overwrite else None)" in product
 
 
 def test_vmap_and_jvp_take_the_softmax_that_allocates():

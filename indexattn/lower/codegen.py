@@ -7,12 +7,14 @@ comments are escaped."""
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, replace
 
+from . import weights
 from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hidden import add_spans
-from .hoist import split
+from .hoist import operands, split
 from .inplace import accumulate
 from .liveness import deaths
 from .naming import Names
@@ -106,25 +108,32 @@ class Writer:
             _share(self.main, self.rows.emitter)
         body: list[str] = []
         constants: list[str] = []
-        main = [
-            tuple(s for k, s in enumerate(rest) if not (rows and (b, k) in rows.chosen))
+        chosen = rows.chosen if rows is not None else frozenset()
+        inner = [
+            [s for k, s in enumerate(rest) if (b, k) in chosen]
             for b, rest in enumerate(parts.per_call)
         ]
-        keep = {*parts.held, *(r.var for r in self.plan.results)}
+        main = [
+            tuple(s for k, s in enumerate(rest) if (b, k) not in chosen)
+            for b, rest in enumerate(parts.per_call)
+        ]
+        results = {r.var for r in self.plan.results}
+        reads = Counter(o.var for rest in parts.per_call for s in rest for o in operands(s))
+        main = weights.fuse(main, reads + Counter(results), results)
+        keep = {*parts.held, *results}
         # the rows' inputs stay: the comprehension over blocks closes over them, and
         # torch.compile cannot trace a `del` of a closed-over name (DELETE_DEREF)
         keep |= set(rows.inputs) if rows is not None else set()
         dead = deaths(main, keep)
-        blocks = zip(self.plan.blocks, parts.constant, parts.per_call, main, dead)
-        for b, (block, fixed, rest, plain, drop) in enumerate(blocks):
+        blocks = zip(self.plan.blocks, parts.constant, inner, main, dead)
+        for b, (block, fixed, rowwise, plain, drop) in enumerate(blocks):
             heading = [f"# {comment(text)}" for text in block.texts]
             if fixed:
                 constants += heading + [line for s in fixed for line in self.grids.lines(s)]
-            inner = [s for s in rest if s not in plain]
-            if inner:
+            if rowwise:
                 tensors = [comment(eq.tensor.name) for eq in block.equations]
-                self.rows.add(tensors, heading, inner)
-            if plain or not (fixed or inner):
+                self.rows.add(tensors, heading, rowwise)
+            if plain or not (fixed or rowwise):
                 body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)

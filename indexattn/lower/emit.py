@@ -27,6 +27,7 @@ from .steps import (
     Reduction,
     Rename,
     Slice,
+    SoftmaxValues,
     Spans,
     Unfuse,
     Whole,
@@ -40,7 +41,7 @@ class Emitter(KernelSteps, Values):
     def lines(self, step) -> list[str]:
         """The step's code, its last line commented with the axes of its result."""
         code = getattr(self, "step_" + type(step).__name__)(step)
-        if isinstance(step, (Choose, Spans)):
+        if isinstance(step, (Choose, Spans, SoftmaxValues)):
             return code if isinstance(code, list) else [code]
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None

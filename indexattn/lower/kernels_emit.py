@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..ir import Index
 from .printers import wrap
-from .steps import Attention, Linear, Operand, Pad, Spans, Split
+from .steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from .values import axes_comment, expand, relayout
 
 
@@ -100,9 +102,27 @@ class KernelSteps:
     def step_Spans(self, step: Spans) -> str:
         mask = self.ref(step.mask)
         keep = {"false": mask, "true": f"~{wrap(mask)}", "-inf": f"~{wrap(mask)}.isneginf()"}
-        spans = self.helper("key_spans", "QUERY_BLOCK", _key_spans)
+        spans = self.helper(_key_spans, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
         return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"
+
+    def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
+        """`W, O = softmax_values(S, V)` (lower/weights.py): V viewed (…, key, width)."""
+        weights, out = step.outs
+        values, key = step.values, weights.dims[-1]
+        shape = (*out.dims[:-2], key, out.dims[-1])
+        args = [self.ref(step.scores), expand(self.ref(values), values.dims, shape, values.batched)]
+        if step.dropout is not None:
+            args += [f"p={self.number(step.dropout)}", "training=training"]
+        args += ["safe=True"] if step.safe else []
+        if step.dropout is None:
+            call = self.helper(_softmax_values, "softmax_values", "SoftmaxValues")
+        else:
+            text = partial(_softmax_values, dropout=True)
+            call = self.helper(text, "softmax_dropout_values", "SoftmaxDropoutValues")
+            self.use("F")
+        made = f"{self.var(weights)}, {self.var(out)}"
+        return f"{made} = {call}({', '.join(args)})  # {axes_comment(weights)}, {axes_comment(out)}"
 
     def step_Pad(self, step: Pad) -> list[str]:
         arg, out = self.ref(step.arg), self.var(step.out)
@@ -197,3 +217,73 @@ def {name}(keep):
     spans = [(t, min(t + {knob}, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
     return spans if kept <= 0.8 * n_q * n_k else None'''
+
+
+def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
+    """The module's function for `SoftmaxValues`, and the autograd Function it runs; with
+    `dropout`, on the weights before the product (the same draws as F.dropout)."""
+    inputs, kept = ("p, training, ", "kept") if dropout else ("", "weights")
+    draw = """
+        kept, keep = weights, None
+        if training and p > 0:
+            kept, keep = torch.native_dropout(weights, p, True)  # F.dropout's draws
+        ctx.p = p"""
+    drop = """
+        if keep is not None:
+            grad.mul_(keep).div_(1 - ctx.p)"""
+    saved = "weights, kept, keep, values" if dropout else "weights, values"
+    nones = "None, None, None" if dropout else "None"
+    what = "dropout(softmax(S), p)" if dropout else "softmax(S)"
+    return f'''class {function}(torch.autograd.Function):
+    """W = {what} over the last axis, and O = W @ V, as one step:
+    the backward adds W's own gradient into the product's and makes the scores' gradient in
+    place, one tensor of their size where autograd's steps make three."""
+
+    @staticmethod
+    def forward(ctx, scores, values, {inputs}safe):
+        weights = torch.softmax(scores, dim=-1)
+        if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
+            weights = torch.ops.aten._safe_softmax.default(scores, -1){draw if dropout else ""}
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward({saved})
+        return {kept}, {kept} @ values
+
+    @staticmethod
+    def backward(ctx, grad_{kept}, grad_out):
+        {saved} = ctx.saved_tensors
+        grad_values = None
+        if grad_out is None and grad_{kept} is None:
+            return None, None, {nones}
+        if grad_out is None:
+            grad = grad_{kept}.clone(memory_format=torch.contiguous_format)
+        else:
+            grad = grad_out @ values.mT
+            grad = grad if grad_{kept} is None else grad.add_(grad_{kept})
+            if ctx.needs_input_grad[1]:
+                grad_values = ({kept}.mT @ grad_out).sum_to_size(values.shape){
+        drop if dropout else ""
+    }
+        grad.mul_(weights)  # the softmax's: W (g - sum(W g))
+        grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
+        return grad, grad_values, {nones}
+
+
+def {name}(scores, values, {"p=0.0, training=False, " if dropout else ""}safe=False):
+    """{what} over the last axis, and its product with the values.
+    With gradients, one autograd step ({function}).
+    `safe`: rows that are -inf everywhere give zeros, not NaN."""
+    if (scores.requires_grad or values.requires_grad) and not torch.compiler.is_compiling():
+        return {function}.apply(scores, values, {inputs}safe)
+    # traced (torch.compile fuses the steps itself), under torch.func, or without gradients
+    # (then the weights overwrite the scores)
+    overwrite = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    if safe and (torch.compiler.is_compiling() or scores.amax(-1).isneginf().any()):
+        weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    else:
+        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None){
+        """
+    weights = F.dropout(weights, p, training=training)"""
+        if dropout
+        else ""
+    }
+    return weights, weights @ values'''

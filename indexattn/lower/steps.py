@@ -279,6 +279,25 @@ class Spans:
 
 
 @dataclass(frozen=True)
+class SoftmaxValues:
+    """`W, O = softmax_values(S, V)`: the weights W = softmax of the scores over their last
+    axis (then dropout, where `dropout` is its probability) and their product O = W @ V, as
+    one step of autograd: the backward adds W's own gradient (the weights are returned) into
+    the product's and makes the scores' gradient in place. `values` is V viewed (…, key,
+    width); `safe`: rows that are -inf everywhere give zeros, not NaN."""
+
+    outs: tuple[Operand, Operand]  # the weights, the product
+    scores: Operand
+    values: Operand
+    dropout: sympy.Basic | None
+    safe: bool
+
+    @property
+    def out(self) -> Operand:
+        return self.outs[1]
+
+
+@dataclass(frozen=True)
 class PrefixProduct:
     """`H_<τa> cumsum_<τ>(F_<τa> G_<τb>)_<τab>` summed over a, by chunks of `chunk` positions
     of τ (the same other axes on all three): within a chunk the causal scores H Fᵀ times G,
@@ -328,6 +347,7 @@ Step = (
     | Attention
     | Spans
     | PrefixProduct
+    | SoftmaxValues
 )
 
 

@@ -66,12 +66,13 @@ class Values:
             self.needs.knobs[hint] = (name, f"{name} = {value}  # {note}")
         return self.needs.knobs[hint][0]
 
-    def helper(self, hint: str, knob: str, text: Callable[[str, str], str]) -> str:
-        """A module-level function the printed lines call, named once per module with a knob
-        of its own: `text(name, knob)` is its definition."""
+    def helper(self, text: Callable[..., str], hint: str, *others: str) -> str:
+        """A module-level function the printed lines call, named once per module, with the
+        other module-level names it defines (a knob, a class): `text(name, *others)` is its
+        definition, with each name allocated."""
         if hint not in self.needs.helpers:
-            name, knob = self.names.fresh(hint), self.names.fresh(knob)
-            self.needs.helpers[hint] = (name, text(name, knob))
+            name, *more = (self.names.fresh(h) for h in (hint, *others))
+            self.needs.helpers[hint] = (name, text(name, *more))
         self.use("torch")
         return self.needs.helpers[hint][0]
 

@@ -7,6 +7,61 @@ import torch
 import torch.nn.functional as F
 
 
+class SoftmaxDropoutValues(torch.autograd.Function):
+    """W = dropout(softmax(S), p) over the last axis, and O = W @ V, as one step:
+    the backward adds W's own gradient into the product's and makes the scores' gradient in
+    place, one tensor of their size where autograd's steps make three."""
+
+    @staticmethod
+    def forward(ctx, scores, values, p, training, safe):
+        weights = torch.softmax(scores, dim=-1)
+        if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
+            weights = torch.ops.aten._safe_softmax.default(scores, -1)
+        kept, keep = weights, None
+        if training and p > 0:
+            kept, keep = torch.native_dropout(weights, p, True)  # F.dropout's draws
+        ctx.p = p
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(weights, kept, keep, values)
+        return kept, kept @ values
+
+    @staticmethod
+    def backward(ctx, grad_kept, grad_out):
+        weights, kept, keep, values = ctx.saved_tensors
+        grad_values = None
+        if grad_out is None and grad_kept is None:
+            return None, None, None, None, None
+        if grad_out is None:
+            grad = grad_kept.clone(memory_format=torch.contiguous_format)
+        else:
+            grad = grad_out @ values.mT
+            grad = grad if grad_kept is None else grad.add_(grad_kept)
+            if ctx.needs_input_grad[1]:
+                grad_values = (kept.mT @ grad_out).sum_to_size(values.shape)
+        if keep is not None:
+            grad.mul_(keep).div_(1 - ctx.p)
+        grad.mul_(weights)  # the softmax's: W (g - sum(W g))
+        grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
+        return grad, grad_values, None, None, None
+
+
+def softmax_dropout_values(scores, values, p=0.0, training=False, safe=False):
+    """dropout(softmax(S), p) over the last axis, and its product with the values.
+    With gradients, one autograd step (SoftmaxDropoutValues).
+    `safe`: rows that are -inf everywhere give zeros, not NaN."""
+    if (scores.requires_grad or values.requires_grad) and not torch.compiler.is_compiling():
+        return SoftmaxDropoutValues.apply(scores, values, p, training, safe)
+    # traced (torch.compile fuses the steps itself), under torch.func, or without gradients
+    # (then the weights overwrite the scores)
+    overwrite = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    if safe and (torch.compiler.is_compiling() or scores.amax(-1).isneginf().any()):
+        weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    else:
+        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
+    weights = F.dropout(weights, p, training=training)
+    return weights, weights @ values
+
+
 def gpt2_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -34,23 +89,10 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     S = S_prod.add_(P[..., None, None, :] + M)  # (…, μ, τ, τ')
     del Q_scaled, S_prod
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
-    # without gradients the weights overwrite the scores (no second tensor of their
-    # size), unless a row is -inf everywhere
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or S.amax(-1).isneginf().any():
-        A = torch.softmax(S, dim=-1)
-        # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
-        # plain softmax made such a row (NaN throughout), or when traced, the safe one
-        if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-            A = torch.ops.aten._safe_softmax.default(S, -1)
-    else:
-        A = torch.softmax(S, dim=-1, out=S)  # (…, μ, τ, τ')
-    del S
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
-    A_tilde = F.dropout(A, p, training=training)  # (…, μ, τ, τ')
-    del A
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    O = A_tilde @ V  # (…, μ, τ, a)
-    del QKV, Q_proj, K_proj, V_proj, Q, K, V
+    A_tilde, O = softmax_dropout_values(S, V, p=p, training=training, safe=True)  # (…, μ, τ, τ'), (…, μ, τ, a)
+    del QKV, Q_proj, K_proj, V_proj, Q, K, V, S
     # Z_<τi> = c_proj_weight_<i(μa)> O_<μτa> + c_proj_bias_<i>
     Z = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Z = F.linear(Z, c_proj_weight, c_proj_bias)  # (…, τ, i)

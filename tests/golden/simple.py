@@ -4,13 +4,58 @@
 import torch
 
 
+class SoftmaxValues(torch.autograd.Function):
+    """W = softmax(S) over the last axis, and O = W @ V, as one step:
+    the backward adds W's own gradient into the product's and makes the scores' gradient in
+    place, one tensor of their size where autograd's steps make three."""
+
+    @staticmethod
+    def forward(ctx, scores, values, safe):
+        weights = torch.softmax(scores, dim=-1)
+        if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
+            weights = torch.ops.aten._safe_softmax.default(scores, -1)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(weights, values)
+        return weights, weights @ values
+
+    @staticmethod
+    def backward(ctx, grad_weights, grad_out):
+        weights, values = ctx.saved_tensors
+        grad_values = None
+        if grad_out is None and grad_weights is None:
+            return None, None, None
+        if grad_out is None:
+            grad = grad_weights.clone(memory_format=torch.contiguous_format)
+        else:
+            grad = grad_out @ values.mT
+            grad = grad if grad_weights is None else grad.add_(grad_weights)
+            if ctx.needs_input_grad[1]:
+                grad_values = (weights.mT @ grad_out).sum_to_size(values.shape)
+        grad.mul_(weights)  # the softmax's: W (g - sum(W g))
+        grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
+        return grad, grad_values, None
+
+
+def softmax_values(scores, values, safe=False):
+    """softmax(S) over the last axis, and its product with the values.
+    With gradients, one autograd step (SoftmaxValues).
+    `safe`: rows that are -inf everywhere give zeros, not NaN."""
+    if (scores.requires_grad or values.requires_grad) and not torch.compiler.is_compiling():
+        return SoftmaxValues.apply(scores, values, safe)
+    # traced (torch.compile fuses the steps itself), under torch.func, or without gradients
+    # (then the weights overwrite the scores)
+    overwrite = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    if safe and (torch.compiler.is_compiling() or scores.amax(-1).isneginf().any()):
+        weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    else:
+        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
+    return weights, weights @ values
+
+
 def simple(X, *, training=False):
     # S_<ττ'> = X_<τi> X_<τ'i>
     S = X @ X.transpose(-2, -1)  # (…, τ, τ')
     # A_<ττ'> = softmax_<τ'>(S_<ττ'>)
-    # without gradients the weights overwrite the scores: no second N×N tensor
-    A = torch.softmax(S, dim=-1, out=None if torch.is_grad_enabled() else S)  # (…, τ, τ')
-    del S
     # Z_<τi> = A_<ττ'> X_<τ'i>
-    Z = A @ X  # (…, τ, i)
+    A, Z = softmax_values(S, X)  # (…, τ, τ'), (…, τ, i)
     return Z, A
