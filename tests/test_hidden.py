@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import indexattn
+from indexattn.lower import hidden
 from indexattn.oracle import reference
 
 FRESH = itertools.count()
@@ -53,6 +54,8 @@ WEIGHTS = {
     # where on another mask picks either branch: a finite number or 0, finite
     "where(τ' > τ, 0, sigmoid(S_<ττ'> + M_<ττ'>))": True,
     "where(τ' > τ, -inf, sigmoid(S_<ττ'> + M_<ττ'>))": False,
+    # the branch the mask drops gets a gradient of 0: times sqrt's infinite derivative, NaN
+    "where(τ' > τ or τ - τ' >= w, 0, sqrt(sigmoid(S_<ττ'> + M_<ττ'>)))": False,
 }
 
 
@@ -98,3 +101,30 @@ def test_the_rows_run_once_per_block_of_queries(monkeypatch):
     assert [sorted(shapes) for shapes in seen] == [first] + [
         sorted([(4, 4), (2, 4), (2, 4), (4, 4)])
     ] * 4
+
+
+# the cases that read the mask or a score transposed: forced, no spans, or slices that do
+# not fit
+TRANSPOSED = {w for w in WEIGHTS if "<τ'τ>" in w}
+
+
+@pytest.mark.parametrize("weights", [w for w, skips in WEIGHTS.items() if not skips])
+def test_each_case_that_must_not_skip_differs_when_forced_to(weights, monkeypatch):
+    """The rule's twin: with a pass that proves anything (and no disk cache to keep what it
+    makes), each case that must go over every key skips keys, and then differs from the
+    literal interpreter, in values or in gradients."""
+    monkeypatch.setenv("INDEXATTN_CACHE", "0")
+    monkeypatch.setattr(hidden.Pass, "proves", lambda self, steps: True)
+    spec = compiled(weights, monkeypatch)
+    q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    g = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    if weights in TRANSPOSED:
+        if "key_spans(" in spec.source:
+            with pytest.raises(RuntimeError, match="must match"):
+                spec(Q=q, K=k, V=v, g=g)
+        return
+    assert "key_spans(" in spec.source
+    runs = [spec(Q=q, K=k, V=v, g=g), reference.evaluate(spec.ir, Q=q, K=k, V=v, g=g)[0]]
+    grads = [torch.autograd.grad(o.sum(), (q, k, v, g)) for o in runs]
+    pairs = zip([runs[0], *grads[0]], [runs[1], *grads[1]], strict=True)
+    assert not all(torch.allclose(a, b, atol=1e-12, rtol=0, equal_nan=True) for a, b in pairs)

@@ -1,8 +1,10 @@
-"""Returned softmax weights times the values, as one autograd step (lower/weights.py): where
-a spec returns its weights, `softmax_values` computes them and their product with V, and its
-backward makes the scores' gradient in place. Each phrasing equals the literal interpreter in
-values and in gradients (through the product alone, the weights alone, or both), draws
-F.dropout's masks in train mode, and a near miss keeps autograd's own steps, as exact."""
+"""Softmax weights times the values outside the kernel, as one autograd step
+(lower/weights.py): where a spec returns its weights, `softmax_values` computes them and their
+product with V, and its backward makes the scores' gradient in place. Each phrasing equals
+the literal interpreter in values and in gradients (through the product alone, the weights
+alone, or both) and draws F.dropout's masks in train mode; near misses that would compute
+something else if fused keep autograd's own steps; where the step cannot run (torch.func,
+autocast, a second derivative) the plain steps run or an error says so."""
 
 import itertools
 
@@ -11,107 +13,180 @@ import torch
 
 import indexattn
 from indexattn.oracle import reference
+from indexattn.oracle.verify import sample_arguments
 
 FRESH = itertools.count()
-HEAD = """index τ, τ' : N
+
+
+def spec_text(equations: str, queries: str = "Q_<τa>", values: str = "V_<τa>") -> str:
+    return f"""index τ, τ' : N
 index a : d
-input Q_<τa>
+index B : 2
+input {queries}
 input K_<τa>
-input V_<τa>
+input {values}
 scalar p = 0.25
 M_<ττ'> = where(τ' > τ, -inf, 0)
-S_<ττ'> = Q_<τa> K_<τ'a>
+{equations}
 """
+
+
+SCORES = "S_<ττ'> = Q_<τa> K_<τ'a>\n"
+CORE = "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nO_<τa> = A_<ττ'> V_<τ'a>\n"
+TWIN = CORE.replace("A_", "W_").replace("O_", "P_").replace("S_", "T_")
+DROPPED = "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nD_<ττ'> = dropout(A_<ττ'>, p)\nO_<τa> = D_<ττ'> V_<τ'a>"
 CASES = {
-    # equations after the scores, and the helper the module calls (None: autograd's steps)
-    "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O, A": "softmax_values(",
-    "A_<ττ'> = softmax_<τ'>(S_<ττ'> + M_<ττ'>)\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O, A": (
-        "softmax_values(A_sum, V, safe=True)"
+    # the spec, and how its module calls the step (None: autograd's own steps)
+    "returned": (spec_text(SCORES + CORE + "output O, A"), "softmax_values(S, V)"),
+    "masked": (
+        spec_text(SCORES + CORE.replace("(S_<ττ'>)", "(S_<ττ'> + M_<ττ'>)") + "output O, A"),
+        "softmax_values(A_sum, V, safe=True)",
     ),
-    "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nD_<ττ'> = dropout(A_<ττ'>, p)\nO_<τa> = D_<ττ'> V_<τ'a>\n"
-    "output O, D": "softmax_dropout_values(S, V, p=p, training=training)",
-    # near misses: the softmax over the queries; the weights read by a second product
-    "A_<ττ'> = softmax_<τ>(S_<ττ'>)\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O, A": None,
-    "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nO_<τa> = A_<ττ'> V_<τ'a>\nR_<τa> = A_<ττ'> K_<τ'a>\n"
-    "output O, R, A": None,
+    "dropout": (
+        spec_text(SCORES + DROPPED + "\noutput O, D"),
+        "softmax_dropout_values(S, V, p=p, training=training)",
+    ),
+    "two cores": (
+        spec_text(SCORES + CORE + "T_<ττ'> = K_<τa> Q_<τ'a>\n" + TWIN + "output O, A, P, W"),
+        "softmax_values(S, V)",
+    ),
+    # near misses, each wrong if fused: the softmax over the queries; values that carry the
+    # query; one head of the weights (a literal) into the dropout
+    "over the queries": (spec_text(SCORES + CORE.replace("_<τ'>(", "_<τ>(") + "output O, A"), None),
+    "values with the query": (
+        spec_text(
+            SCORES + "A_<ττ'> = softmax_<τ'>(S_<ττ'>)\nO_<τa> = A_<ττ'> V_<ττ'a>\noutput O, A",
+            values="V_<ττ'a>",
+        ),
+        None,
+    ),
+    "one head dropped": (
+        spec_text(
+            "S_<Bττ'> = Q_<Bτa> K_<τ'a>\nA_<Bττ'> = softmax_<τ'>(S_<Bττ'>)\n"
+            "D_<ττ'> = dropout(A_<1ττ'>, p)\nO_<τa> = D_<ττ'> V_<τ'a>\noutput O, D",
+            queries="Q_<Bτa>",
+        ),
+        None,
+    ),
 }
 
 
-def compiled(equations: str):
-    return indexattn.compile_spec(HEAD + equations + "\n", name=f"weights_{next(FRESH)}")
+def compiled(name: str):
+    return indexattn.compile_spec(CASES[name][0], name=f"weights_{next(FRESH)}")
 
 
-def inputs(n: int = 6, d: int = 4) -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return {x: torch.randn(2, n, d, dtype=torch.float64, requires_grad=True) for x in "QKV"}
+def inputs(spec, n: int = 6) -> dict[str, torch.Tensor]:
+    values = sample_arguments(spec.ir, {"N": n, "d": 4}, (2,), torch.float64, seed=0)
+    return {name: value.requires_grad_() for name, value in values.items()}
 
 
-def helpers(spec) -> set[str]:
-    return {n for n in ("softmax_values", "softmax_dropout_values") if f"def {n}(" in spec.source}
+def outputs_and_grads(outs, x, cotangents):
+    loss = sum((o * c).sum() for o, c in zip(outs, cotangents) if c is not None)
+    return [*outs, *torch.autograd.grad(loss, list(x.values()), materialize_grads=True)]
 
 
-@pytest.mark.parametrize("equations", CASES)
-@pytest.mark.parametrize("through", ["product", "weights", "both"])
-def test_values_and_gradients_equal_the_literal(equations, through):
-    spec = compiled(equations)
-    helper = CASES[equations]
-    assert helper in spec.source if helper else not helpers(spec)
-    x = inputs()
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("through", ["first", "last", "all"])
+def test_values_and_gradients_equal_the_literal(name, through):
+    spec = compiled(name)
+    call = CASES[name][1]
+    main = spec.source.split(f"def {spec.function.__name__}(")[1]
+    calls = main.count("softmax_values(") + main.count("softmax_dropout_values(")
+    assert calls == (2 if name == "two cores" else int(bool(call)))
+    assert call is None or call in main
+    x = inputs(spec)
     got, want = spec(**x), reference.evaluate(spec.ir, **x)
-    used = {"product": [0], "weights": [len(got) - 1], "both": range(len(got))}[through]
-    cotangents = [torch.randn_like(got[k]) for k in used]
-    grads = []
-    for outs in (got, want):
-        torch.testing.assert_close(outs[0], want[0], rtol=0, atol=1e-12)
-        loss = sum((outs[k] * c).sum() for k, c in zip(used, cotangents))
-        grads.append(torch.autograd.grad(loss, list(x.values()), materialize_grads=True))
-    for g, w in zip(*grads, strict=True):
+    used = {"first": [0], "last": [len(got) - 1], "all": range(len(got))}[through]
+    cotangents = [torch.randn_like(o) if k in used else None for k, o in enumerate(want)]
+    for g, w in zip(*(outputs_and_grads(o, x, cotangents) for o in (got, want)), strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
 def test_train_mode_draws_the_masks_of_f_dropout():
-    """The same seed, the same dropped weights as the interpreter's F.dropout; the twin: a
-    second draw drops others."""
-    equations = next(e for e, h in CASES.items() if h and "dropout" in h)
-    spec, x = compiled(equations), inputs(n=16)
+    """The same seed, the same dropped weights as the interpreter's F.dropout, and the same
+    gradients of Q, K and V; the twin: a second draw drops others. p = 1 drops everything."""
+    spec = compiled("dropout")
+    every = indexattn.compile_spec(
+        CASES["dropout"][0].replace("scalar p = 0.25", "scalar p = 1"), name="weights_p1"
+    )
     runs = []
-    for seed in (1, 1, 2):
-        torch.manual_seed(seed)
-        got = spec(**x, training=True)
-        torch.manual_seed(seed)
-        want = reference.evaluate(spec.ir, training=True, **x)
-        grads = [torch.autograd.grad(sum(o.sum() for o in r), x["Q"]) for r in (got, want)]
-        for g, w in zip([*got, *grads[0]], [*want, *grads[1]], strict=True):
+    for seed, chosen in ((1, spec), (1, spec), (2, spec), (1, every)):
+        x = inputs(chosen, n=16)
+        results = []
+        for literal in (False, True):
+            torch.manual_seed(seed)
+            run = (lambda **k: reference.evaluate(chosen.ir, **k)) if literal else chosen  # noqa: B023
+            outs = run(**x, training=True)
+            results.append(outputs_and_grads(outs, x, [torch.ones_like(o) for o in outs]))
+        for g, w in zip(*results, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
-        runs.append(got[1])
+        runs.append(results[0][1])
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert not runs[3].any()
 
 
 def test_the_autograd_step_runs_only_where_gradients_are_needed():
     """With inputs that require grad, the weights come from the one autograd step; without
-    gradients, from the plain steps (the weights written over the scores): both equal the
+    gradients, or with inputs that do not require them, from the plain steps: all equal the
     literal interpreter."""
-    spec = compiled(next(iter(CASES)))
-    x = inputs()
-    _, weights = spec(**x)
-    assert type(weights.grad_fn).__name__ == "SoftmaxValuesBackward"
+    spec = compiled("returned")
+    x = inputs(spec)
+    runs = {"grad": spec(**x)[1]}
     with torch.no_grad():
-        _, plain = spec(**x)
-    assert plain.grad_fn is None
+        runs["no_grad"] = spec(**x)[1]
+    runs["detached"] = spec(**{k: v.detach() for k, v in x.items()})[1]
+    assert type(runs["grad"].grad_fn).__name__ == "SoftmaxValuesBackward"
+    assert runs["no_grad"].grad_fn is None and runs["detached"].grad_fn is None
     want = reference.evaluate(spec.ir, **x)[1]
-    for got in (weights, plain):
+    for got in runs.values():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
-def test_a_row_hidden_everywhere_gives_zeros_and_finite_gradients():
+def test_torch_func_and_autocast_take_the_plain_steps():
+    """torch.func.grad (whose inputs require grad) and vmap differentiate and batch the plain
+    steps; under autocast the plain steps run (the step's backward would mix dtypes)."""
+    spec = compiled("masked")
+    x = inputs(spec)
+    q, k, v = (t.detach() for t in x.values())
+
+    def loss(q):
+        out, weights = spec(Q=q, K=k, V=v)
+        return out.sum() + (weights * weights).sum()
+
+    want = torch.autograd.grad(loss(x["Q"]), x["Q"])[0]
+    torch.testing.assert_close(torch.func.grad(loss)(q), want, rtol=0, atol=1e-12)
+    batched = torch.func.vmap(lambda q, k, v: spec(Q=q, K=k, V=v)[0])(q, k, v)
+    torch.testing.assert_close(batched, spec(Q=q, K=k, V=v)[0], rtol=0, atol=1e-12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, weights = spec(**{n: t.float() for n, t in x.items()})
+    assert weights.grad_fn is not None and type(weights.grad_fn).__name__ != "SoftmaxValuesBackward"
+
+
+def test_a_second_derivative_is_refused_not_wrong():
+    """The backward works in place: create_graph raises and names the way that works,
+    torch.func, whose hessian equals the plain steps' (the twin: the interpreter's)."""
+    spec = compiled("dropout")
+    x = inputs(spec)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(spec(**x)[0].sum(), x["Q"], create_graph=True)
+    q, k, v = (t.detach() for t in x.values())
+    hessians = [
+        torch.func.hessian(lambda q: run(Q=q, K=k, V=v)[0].sum())(q)  # noqa: B023
+        for run in (spec, lambda **a: reference.evaluate(spec.ir, **a))
+    ]
+    torch.testing.assert_close(*hessians, rtol=0, atol=1e-10)
+    assert hessians[0].abs().max() > 0
+
+
+def test_a_row_hidden_everywhere_gives_zeros_and_the_literal_gradients():
     """The safe softmax through the autograd step: a row whose keys are all hidden is zeros,
-    not NaN, and its gradients are finite."""
-    text = HEAD.replace("where(τ' > τ, -inf, 0)", "where(τ' > τ or τ == 0, -inf, 0)")
-    safe = next(e for e, h in CASES.items() if h and "safe" in h)
-    spec = indexattn.compile_spec(text + safe, name="weights_dead")
-    x = inputs()
-    out, weights = spec(**x)
-    assert torch.equal(weights[:, 0], torch.zeros_like(weights[:, 0]))
-    grads = torch.autograd.grad(out.sum() + weights.sum(), list(x.values()))
-    assert all(torch.isfinite(g).all() for g in grads)
-    torch.testing.assert_close(out, reference.evaluate(spec.ir, **x)[0], rtol=0, atol=1e-12)
+    not NaN, and its gradients are the interpreter's."""
+    text = CASES["masked"][0].replace("where(τ' > τ, -inf, 0)", "where(τ' > τ or τ == 0, -inf, 0)")
+    spec = indexattn.compile_spec(text, name="weights_dead")
+    assert "softmax_values(" in spec.source
+    x = inputs(spec)
+    got, want = spec(**x), reference.evaluate(spec.ir, **x)
+    assert not got[1][:, 0].any()
+    cotangents = [torch.randn_like(o) for o in want]
+    for g, w in zip(*(outputs_and_grads(o, x, cotangents) for o in (got, want)), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)

@@ -7,14 +7,13 @@ comments are escaped."""
 from __future__ import annotations
 
 import unicodedata
-from collections import Counter
 from dataclasses import dataclass, replace
 
 from . import weights
 from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hidden import add_spans
-from .hoist import operands, split
+from .hoist import read_counts, split
 from .inplace import accumulate
 from .liveness import deaths
 from .naming import Names
@@ -108,18 +107,10 @@ class Writer:
             _share(self.main, self.rows.emitter)
         body: list[str] = []
         constants: list[str] = []
-        chosen = rows.chosen if rows is not None else frozenset()
-        inner = [
-            [s for k, s in enumerate(rest) if (b, k) in chosen]
-            for b, rest in enumerate(parts.per_call)
-        ]
-        main = [
-            tuple(s for k, s in enumerate(rest) if (b, k) not in chosen)
-            for b, rest in enumerate(parts.per_call)
-        ]
+        inner, main = _partition(parts.per_call, rows)
+        reads = read_counts([s for rest in parts.per_call for s in rest], self.plan.results)
         results = {r.var for r in self.plan.results}
-        reads = Counter(o.var for rest in parts.per_call for s in rest for o in operands(s))
-        main = weights.fuse(main, reads + Counter(results), results)
+        main = weights.fuse(main, reads, results)
         keep = {*parts.held, *results}
         # the rows' inputs stay: the comprehension over blocks closes over them, and
         # torch.compile cannot trace a `del` of a closed-over name (DELETE_DEREF)
@@ -203,6 +194,15 @@ class Writer:
         einops = [name for name in ("einsum", "rearrange") if name in used]
         out += [f"from einops import {', '.join(einops)}"] if einops else []
         return "\n".join(out) + "\n" if out else ""
+
+
+def _partition(per_call, rows):
+    """Each block's steps the rows compute, and the others (the spec's function's)."""
+    chosen = rows.chosen if rows is not None else frozenset()
+    blocks = list(enumerate(per_call))
+    inner = [[s for k, s in enumerate(rest) if (b, k) in chosen] for b, rest in blocks]
+    main = [tuple(s for k, s in enumerate(rest) if (b, k) not in chosen) for b, rest in blocks]
+    return inner, main
 
 
 def _share(main: Emitter, other: Emitter) -> None:

@@ -184,18 +184,21 @@ class Pass:
             return self.elementwise(step)
         if isinstance(step, Cat):
             return FAIL if step.over == key else _either([at(p) for p in step.parts])
-        if isinstance(step, Gather):
-            return FAIL if key in step.arg.dims else _either([at(step.positions)])
+        if isinstance(step, Gather):  # a table's entries at positions: finite numbers
+            return FAIL if key in step.arg.dims else None
         return FAIL
 
     def elementwise(self, step: Elementwise) -> str | None:
-        """`where` on the mask picks a branch at hidden entries, and any other picks either;
-        dropout keeps 0 and nothing else; a function maps the values by its torch code."""
+        """`where` on the mask picks a branch at hidden entries (the other gets a gradient of
+        0 there, which is NaN times an infinite derivative: it may not be anything), and any
+        other picks either; dropout keeps 0 and nothing else; a function maps the values by
+        its torch code."""
         if step.fn == "where":
             cond, *branches = step.args
             picked = isinstance(cond, Operand) and cond.var == self.mask and self.hides != "-inf"
             if picked:
-                return self.at(branches[0 if self.hides == "true" else 1])
+                kept, dropped = branches if self.hides == "true" else branches[::-1]
+                return FAIL if self.at(dropped) == ANY else self.at(kept)
             return _either([self.at(b) for b in branches])
         values = [self.at(a) for a in step.args]
         if step.fn == "dropout":  # -inf times a dropped entry's 0 is NaN

@@ -5,6 +5,7 @@ spec's function computes the rest on every call."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, fields
 
 from .steps import (
@@ -74,6 +75,11 @@ def _hoistable(step: Step, constant: set[Var]) -> bool:
     if not isinstance(step, PURE) or (isinstance(step, Elementwise) and step.fn == "dropout"):
         return False
     return all(o.var in constant for o in operands(step))
+
+
+def read_counts(steps, results) -> Counter:
+    """How many times each value is read: by the steps, and once more as an output."""
+    return Counter([*(o.var for s in steps for o in operands(s)), *(r.var for r in results)])
 
 
 def operands(step: Step) -> tuple[Operand, ...]:

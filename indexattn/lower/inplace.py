@@ -20,7 +20,7 @@ import sympy
 
 from .. import ops
 from .blocked import sequence_indices
-from .hoist import operands
+from .hoist import operands, read_counts
 from .steps import (
     Add,
     Arg,
@@ -45,8 +45,7 @@ def accumulate(plan: Plan, per_call: tuple[tuple[Step, ...], ...], kept: set[Var
     """The per-call steps, each wide step that can write over a fresh tensor marked so;
     `kept`: values never written over."""
     steps = [s for block in per_call for s in block]
-    reads = Counter(o.var for s in steps for o in operands(s))
-    reads.update(r.var for r in plan.results)
+    reads = read_counts(steps, plan.results)
     sequence = sequence_indices(plan.spec)
     wide = {s.out.var for s in steps if len(sequence & set(s.out.dims)) >= 2}
     whole = _integers(plan)

@@ -222,18 +222,13 @@ def {name}(keep):
 def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
     """The module's function for `SoftmaxValues`, and the autograd Function it runs; with
     `dropout`, on the weights before the product (the same draws as F.dropout)."""
-    inputs, kept = ("p, training, ", "kept") if dropout else ("", "weights")
-    draw = """
-        kept, keep = weights, None
-        if training and p > 0:
-            kept, keep = torch.native_dropout(weights, p, True)  # F.dropout's draws
-        ctx.p = p"""
-    drop = """
-        if keep is not None:
-            grad.mul_(keep).div_(1 - ctx.p)"""
+    kept = "kept" if dropout else "weights"
+    inputs = "p, training, " if dropout else ""
+    params = "p=0.0, training=False, " if dropout else ""
     saved = "weights, kept, keep, values" if dropout else "weights, values"
     nones = "None, None, None" if dropout else "None"
     what = "dropout(softmax(S), p)" if dropout else "softmax(S)"
+    draw, undraw, plain, redraw = _DROPOUT if dropout else ("",) * 4
     return f'''class {function}(torch.autograd.Function):
     """W = {what} over the last axis, and O = W @ V, as one step:
     the backward adds W's own gradient into the product's and makes the scores' gradient in
@@ -243,47 +238,71 @@ def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
     def forward(ctx, scores, values, {inputs}safe):
         weights = torch.softmax(scores, dim=-1)
         if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
-            weights = torch.ops.aten._safe_softmax.default(scores, -1){draw if dropout else ""}
+            weights = torch.ops.aten._safe_softmax.default(scores, -1){draw}
         ctx.set_materialize_grads(False)
         ctx.save_for_backward({saved})
         return {kept}, {kept} @ values
 
     @staticmethod
     def backward(ctx, grad_{kept}, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "{name}: no second derivative (its backward works in place); "
+                "differentiate twice under torch.func, which runs the plain steps"
+            )
         {saved} = ctx.saved_tensors
         grad_values = None
-        if grad_out is None and grad_{kept} is None:
-            return None, None, {nones}
+        if grad_out is not None and ctx.needs_input_grad[1]:
+            grad_values = {kept}.mT @ grad_out
+        if grad_out is None and grad_{kept} is None or not ctx.needs_input_grad[0]:
+            return None, grad_values, {nones}
         if grad_out is None:
             grad = grad_{kept}.clone(memory_format=torch.contiguous_format)
         else:
             grad = grad_out @ values.mT
-            grad = grad if grad_{kept} is None else grad.add_(grad_{kept})
-            if ctx.needs_input_grad[1]:
-                grad_values = ({kept}.mT @ grad_out).sum_to_size(values.shape){
-        drop if dropout else ""
-    }
+            grad = grad if grad_{kept} is None else grad.add_(grad_{kept}){undraw}
         grad.mul_(weights)  # the softmax's: W (g - sum(W g))
         grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
         return grad, grad_values, {nones}
 
 
-def {name}(scores, values, {"p=0.0, training=False, " if dropout else ""}safe=False):
-    """{what} over the last axis, and its product with the values.
-    With gradients, one autograd step ({function}).
+def {name}(scores, values, {params}safe=False):
+    """{what} over the last axis, and its product with the values:
+    with gradients, one autograd step ({function}); else the plain steps.
     `safe`: rows that are -inf everywhere give zeros, not NaN."""
-    if (scores.requires_grad or values.requires_grad) and not torch.compiler.is_compiling():
+    traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
+    # vmap, grad: their own autograd, and no branch on a tensor's values
+    transformed = torch._C._are_functorch_transforms_active()
+    plain = (
+        traced
+        or transformed
+        or not torch.is_grad_enabled()
+        or not (scores.requires_grad or values.requires_grad)
+        or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes{plain}
+    )
+    if not plain:
         return {function}.apply(scores, values, {inputs}safe)
-    # traced (torch.compile fuses the steps itself), under torch.func, or without gradients
-    # (then the weights overwrite the scores)
-    overwrite = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
-    if safe and (torch.compiler.is_compiling() or scores.amax(-1).isneginf().any()):
+    overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
+    if safe and (traced or transformed or scores.amax(-1).isneginf().any()):
         weights = torch.ops.aten._safe_softmax.default(scores, -1)
     else:
-        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None){
-        """
-    weights = F.dropout(weights, p, training=training)"""
-        if dropout
-        else ""
-    }
+        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None){redraw}
     return weights, weights @ values'''
+
+
+# the dropout's pieces: its draw in the forward, its mask in the backward, the plain steps
+# for p = 1 (F.dropout's zeros, without a draw), and F.dropout in the plain steps
+_DROPOUT = (
+    """
+        kept, keep = weights, None
+        if training and p > 0:
+            kept, keep = torch.native_dropout(weights, p, True)  # F.dropout's draws
+        ctx.p = p""",
+    """
+        if keep is not None:
+            grad.mul_(keep).div_(1 - ctx.p)""",
+    """
+        or training and p >= 1  # F.dropout's zeros, without a draw""",
+    """
+    weights = F.dropout(weights, p, training=training)""",
+)

@@ -1,12 +1,13 @@
-"""Softmax weights that are returned and multiplied by the values: one step of autograd.
-Where a spec returns its weights (GPT-2's `output_attentions`, torch's MultiheadAttention),
-the kernel cannot compute them, and autograd's own steps make three tensors of the scores'
-size in the backward: the product's gradient, its sum with the weights' own gradient, and
-the softmax's gradient. `softmax_values` (kernels_emit) makes one, written over in place.
+"""Softmax weights times the values outside the kernel, as one step of autograd. Where a spec
+returns its weights (GPT-2's `output_attentions`, torch's MultiheadAttention) the kernel
+cannot compute them, and autograd's own steps make three tensors of the scores' size in the
+backward: the product's gradient, its sum with the weights' own gradient, and the softmax's
+gradient. `softmax_values` (kernels_emit) makes one, written over in place.
 
-The steps it takes: `W = softmax(S)` over the last axis of scores read nowhere else (the
-softmax may overwrite them), optionally `W = dropout(W, p)`, and `O = W @ V` (no scale),
-each intermediate read by the next step alone (and by the outputs)."""
+The steps it takes, one after the other: `W = softmax(S)` over the last axis of scores it
+may write over (the softmax's `into`: read nowhere else), optionally `W = dropout(W, p)`,
+and `O = W @ V` (no scale), each intermediate read by the next step alone and by the
+outputs. One after the other, so that no step (another dropout's draw) moves between them."""
 
 from __future__ import annotations
 
@@ -19,46 +20,56 @@ def fuse(blocks: list[tuple[Step, ...]], reads: Counter, results: set[Var]):
     """The blocks' steps with each softmax, dropout and product that can go as one step
     replaced by it (in the product's block)."""
     flat = [s for block in blocks for s in block]
-    made = {s.out.var: s for s in flat}
     fused: dict[int, SoftmaxValues] = {}  # the product's place: the step that replaces it
     gone: set[int] = set()
-    for step in flat:
-        found = _chain(step, made, reads, results)
-        if found is not None:
-            fused[id(step)] = found[0]
-            gone.update(map(id, found[1]))
+    for k, step in enumerate(flat):
+        for before in (flat[k - 1 : k], flat[k - 2 : k] if k >= 2 else []):
+            found = _chain(before, step, reads, results)  # a softmax (and a dropout) before
+            if found is not None:
+                fused[id(step)] = found
+                gone.update(map(id, before))
     return [tuple(fused.get(id(s), s) for s in block if id(s) not in gone) for block in blocks]
 
 
-def _chain(step: Step, made: dict, reads: Counter, results: set[Var]):
-    """The fused step for a product of softmax weights and values, and the steps it takes
-    the place of; None where `step` is not such a product."""
+def _chain(before: list[Step], step: Step, reads: Counter, results: set[Var]):
+    """The fused step for `before` (a softmax, then maybe a dropout) and `step` (the product
+    of their weights and the values); None where they are not such steps."""
     if not isinstance(step, Contract) or step.scale != 1 or step.into or len(step.args) != 2:
         return None
     weights, values = step.args
-    if not _product(weights, values, step.out) or reads[weights.var] != 1 + (
-        weights.var in results
-    ):
+    if not _product(weights, values, step.out) or not _read_once(weights, reads, results):
         return None
-    source, dropout, taken = made.get(weights.var), None, []
-    if isinstance(source, Elementwise) and source.fn == "dropout":
-        inner, p = source.args
-        if not isinstance(inner, Operand) or not isinstance(p, Number):
-            return None
-        if inner.var in results or reads[inner.var] != 1 or inner.dims != source.out.dims:
-            return None
-        dropout, taken, source = p.expr, [source], made.get(inner.var)
-    if not _softmax(source, reads):
+    if not before or before[-1].out.var != weights.var:
         return None
-    return SoftmaxValues((weights, step.out), source.arg, values, dropout, source.safe), [
-        source,
-        *taken,
-    ]
+    softmax, dropout = before[0], None
+    if len(before) == 2:
+        dropout = _dropout(before[1], softmax, reads)
+        if dropout is None:
+            return None
+    if not _softmax(softmax):
+        return None
+    return SoftmaxValues((weights, step.out), softmax.arg, values, dropout, softmax.safe)
+
+
+def _dropout(step: Step, softmax: Step, reads: Counter):
+    """The probability of a dropout of the softmax's weights as they are; None where `step`
+    is not one."""
+    if not isinstance(step, Elementwise) or step.fn != "dropout":
+        return None
+    inner, p = step.args
+    if not isinstance(p, Number) or not _read_once(inner, reads, set()) or inner.select:
+        return None
+    return p.expr if (inner.var, inner.dims) == (softmax.out.var, step.out.dims) else None
+
+
+def _read_once(op, reads: Counter, results: set[Var]) -> bool:
+    """Read by the next step alone (and by the outputs, where it is one)."""
+    return isinstance(op, Operand) and reads[op.var] == 1 + (op.var in results)
 
 
 def _product(weights, values, out: Operand) -> bool:
     """`out = weights @ values`: the weights (…, row, key) as they are, the values holding
-    the key, the width and every batch axis."""
+    the key, the width and every batch axis, and nothing else."""
     if not isinstance(weights, Operand) or not isinstance(values, Operand) or weights.select:
         return False
     if len(out.dims) < 2:
@@ -73,15 +84,13 @@ def _product(weights, values, out: Operand) -> bool:
     )
 
 
-def _softmax(step: Step | None, reads: Counter) -> bool:
-    """A softmax over the last axis alone of scores read nowhere else, into (…, row, key)."""
-    if not isinstance(step, Reduction) or step.fn != "softmax" or step.sink is not None:
-        return False
-    scores, out = step.arg, step.out
+def _softmax(step: Step) -> bool:
+    """A softmax over the last axis alone that may write over its scores (`into`: scores
+    read nowhere else, in the weights' own layout)."""
     return (
-        step.over == out.dims[-1:]
+        isinstance(step, Reduction)
+        and step.fn == "softmax"
+        and step.sink is None
         and step.into
-        and scores.dims == out.dims
-        and not scores.select
-        and reads[scores.var] == 1
+        and step.over == step.out.dims[-1:]
     )

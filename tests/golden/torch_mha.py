@@ -27,17 +27,22 @@ class SoftmaxDropoutValues(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_kept, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "softmax_dropout_values: no second derivative (its backward works in place); "
+                "differentiate twice under torch.func, which runs the plain steps"
+            )
         weights, kept, keep, values = ctx.saved_tensors
         grad_values = None
-        if grad_out is None and grad_kept is None:
-            return None, None, None, None, None
+        if grad_out is not None and ctx.needs_input_grad[1]:
+            grad_values = kept.mT @ grad_out
+        if grad_out is None and grad_kept is None or not ctx.needs_input_grad[0]:
+            return None, grad_values, None, None, None
         if grad_out is None:
             grad = grad_kept.clone(memory_format=torch.contiguous_format)
         else:
             grad = grad_out @ values.mT
             grad = grad if grad_kept is None else grad.add_(grad_kept)
-            if ctx.needs_input_grad[1]:
-                grad_values = (kept.mT @ grad_out).sum_to_size(values.shape)
         if keep is not None:
             grad.mul_(keep).div_(1 - ctx.p)
         grad.mul_(weights)  # the softmax's: W (g - sum(W g))
@@ -46,15 +51,24 @@ class SoftmaxDropoutValues(torch.autograd.Function):
 
 
 def softmax_dropout_values(scores, values, p=0.0, training=False, safe=False):
-    """dropout(softmax(S), p) over the last axis, and its product with the values.
-    With gradients, one autograd step (SoftmaxDropoutValues).
+    """dropout(softmax(S), p) over the last axis, and its product with the values:
+    with gradients, one autograd step (SoftmaxDropoutValues); else the plain steps.
     `safe`: rows that are -inf everywhere give zeros, not NaN."""
-    if (scores.requires_grad or values.requires_grad) and not torch.compiler.is_compiling():
+    traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
+    # vmap, grad: their own autograd, and no branch on a tensor's values
+    transformed = torch._C._are_functorch_transforms_active()
+    plain = (
+        traced
+        or transformed
+        or not torch.is_grad_enabled()
+        or not (scores.requires_grad or values.requires_grad)
+        or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes
+        or training and p >= 1  # F.dropout's zeros, without a draw
+    )
+    if not plain:
         return SoftmaxDropoutValues.apply(scores, values, p, training, safe)
-    # traced (torch.compile fuses the steps itself), under torch.func, or without gradients
-    # (then the weights overwrite the scores)
-    overwrite = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
-    if safe and (torch.compiler.is_compiling() or scores.amax(-1).isneginf().any()):
+    overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
+    if safe and (traced or transformed or scores.amax(-1).isneginf().any()):
         weights = torch.ops.aten._safe_softmax.default(scores, -1)
     else:
         weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
