@@ -36,8 +36,11 @@ class Op:
     keeps: bool = False  # a reduction whose index stays free: softmax_<j>, cumsum_<j>, concat_<j>
     # the in-place form, for functions whose backward reads their result, not their argument
     inplace: str = ""
-    # may make inf or NaN of finite arguments (log 0, 1/0, the root of a negative number)
-    partial: bool = False
+
+    @property
+    def partial(self) -> bool:
+        """Whether it may make inf or NaN of finite arguments (log 0, 1/0, a root of -1)."""
+        return self.name in PARTIAL
 
     @property
     def condition(self) -> bool:
@@ -90,15 +93,11 @@ def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops
         frozenset(imports),
         integers=integers,
         inplace=inplace,
-        partial=name in PARTIAL,
     )
 
 
 def _binary(name: str, torch: str, latex: str, form, tensors: bool = True) -> Op:
-    partial = name in PARTIAL
-    return Op(
-        name, "function", 2, torch, latex, 1, form, tensors=tensors, integers=True, partial=partial
-    )
+    return Op(name, "function", 2, torch, latex, 1, form, tensors=tensors, integers=True)
 
 
 def _named(word: str) -> str:
@@ -195,10 +194,7 @@ REDUCTIONS: dict[str, Op] = {
 
 
 def _operator(name, kind, level, torch, latex, form, arity=2) -> Op:
-    partial = name in PARTIAL
-    return Op(
-        name, kind, arity, torch, latex, 1, form, frozenset(), level, integers=True, partial=partial
-    )
+    return Op(name, kind, arity, torch, latex, 1, form, frozenset(), level, integers=True)
 
 
 OPERATORS: dict[str, Op] = {
@@ -222,7 +218,7 @@ OPERATORS: dict[str, Op] = {
     )
 }
 # `^` between tensors is kept as the function pow (a Field folds it exactly instead).
-POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8, partial=True)
+POW = Op("pow", "arithmetic", 2, "{0} ** {1}", "{0}^{{{1}}}", 1, None, frozenset(), 8)
 
 # What a spec may call by name: min and max are both, the reductions min_<j>(x) and max_<j>(x)
 # and the elementwise min(a, b) and max(a, b).
