@@ -157,3 +157,34 @@ def test_a_position_that_shifts_into_the_axis_is_a_slice():
     # twin: a shift that may run past the end stays a gather, checked at the call
     spec = shifted_read("d + 1")
     assert "2:" not in spec.source and "X[..., " in spec.source
+
+
+def matrix_vector(equation: str):
+    spec = "index t : N\nindex h : H\nindex a : d\ninput M_<hta>\ninput v_<ha>\ninput u_<a>\n"
+    return indexattn.compile_spec(spec + equation, name="mv")
+
+
+def test_a_matrix_times_a_vector_is_a_matmul_and_its_gradient_keeps_the_layout():
+    import torch
+
+    m = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    v, u = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    strides = []
+    for equation in ("Y_<ht> = M_<hta> v_<ha>", "Y_<ht> = v_<ha> M_<hta>"):
+        spec = matrix_vector(equation)
+        assert "Y = (M @ v[..., :, None]).squeeze(-1)" in spec.source, spec.source
+        y = spec(M=m, v=v, u=u)
+        assert torch.equal(y, (m @ v[..., None]).squeeze(-1))
+        torch.testing.assert_close(y, torch.einsum("bhta,bha->bht", m, v))
+    # the matrix's gradient in its own layout, where einsum's comes back with t innermost
+    big = torch.randn(1, 12, 512, 64, requires_grad=True)
+    vector = torch.randn(1, 12, 64)
+    mine = spec(M=big, v=vector, u=torch.randn(64))
+    for y in (mine, torch.einsum("bhta,bha->bht", big, vector)):
+        (grad,) = torch.autograd.grad(y, big, torch.ones_like(y))
+        strides.append(grad.stride()[-1])
+    assert strides == [1, 512]
+    # twin: a vector without the head axis would be broadcast (copied) by matmul: einsum
+    spec = matrix_vector("Y_<ht> = M_<hta> u_<a>")
+    assert "einsum(" in spec.source and "@" not in spec.source
+    torch.testing.assert_close(spec(M=m, v=v, u=u), torch.einsum("bhta,a->bht", m, u))

@@ -23,6 +23,7 @@ from .steps import (
     Gather,
     Grid,
     Number,
+    Operand,
     PrefixProduct,
     Reduction,
     Rename,
@@ -156,21 +157,34 @@ class Emitter(KernelSteps, Values):
 
     def matmul(self, step: Contract) -> str | None:
         """`a @ b` when the result is (batch..., m, n), a holds m and b holds n, and one index
-        is summed: the two operands are viewed, not copied."""
+        is summed: the two operands are viewed, not copied. With one free index, a product of
+        a matrix and a vector."""
         summed, out = _summed(step), step.out.dims
-        if len(step.args) != 2 or len(summed) != 1 or len(out) < 2:
+        if len(step.args) != 2 or len(summed) != 1:
             return None
         a, b = step.args
-        if out[-2] in b.dims and out[-1] in a.dims:
-            a, b = b, a
-        batch, (m, n), k = out[:-2], out[-2:], summed[0]
-        if m in b.dims or n in a.dims or m not in a.dims or n not in b.dims:
+        free = tuple(i for i in out if (i in a.dims) != (i in b.dims))
+        batch, k = out[: len(out) - len(free)], summed[0]
+        if not 0 < len(free) <= 2 or free != out[len(batch) :] or {*a.dims, *b.dims} != {*out, k}:
             return None
         if any(i not in a.dims or i not in b.dims for i in batch) or a.batched != b.batched:
             return None  # torch.matmul would copy the operand it broadcasts; einsum does not
-        left = expand(self.ref(a), a.dims, (*batch, m, k), a.batched)
-        right = expand(self.ref(b), b.dims, (*batch, k, n), b.batched)
+        if free[-1] in a.dims:
+            a, b = b, a  # b holds the last free index
+        if len(free) == 1:
+            return self.matvec(b, a, batch, (free[0], k))
+        if free[0] not in a.dims:
+            return None
+        left = expand(self.ref(a), a.dims, (*batch, free[0], k), a.batched)
+        right = expand(self.ref(b), b.dims, (*batch, k, free[1]), b.batched)
         return f"{wrap(left)} @ {wrap(right)}"
+
+    def matvec(self, matrix: Operand, vector: Operand, batch: tuple, axes: tuple) -> str:
+        """`(M @ v[..., :, None]).squeeze(-1)`: M's gradient then comes back in M's layout, where
+        einsum may hand back a transposed one (slow in the elementwise backward that follows)."""
+        left = expand(self.ref(matrix), matrix.dims, (*batch, *axes), matrix.batched)
+        right = expand(self.ref(vector), vector.dims, (*batch, axes[1]), vector.batched)
+        return f"({wrap(left)} @ {wrap(right)}[..., :, None]).squeeze(-1)"
 
     def scaled(self, scale: sympy.Basic) -> str:
         if scale == 1:

@@ -3,7 +3,6 @@
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
 
 
 def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, o_proj_bias, *, h, eps=1e-06, training=False):
@@ -33,7 +32,7 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     del Phi_k
     # O_<μτb> = Φq_<μτa> S_<μab> / (Φq_<μτa> z_<μa> + eps)
     O_prod = Phi_q @ S  # (…, μ, τ, b)
-    O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu a -> ... mu tau")  # (…, μ, τ)
+    O_prod_2 = (Phi_q @ z[..., :, None]).squeeze(-1)  # (…, μ, τ)
     O_sum = O_prod_2 + eps  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
     del Phi_q, S, z, O_prod, O_prod_2, O_sum
