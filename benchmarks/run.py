@@ -10,7 +10,8 @@ For every case of benchmarks/cases.py (each shipped spec and the phrasing pairs)
 (generated, hand-written eager, the same torch.compile'd, FlexAttention's forward) over
 interleaved rounds (each round runs every implementation once, in a shuffled order, so a
 noisy neighbour slows all alike), taken in two passes over every case minutes apart (so a
-slow spell of the machine meets a case in part of its rounds, not all), its ratio to the
+slow spell of the machine meets a case in part of its rounds, not all), each case in a fresh
+process (so no case runs in the allocator state another left), its ratio to the
 fastest, and the generated module's ratio to the best hand-written one. Then the peak
 memory of one forward of the generated and the hand-written module, each in its own process;
 compile_spec() per spec and the first one in a fresh process; the start-up of `indexattn
@@ -48,6 +49,7 @@ MEMORY_SHAPE = (1, 2048)
 QUICK_SHAPES = ((1, 64),)
 SAMPLE_SECONDS = 0.05
 ROUND_BUDGET = 2.5  # seconds of rounds per case, shape and mode, in each pass
+ROUNDS = 5  # at least, per case, shape and mode, in each pass
 PASSES = 2  # over every case, their rounds pooled
 BF16_CASES = ("mha", "gqa", "rope", "softcap_window", "mla")
 STARTUP_SPECS = ["mha", "softcap_window", "mla", "t5_bias"]  # a fresh process each, 3 times
@@ -64,7 +66,10 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     hidden = argparse.SUPPRESS  # internal: one measurement in a fresh process
     parser.add_argument("--probe", nargs=4, metavar=("KIND", "CASE", "IMPL", "SHAPE"), help=hidden)
+    parser.add_argument("--time-case", metavar="CASE", help=hidden)  # a pass's fresh process
     args = parser.parse_args()
+    if args.time_case:
+        return print(json.dumps(time_case(CASES[args.time_case], ROUNDS, quick=False)))
     if args.probe:
         kind, case, name, shape = args.probe
         return print(json.dumps(PROBES[kind](case, name, tuple(map(int, shape.split("x"))))))
@@ -74,7 +79,7 @@ def main() -> None:
             row |= summary(row["samples"])
         return (HERE / "results.md").write_text(markdown(results))
     started = time.perf_counter()
-    rounds, passes = (1, 1) if args.quick else (5, PASSES)
+    rounds, passes = (1, 1) if args.quick else (ROUNDS, PASSES)
     names = args.cases.split(",") if args.cases else list(CASES)
     shape = QUICK_SHAPES[0] if args.quick else MEMORY_SHAPE
     results = {
@@ -123,11 +128,20 @@ def peak_matmul(n: int = 4096, repeats: int = 5) -> float:
 
 
 def time_cases(names: list[str], rounds: int, quick: bool) -> list[dict]:
-    """One pass over the cases. Dynamo forgets the last pass's frames first: each pass
-    compiles the hand-written modules anew (from inductor's cache), never past its limit of
-    recompiles per frame, where it would run them eagerly."""
-    torch._dynamo.reset()
-    return [t for name in names for t in time_case(CASES[name], rounds, quick)]
+    """One pass over the cases, each in a fresh process (a quick run in this one): a case
+    meets no allocator state, compiled frames or thread pools an earlier case left behind.
+    In one process, single_head's time with backward went from 1.04x to 1.12x the compiled
+    hand-written code's after t5_bias had run, and stayed there."""
+    if quick:
+        return [t for name in names for t in time_case(CASES[name], rounds, quick)]
+    command = [sys.executable, __file__, "--time-case"]
+    return [
+        t
+        for name in names
+        for t in json.loads(
+            subprocess.run([*command, name], stdout=subprocess.PIPE, check=True).stdout
+        )
+    ]
 
 
 def pooled(passes: list[list[dict]]) -> list[dict]:
