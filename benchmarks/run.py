@@ -1,6 +1,6 @@
 """Generated code against hand-written PyTorch, in one interleaved run.
 
-    .venv/bin/python benchmarks/run.py                 # every case, about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/run.py                 # every case, about 45 minutes on 2 cores
     .venv/bin/python benchmarks/run.py --cases mha,rope  # some cases
     .venv/bin/python benchmarks/run.py --quick         # a smoke run at n = 64, nothing written
     .venv/bin/python benchmarks/run.py --report        # results.md again from results.json
