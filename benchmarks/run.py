@@ -85,7 +85,7 @@ def main() -> None:
     results = {
         "machine": machine(),
         "peak_matmul_gflops": peak_matmul(),
-        "timings": pooled([time_cases(names, rounds, args.quick) for _ in range(passes)]),
+        "timings": pooled([time_cases(names, args.quick) for _ in range(passes)]),
         "memory": memory(names, shape),
         "startup": startup(
             STARTUP_SPECS[:2] if args.quick else STARTUP_SPECS, 1 if args.quick else 3
@@ -127,21 +127,20 @@ def peak_matmul(n: int = 4096, repeats: int = 5) -> float:
 # -- timing
 
 
-def time_cases(names: list[str], rounds: int, quick: bool) -> list[dict]:
+def time_cases(names: list[str], quick: bool) -> list[dict]:
     """One pass over the cases, each in a fresh process (a quick run in this one): a case
     meets no allocator state, compiled frames or thread pools an earlier case left behind.
     In one process, single_head's time with backward went from 1.04x to 1.12x the compiled
     hand-written code's after t5_bias had run, and stayed there."""
     if quick:
-        return [t for name in names for t in time_case(CASES[name], rounds, quick)]
-    command = [sys.executable, __file__, "--time-case"]
-    return [
-        t
-        for name in names
-        for t in json.loads(
-            subprocess.run([*command, name], stdout=subprocess.PIPE, check=True).stdout
-        )
-    ]
+        return [t for name in names for t in time_case(CASES[name], 1, quick)]
+    return [t for name in names for t in timed_apart(name)]
+
+
+def timed_apart(name: str) -> list[dict]:
+    """One case's timings (`time_case`) in a new process."""
+    command = [sys.executable, __file__, "--time-case", name]
+    return json.loads(subprocess.run(command, stdout=subprocess.PIPE, check=True).stdout)
 
 
 def pooled(passes: list[list[dict]]) -> list[dict]:
@@ -428,10 +427,10 @@ def markdown(results: dict) -> str:
         "",
         f"{machine_line(results['machine'])}; float32; a 4096×4096 matrix product runs at "
         f"{results['peak_matmul_gflops']} GFLOP/s (best of 5). Medians of interleaved rounds "
-        "(two passes over every case, pooled), in ms; × hand: the generated module's time "
-        "over the faster hand-written one's (eager or torch.compile'd), the median of the "
-        "ratios within a round; peak MB: the growth of peak resident memory over one forward, "
-        "each in a fresh process.",
+        "(two passes over every case, pooled; each case in a fresh process), in ms; × hand: "
+        "the generated module's time over the faster hand-written one's (eager or "
+        "torch.compile'd), the median of the ratios within a round; peak MB: the growth of "
+        "peak resident memory over one forward, each in a fresh process.",
     ]
     lines += ["", "## Summary", "", *summary_table(results)]
     lines += ["", "## Every implementation over the fastest", "", *ratio_table(results["timings"])]
