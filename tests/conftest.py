@@ -1,5 +1,5 @@
 """Shared fixtures: the shipped specs, compiled once per session, with a compile cache in a
-temporary directory."""
+temporary directory; the masks the kernel is called with."""
 
 import os
 import tempfile
@@ -19,3 +19,19 @@ def shipped(request):
     import indexattn
 
     return indexattn.compile_spec(request.param)
+
+
+@pytest.fixture
+def masks(monkeypatch) -> list:
+    """The attn_mask of every call of the kernel while the test runs."""
+    import torch.nn.functional as F
+
+    seen: list = []
+    kernel = F.scaled_dot_product_attention
+
+    def record(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return kernel(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    return seen

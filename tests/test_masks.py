@@ -27,20 +27,6 @@ def layer(name: str, fresh: str = ""):
     return spec.module(**SIZES[name]).eval()
 
 
-@pytest.fixture
-def masks(monkeypatch) -> list[torch.Tensor | None]:
-    """The attn_mask of every call of the kernel while the test runs."""
-    seen: list[torch.Tensor | None] = []
-    kernel = F.scaled_dot_product_attention
-
-    def record(*args, attn_mask=None, **kwargs):
-        seen.append(attn_mask)
-        return kernel(*args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
-    return seen
-
-
 @pytest.mark.parametrize("name", ["t5_bias", "alibi"])
 @pytest.mark.parametrize("batch", [(2,), ()])
 def test_a_bias_per_head_has_the_queries_axes(name, batch, masks):

@@ -2,7 +2,8 @@
 whose mask may hide whole blocks of keys reads the blocks off the mask (`key_spans`); forced
 into blocks of one query (the module's QUERY_BLOCK knob) it equals the literal interpreter in
 values and gradients, calls the kernel once per block, and a span cut one key short is seen.
-Where the blocks would skip too little, or when traced, the kernel runs once."""
+A block whose mask hides nothing (a decode step's one query) runs without it. Where the blocks
+would skip too little, or when traced, the kernel runs once."""
 
 import itertools
 from pathlib import Path
@@ -57,9 +58,9 @@ def spec_in_blocks(name: str, monkeypatch, block: int = 1, calls: list[int] | No
     return spec
 
 
-def run(spec, name: str, seed: int = 0):
+def run(spec, name: str, seed: int = 0, sizes: dict[str, int] | None = None):
     """Generated and literal outputs and gradients on the same data."""
-    sizes = sample_sizes(spec.ir, seed) | SIZES.get(name, {})
+    sizes = sample_sizes(spec.ir, seed) | (sizes or {}) | SIZES.get(name, {})
     given = {k: v for k, v in sizes.items() if k in spec.required} | SCALARS.get(name, {})
     args = sample_arguments(spec.ir, sizes, (2,), torch.float64, seed)
     floats = {k for k, v in args.items() if v.is_floating_point()}
@@ -74,7 +75,7 @@ def run(spec, name: str, seed: int = 0):
 
 
 def test_the_masked_kernels_and_rows_take_spans():
-    kernels = {"sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_decode"}
+    kernels = set(KERNELS)
     rows = {"softcap_window", "differential", "sigmoid_attention", "talking_heads"}
     assert kernels | rows | {"attention_sinks"} <= set(SPANNED)
 
@@ -95,9 +96,9 @@ def test_a_span_cut_one_key_short_is_seen(name, monkeypatch):
     namespace = spec.function.__globals__
     spans = namespace["key_spans"]
 
-    def short(keep):
-        found = spans(keep)
-        return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1) for t, u, k0, k1 in found]
+    def short(keep, plain=None):
+        found = spans(keep, plain)
+        return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1, w) for t, u, k0, k1, w in found]
 
     monkeypatch.setitem(namespace, "key_spans", short)
     (got, _), (want, _) = run(spec, name)
@@ -109,25 +110,90 @@ def test_spans_are_the_keys_each_block_sees(monkeypatch):
     spans = spec.function.__globals__["key_spans"]
     tau = torch.arange(12)
     keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
-    assert spans(keep) == [(0, 4, 0, 4), (4, 8, 2, 8), (8, 12, 6, 12)]
+    assert spans(keep) == [(0, 4, 0, 4, False), (4, 8, 2, 8, False), (8, 12, 6, 12, False)]
     assert spans(keep.expand(2, 3, 12, 12)) == spans(keep)  # batch and head axes: their union
-    assert spans(torch.ones(12, 12, dtype=torch.bool)) is None  # nothing to skip
     causal = tau[:, None] >= tau[None, :]  # 2/3 of the scores at blocks of 4 of 12
-    assert spans(causal) == [(0, 4, 0, 4), (4, 8, 0, 8), (8, 12, 0, 12)]
+    assert spans(causal) == [(0, 4, 0, 4, False), (4, 8, 0, 8, False), (8, 12, 0, 12, False)]
     assert spans(tau[:, None] + 6 >= tau[None, :]) is None  # 17/18 of them: one call
     assert spans(keep[:0]) is None
 
 
-def test_a_mask_that_hides_too_little_runs_the_kernel_once(monkeypatch, kernel_calls):
-    """A prefix as long as the sequence hides nothing: one call, as before; a short one
-    hides a third of the scores at blocks of 4 of 12: three calls."""
+def test_a_block_whose_mask_hides_nothing_is_whole(monkeypatch):
+    """Chunks of 4 at blocks of 4: every block sees its chunk, all of it; a mask that hides
+    nothing is one whole span; a float mask is whole only where it adds zeros."""
+    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
+    spans = spec.function.__globals__["key_spans"]
+    tau = torch.arange(12)
+    chunks = tau[:, None] // 4 == tau[None, :] // 4
+    assert spans(chunks) == [(0, 4, 0, 4, True), (4, 8, 4, 8, True), (8, 12, 8, 12, True)]
+    assert spans(torch.ones(2, 12, 12, dtype=torch.bool)) == [(0, 12, 0, 12, True)]
+    seen = chunks.clone()
+    seen[0, 1] = False  # one query of the first block misses one key of its chunk: not whole
+    assert [w for *_, w in spans(seen)] == [False, True, True]
+    zeros = torch.zeros(12, 12).masked_fill(~chunks, -torch.inf)
+    assert spans(~zeros.isneginf(), zeros == 0) == spans(chunks)
+    bias = zeros + 0.5 * (tau[:, None] - tau[None, :])  # finite, but not zero: the mask stays
+    assert [w for *_, w in spans(~bias.isneginf(), bias == 0)] == [False] * 3
+    assert spans(torch.ones(1, 12, dtype=torch.bool)) == [(0, 1, 0, 12, True)]  # one query
+
+
+def decode(spec, n: int, cached: int):
+    """kv_decode's output and its literal value for `n` new tokens after `cached` ones."""
+    sizes = sample_sizes(spec.ir, 0) | {"N": n, "N_c": cached}
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64, 0)
+    return spec(**args)[0], reference.evaluate(spec.ir, **args)[0]
+
+
+def test_a_decode_step_runs_the_kernel_without_its_mask(monkeypatch, masks):
+    """One new token sees every cached key and itself: its mask hides nothing, so the kernel
+    runs without it, as hand-written decoding does; a prefill of six after one keeps it."""
+    spec = spec_in_blocks("kv_decode", monkeypatch, block=128)
+    got, want = decode(spec, 1, 7)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    assert masks == [None]
+    got, want = decode(spec, 6, 1)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    assert len(masks) == 2 and masks[1].dtype == torch.bool
+
+
+KERNELS = ["sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_decode"]
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch):
+    """Blocks of two of eight queries (blocks of one query are whole wherever a mask hides
+    only later keys, and one block sees every key): equal to the literal; the twin marks
+    every block whole, runs each without its mask, and differs (a spec compiled afresh: the
+    first caches its spans)."""
+    spec = spec_in_blocks(name, monkeypatch, block=2)
+    (got, got_grads), (want, want_grads) = run(spec, name, sizes={"N": 8})
+    for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=0)
+    spec = spec_in_blocks(name, monkeypatch, block=2)
+    namespace = spec.function.__globals__
+    spans = namespace["key_spans"]
+
+    def whole(keep, plain=None):
+        return [(*span[:4], True) for span in spans(keep, plain)]
+
+    monkeypatch.setitem(namespace, "key_spans", whole)
+    (got, _), (want, _) = run(spec, name, sizes={"N": 8})
+    assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, want))
+
+
+def test_a_mask_that_hides_too_little_runs_the_kernel_once(monkeypatch, kernel_calls, masks):
+    """A prefix as long as the sequence hides nothing: one call, without the mask; one of 11
+    hides 1/144 of the scores: one call with it; a short one hides a third of the scores at
+    blocks of 4 of 12: three calls."""
     spec = spec_in_blocks("prefix_lm", monkeypatch, block=4)
     weights = dict(spec.module(d_m=16, h=2, d_k=8).named_parameters())
     x = torch.randn(1, 12, 16)
     spec(**weights, X=x, h=2, P=12)
-    assert kernel_calls == [12]
+    assert kernel_calls == [12] and masks == [None]
+    spec(**weights, X=x, h=2, P=11)
+    assert kernel_calls == [12, 12] and masks[1].shape == (12, 12)
     spec(**weights, X=x, h=2, P=2)
-    assert kernel_calls == [12, 4, 4, 4]
+    assert kernel_calls == [12, 12, 4, 4, 4]
 
 
 def test_rows_that_see_no_key_give_zeros_in_blocks(monkeypatch):

@@ -55,7 +55,8 @@ class KernelSteps:
         lines = [f"{out} = {self.attention_call(step)}"]
         if step.spans is not None:  # a loop, not a comprehension: that would close over
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
-            names = [self.names.fresh(hint) for hint in ("blocks", "q0", "q1", "k0", "k1")]
+            hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
+            names = [self.names.fresh(hint) for hint in hints]
             self.use("torch")
             lines = [
                 f"if {spans} is None:",
@@ -77,7 +78,8 @@ class KernelSteps:
 
     def attention_call(self, step: Attention, block: list[str] | None = None) -> str:
         """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
-        end, first key and end), on those queries and keys alone."""
+        end, first key, end, and whether the mask changes nothing there), on those queries and
+        keys alone, and without the mask where it changes nothing."""
         rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
         args = [
             _sliced(self.features(step.q, step.q_dims, step.widths, step.heads), rows),
@@ -87,7 +89,7 @@ class KernelSteps:
         if step.mask is not None:
             mask = self.attention_mask(step)
             if block:  # as the kernel takes it, the mask ends in (query, key)
-                mask = f"{wrap(mask)}[..., {rows}, {keys}]"
+                mask = f"None if {block[4]} else {wrap(mask)}[..., {rows}, {keys}]"
             args.append(f"attn_mask={mask}")
         if step.dropout is not None:
             args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
@@ -101,7 +103,11 @@ class KernelSteps:
 
     def step_Spans(self, step: Spans) -> str:
         mask = self.ref(step.mask)
-        keep = {"false": mask, "true": f"~{wrap(mask)}", "-inf": f"~{wrap(mask)}.isneginf()"}
+        keep = {
+            "false": mask,
+            "true": f"~{wrap(mask)}",
+            "-inf": f"~{wrap(mask)}.isneginf(), {wrap(mask)} == 0",  # and where it adds 0
+        }
         spans = self.helper(_key_spans, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
         return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"
@@ -203,19 +209,30 @@ def _key_spans(name: str, knob: str) -> str:
     return f'''{knob} = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def {name}(keep):
-    """Per block of {knob} queries: (first query, end, first key, end), the keys the mask
-    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
-    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+def {name}(keep, plain=None):
+    """Per block of {knob} queries: (first query, end, first key, end, whole), the keys the
+    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
+    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
+    runs without it. One span of every query and key where it changes nothing anywhere; None
+    where blocks would skip less than a fifth of the scores, and when traced (the spans are
+    read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
+    plain = keep if plain is None else plain
     seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split({knob}, -2)])
+    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split({knob}, -2)])
+    if fit.all():
+        return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
     starts = range(0, n_q, {knob})
-    spans = [(t, min(t + {knob}, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
-    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    spans = [
+        (t, min(t + {knob}, n_q), k0, k1, count == k1 - k0)
+        for t, k0, k1, count in zip(starts, first, end, fits)
+    ]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
     return spans if kept <= 0.8 * n_q * n_k else None'''
 
 

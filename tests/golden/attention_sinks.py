@@ -11,19 +11,30 @@ from einops import einsum, rearrange
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep):
-    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
-    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
-    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+def key_spans(keep, plain=None):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
+    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
+    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
+    runs without it. One span of every query and key where it changes nothing anywhere; None
+    where blocks would skip less than a fifth of the scores, and when traced (the spans are
+    read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
+    plain = keep if plain is None else plain
     seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    if fit.all():
+        return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
     starts = range(0, n_q, QUERY_BLOCK)
-    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
-    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    spans = [
+        (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
+        for t, k0, k1, count in zip(starts, first, end, fits)
+    ]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
     return spans if kept <= 0.8 * n_q * n_k else None
 
 
@@ -33,7 +44,7 @@ def attention_sinks_constants(N, w, *, device, dtype):
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
     M = torch.where(torch.logical_or((tau[:, None] < tau_p[None, :]), (w <= tau[:, None] - tau_p[None, :])), -math.inf, 0).to(dtype)  # (τ, τ')
-    M_spans = key_spans(~M.isneginf())  # blocks of queries and their keys
+    M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
     return M, M_spans
 
 
@@ -82,7 +93,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
         O = attention_sinks_rows(Q, K_scaled, M, sinks_split, V)
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
-        for q0, q1, k0, k1 in M_spans or [(0, N, 0, N)]:
+        for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
             for t in range(q0, q1, rows):
                 u = min(t + rows, q1)
                 blocks.append(attention_sinks_rows(Q[..., t:u, :], K_scaled[..., k0:k1, :], M[t:u, k0:k1], sinks_split, V[..., k0:k1, :]))

@@ -10,19 +10,30 @@ import torch.nn.functional as F
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep):
-    """Per block of QUERY_BLOCK queries: (first query, end, first key, end), the keys the mask
-    `keep` (..., query, key) lets any of them see. None where blocks would skip less than a
-    fifth of the scores, and when traced (the spans are read off the mask's values)."""
+def key_spans(keep, plain=None):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
+    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
+    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
+    runs without it. One span of every query and key where it changes nothing anywhere; None
+    where blocks would skip less than a fifth of the scores, and when traced (the spans are
+    read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
+    plain = keep if plain is None else plain
     seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
+    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    if fit.all():
+        return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
+    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
     starts = range(0, n_q, QUERY_BLOCK)
-    spans = [(t, min(t + QUERY_BLOCK, n_q), k0, k1) for t, k0, k1 in zip(starts, first, end)]
-    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1 in spans)
+    spans = [
+        (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
+        for t, k0, k1, count in zip(starts, first, end, fits)
+    ]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
     return spans if kept <= 0.8 * n_q * n_k else None
 
 
@@ -61,8 +72,8 @@ def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_
         O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k), enable_gqa=True)
     else:  # by blocks of queries, each over the keys its mask lets it see
         blocks = []
-        for q0, q1, k0, k1 in M_keep_spans:
-            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=M_keep[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k), enable_gqa=True))
+        for q0, q1, k0, k1, whole in M_keep_spans:
+            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k), enable_gqa=True))
         O = torch.cat(blocks, dim=-2)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
