@@ -161,10 +161,10 @@ KERNELS = ["sliding_window", "chunked", "prefix_lm", "alibi", "doc_mask", "kv_de
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch):
-    """Blocks of two of eight queries (blocks of one query are whole wherever a mask hides
-    only later keys, and one block sees every key): equal to the literal; the twin marks
-    every block whole, runs each without its mask, and differs (a spec compiled afresh: the
-    first caches its spans)."""
+    """Blocks of two of eight queries (kv_decode: six after one cached), whole (prefix_lm's
+    prefix) or not, equal the literal; blocks of one query, where every block of a causal
+    mask is whole, are the test above. The twin marks every block whole, runs each without
+    its mask, and differs (a spec compiled afresh: the first caches its spans)."""
     spec = spec_in_blocks(name, monkeypatch, block=2)
     (got, got_grads), (want, want_grads) = run(spec, name, sizes={"N": 8})
     for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
@@ -183,7 +183,7 @@ def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch)
 
 def test_a_mask_that_hides_too_little_runs_the_kernel_once(monkeypatch, kernel_calls, masks):
     """A prefix as long as the sequence hides nothing: one call, without the mask; one of 11
-    hides 1/144 of the scores: one call with it; a short one hides a third of the scores at
+    hides 11 of the 144 scores: one call with it; a short one hides a third of the scores at
     blocks of 4 of 12: three calls."""
     spec = spec_in_blocks("prefix_lm", monkeypatch, block=4)
     weights = dict(spec.module(d_m=16, h=2, d_k=8).named_parameters())
@@ -225,3 +225,30 @@ def test_traced_code_runs_the_kernel_once(monkeypatch):
     namespace = spec.function.__globals__
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert namespace["key_spans"](torch.eye(8, dtype=torch.bool)) is None
+
+
+@pytest.mark.parametrize("w, calls", [(12, [12]), (2, [4, 4, 4])])
+def test_rows_whose_mask_hides_nothing_run_in_one_call(monkeypatch, w, calls):
+    """softcap_window's soft-capped scores by rows, its window made two-sided: as wide as
+    the sequence it hides nothing, one call over every key; the twin, a window of 2, runs
+    three blocks of 4 queries."""
+    text = (ROOT / "specs" / "softcap_window.attn").read_text(encoding="utf-8")
+    causal = "where(τ' > τ or τ - τ' >= w, -inf, 0)"
+    assert causal in text
+    text = text.replace(causal, "where(τ' - τ >= w or τ - τ' >= w, -inf, 0)")
+    spec = indexattn.compile_spec(text, name=f"two_sided_{next(FRESH)}")
+    namespace = spec.function.__globals__
+    monkeypatch.setitem(namespace, "QUERY_BLOCK", 4)
+    rows, seen = namespace[spec.function.__name__ + "_rows"], []
+
+    def record(first, *args, **kwargs):
+        seen.append(first.shape[-2])
+        return rows(first, *args, **kwargs)
+
+    monkeypatch.setitem(namespace, rows.__name__, record)
+    sizes = sample_sizes(spec.ir, 0) | {"N": 12}
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64, 0)
+    given = {k: v for k, v in sizes.items() if k in spec.required} | {"w": w}
+    out = spec(**args, **given)
+    torch.testing.assert_close(out, reference.evaluate(spec.ir, **args, **given)[0])
+    assert seen == calls

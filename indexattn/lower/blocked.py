@@ -15,7 +15,7 @@ from .emit import Emitter
 from .hoist import operands
 from .naming import Names
 from .order import planning_count
-from .printers import wrap
+from .printers import joined, wrap
 from .steps import (
     Add,
     Cat,
@@ -242,17 +242,17 @@ class RowsWriter:
         out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
         parts = [self._slice(v, cuts) for v in rows.inputs]
-        every = f"[(0, {size}, 0, {main.size(spans.hidden.key)}, False)]"
-        return [
-            f"if {count} >= {size} and {read} is None:",
+        every = f"(0, {size}, 0, {main.size(spans.hidden.key)}"
+        return [  # one call where the blocks skip nothing, or the mask hides nothing
+            f"if {count} >= {size} and {read} in (None, [{every}, True)]):",
             f"    {out} = {whole}",
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
             f"    {blocks} = []",
-            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or {every}:",
+            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [{every}, False)]:",
             f"        for {start} in range({q0}, {q1}, {count}):",
             f"            {end} = min({start} + {count}, {q1})",
             f"            {blocks}.append({self._call(parts)})",
-            f"    {out} = torch.cat({blocks}, dim={self._dim()})",
+            f"    {out} = {joined(blocks, self._dim())}",
         ]
 
     def _call(self, arguments: list[str]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..ir import Index
-from .printers import wrap
+from .printers import joined, wrap
 from .steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from .values import axes_comment, expand, relayout
 
@@ -65,7 +65,7 @@ class KernelSteps:
                 f"    {names[0]} = []",
                 f"    for {', '.join(names[1:])} in {spans}:",
                 f"        {names[0]}.append({self.attention_call(step, names[1:])})",
-                f"    {out} = torch.cat({names[0]}, dim=-2)",
+                f"    {out} = {joined(names[0], -2)}",
             ]
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
@@ -212,10 +212,10 @@ def _key_spans(name: str, knob: str) -> str:
 def {name}(keep, plain=None):
     """Per block of {knob} queries: (first query, end, first key, end, whole), the keys the
     mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
-    runs without it. One span of every query and key where it changes nothing anywhere; None
-    where blocks would skip less than a fifth of the scores, and when traced (the spans are
-    read off the mask's values)."""
+    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
+    so that the block runs without it. One span of every query and key where it changes
+    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
+    traced (the spans are read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
@@ -226,7 +226,7 @@ def {name}(keep, plain=None):
         return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
-    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
+    fits = fit.sum(-1).tolist()  # only keys a block sees can fit
     starts = range(0, n_q, {knob})
     spans = [
         (t, min(t + {knob}, n_q), k0, k1, count == k1 - k0)

@@ -144,3 +144,8 @@ def _closing(code: str, start: int) -> int:
         if depth == 0:
             return k
     return -1
+
+
+def joined(blocks: str, dim: int) -> str:
+    """The list `blocks` of tensors as one along `dim`: the one block itself, uncopied."""
+    return f"{blocks}[0] if len({blocks}) == 1 else torch.cat({blocks}, dim={dim})"

@@ -14,10 +14,10 @@ QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of 
 def key_spans(keep, plain=None):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
     mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
-    runs without it. One span of every query and key where it changes nothing anywhere; None
-    where blocks would skip less than a fifth of the scores, and when traced (the spans are
-    read off the mask's values)."""
+    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
+    so that the block runs without it. One span of every query and key where it changes
+    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
+    traced (the spans are read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
@@ -28,7 +28,7 @@ def key_spans(keep, plain=None):
         return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
-    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
+    fits = fit.sum(-1).tolist()  # only keys a block sees can fit
     starts = range(0, n_q, QUERY_BLOCK)
     spans = [
         (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
@@ -89,7 +89,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
-    if rows >= N and M_spans is None:
+    if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         O = attention_sinks_rows(Q, K_scaled, M, sinks_split, V)
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
@@ -97,7 +97,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
             for t in range(q0, q1, rows):
                 u = min(t + rows, q1)
                 blocks.append(attention_sinks_rows(Q[..., t:u, :], K_scaled[..., k0:k1, :], M[t:u, k0:k1], sinks_split, V[..., k0:k1, :]))
-        O = torch.cat(blocks, dim=-2)
+        O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(gra)> O_<grτa> + o_proj_bias_<i>
     Y = O.movedim(-2, -4).flatten(-3)  # (…, τ, (gra))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -13,10 +13,10 @@ QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of 
 def key_spans(keep, plain=None):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
     mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing; `keep` for a boolean mask), so that the block
-    runs without it. One span of every query and key where it changes nothing anywhere; None
-    where blocks would skip less than a fifth of the scores, and when traced (the spans are
-    read off the mask's values)."""
+    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
+    so that the block runs without it. One span of every query and key where it changes
+    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
+    traced (the spans are read off the mask's values)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
         return None
     n_q, n_k = keep.shape[-2:]
@@ -27,7 +27,7 @@ def key_spans(keep, plain=None):
         return [(0, n_q, 0, n_k, True)]
     first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
     end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
-    fits = fit.sum(-1).tolist()  # every key a block sees, and only those, may fit
+    fits = fit.sum(-1).tolist()  # only keys a block sees can fit
     starts = range(0, n_q, QUERY_BLOCK)
     spans = [
         (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
@@ -75,7 +75,7 @@ def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_wei
         blocks = []
         for q0, q1, k0, k1, whole in M_keep_spans:
             blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep[..., q0:q1, k0:k1], dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k)))
-        O = torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+        O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τj> = out_proj_weight_<j(μa)> O_<μτa> + out_proj_bias_<j>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
