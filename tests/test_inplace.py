@@ -198,3 +198,27 @@ def test_blocks_of_rows_never_write_over_what_they_are_given(monkeypatch):
     assert "W.add_(" not in rows and "tanh_()" in rows
     monkeypatch.setitem(spec.function.__globals__, "BLOCK_SCORES", 1)
     gradients(spec)
+
+
+FEATURES = """
+index τ : N
+index a : d
+input Q_<τa>
+Φ_<τa> = elu(Q_<τa>) + 1
+Y_<τa> = Φ_<τa> Q_<τa>
+output Y
+"""
+
+
+def test_a_fresh_tensor_plus_a_number_is_shifted_in_place():
+    """Linear attention's feature map at any width: elu keeps its argument, so its result
+    takes the 1 in place; values and gradients hold. The twin: the exponential keeps its
+    result for the backward pass, so the 1 makes a new tensor."""
+    spec = indexattn.compile_spec(FEATURES, name="features")
+    assert "Phi = Phi_elu.add_(1)" in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)
+    spec = indexattn.compile_spec(FEATURES.replace("elu(", "exp("), name="exp_features")
+    assert ".add_(" not in spec.source and "Phi_exp + 1" in spec.source
+    assert compare(spec, batch=(2,)).ok
+    gradients(spec)

@@ -3,9 +3,11 @@ a sum adds onto a product in place, `S = S_prod.add_(M)`; a scale multiplies its
 place, `S_prod = R.div_(c)`; a function whose backward reads its result overwrites its
 argument, `S_tanh = S_prod.tanh_()`. Each takes a tensor made in this function, of the step's
 own shape, that nothing else reads, so the N×N scores are held once, not once per step
-(smaller values keep the plainer out-of-place forms). Exact under autograd: the tensor taken
-is never one its own maker keeps for the backward pass (a product, a scale and a sum keep
-their operands; tanh, exp and sigmoid keep their result, so what follows them allocates).
+(smaller values keep the plainer out-of-place forms, but for a tensor plus numbers,
+`Phi_elu.add_(1)`: one pass where a new tensor costs an allocation and a pass). Exact under
+autograd: the tensor taken is never one its own maker keeps for the backward pass (a
+product, a scale and a sum keep their operands; tanh, exp and sigmoid keep their result, so
+what follows them allocates).
 
 A softmax over such scores, read by nothing else, writes its weights over them when no
 gradient is needed (`out=S`): a new tensor of N×N per head costs more in page faults than
@@ -53,13 +55,20 @@ def accumulate(plan: Plan, per_call: tuple[tuple[Step, ...], ...], kept: set[Var
     for block in per_call:
         marked.append([])
         for step in block:
-            step = _into(step, free & wide, rows, reads)
+            step = _into(step, free if _shift(step) else free & wide, rows, reads)
             marked[-1].append(step)
             if _fresh(step) and step.out.var not in whole | kept:
                 free.add(step.out.var)
             if _contiguous(step, rows):
                 rows.add(step.out.var)
     return tuple(map(tuple, marked))
+
+
+def _shift(step: Step) -> bool:
+    """A tensor plus numbers (`elu(Q) + 1`, `P + eps`): in place at any width, where a fresh
+    tensor takes it (one pass over the values, no new tensor)."""
+    tensors = [a for a in getattr(step, "args", ()) if isinstance(a, Operand)]
+    return isinstance(step, Add) and len(tensors) == 1
 
 
 def _integers(plan: Plan) -> set[Var]:

@@ -18,11 +18,11 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Φq_<μτa> = elu(Q_<μτa>) + 1
     Phi_q_elu = F.elu(Q)  # (…, μ, τ, a)
-    Phi_q = Phi_q_elu + 1  # (…, μ, τ, a)
+    Phi_q = Phi_q_elu.add_(1)  # (…, μ, τ, a)
     del Q_proj, Q, Phi_q_elu
     # Φk_<μτa> = elu(K_<μτa>) + 1
     Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
-    Phi_k = Phi_k_elu + 1  # (…, μ, τ, a)
+    Phi_k = Phi_k_elu.add_(1)  # (…, μ, τ, a)
     del K_proj, K, Phi_k_elu
     # S_<μab> = Φk_<μτ'a> V_<μτ'b>
     S = Phi_k.transpose(-2, -1) @ V  # (…, μ, a, b)
@@ -33,7 +33,7 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     # O_<μτb> = Φq_<μτa> S_<μab> / (Φq_<μτa> z_<μa> + eps)
     O_prod = Phi_q @ S  # (…, μ, τ, b)
     O_prod_2 = (Phi_q @ z[..., :, None]).squeeze(-1)  # (…, μ, τ)
-    O_sum = O_prod_2 + eps  # (…, μ, τ)
+    O_sum = O_prod_2.add_(eps)  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
     del Phi_q, S, z, O_prod, O_prod_2, O_sum
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>

@@ -23,11 +23,11 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Φq_<μτa> = elu(Q_<μτa>) + 1
     Phi_q_elu = F.elu(Q)  # (…, μ, τ, a)
-    Phi_q = Phi_q_elu + 1  # (…, μ, τ, a)
+    Phi_q = Phi_q_elu.add_(1)  # (…, μ, τ, a)
     del Q_proj, Q, Phi_q_elu
     # Φk_<μτa> = elu(K_<μτa>) + 1
     Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
-    Phi_k = Phi_k_elu + 1  # (…, μ, τ, a)
+    Phi_k = Phi_k_elu.add_(1)  # (…, μ, τ, a)
     del K_proj, K, Phi_k_elu
     # z_<μτa> = cumsum_<τ>(Φk_<μτa>)
     z = torch.cumsum(Phi_k, dim=-2)  # (…, μ, τ, a)
@@ -43,7 +43,7 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
     O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2).narrow_copy(-2, 0, N)  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
-    O_sum = O_prod_2 + eps  # (…, μ, τ)
+    O_sum = O_prod_2.add_(eps)  # (…, μ, τ)
     O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
     del V_proj, V, Phi_q, Phi_k, z, O_prod, O_prod_2, O_sum
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>
