@@ -242,13 +242,13 @@ class RowsWriter:
         out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
         parts = [self._slice(v, cuts) for v in rows.inputs]
-        every = f"(0, {size}, 0, {main.size(spans.hidden.key)}"
+        every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
         return [  # one call where the blocks skip nothing, or the mask hides nothing
-            f"if {count} >= {size} and {read} in (None, [{every}, True)]):",
+            f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
             f"    {out} = {whole}",
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
             f"    {blocks} = []",
-            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [{every}, False)]:",
+            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
             f"        for {start} in range({q0}, {q1}, {count}):",
             f"            {end} = min({start} + {count}, {q1})",
             f"            {blocks}.append({self._call(parts)})",

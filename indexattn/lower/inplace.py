@@ -67,8 +67,7 @@ def accumulate(plan: Plan, per_call: tuple[tuple[Step, ...], ...], kept: set[Var
 def _shift(step: Step) -> bool:
     """A tensor plus numbers (`elu(Q) + 1`, `P + eps`): in place at any width, where a fresh
     tensor takes it (one pass over the values, no new tensor)."""
-    tensors = [a for a in getattr(step, "args", ()) if isinstance(a, Operand)]
-    return isinstance(step, Add) and len(tensors) == 1
+    return isinstance(step, Add) and sum(isinstance(a, Operand) for a in step.args) == 1
 
 
 def _integers(plan: Plan) -> set[Var]:
