@@ -2,9 +2,10 @@
 LaTeX, and exact symbolic counts.
 
 >>> import indexattn
->>> spec = indexattn.compile_spec("specs/mha.attn")  # doctest: +SKIP
+>>> spec = indexattn.compile_spec("mha")  # doctest: +SKIP
 """
 
+from .catalog import shipped, shipped_specs
 from .errors import IndexAttnError, ShapeError, SpecError
 from .relayout import relayout  # needs no torch until called; the function hides the module
 
@@ -16,6 +17,8 @@ __all__ = [
     "SpecModule",
     "compile_spec",
     "relayout",
+    "shipped",
+    "shipped_specs",
 ]
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import catalog
 from ..errors import ShapeError
 from . import cache
 from .cache import Plain
@@ -31,18 +32,23 @@ MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
 
 
 def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
-    """Compile a spec file or text into a callable.
+    """Compile a spec file, a shipped spec or spec text into a callable.
 
-    A `Path`, or a one-line `str` ending in `.attn`, is a file to read; any other `str` is
-    the spec's text.
+    A `Path`, or a one-line `str` ending in `.attn`, is a file to read; a one-line name such
+    as `"mha"` or `"models/llama3"` is the shipped spec of that name (`shipped_specs()` lists
+    them); any other `str` is the spec's text.
 
     >>> spec = compile_spec("index i : n\\ninput x_<i>\\ny_<i> = 2 x_<i>", name="double")
     >>> spec(x=torch.ones(3)).tolist()
     [2.0, 2.0, 2.0]
+    >>> compile_spec("gqa").name
+    'gqa'
     """
+    if isinstance(spec, str) and catalog.looks_like_a_name(spec):
+        spec = _shipped(spec)
     if isinstance(spec, Path) or (isinstance(spec, str) and _is_path(spec)):
         path = Path(spec)
-        text, name, file = path.read_text(encoding="utf-8"), name or path.stem, str(path)
+        text, name, file = _read(path), name or path.stem, str(path)
     else:
         text, name, file = spec, name or "spec", f"<{name or 'spec'}>"
     key = (text, name, file)
@@ -61,6 +67,27 @@ def _compile(text: str, name: str, file: str) -> CompiledSpec:
     compiled = CompiledSpec(ir.check(text, name, file), text, file)
     cache.store(text, name, file, compiled.plain)
     return compiled
+
+
+def _shipped(name: str) -> Path:
+    try:
+        return catalog.shipped(name)
+    except LookupError:
+        raise catalog.not_a_spec(name) from None
+
+
+def _read(path: Path) -> str:
+    """The file's text; a missing file whose name is a shipped spec's says how to get that."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        if path.stem not in catalog.names():
+            raise
+        raise FileNotFoundError(
+            error.errno,
+            f"{error.strerror}: {str(path)!r}; the shipped spec {path.stem} is "
+            f"compile_spec({path.stem!r})",
+        ) from None
 
 
 def _is_path(text: str) -> bool:

@@ -4,6 +4,7 @@ table `indexattn count` prints; the PDF and the Markdown pages render the same v
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import sympy
@@ -24,6 +25,9 @@ from .tables import (
     grouped,
     show,
 )
+
+PAGE = 100  # columns of the table `indexattn count` prints
+FORMULA_MIN = 24  # columns a formula keeps however long the names and numbers are
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,28 @@ class Report:
         )
         tables = [[[show(c, PLAIN) for c in row] for row in (*t.rows, t.total)] for _, t in groups]
         width = [max(len(row[k]) for table in tables for row in table) for k in range(3)]
-        out = [f"{self.spec.name} at {self.sizes_text()}" if self.sizes else self.spec.name]
+        # the formulas take what the names and numbers leave of the page; longer ones wrap
+        width[1] = min(width[1], max(FORMULA_MIN, PAGE - 8 - width[0] - width[2]))
+        out = [self.spec.name + (" at" if self.sizes else "")]  # mha at N = 1024, d_m = 768
+        pieces = [f"{size} = {value}," for size, value in self.sizes.items()]
+        for piece in [*pieces[:-1], pieces[-1][:-1]] if pieces else []:
+            fits = len(out[-1]) + 1 + len(piece) <= PAGE
+            out[-1:] = [out[-1] + " " + piece] if fits else [out[-1], "  " + piece]
         for (title, _), table in zip(groups, tables):
             out += ["", title]
-            out += [f"  {a:<{width[0]}}  {b:<{width[1]}}  {c:>{width[2]}}" for a, b, c in table]
+            for a, b, c in table:
+                first, *more = _wrapped(b, width[1])
+                out.append(f"  {a:<{width[0]}}  {first:<{width[1]}}  {c:>{width[2]}}".rstrip())
+                out += [f"  {'':<{width[0]}}    {line}" for line in more]
         return "\n".join(out) + "\n"
+
+
+def _wrapped(formula: str, width: int) -> list[str]:
+    """A formula in lines of `width` columns, broken at spaces (between terms): the first,
+    then the rest two columns further in, where they read as its continuation."""
+    lines = textwrap.wrap(formula, width, break_long_words=False, break_on_hyphens=False)
+    first, *rest = lines or [""]
+    return [first, *textwrap.wrap(" ".join(rest), width - 2, break_long_words=False)]
 
 
 def index_table(report: Report) -> Table:
