@@ -68,6 +68,15 @@ def _softplus(x):
     return sympy.log(1 + sympy.exp(x))
 
 
+def _logsigmoid(x):
+    return -sympy.log(1 + sympy.exp(-x))
+
+
+# Named numbers: a spec may write them wherever a number goes (`2 π τ`, `scalar tp = 2 π`);
+# a declaration of the same name wins. Printed by sympy's printers (`math.pi`, `\pi`).
+CONSTANTS: dict[str, sympy.Expr] = {"π": sympy.pi, "pi": sympy.pi}
+
+
 INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "max", "mod"})
 
 
@@ -76,7 +85,7 @@ INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "
 INPLACE = frozenset({"exp", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
 
 # Functions and operators that may make inf or NaN of finite numbers (exp's overflow aside).
-PARTIAL = frozenset({"log", "sqrt", "rsqrt", "mod", "/", "^", "pow"})
+PARTIAL = frozenset({"log", "log1p", "sqrt", "rsqrt", "mod", "/", "^", "pow"})
 
 
 def _function(name: str, torch: str, latex: str, form, imports=("torch",), flops: int = 1) -> Op:
@@ -126,6 +135,21 @@ FUNCTIONS: dict[str, Op] = {
         _function("rsqrt", "torch.rsqrt({0})", r"\frac{{1}}{{\sqrt{{{0}}}}}", _rsqrt),
         _function("elu", "F.elu({0})", _named("ELU"), _elu, ("F",)),
         _function("softplus", "F.softplus({0})", _named("softplus"), _softplus, ("F",)),
+        # log σ(x): the forget gates of the Forgetting Transformer, stable for large |x|
+        _function(
+            "logsigmoid",
+            "F.logsigmoid({0})",
+            r"\log\operatorname{{sigmoid}}\left({0}\right)",
+            _logsigmoid,
+            ("F",),
+        ),
+        _function(
+            "log1p", "torch.log1p({0})", r"\log\left(1 + {0}\right)", lambda x: sympy.log(1 + x)
+        ),
+        _function(
+            "expm1", "torch.expm1({0})", r"\left(e^{{{0}}} - 1\right)", lambda x: sympy.exp(x) - 1
+        ),
+        _function("erf", "torch.erf({0})", _named("erf"), sympy.erf),
         _binary("min", "torch.minimum({0}, {1})", r"\min\left({0}, {1}\right)", sympy.Min),
         _binary("max", "torch.maximum({0}, {1})", r"\max\left({0}, {1}\right)", sympy.Max),
         _binary(

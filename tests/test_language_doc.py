@@ -9,6 +9,8 @@ import pytest
 import indexattn
 from indexattn.oracle.verify import compare
 
+# Generated code runs without a warning (torch.tensor of a tensor warns, for one).
+pytestmark = pytest.mark.filterwarnings("error")
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "language.md"
 EXAMPLES = re.findall(r"```attn\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.S)
 

@@ -11,6 +11,8 @@ from indexattn.oracle import reference
 from indexattn.oracle.verify import compare
 from indexattn.views import cost
 
+# Generated code runs without a warning (torch.tensor of a tensor warns, for one).
+pytestmark = pytest.mark.filterwarnings("error")
 APPLIED = {*ops.FUNCTIONS, *(n for n, op in ops.OPERATORS.items() if op.kind != "arithmetic")}
 
 

@@ -7,6 +7,8 @@ import torch
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 
+# Generated code runs without a warning (torch.tensor of a tensor warns, for one).
+pytestmark = pytest.mark.filterwarnings("error")
 BATCHES = [(), (3,), (2, 3)]
 
 

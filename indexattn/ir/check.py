@@ -9,10 +9,11 @@ from ..errors import Span
 from ..notation import equation as unparse_equation
 from ..notation import parse
 from ..notation import syntax as ast
+from ..ops import CONSTANTS
 from .einstein import Analysis
 from .expressions import Expressions, repeated
 from .kinds import integer_tensors, kind
-from .nodes import Equation, Index, Node, Scalar, Spec, Tensor, batched
+from .nodes import Equation, Field, Index, Node, Scalar, Spec, Tensor, batched
 from .scope import Scope
 
 
@@ -128,9 +129,24 @@ class Checker:
         )
 
     def stmt_ScalarDecl(self, stmt: ast.ScalarDecl) -> None:
+        value = self.constant(stmt)
         ascii = self.scope.claim(stmt.name, "a scalar", stmt.span)
         self.scope.scalars[stmt.name] = Scalar(
-            stmt.name, ascii, stmt.value, sympy.Symbol(stmt.name, real=True), stmt.doc
+            stmt.name, ascii, value, sympy.Symbol(stmt.name, real=True), stmt.doc
+        )
+
+    def constant(self, stmt: ast.ScalarDecl) -> float:
+        """A scalar's value: numbers, π, inf and functions of them, folded to one float."""
+        node = self.expressions.number(stmt.value)
+        if isinstance(node, Field) and not node.expr.free_symbols:
+            return float(node.expr)
+        variable = (n for n in ast.walk(stmt.value) if _variable(n))
+        where = next(variable, stmt.value)
+        raise self.error(
+            "a scalar's value is known before any call: numbers, π, inf and functions of them",
+            where.span,
+            f"write e.g. scalar {stmt.name} = 2 π; a value that depends on sizes or other "
+            "scalars goes into the equations that use it.",
         )
 
     def layout(self, ref: ast.Ref, where: str) -> tuple[tuple[Index, ...], ...]:
@@ -198,3 +214,8 @@ class Checker:
                     f"value along {index.glyph}, multiply by a tensor that "
                     "carries it.",
                 )
+
+
+def _variable(node: ast.Expr) -> bool:
+    """A tensor, or a name that is not a constant (an index, a size or a scalar)."""
+    return isinstance(node, ast.Ref) or (isinstance(node, ast.Name) and node.name not in CONSTANTS)

@@ -10,7 +10,7 @@ import sympy
 
 from ..errors import Span
 from ..notation import syntax as ast
-from ..ops import FUNCTIONS, OPERATORS, REDUCTIONS
+from ..ops import CONSTANTS, FUNCTIONS, OPERATORS, REDUCTIONS
 from .kinds import integer_tensors, kind
 from .nodes import (
     Apply,
@@ -90,8 +90,12 @@ class Expressions:
             raise self.error(
                 f"{node.name} is a tensor: write it with its indices",
                 node.span,
-                f"e.g. {node.name}_<...>.",
+                f"write it as declared: {scope.tensors[node.name]!r}."
+                if node.name in scope.tensors
+                else f"e.g. {node.name}_<...>, or {node.name}_<> if it has no indices.",
             )
+        if node.name in CONSTANTS:
+            return Field(CONSTANTS[node.name], (), node.span)
         kind = "index" if node.name.endswith("'") else "name"
         raise self.error(
             f"unknown {kind} {node.name}",

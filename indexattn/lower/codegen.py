@@ -6,6 +6,7 @@ comments are escaped."""
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from dataclasses import dataclass, replace
 
@@ -163,6 +164,8 @@ class Writer:
         tensors = [t.ascii for t in self.spec.arguments]
         keywords = [self.spec.size_ascii(s) for s in self.plan.sizes.required]
         keywords += [f"{s.ascii}={number_text(s.value)}" for s in self.spec.scalars]
+        if any(math.isinf(s.value) for s in self.spec.scalars):  # scalar w = inf
+            self.main.use("math")
         keywords.append("training=False")
         keywords += ["constants=None"] if constants else []
         return f"def {self.names.function}({', '.join(tensors)}, *, {', '.join(keywords)}):"

@@ -77,9 +77,11 @@ class Values:
         return self.needs.helpers[hint][0]
 
     def tensor_of(self, number: str) -> str:
+        """A number, or a 0-d tensor (a size's log, printers.py), as a tensor of the call's
+        dtype: as_tensor takes both (torch.tensor warns on copying a tensor)."""
         self.use("torch")
         self.needs.device = self.needs.dtype = True
-        return f"torch.tensor({number}, device=device, dtype=dtype)"
+        return f"torch.as_tensor({number}, device=device, dtype=dtype)"
 
     def var(self, operand: Operand) -> str:
         return self.names.var(operand.var)

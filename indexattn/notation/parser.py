@@ -15,6 +15,11 @@ DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
 COMPARISONS = ops.COMPARISONS
 KEYWORDS = frozenset({"and", "or", "not", "inf"})
+# Said only of an indented line that starts with a value, where a continuation was likely meant.
+CONTINUATION = (
+    "\nIf this line continues the one above, end that line with an operator (+, -, *, /) or "
+    "begin this one with one; an open bracket also carries a statement over."
+)
 MAX_DEPTH = 32  # parentheses, calls, signs and powers nested in one expression
 MAX_TOKENS = 1000  # in one statement
 
@@ -112,8 +117,7 @@ class StatementParser:
         if self.tok.kind != "END":
             raise self.error(
                 f"unexpected '{self.tok.text}' after a complete statement",
-                hint="one statement per line; continue a line by ending it "
-                "with an operator or an open bracket.",
+                hint="one statement per line: put what follows on a line of its own.",
             )
 
     # -- statements
@@ -132,7 +136,8 @@ class StatementParser:
         raise self.error(
             "expected a declaration or an equation",
             hint="a statement starts with index, input, param, buffer, scalar "
-            "or output, or is an equation NAME_<indices> = expression.",
+            "or output, or is an equation NAME_<indices> = expression."
+            + (CONTINUATION if first.span.col > 1 and self.starts_atom() else ""),
         )
 
     def peek_is(self, text: str) -> bool:
@@ -260,7 +265,7 @@ class StatementParser:
         if tok.kind != "NAME" or tok.text in KEYWORDS or "'" in tok.text:
             raise self.error("expected the scalar's name", tok.span, "write e.g. scalar p = 0.1.")
         self.expect("=", f"give the scalar a value: scalar {tok.text} = 0.1.")
-        value = self.signed_number()
+        value = self.expression()
         self.end()
         return ast.ScalarDecl(tok.text, value, doc, tok.span)
 

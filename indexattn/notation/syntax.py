@@ -127,7 +127,7 @@ class TensorDecl:
 @dataclass(frozen=True)
 class ScalarDecl:
     name: str
-    value: float
+    value: Expr  # a constant expression (2 π, inf, 1 / sqrt(2)): the checker folds it
     doc: str
     span: Span
 

@@ -24,7 +24,7 @@ from .. import ir
 from ..errors import Span
 from ..notation import syntax as ast
 from ..notation.names import ACCENTS, GLYPH_TO_MACRO, ascii_name
-from ..ops import ATOM, FUNCTIONS, OPERATORS, REDUCTIONS
+from ..ops import ATOM, CONSTANTS, FUNCTIONS, OPERATORS, REDUCTIONS
 
 # Greek capitals that LaTeX writes as Latin letters (there is no \Alpha).
 LATIN_LOOKALIKE = dict(
@@ -189,9 +189,10 @@ class Context:
 
     sums: dict = field(default_factory=dict)  # syntax node -> indices its product sums
     raised: dict = field(default_factory=dict)  # syntax Ref -> glyphs written as superscripts
+    constants: frozenset = frozenset()  # names that are constants here (pi, not a scalar pi)
 
 
-def _context(eq: ir.Equation) -> Context:
+def _context(eq: ir.Equation, spec: ir.Spec) -> Context:
     products = [n for n in ir.walk(eq.rhs) if isinstance(n, ir.Product) and n.summed]
     raised: dict[ast.Ref, set[str]] = {}
     for product in products:
@@ -199,7 +200,8 @@ def _context(eq: ir.Equation) -> Context:
             for ref in _later_occurrences(product, index):
                 raised.setdefault(ref.source, set()).add(index.glyph)
     sums = {p.source: p.summed for p in products if p.source is not None}
-    return Context(sums, raised)
+    declared = {i.glyph for i in spec.indices} | {s.name for s in spec.scalars}
+    return Context(sums, raised, frozenset(CONSTANTS) - declared - {str(s) for s in spec.sizes})
 
 
 def _later_occurrences(product: ir.Product, index: ir.Index):
@@ -304,6 +306,8 @@ class SpecPrinter(LatexPrinter):
         return r"\infty"
 
     def _print_Name(self, node: ast.Name) -> str:
+        if node.name in self.context.constants:
+            return self._print(CONSTANTS[node.name])
         return math_name(node.name)
 
     # -- operators
@@ -397,7 +401,7 @@ def equations(spec: ir.Spec, *, raised: bool = False, sums: bool = False) -> tup
     settings = {"raised": raised, "sums": sums}
     out = []
     for eq in spec.equations:
-        printer = SpecPrinter(settings, _context(eq))
+        printer = SpecPrinter(settings, _context(eq, spec))
         out.append(Equation(printer._print(eq.source.lhs), printer._print(eq.source.rhs), eq))
     return tuple(out)
 

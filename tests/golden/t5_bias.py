@@ -17,7 +17,7 @@ def t5_bias_constants(N, *, device, dtype):
     beta_pow = rho ** 2  # (τ, τ')
     beta_grid = (64*torch.pow(2, m + 1)).to(dtype)  # (m)
     beta_ge = beta_pow[:, :, None] >= beta_grid  # (τ, τ', m)
-    beta_where = torch.where(beta_ge, torch.tensor(1, device=device, dtype=dtype), 0)  # (τ, τ', m)
+    beta_where = torch.where(beta_ge, torch.as_tensor(1, device=device, dtype=dtype), 0)  # (τ, τ', m)
     beta_sum = beta_where.sum(dim=-1)  # (τ, τ')
     beta_sum_2 = beta_sum + 8  # (τ, τ')
     beta_where_2 = torch.where(beta_lt, rho, beta_sum_2)  # (τ, τ')
