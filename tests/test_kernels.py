@@ -532,7 +532,7 @@ def test_padded_values_trace_whole_with_dynamic_sizes(d_v):
         module.load_state_dict({k: args[k] for k in module.state_dict()})
         inputs[n] = args["X"]
     compiled = torch.compile(module, dynamic=True, fullgraph=True, backend="eager")
-    dims = (({1: torch.export.Dim("N", min=2, max=64)},),)  # forward(*inputs)
+    dims = {"X": {1: torch.export.Dim("N", min=2, max=64)}}  # forward(X), by name
     exported = torch.export.export(module, (inputs[5],), dynamic_shapes=dims).module()
     for x in inputs.values():
         torch.testing.assert_close(compiled(x), module(x))

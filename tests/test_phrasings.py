@@ -303,7 +303,7 @@ def test_the_order_chosen_by_sizes_traces_under_compile_and_export():
     compiled = torch.compile(module, dynamic=True, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), module(x))
     n = torch.export.Dim("N", min=2, max=64)
-    exported = torch.export.export(module, (x,), dynamic_shapes=(({1: n},),)).module()
+    exported = torch.export.export(module, (x,), dynamic_shapes={"X": {1: n}}).module()
     longer = torch.randn(2, 12, 16, dtype=torch.float64)
     torch.testing.assert_close(exported(longer), module(longer))
 

@@ -90,8 +90,8 @@ def test_torch_export_with_a_dynamic_sequence_length(name):
     spec, module, inputs = layer(name)
     sizes = sequence_sizes(spec)
     dims = {size: torch.export.Dim(size, min=2, max=64) for size in sorted(sizes)}
-    shapes = tuple(
-        {
+    shapes = {  # by the inputs' names, as forward's signature has them
+        t.ascii: {
             k + 1: dims[spec.ir.size_ascii(axis[0].size)]
             for k, axis in enumerate(t.layout)
             if len(axis) == 1
@@ -99,8 +99,8 @@ def test_torch_export_with_a_dynamic_sequence_length(name):
             and spec.ir.size_ascii(axis[0].size) in sizes
         }
         for t in spec.ir.tensors_of("input")
-    )
-    exported = torch.export.export(module, tuple(inputs), dynamic_shapes=(shapes,)).module()
+    }
+    exported = torch.export.export(module, tuple(inputs), dynamic_shapes=shapes).module()
     _, _, longer = layer(name, 11)
     for got, want in zip(_tuple(exported(*longer)), _tuple(module(*longer))):
         torch.testing.assert_close(got, want)

@@ -285,14 +285,16 @@ class CompiledSpec:
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
-        dtype, device = first.dtype, first.device
+        dtype, device, like = first.dtype, first.device, self.arguments[self.plain.like]
         for name, integer, t in zip(self.arguments, self.plain.integer, tensors):
-            if t.device != device or (t.is_floating_point() if integer else t.dtype != dtype):
-                want = "an integer dtype" if integer else f"{dtype}"
+            floats = t.is_floating_point() or t.is_complex()
+            if floats == integer or (not integer and t.is_complex()):
+                raise ShapeError(_kind_error(self.name, name, t, integer, like))
+            if t.device != device or (t.dtype != dtype and not integer):
                 raise ShapeError(
                     f"{self.name}: {name} is {t.dtype} on {t.device}, but it must be "
-                    f"{want} on {device}, as {self.arguments[self.plain.like]} sets; convert them "
-                    "to one dtype and device" + (" (integers stay integers)" if integer else "")
+                    f"{dtype if not integer else 'an integer tensor'} on {device}, as {like} "
+                    "sets; convert them to one dtype and device"
                 )
 
     def param_count(self) -> sympy.Expr:
@@ -341,6 +343,33 @@ class CompiledSpec:
         from .module import SpecModule
 
         return SpecModule(self, **kwargs)
+
+
+def _kind_error(spec: str, name: str, t: torch.Tensor, integer: bool, like: str) -> str:
+    """An integer tensor where floats are declared, or floats where integers are: the kind
+    named first, since a dtype alone (int64, float32) does not say which was meant."""
+    if integer:
+        return (
+            f"{spec}: {name} must be an integer tensor (declared `: int`), not "
+            f"{_kind(t)} ({t.dtype}); pass integers, e.g. {name}.long()"
+        )
+    if name == like:
+        return (
+            f"{spec}: {name} must be a floating tensor, not {_kind(t)} ({t.dtype}): its dtype "
+            f"is the call's; convert it, e.g. {name}.float()"
+        )
+    return (
+        f"{spec}: {name} must be a floating tensor, of {like}'s dtype, not {_kind(t)} "
+        f"({t.dtype}); convert it, e.g. {name}.to({like}.dtype)"
+    )
+
+
+def _kind(t: torch.Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "a boolean tensor"
+    if t.is_complex():
+        return "a complex tensor"
+    return "a floating tensor" if t.is_floating_point() else "an integer tensor"
 
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:

@@ -9,6 +9,8 @@ Built from the spec's plain data (held.py), never its IR: on a compile-cache hit
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import torch
@@ -49,6 +51,27 @@ class SpecModule(nn.Module):
             param = nn.Parameter(torch.empty(_shape(tensor, self.sizes, spelled, spec.name)))
             _initialise(param, tensor, fan_in(tensor, self.sizes))
             self._parameters[tensor.ascii] = param
+        self._sign()
+
+    def _sign(self) -> None:
+        """`module.forward` with the inputs by name, so that inspect.signature, IDEs and
+        torch.export's dynamic shapes (`{"X": {1: Dim("N")}}`) see them: the class's forward
+        (whatever class the module has become: sharded, fully_shard's), bound with the
+        spec's signature. Not pickled: rebuilt on loading."""
+        forward = functools.partial(_class_forward, self)
+        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self._inputs]
+        )
+        self.__dict__["forward"] = forward
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("forward", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._sign()
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         if not kwargs and len(args) == len(self._inputs) and all(map(_is_tensor, args)):
@@ -69,8 +92,26 @@ class SpecModule(nn.Module):
         kwargs.update({**self._parameters, **self._buffers})
         return self.spec(training=self.training, **self.sizes, **self.scalars, **kwargs)
 
+    def _repr_markdown_(self) -> str:
+        """In a notebook: the spec's title, description and equations, then the parameters
+        this module holds, counted, and the spec's formula for them."""
+        from ..views.latex import formula
+
+        count = sum(p.numel() for p in self.parameters())
+        sizes = ", ".join(f"{k} = {v}" for k, v in self.sizes.items())
+        return (
+            self.spec._repr_markdown_()
+            + f"\n**{count:,} parameters**"
+            + (f" at ${sizes}$" if sizes else "")
+            + f": ${formula(self.spec.param_count())}$\n"
+        )
+
     def extra_repr(self) -> str:
         return f"spec={self.spec.name}, " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+
+
+def _class_forward(module: SpecModule, /, *args, **kwargs):
+    return type(module).forward(module, *args, **kwargs)
 
 
 def _is_tensor(value) -> bool:
