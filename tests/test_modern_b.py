@@ -118,6 +118,8 @@ TWINS = {
     "attention_sinks": reveal(4, 1),
     "chunked": reveal(3, 1),
     "gated_output": nudge("q_proj.weight", (3, 0)),  # row 3 of head 0: its gate (d_k = 3)
+    "forgetting": nudge("fgate_proj.bias", 0),  # head 0's forget gate
+    "yarn_rope": lambda module: setattr(module, "factor", module.factor / 2),
 }
 
 
@@ -333,3 +335,53 @@ def test_a_zero_gate_halves_causal_attention():
     with torch.no_grad():
         layer.q_proj.weight.view(h, 2, d_k, -1)[:, 1] = 0.0  # sigmoid(0) = 1/2
     close(layer(x), plain(x) / 2)
+
+
+def test_forgetting_weights_are_exp_scores_times_the_product_of_the_gates():
+    """The paper's form: softmax weight of key j for query i ∝ exp(q·k/√d) ∏_{j<l<=i} f_l."""
+    layer, x = module("forgetting")
+    f = torch.sigmoid(layer.fgate_proj(x)).transpose(-2, -1)  # (..., h, n)
+    q, k, v = (split(x) for split in (layer.q_proj, layer.k_proj, layer.v_proj))
+    q, k, v = (t.unflatten(-1, (layer.num_heads, -1)).transpose(-3, -2) for t in (q, k, v))
+    weights = torch.zeros(*BATCH, layer.num_heads, N, N, dtype=torch.float64)
+    for i in range(N):
+        for j in range(i + 1):
+            gates = f[..., j + 1 : i + 1].prod(dim=-1)  # the empty product is 1
+            score = (q[..., i, :] * k[..., j, :]).sum(dim=-1) / layer.head_dim**0.5
+            weights[..., i, j] = torch.exp(score) * gates
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = (weights @ v).transpose(-3, -2).flatten(-2)
+    close(layer(x), layer.o_proj(out))
+    with torch.no_grad():
+        layer.fgate_proj.bias.fill_(40.0)  # gates of 1: nothing forgotten, plain causal attention
+    plain = gqa_with_the_same_weights(layer, layer.num_heads)
+    close(layer(x), plain(x))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"head_dim": 128, "factor": 32.0, "original": 4096, "base": 10000.0},  # YaRN Llama 2
+        {"head_dim": 128, "factor": 4.0, "original": 32768, "base": 1000000.0},  # Qwen2.5's
+        {"head_dim": 8, "factor": 4.0, "original": 4096, "base": 10000.0},  # the test's
+    ],
+)
+def test_yarn_frequencies_are_transformers_own(config):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import _compute_yarn_parameters
+
+    rope = {"rope_type": "yarn", "factor": config["factor"], "rope_theta": config["base"]}
+    hf = LlamaConfig(
+        hidden_size=2 * config["head_dim"],
+        num_attention_heads=2,
+        head_dim=config["head_dim"],
+        max_position_embeddings=int(config["factor"] * config["original"]),
+        rope_parameters={**rope, "original_max_position_embeddings": config["original"]},
+    )
+    want, want_scale = _compute_yarn_parameters(hf)
+    dim, base, factor, original = (config[k] for k in ("head_dim", "base", "factor", "original"))
+    got, scale = mb.yarn_frequencies(dim, base, factor, original)
+    torch.testing.assert_close(got.float(), want, rtol=1e-6, atol=0)
+    assert scale == pytest.approx(want_scale, rel=1e-12)
+    other, _ = mb.yarn_frequencies(dim, base, 2 * factor, original)  # the twin
+    assert not torch.allclose(other.float(), want, rtol=1e-3, atol=0)

@@ -56,8 +56,10 @@ class ScalarPrinter(PythonCodePrinter):
         return f"1/{self._module_format('math.sqrt')}({self._print(root)})"
 
     def _print_log(self, expr) -> str:
-        """log of a size as a tensor: `math.log(N)` would fix a dynamic N under torch.export."""
-        if not expr.free_symbols:
+        """log of a size as a tensor: `math.log(N)` would fix a dynamic N under torch.export.
+        Of numbers and scalars alone (Python floats, never dynamic) it is math.log, so that
+        floor or ceil of it stays a number (YaRN's `floor(d_r log(L / (2 π β)) / log(b))`)."""
+        if all(s.is_real for s in expr.free_symbols):  # numbers and scalars (values.py)
             return f"{self._module_format('math.log')}({self._print(expr.args[0])})"
         self.module_imports["torch"].add("log")
         return f"torch.scalar_tensor({self._print(expr.args[0])}, dtype=torch.float64).log()"

@@ -35,7 +35,8 @@ class Values:
     def __init__(self, spec: Spec, names: Names) -> None:
         self.spec, self.names, self.needs = spec, names, Needs()
         self.symbols = {s: sympy.Symbol(a) for s, a in spec.size_names.items()}
-        self.symbols |= {s.symbol: sympy.Symbol(s.ascii) for s in spec.scalars}
+        # real: a scalar is a Python float, never dynamic (printers.py prints its log by math)
+        self.symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
         self.scalar_symbols = {s.symbol for s in spec.scalars}
 
     # -- values

@@ -1,4 +1,4 @@
-"""Hand-written modules for nine modern attention variants, in the classic style of classic.py.
+"""Hand-written modules for eleven modern attention variants, in the classic style of classic.py.
 
 Each follows its paper or its model's reference code (named in the docstring), takes inputs as
 (batch..., n, d), builds its masks on the input's device, and names its parameters so that a
@@ -14,6 +14,7 @@ from torch import nn
 
 from .cases import Case, tokens
 from .classic import causal_mask, merge_heads, split_heads
+from .modern_a import RoPEAttention
 
 
 def positions(scores):
@@ -321,6 +322,66 @@ class GatedOutputAttention(Attention):
         return self.o_proj(out * torch.sigmoid(gate))
 
 
+class ForgettingAttention(Attention):
+    """The Forgetting Transformer (Lin et al. 2025, "Forgetting Transformer: Softmax Attention
+    with a Forget Gate"), its "FoX (Llama)" layer without output gate or norms: a forget gate
+    f_t = sigmoid(fgate_proj(x_t)) per head and position, and key j's score for query i >= j
+    down-weighted by log of the product f_(j+1) ... f_i, the difference of the prefix sums of
+    log f (the paper's D matrix). Causal. specs/forgetting.attn."""
+
+    def __init__(self, d_model, num_heads, head_dim):
+        super().__init__(d_model, num_heads, head_dim)
+        self.fgate_proj = nn.Linear(d_model, num_heads, bias=True)
+
+    def forward(self, x):
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_heads)
+        v = split_heads(self.v_proj(x), self.num_heads)
+        log_f = F.logsigmoid(self.fgate_proj(x)).transpose(-2, -1)  # (..., h, n), <= 0
+        c = torch.cumsum(log_f, dim=-1)
+        scores = q @ k.transpose(-2, -1) / self.head_dim**0.5 + c[..., :, None] - c[..., None, :]
+        return self.o_proj(merge_heads(self.weights(scores) @ v))
+
+
+def yarn_frequencies(dim, base, factor, original, beta_fast=32, beta_slow=1):
+    """YaRN's rotary frequencies (Peng et al. 2023, "YaRN", section 3.2, "NTK-by-parts"),
+    in float64: pair j's wavelength 2π/θ_j against the original context `original` says how
+    many turns it makes there; pairs from the one that turns beta_fast times keep θ_j, pairs
+    from the one that turns beta_slow times get θ_j / factor, linearly in between by pair
+    index (rounded outwards, as the paper's code); and the attention factor 0.1 ln s + 1."""
+
+    def pair_turning(turns):  # the (fractional) pair index that turns `turns` times
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), dim - 1)
+    high = high + 0.001 if high == low else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    return theta * (1 - ramp) + theta / factor * ramp, 0.1 * math.log(factor) + 1
+
+
+class YarnRoPEAttention(RoPEAttention):
+    """Llama's rotate-half rotary attention with YaRN's frequencies and attention factor,
+    as transformers' rope_type "yarn" applies them (cos and sin scaled by the factor).
+    Causal. specs/yarn_rope.attn."""
+
+    def __init__(self, d_model, num_heads, head_dim, factor, original, base=10000.0):
+        super().__init__(d_model, num_heads, head_dim)
+        self.factor, self.original, self.base = factor, original, base
+
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        theta, scale = yarn_frequencies(self.head_dim, self.base, self.factor, self.original)
+        angles = torch.outer(torch.arange(x.shape[-2], dtype=torch.float64), theta).to(q)
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos() * scale, emb.sin() * scale
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        scores = q @ k.transpose(-2, -1) * self.head_dim**-0.5
+        scores = scores.masked_fill(causal_mask(scores), -torch.inf)
+        return self.o_proj(merge_heads(torch.softmax(scores, dim=-1) @ v))
+
+
 def jitter(module):
     """Moves every parameter off its initial value (RMSNorm's ones, above all), so that a
     weight read in the wrong layout cannot hide behind a constant."""
@@ -433,5 +494,22 @@ MODERN_B_CASES = [
         tokens("d_m"),
         LLAMA_SIZES,
         "5*d_m*h*d_k",
+    ),
+    Case(
+        "forgetting",
+        mha(ForgettingAttention),
+        tokens("d_m"),
+        LLAMA_SIZES,
+        LLAMA_COUNT + " + h*d_m + h",
+    ),
+    Case(
+        "yarn_rope",
+        lambda s: jitter(YarnRoPEAttention(s["d_m"], s["h"], 2 * s["d_r"], s["factor"], s["L"])),
+        tokens("d_m"),
+        # pairs j = 0 kept, j = 2 half interpolated, j = 3 interpolated (d_k = 8, L = 4096)
+        {"d_m": 6, "h": 2, "d_r": 4, "factor": 4.0, "L": 4096.0},
+        "8*d_m*h*d_r",
+        # YaRN's Llama 2 7B at 128k tokens (factor 32 of 4096)
+        {"Yarn-Llama-2-7b-128k": {"d_m": 4096, "h": 32, "d_r": 64, "factor": 32.0, "L": 4096}},
     ),
 ]
