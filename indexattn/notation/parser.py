@@ -196,7 +196,7 @@ class StatementParser:
             tilde = self.advance()
             if role != "param":
                 raise self.error(
-                    f"only a param has an initialiser, not an {role}",
+                    f"only a param has an initialiser, not {'an' if role[0] in 'aeiou' else 'a'} {role}",
                     tilde.span,
                     "remove the '~ ...' part, or declare it as a param.",
                 )
