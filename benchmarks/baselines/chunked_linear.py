@@ -26,11 +26,11 @@ def forward(x: torch.Tensor, p: dict, h: int, eps: float = 1e-6) -> torch.Tensor
     q = F.elu(heads(x, p["q_proj_weight"], p["q_proj_bias"], h)) + 1
     k = F.elu(heads(x, p["k_proj_weight"], p["k_proj_bias"], h)) + 1
     v = heads(x, p["v_proj_weight"], p["v_proj_bias"], h)
-    o = attend(q, k, v, eps)
+    o = attend(q, k, v, eps, CHUNK)
     return F.linear(o.transpose(-3, -2).flatten(-2), p["o_proj_weight"], p["o_proj_bias"])
 
 
-def attend(q, k, v, eps: float, chunk: int = CHUNK):
+def attend(q, k, v, eps: float, chunk: int):
     n = q.shape[-2]
     pad = -n % chunk
     if pad:  # padded keys and values are zero: they add nothing to any state

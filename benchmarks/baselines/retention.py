@@ -28,11 +28,11 @@ def heads(x, weight, h):
 
 def forward(x: torch.Tensor, p: dict, h: int) -> torch.Tensor:
     q, k, v = (heads(x, p[name], h) for name in ("W_Q", "W_K", "W_V"))
-    o = attend(q / math.sqrt(q.shape[-1]), k, v, p["lambda_"])
+    o = attend(q / math.sqrt(q.shape[-1]), k, v, p["lambda_"], CHUNK)
     return F.linear(o.transpose(-3, -2).flatten(-2), p["W_O"])
 
 
-def attend(q, k, v, log_gamma, chunk: int = CHUNK):
+def attend(q, k, v, log_gamma, chunk: int):
     n = q.shape[-2]
     chunk = min(chunk, n)
     pad = -n % chunk
