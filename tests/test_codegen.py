@@ -35,7 +35,7 @@ def test_generated_code_is_standalone_and_one_operation_per_line(shipped):
     constants = [shipped.name + "_constants"] if shipped.constants_function else []
     rows = [shipped.name + "_rows"] if "BLOCK_SCORES = " in shipped.source else []
     spans = ["key_spans"] if "QUERY_BLOCK = " in shipped.source else []
-    # returned weights times values: one autograd step (lower/weights.py)
+    # returned weights times values: one autograd step (lower/passes/softmax_values.py)
     weights = [
         n for n in ("softmax_values", "softmax_dropout_values") if f"def {n}(" in shipped.source
     ]

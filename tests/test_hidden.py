@@ -1,5 +1,5 @@
 """Scores by blocks of queries skip the keys a mask hides from a whole block only where the
-rows' steps prove those keys add nothing (lower/hidden.py): a mask of -inf added before a
+rows' steps prove those keys add nothing (lower/passes/spans.py): a mask of -inf added before a
 softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidden entries.
 Each phrasing below is compiled with a sliding window and run in blocks of two queries; it
 equals the literal interpreter in values and gradients whether it skips keys or not, and it
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower import hidden
+from indexattn.lower.passes import spans
 from indexattn.oracle import reference
 
 FRESH = itertools.count()
@@ -114,7 +114,7 @@ def test_each_case_that_must_not_skip_differs_when_forced_to(weights, monkeypatc
     makes), each case that must go over every key skips keys, and then differs from the
     literal interpreter, in values or in gradients."""
     monkeypatch.setenv("INDEXATTN_CACHE", "0")
-    monkeypatch.setattr(hidden.Pass, "proves", lambda self, steps: True)
+    monkeypatch.setattr(spans.Proof, "proves", lambda self, steps: True)
     spec = compiled(weights, monkeypatch)
     q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     g = torch.rand(4, dtype=torch.float64, requires_grad=True)

@@ -18,7 +18,7 @@ from .fusion import (
     find_attention,
     projection_groups,
 )
-from .hoist import constant
+from .passes.hoist import constant
 from .steps import Attention, Grid, Operand, Pad, Spans, Split
 
 if TYPE_CHECKING:

@@ -30,10 +30,10 @@ from functools import singledispatch
 import sympy
 
 from ..ir import Index, Spec, Tensor
+from ..lower.program import Block, Program
 from ..lower.steps import (
     Add,
     Attention,
-    Block,
     Cat,
     Choose,
     Contract,
@@ -46,7 +46,6 @@ from ..lower.steps import (
     Linear,
     Operand,
     Pad,
-    Plan,
     PrefixProduct,
     Reduction,
     Rename,
@@ -124,7 +123,7 @@ def params(spec: Spec) -> tuple[tuple[Tensor, sympy.Expr], ...]:
 # -- FLOPs
 
 
-def flops(plan: Plan) -> sympy.Expr:
+def flops(plan: Program) -> sympy.Expr:
     """Floating-point operations of one forward pass, per batch element.
 
     >>> from indexattn.ir import check
@@ -136,7 +135,7 @@ def flops(plan: Plan) -> sympy.Expr:
     return sum((cost for _, cost in block_costs(plan)), Cost()).total
 
 
-def block_costs(plan: Plan) -> tuple[tuple[Block, Cost], ...]:
+def block_costs(plan: Program) -> tuple[tuple[Block, Cost], ...]:
     """The cost of each block of the plan (one equation, or several the plan computes
     together), in order."""
     return tuple((b, sum(map(step_cost, b.steps), Cost())) for b in plan.blocks)

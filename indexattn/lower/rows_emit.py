@@ -1,0 +1,141 @@
+"""Prints the rows' function (passes/rows.py marks its steps) and the lines of the spec's
+function that call it: once for all rows, or per block of rows, each block over every key or
+over the keys the mask lets it see (passes/spans.py)."""
+
+from __future__ import annotations
+
+from ..ir import Index, Spec
+from .emit import Emitter
+from .naming import Names
+from .printers import joined, wrap
+from .program import KeySpans, Rows
+from .steps import Elementwise, Step, Var
+
+
+class RowsWriter:
+    """Prints the rows' function, and the lines of the spec's function that call it: once
+    for all rows, or per block of rows, whichever the sizes ask for."""
+
+    def __init__(self, spec: Spec, names: Names, rows: Rows, spans: KeySpans | None = None) -> None:
+        self.spec, self.names, self.rows, self.spans = spec, names, rows, spans
+        self.emitter = Emitter(spec, names)
+        self.function = names.fresh(names.function + "_rows")
+        self.knob = names.fresh("BLOCK_SCORES")
+        self.body: list[str] = []
+        self.computed: list[str] = []  # the tensors of the equations whose steps are here
+        self.dropout = False
+
+    def add(self, tensors: list[str], heading: list[str], steps: list[Step]) -> None:
+        self.computed += tensors
+        self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
+        self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
+
+    def keywords(self) -> list[str]:
+        needs = self.emitter.needs
+        out = [a for s, a in self.spec.size_names.items() if s in needs.sizes]
+        out += [s.ascii for s in self.spec.scalars if s.symbol in needs.scalars]
+        return out + (["training"] if self.dropout else [])
+
+    def definition(self) -> str:
+        """The knob, then the function."""
+        inputs = [self.names.var(v) for v in self.rows.inputs]
+        keywords = self.keywords()
+        params = [*inputs, "*", *keywords] if keywords else inputs
+        head = f"def {self.function}({', '.join(params)}):"
+        doc = (
+            f"# {', '.join(self.computed)} at some positions {self.rows.row.glyph}: all of "
+            "them, or a block of them"
+        )
+        prologue = []
+        if self.emitter.needs.device or self.emitter.needs.dtype:
+            prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
+        lines = [doc, *prologue, *self.body, f"return {self.names.var(self.rows.exit.var)}"]
+        knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
+        return knob + "\n\n\n" + "\n".join([head, *("    " + line for line in lines)])
+
+    def call(self, main: Emitter) -> list[str]:
+        """Lines of the spec's function: the rows at once, or in blocks."""
+        rows, names = self.rows, self.names
+        size, count = main.size(rows.row), names.fresh("rows")
+        main.needs.sizes |= self.emitter.needs.sizes
+        main.needs.scalars |= self.emitter.needs.scalars
+        main.use("torch")
+        per_row = [wrap(main.size(i)) for i in rows.scores.dims if i != rows.row]
+        batch = self._batch()
+        per_row = ([batch] if batch and rows.scores.batched else []) + per_row
+        head = [
+            f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
+            f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
+        ]
+        whole = self._call([names.var(v) for v in rows.inputs])
+        if self.spans is None:
+            return head + self._blocks(size, count, whole)
+        return head + self._spans(main, size, count, whole)
+
+    def _blocks(self, size: str, count: str, whole: str) -> list[str]:
+        """Every key for every block of rows."""
+        names, rows = self.names, self.rows
+        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exit.var)
+        piece = f"{start}:{start} + {count}"
+        parts = [self._slice(v, {rows.row: piece}) for v in rows.inputs]
+        return [
+            f"if {count} >= {size}:",
+            f"    {out} = {whole}",
+            "else:",
+            f"    {blocks} = [",
+            f"        {self._call(parts)}",
+            f"        for {start} in range(0, {size}, {count})",
+            "    ]",
+            f"    {out} = torch.cat({blocks}, dim={self._dim()})",
+        ]
+
+    def _spans(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+        """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
+        names, rows, spans = self.names, self.rows, self.spans
+        q0, q1, k0, k1, start, end, blocks = (
+            names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
+        )
+        out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
+        cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
+        parts = [self._slice(v, cuts) for v in rows.inputs]
+        every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
+        return [  # one call where the blocks skip nothing, or the mask hides nothing
+            f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
+            f"    {out} = {whole}",
+            f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
+            f"    {blocks} = []",
+            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
+            f"        for {start} in range({q0}, {q1}, {count}):",
+            f"            {end} = min({start} + {count}, {q1})",
+            f"            {blocks}.append({self._call(parts)})",
+            f"    {out} = {joined(blocks, self._dim())}",
+        ]
+
+    def _call(self, arguments: list[str]) -> str:
+        keywords = [f"{k}={k}" for k in self.keywords()]
+        return f"{self.function}({', '.join(arguments + keywords)})"
+
+    def _dim(self) -> int:
+        exit = self.rows.exit
+        return exit.dims.index(self.rows.row) - len(exit.dims)
+
+    def _slice(self, var: Var, pieces: dict[Index, str]) -> str:
+        """The input cut to `pieces` along its row and key axes: counted from the end when
+        batched (after `...`), else from the start."""
+        name = self.names.var(var)
+        found = [(self.rows.sliced, self.rows.row)]
+        found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
+        cuts = {table[var][0]: pieces[index] for table, index in found if var in table}
+        if not cuts:
+            return name
+        _, axes, batched = next(table[var] for table, _ in found if var in table)
+        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
+        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
+        return f"{name}[{', '.join(items)}]"
+
+    def _batch(self) -> str | None:
+        """The number of batch elements, read from the first batched input."""
+        first = next((t for t in self.spec.arguments if t.batched), None)
+        if first is None:
+            return None
+        return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"
