@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from .. import ir
 from ..ir import Index, Spec
 from ..ir.shapes import Recipe
-from .kinds import made, reads
+from .kinds import made, reads, tensors
 from .steps import Operand, Spans, Step, Var
 
 
@@ -132,7 +132,7 @@ class Program:
         into = getattr(step, "into", False)
         into = " in place" if into is not None and into is not False else ""
         outs = ", ".join(f"{o.var} {_dims(o.dims)}" for o in made(step))
-        read = ", ".join(dict.fromkeys(str(o.var) for o in reads(step)))
+        read = ", ".join(dict.fromkeys(map(str, [*(o.var for o in reads(step)), *tensors(step)])))
         where = "" if region == "call" else f"[{region}] "
         return f"{where}{type(step).__name__}{into}: {outs}" + (f" <- {read}" if read else "")
 
