@@ -162,3 +162,17 @@ def test_fresh_values_come_from_the_one_allocator():
     spans = final.spans.step.out.var
     assert spans.id == planned.next_id and final.next_id == planned.next_id + 1
     assert spans.id not in {o.var.id for s in planned.steps for o in made(s)}
+
+
+def test_the_command_line_dumps_the_program_after_a_pass(capsys):
+    from indexattn import cli
+
+    path = str(ROOT / "specs" / "gpt2.attn")
+    assert cli.main(["compile", path, "--dump-after", "inplace"]) == 0
+    before = capsys.readouterr().out
+    assert cli.main(["compile", path, "--dump-after", "softmax_values"]) == 0
+    after = capsys.readouterr().out
+    assert "SoftmaxValues" in after and "SoftmaxValues" not in before
+    assert before.startswith("program gpt2")
+    assert cli.main(["compile", path, "--dump-after", "fusion"]) == 2
+    assert "no pass named 'fusion'" in capsys.readouterr().err
