@@ -312,6 +312,7 @@ def _compiled(path: Path):
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
+    from .lower.passes import lower
     from .lower.plan import plan
     from .views.cost import sizes_for
     from .views.report import report
@@ -320,7 +321,7 @@ def _report(spec, sizes: list[tuple[str, int]]):
         values = sizes_for(spec, dict(sizes))
     except KeyError as error:
         raise UsageError(error.args[0]) from None
-    return report(spec, plan(spec), values)
+    return report(spec, lower(plan(spec)), values)
 
 
 def run_latex(args: argparse.Namespace) -> int:

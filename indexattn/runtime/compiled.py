@@ -287,7 +287,7 @@ class CompiledSpec:
         the generated code takes (see indexattn/views/cost.py for what each step costs)."""
         from ..views import cost
 
-        return cost.flops(self.plan)
+        return cost.flops(self.program)
 
     def latex(self, *, raised: bool = False, sums: bool = False) -> str:
         r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted

@@ -50,6 +50,7 @@ from ..lower.steps import (
     Reduction,
     Rename,
     Slice,
+    SoftmaxValues,
     Spans,
     Split,
     Unfuse,
@@ -246,6 +247,14 @@ def _(step: Attention) -> Cost:
     matmul = 2 * scores * (features + values)
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
+
+
+@step_cost.register
+def _(step: SoftmaxValues) -> Cost:
+    """The softmax's and the product's, as the steps it replaces (dropout: none)."""
+    weights, out = step.outs
+    scores = _size(weights)
+    return Cost(matmul=2 * scores * out.dims[-1].size, other=SOFTMAX_PER_ELEMENT * scores)
 
 
 @step_cost.register
