@@ -157,6 +157,9 @@ class Full:
 
 @dataclass(frozen=True)
 class Reduction:
+    """A reduction of the operator table over `over`: sums, maxima, logsumexp (the axes
+    go), softmax and cumsum (they stay)."""
+
     out: Operand
     fn: str  # sum max min mean logsumexp softmax
     arg: Operand
