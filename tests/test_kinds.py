@@ -46,8 +46,8 @@ def test_a_kind_missing_its_facts_is_seen():
     assert len(missing(Shift)) == 4
 
 
-I = Index("i", "i", sympy.Symbol("n"))
-J = Index("j", "j", sympy.Symbol("n"))
+ROW = Index("i", "i", sympy.Symbol("n"))
+KEY = Index("j", "j", sympy.Symbol("n"))
 
 
 def operand(hint: str, *dims: Index) -> Operand:
@@ -55,15 +55,15 @@ def operand(hint: str, *dims: Index) -> Operand:
 
 
 def test_facts_that_depend_on_the_step():
-    x, y = operand("x", I, J), operand("y", I, J)
-    assert kinds.fresh(Contract(operand("p", I, J), (x, y)))
-    assert not kinds.fresh(Contract(operand("p", I, J), (x,)))  # a lone operand: a view
-    assert kinds.fresh(Contract(operand("p", I, J), (x,), sympy.Integer(2)))
-    assert kinds.pure(Elementwise(operand("e", I, J), "exp", (x,)))
-    assert not kinds.pure(Elementwise(operand("d", I, J), "dropout", (x,)))
-    softmax = Reduction(operand("s", I, J), "softmax", x, (J,))
-    assert kinds.row_wise(softmax, I) and not kinds.row_wise(softmax, J)
-    assert kinds.reads(Contract(operand("p", I, J), (x, y))) == (x, y)
+    x, y = operand("x", ROW, KEY), operand("y", ROW, KEY)
+    assert kinds.fresh(Contract(operand("p", ROW, KEY), (x, y)))
+    assert not kinds.fresh(Contract(operand("p", ROW, KEY), (x,)))  # a lone operand: a view
+    assert kinds.fresh(Contract(operand("p", ROW, KEY), (x,), sympy.Integer(2)))
+    assert kinds.pure(Elementwise(operand("e", ROW, KEY), "exp", (x,)))
+    assert not kinds.pure(Elementwise(operand("d", ROW, KEY), "dropout", (x,)))
+    softmax = Reduction(operand("s", ROW, KEY), "softmax", x, (KEY,))
+    assert kinds.row_wise(softmax, ROW) and not kinds.row_wise(softmax, KEY)
+    assert kinds.reads(Contract(operand("p", ROW, KEY), (x, y))) == (x, y)
 
 
 def test_a_product_reads_its_weight_by_name():

@@ -312,8 +312,8 @@ class CompiledSpec:
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
-        are replicated, and which need a relayout first: see indexattn/views/shard.py."""
-        from ..views.shard import shard_plan
+        are replicated, and which need a relayout first: see indexattn/shard.py."""
+        from ..shard import shard_plan
 
         return shard_plan(self.ir, over)
 
