@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..program import Program
-from . import hoist, inplace, liveness, rows, softmax_values, spans
+from . import hoist, inplace, liveness, rows, scales, softmax_values, spans
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Pass:
 
 
 PASSES = (
+    Pass("scales", scales.run, "a scale of a scale read once is one scale"),
     Pass("hoist", hoist.run, "steps of sizes and scalars alone are built once per shape"),
     Pass("rows", rows.run, "steps over two sequence indices run by blocks of rows"),
     Pass("spans", spans.run, "blocks of rows skip the keys a constant mask hides"),
