@@ -176,3 +176,93 @@ def test_the_command_line_dumps_the_program_after_a_pass(capsys):
     assert before.startswith("program gpt2")
     assert cli.main(["compile", path, "--dump-after", "fusion"]) == 2
     assert "no pass named 'fusion'" in capsys.readouterr().err
+
+
+# -- each pass on its own: what it marks in a small program, and where it has nothing to do
+
+WINDOW = """index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+param g_<a>  # a width of its own: the sequence is the one index no parameter has
+scalar w = 3
+M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
+S_<ττ'> = 2 tanh(Q_<τa> g_<a> K_<τ'a> / 2) + M_<ττ'>
+A_<ττ'> = softmax_<τ'>(S_<ττ'>)
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+PLAIN = "index i : n\ninput x_<i>\ny_<i> = exp(x_<i>)\n"
+WEIGHTS = ROOT / "specs" / "simple.attn"  # returns its weights: softmax times values fused
+
+
+def before_after(text: str, name: str):
+    """The program before and after the named pass."""
+    found = dict(stages(plan(ir.check(text, "one_pass"))))
+    k = [*found].index(name)
+    return found[[*found][k - 1]], found[name]
+
+
+def made_by(program, kind: str) -> list:
+    return [s for s in program.steps if type(s).__name__ == kind]
+
+
+def test_hoist_marks_the_mask_constant_and_held():
+    before, after = before_after(WINDOW, "hoist")
+    (mask,) = made_by(after, "Grid")
+    assert after.region(mask) == "constant" and mask.out.var in after.held
+    assert not before.constant and not before_after(PLAIN, "hoist")[1].constant
+
+
+def test_rows_marks_the_scores_to_their_product_with_the_values():
+    before, after = before_after(WINDOW, "rows")
+    assert {after.region(s) for s in made_by(after, "Reduction")} == {"rows"}
+    assert after.rows.exit.var.hint == "O" and before.rows is None
+    assert before_after(PLAIN, "rows")[1].rows is None
+
+
+def test_spans_adds_one_constant_step_from_the_allocator():
+    before, after = before_after(WINDOW, "spans")
+    (spans,) = made_by(after, "Spans")
+    assert after.region(spans) == "constant" and after.held[-1] == spans.out.var
+    assert spans.out.var.id == before.next_id and after.spans.hidden.hides == "-inf"
+    # the twin: a tanh after the mask sees the hidden keys (tanh(-inf) is -1): no spans
+    turned = WINDOW.replace(
+        "2 tanh(Q_<τa> g_<a> K_<τ'a> / 2) + M_<ττ'>", "tanh(Q_<τa> g_<a> K_<τ'a> + M_<ττ'>)"
+    )
+    assert before_after(turned, "spans")[1].spans is None
+
+
+def test_inplace_marks_the_mask_added_onto_the_scores():
+    _, after = before_after(WINDOW, "inplace")
+    (add,) = made_by(after, "Add")
+    assert add.into is not None and add.args[add.into].var.hint != "M"
+    assert all(
+        getattr(s, "into", None) in (None, False) for s in before_after(PLAIN, "inplace")[1].steps
+    )
+
+
+def test_softmax_values_replaces_three_steps_by_one():
+    before, after = before_after(WEIGHTS.read_text(), "softmax_values")
+    assert len(made_by(after, "SoftmaxValues")) == 1
+    assert len(after.steps) == len(before.steps) - 1  # the softmax goes into the product's
+    assert not made_by(before_after(WINDOW, "softmax_values")[1], "SoftmaxValues")
+
+
+CHAIN = """index i, j : n
+input x_<i>
+param W_<ji>
+h_<j> = W_<ji> x_<i>
+u_<j> = exp(h_<j>)
+y_<j> = u_<j> + 1
+"""
+
+
+def test_liveness_drops_what_no_later_block_reads():
+    before, after = before_after(CHAIN, "liveness")
+    assert [[v.hint for v in b.drop] for b in after.blocks] == [[], ["h"], []]
+    assert not any(b.drop for b in before.blocks)
+    # the twin: y reads h too, so h lives to the last block (the function returns there)
+    later = before_after(CHAIN.replace("u_<j> + 1", "u_<j> + h_<j>"), "liveness")[1]
+    assert not any(b.drop for b in later.blocks)

@@ -27,27 +27,27 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     """The rows, where per-call steps hold values over two sequence indices and the steps
     that compute from them can go row by row; else None (the plain steps stay)."""
     sequence = sequence_indices(spec)
-    flat = [(b, k, s) for b, steps in enumerate(per_call) for k, s in enumerate(steps)]
-    wide = [n for n, (_, _, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2]
+    flat = [(b, s) for b, steps in enumerate(per_call) for s in steps]
+    wide = [n for n, (_, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2]
     if not wide:
         return None
-    held = {flat[n][2].out.var for n in wide}
-    readers = [n for n, (_, _, s) in enumerate(flat) if any(o.var in held for o in reads(s))]
+    held = {flat[n][1].out.var for n in wide}
+    readers = [n for n, (_, s) in enumerate(flat) if any(o.var in held for o in reads(s))]
     if not readers:  # the scores are an output themselves
         return None
     for starts in (set(wide), {wide[0]}):  # every wide step (one core's several score
         chosen, inside = _chain(flat, starts, readers[-1])  # products), else the first core
-        outside = {o.var for n, (_, _, s) in enumerate(flat) if n not in chosen for o in reads(s)}
-        exits = [flat[n][2].out for n in chosen if flat[n][2].out.var in outside | read_after]
+        outside = {o.var for n, (_, s) in enumerate(flat) if n not in chosen for o in reads(s)}
+        exits = [flat[n][1].out for n in chosen if flat[n][1].out.var in outside | read_after]
         if len(exits) == 1:
             break
     if len(exits) != 1 or len(sequence & set(exits[0].dims)) != 1:
         return None
     last = flat[chosen[-1]][0]  # the rows are computed after this block: none may read them before
-    early = [s for n, (b, _, s) in enumerate(flat) if n not in chosen and b <= last]
+    early = [s for n, (b, s) in enumerate(flat) if n not in chosen and b <= last]
     if any(o.var == exits[0].var for s in early for o in reads(s)):
         return None
-    steps = [flat[n][2] for n in chosen]
+    steps = [flat[n][1] for n in chosen]
     row = next(i for i in exits[0].dims if i in sequence)
     if not all(row_wise(s, row) for s in steps):
         return None
@@ -57,7 +57,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     read = [v for s in steps for v in (*(o.var for o in reads(s)), *tensors(s))]
     inputs = tuple(dict.fromkeys(v for v in read if v not in inside))
     scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
-    where = frozenset(flat[n][2].out.var for n in chosen)
+    where = frozenset(flat[n][1].out.var for n in chosen)
     return Rows(row, where, last, inputs, sliced, exits[0], scores)
 
 
@@ -65,7 +65,7 @@ def _chain(flat: list, starts: set[int], end: int) -> tuple[list[int], set[Var]]
     """The steps from the first start to `end` that are a start or read one chosen before."""
     chosen, inside = [], set()
     for n in range(min(starts), end + 1):
-        step = flat[n][2]
+        step = flat[n][1]
         if n in starts or any(o.var in inside for o in reads(step)):
             chosen.append(n)
             inside.add(step.out.var)
