@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cache
 
 from .. import ops
 from ..ir import Index
@@ -136,13 +137,17 @@ def reads(step: Step) -> tuple[Operand, ...]:
         made_inside = {s.out.var for s in inner}
         return tuple(o for s in inner for o in reads(s) if o.var not in made_inside)
     found: list[Operand] = []
-    for f in fields(step):
-        if f.name in ("out", "outs"):
-            continue
-        value = getattr(step, f.name)
+    for name in _inputs(type(step)):
+        value = getattr(step, name)
         values = value if isinstance(value, tuple) else (value,)
         found += [v for v in values if isinstance(v, Operand)]
     return tuple(found)
+
+
+@cache
+def _inputs(kind: type) -> tuple[str, ...]:
+    """The fields of a step kind besides its result."""
+    return tuple(f.name for f in fields(kind) if f.name not in ("out", "outs"))
 
 
 def tensors(step: Step) -> tuple[Var, ...]:
