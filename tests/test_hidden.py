@@ -59,11 +59,15 @@ WEIGHTS = {
 }
 
 
-def compiled(weights: str, monkeypatch):
+def spec_text(weights: str) -> str:
+    """The spec whose attention weights are `weights` (its last line; equations before)."""
     *before, last = weights.split("\n")
     equations = "".join(line + "\n" for line in before)
-    text = HEAD + equations + f"A_<ττ'> = {last}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
-    spec = indexattn.compile_spec(text, name=f"hidden_{next(FRESH)}")
+    return HEAD + equations + f"A_<ττ'> = {last}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
+
+
+def compiled(weights: str, monkeypatch):
+    spec = indexattn.compile_spec(spec_text(weights), name=f"hidden_{next(FRESH)}")
     monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
     return spec
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...ir import Index, Spec
+from ..kinds import made as made_by
 from ..kinds import reads, row_wise, tensors
 from ..order import planning_count
 from ..program import Program, Rows
@@ -49,7 +50,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
         return None
     steps = [flat[n][1] for n in chosen]
     row = next(i for i in exits[0].dims if i in sequence)
-    if not all(row_wise(s, row) for s in steps):
+    if not all(row_wise(s, row) for s in steps) or not _aligned(steps, row):
         return None
     sliced = inputs_along(steps, inside, row)
     if sliced is None:
@@ -70,6 +71,18 @@ def _chain(flat: list, starts: set[int], end: int) -> tuple[list[int], set[Var]]
             chosen.append(n)
             inside.add(step.out.var)
     return chosen, inside
+
+
+def _aligned(steps: list[Step], row: Index) -> bool:
+    """Every value made by the rows is read there with the row on the axis it was made with:
+    a block of rows holds those rows alone, so a read that swaps the row with another axis
+    (`T_<τ'τ>` of a `T_<ττ'>` made by the rows) would need the others."""
+    made = {o.var: o.dims.index(row) for s in steps for o in made_by(s) if row in o.dims}
+    for op in (o for s in steps for o in reads(s) if o.var in made):
+        axes = axes_of(op)
+        if row not in axes or axes.index(row) != made[op.var]:
+            return False
+    return True
 
 
 def sequence_indices(spec: Spec) -> set[Index]:
