@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     compile_ = commands.add_parser("compile", help="print or write the generated Python")
     compile_.add_argument("spec", type=Path)
     _output_options(compile_, "OUT.py")
+    compile_.add_argument(
+        "--dump-after",
+        metavar="PASS",
+        help="print the program after the pass PASS (plan: the planner's) instead of the Python",
+    )
     compile_.set_defaults(run=run_compile)
 
     check = commands.add_parser(
@@ -137,7 +142,17 @@ def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    emit(_compiled(args.spec).source, args.output, args.force)
+    if args.dump_after is None:
+        emit(_compiled(args.spec).source, args.output, args.force)
+        return 0
+    from .lower.passes import lower
+    from .lower.plan import plan
+
+    try:
+        program = lower(plan(_checked(args.spec)), after=args.dump_after)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    emit(str(program) + "\n", args.output, args.force)
     return 0
 
 
@@ -297,6 +312,7 @@ def _compiled(path: Path):
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
+    from .lower.passes import lower
     from .lower.plan import plan
     from .views.cost import sizes_for
     from .views.report import report
@@ -305,7 +321,7 @@ def _report(spec, sizes: list[tuple[str, int]]):
         values = sizes_for(spec, dict(sizes))
     except KeyError as error:
         raise UsageError(error.args[0]) from None
-    return report(spec, plan(spec), values)
+    return report(spec, lower(plan(spec)), values)
 
 
 def run_latex(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from .. import ir
     from ..lower.codegen import Module
-    from ..lower.plan import Plan
+    from ..lower.program import Program
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
@@ -86,8 +86,8 @@ class CompiledSpec:
         self.file = file
         if spec is not None:
             self.ir = spec
-            self.module_source = _generate(self.plan)
-            plain = _plain(spec, self.plan, self.module_source)
+            self.module_source = _generate(self.program)
+            plain = _plain(spec, self.program, self.module_source)
         assert plain is not None, "a CompiledSpec is built from a checked spec or cache entry"
         self.plain = plain
         self.name, self.source = plain.name, plain.source
@@ -111,14 +111,22 @@ class CompiledSpec:
         return ir.check(self.text, self.name, self.file)
 
     @cached_property
-    def plan(self) -> Plan:
+    def plan(self) -> Program:
+        """The planner's program, before the passes."""
         from ..lower.plan import plan
 
         return plan(self.ir)
 
     @cached_property
+    def program(self) -> Program:
+        """The program after every pass: what the generated module prints."""
+        from ..lower.passes import lower
+
+        return lower(self.plan)
+
+    @cached_property
     def module_source(self) -> Module:
-        return _generate(self.plan)
+        return _generate(self.program)
 
     def __reduce__(self):
         # Pickled as its text: generated functions and caches are rebuilt, not stored.
@@ -279,7 +287,7 @@ class CompiledSpec:
         the generated code takes (see indexattn/views/cost.py for what each step costs)."""
         from ..views import cost
 
-        return cost.flops(self.plan)
+        return cost.flops(self.program)
 
     def latex(self, *, raised: bool = False, sums: bool = False) -> str:
         r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted
@@ -304,8 +312,8 @@ class CompiledSpec:
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
-        are replicated, and which need a relayout first: see indexattn/views/shard.py."""
-        from ..views.shard import shard_plan
+        are replicated, and which need a relayout first: see indexattn/shard.py."""
+        from ..shard import shard_plan
 
         return shard_plan(self.ir, over)
 
@@ -344,14 +352,14 @@ def _load(source: str, name: str) -> dict:
     return namespace
 
 
-def _generate(plan: Plan) -> Module:
+def _generate(program: Program) -> Module:
     from ..lower.codegen import generate
 
-    return generate(plan)
+    return generate(program)
 
 
-def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
-    """What a call needs of a checked spec, its plan and generated module, as plain data."""
+def _plain(spec: ir.Spec, plan: Program, module: Module) -> Plain:
+    """What a call needs of a checked spec, its program and generated module, as plain data."""
     from ..ir.shapes import rules
     from .held import layer
     from .positions import positions

@@ -10,19 +10,31 @@ Built from the spec's plain data (held.py), never its IR: on a compile-cache hit
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from ..sizes import evaluate, names, whole
-from .compiled import CompiledSpec
+from .cache import Plain
 from .held import Held
+
+
+class Runs(Protocol):
+    """What a layer needs of its compiled spec (compiled.py's CompiledSpec, which builds it)."""
+
+    name: str
+    plain: Plain
+
+    def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
+        """The generated function on tensors in argument order."""
 
 
 class SpecModule(nn.Module):
     """The spec as a layer; `module.scalars` holds the scalars (p, w, ...) it calls with."""
 
-    def __init__(self, spec: CompiledSpec, /, **kwargs) -> None:
+    def __init__(self, spec: Runs, /, **kwargs) -> None:
         super().__init__()
         self.spec = spec
         plain, layer = spec.plain, spec.plain.layer
