@@ -37,6 +37,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "cu_seq_lens_k": "the mask holds packed sequences' boundaries",
     "max_length_q": "the mask holds packed sequences' boundaries",
     "max_length_k": "the mask holds packed sequences' boundaries",
+    "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
 }
 
 
@@ -53,7 +54,7 @@ class CoreAttention:
     optionally the weights."""
 
     def __init__(self, spec: CompiledSpec) -> None:
-        self.spec = spec
+        self.spec, self.name = spec, spec.name
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
         _check_core(spec, self.scalars)
@@ -84,7 +85,7 @@ class CoreAttention:
         unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
         if unknown:
             raise TypeError(
-                f"attention spec {self.spec.name!r} got {', '.join(unknown)} from"
+                f"attention spec {self.name!r} got {', '.join(unknown)} from"
                 f" {type(module).__name__}, which indexattn does not know: use another"
                 " attn_implementation for this model, or swap_attention with a layer spec"
             )
@@ -107,20 +108,20 @@ class CoreAttention:
         }
         has = {"p": "p" in self.scalars, "softcap": "softcap" in self.scalars, SINKS: self.sinks}
         for name, value in wants.items():
-            if value is not None and value != 0.0 and not has[name]:
+            if not has[name] and not (value is None or (not torch.is_tensor(value) and value == 0)):
                 raise NotImplementedError(
                     f"{layer} passes {_keyword(name)}={_shown(value)}, and attention spec"
-                    f" {self.spec.name!r} declares no {name}: register a core spec with"
+                    f" {self.name!r} declares no {name}: register a core spec with"
                     f" {_declaration(name)} (docs/models.md)"
                 )
         if has["softcap"] and kwargs.get("softcap") is None:
             raise NotImplementedError(
-                f"attention spec {self.spec.name!r} caps its scores, and {layer} passes no"
+                f"attention spec {self.name!r} caps its scores, and {layer} passes no"
                 " softcap: use a core spec without softcap for this model"
             )
         if self.sinks and kwargs.get(SINKS) is None:
             raise NotImplementedError(
-                f"attention spec {self.spec.name!r} takes sinks, and {layer} passes no s_aux:"
+                f"attention spec {self.name!r} takes sinks, and {layer} passes no s_aux:"
                 " use a core spec without s_aux for this model"
             )
 
