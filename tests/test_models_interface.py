@@ -75,24 +75,24 @@ SMALL = {
     "eos_token_id": None, "attention_dropout": 0.0,
 }  # fmt: skip
 
+GEMMA2 = {
+    "head_dim": 8, "sliding_window": WINDOW, "query_pre_attn_scalar": 10,
+    "attn_logit_softcapping": 2.0, "final_logit_softcapping": None,
+}  # fmt: skip
+GPT_OSS = {
+    "head_dim": 8, "sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1,
+    "intermediate_size": 16,
+}  # fmt: skip
+EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
 FAMILIES = {  # config class, its extra settings, the attn_implementation that runs it
     "llama": ("LlamaConfig", {}, "indexattn"),
     "qwen2": ("Qwen2Config", {}, "indexattn"),
     "mixtral": ("MixtralConfig", {"num_local_experts": 2, "num_experts_per_tok": 1}, "indexattn"),
     "phi3": ("Phi3Config", {"pad_token_id": 0}, "indexattn"),
     "olmo2": ("Olmo2Config", {}, "indexattn"),
-    "gemma2": (
-        "Gemma2Config",
-        {"head_dim": 8, "sliding_window": WINDOW, "query_pre_attn_scalar": 10,
-         "attn_logit_softcapping": 2.0, "final_logit_softcapping": None},
-        "indexattn_softcap",
-    ),  # fmt: skip
-    "gpt_oss": (
-        "GptOssConfig",
-        {"head_dim": 8, "sliding_window": WINDOW, "num_local_experts": 2,
-         "num_experts_per_tok": 1, "intermediate_size": 16},
-        "indexattn_sinks",
-    ),  # fmt: skip
+    "gemma2": ("Gemma2Config", GEMMA2, "indexattn_softcap"),
+    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn_sinks"),
 }
 
 
@@ -110,9 +110,7 @@ def float64_softmax(monkeypatch):
 def model_of(family: str, **settings):
     """The family's tiny causal LM in float64 and eval mode, eager attention, random weights."""
     config_class, extra, _ = FAMILIES[family]
-    config = getattr(transformers, config_class)(
-        **{**SMALL, **extra, **settings}, attn_implementation="eager", experts_implementation="eager"
-    )
+    config = getattr(transformers, config_class)(**{**SMALL, **extra, **settings, **EAGER})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     return randomise(model).double().eval()
@@ -280,5 +278,5 @@ def test_an_unknown_keyword_is_an_error_naming_it():
 
 
 def test_a_spec_that_is_not_a_core_is_refused():
-    with pytest.raises(ValueError, match="not an attention core.*its inputs are X"):
+    with pytest.raises(ValueError, match=r"not an attention core.*its inputs are X"):
         hf.register("broken", ROOT / "specs/gqa.attn")
