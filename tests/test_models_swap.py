@@ -35,8 +35,8 @@ FAMILIES = {  # config class, extra settings, layer spec, decode spec
 }
 SPECS = {
     name: indexattn.compile_spec(ROOT / f"specs/models/{name}.attn")
-    for name in ("llama3", "llama3_decode", "mistral", "qwen2", "qwen2_decode", "qwen3")
-    + ("qwen3_decode",)
+    for _, _, *specs in FAMILIES.values()
+    for name in specs
 }
 
 
