@@ -215,3 +215,15 @@ def test_pyproject_states_the_tested_range_and_ci_tests_both_ends():
     oldest, newest = re.search(r"^for version in (\S+) (\S+); do$", ci, re.M).groups()
     assert oldest == low and Version(newest) < Version(high)
     assert Version(newest).minor == Version(high).minor - 1  # the last minor release tested
+
+
+def test_a_spec_module_loads_the_layers_own_keys():
+    """load_state_dict(layer.state_dict()): dots read as underscores; a key the spec does not
+    declare is still refused by name (the twin)."""
+    layer = model_of("qwen2").model.layers[0].self_attn
+    module = SPECS["qwen2"].module(d_m=32, h_kv=2, n_rep=2, d_r=4).double()
+    module.load_state_dict(layer.state_dict())
+    assert torch.equal(module.q_proj_bias, layer.q_proj.bias)
+    extra = {**layer.state_dict(), "o_proj.bias": torch.zeros(32)}
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "o_proj.bias"'):
+        module.load_state_dict(extra)
