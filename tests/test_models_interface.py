@@ -280,3 +280,29 @@ def test_an_unknown_keyword_is_an_error_naming_it():
 def test_a_spec_that_is_not_a_core_is_refused():
     with pytest.raises(ValueError, match=r"not an attention core.*its inputs are X"):
         hf.register("broken", ROOT / "specs/gqa.attn")
+
+
+def test_the_core_spec_runs_under_torch_compile():
+    """torch.compile (the aot_eager backend: dynamo's graph and autograd's, no C++ build) of a
+    model running "indexattn": eager's logits and gradients, and the core inside a graph."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = model_of("llama")
+    ids, padding = prompt()
+    labels = ids.masked_fill(padding == 0, -100)
+    labels[:, 1:][padding[:, :-1] == 0] = -100
+
+    def loss_and_grad(forward):
+        model.zero_grad()
+        out = forward(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False)
+        out.loss.backward()
+        return out.logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+
+    want = loss_and_grad(model)
+    model.set_attn_implementation("indexattn")
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    got = loss_and_grad(torch.compile(model, backend=counter))
+    assert counter.frame_count >= 1 and counter.op_count > 0
+    for g, w in zip(got, want):
+        assert_relative(g, w)
