@@ -227,3 +227,18 @@ def test_a_spec_module_loads_the_layers_own_keys():
     extra = {**layer.state_dict(), "o_proj.bias": torch.zeros(32)}
     with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "o_proj.bias"'):
         module.load_state_dict(extra)
+
+
+def test_partial_rotary_is_refused_by_name():
+    """StableLM rotates a quarter of each head; llama3.attn turns whole heads. The twin: the
+    same layer rotating whole heads loads."""
+    from transformers import StableLmConfig
+    from transformers.models.stablelm.modeling_stablelm import StableLmAttention
+
+    def layer(factor):
+        config = StableLmConfig(**{**SMALL, "partial_rotary_factor": factor})
+        return StableLmAttention(config, layer_idx=0)
+
+    with pytest.raises(ValueError, match="rotates 2 of each head's 8 features"):
+        hf.from_transformers(layer(0.25), SPECS["llama3"])
+    assert hf.from_transformers(layer(1.0), SPECS["llama3"]).sizes["d_r"] == 4

@@ -105,7 +105,20 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
             source = next((s for s in (layer, config) if _number(s, name)), None)
             if source is not None:
                 known[name] = _attribute(source, name)
+    _refuse_partial_rotary(layer, config, known, wanted)
     return known
+
+
+def _refuse_partial_rotary(layer: nn.Module, config, known: dict, wanted: set[str]) -> None:
+    """A layer that rotates part of each head (StableLM, Phi), against a spec that turns whole
+    heads (no passed-through part d_p)."""
+    d_k = _head_dim(layer, config)
+    if "d_r" in known and "d_p" not in wanted and 2 * known["d_r"] != d_k:
+        raise ValueError(
+            f"{type(layer).__name__} rotates {2 * known['d_r']} of each head's {d_k} features"
+            " (partial rotary), and the spec turns whole heads: use a spec whose heads are a"
+            " rotated part 2 d_r and a passed-through part d_p (specs/models/gpt_neox.attn)"
+        )
 
 
 def _number(source, name: str) -> bool:
