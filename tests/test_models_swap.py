@@ -242,3 +242,41 @@ def test_partial_rotary_is_refused_by_name():
     with pytest.raises(ValueError, match="rotates 2 of each head's 8 features"):
         hf.from_transformers(layer(0.25), SPECS["llama3"])
     assert hf.from_transformers(layer(1.0), SPECS["llama3"]).sizes["d_r"] == 4
+
+
+LLAMA3_ROPE = {  # wavelengths 6.3, 20, 63, 199: one kept (< 8), one mixed, two divided (> 32)
+    "rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+}  # fmt: skip
+
+
+def test_llama3_rotary_scaling_is_transformers_table():
+    """llama3_scaled.attn against LlamaAttention with rope_type "llama3" and transformers' own
+    table (LlamaRotaryEmbedding, computed in float32: agreement at float32's precision, measured
+    2.8e-6 in the outputs; without the scaling they are 8 apart). The
+    twins: factor 1 (no scaling) is caught; llama3.attn is refused by name, and so is the scaled
+    spec on a layer with default RoPE."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    config = LlamaConfig(**{**SMALL, "rope_parameters": LLAMA3_ROPE})
+    layer = randomise(LlamaAttention(config, layer_idx=0)).double().eval()
+    spec = indexattn.compile_spec(ROOT / "specs/models/llama3_scaled.attn")
+    x = torch.randn(B, 40, 32, dtype=torch.float64)
+    positions = torch.arange(40)[None].expand(B, -1)
+    cos_sin = LlamaRotaryEmbedding(config)(x, positions)
+    want, _ = layer(x, position_embeddings=cos_sin, attention_mask=None)
+    mask = torch.zeros(40, 40, dtype=torch.float64).masked_fill(
+        torch.ones(40, 40, dtype=torch.bool).triu(1), -torch.inf
+    )
+    module = hf.from_transformers(layer, spec)
+    assert module.scalars["original_max_position_embeddings"] == 32
+    torch.testing.assert_close(module(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
+    unscaled = hf.from_transformers(layer, spec, factor=1.0)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(unscaled(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rope_type 'llama3', and the spec computes 'default'"):
+        hf.from_transformers(layer, SPECS["llama3"])
+    plain = LlamaAttention(LlamaConfig(**SMALL), layer_idx=0)
+    with pytest.raises(ValueError, match="rope_type 'default', and the spec computes 'llama3'"):
+        hf.from_transformers(plain, spec)

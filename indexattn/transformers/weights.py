@@ -95,12 +95,10 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
         raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
     if getattr(config, "rope_interleave", True) is False:
         raise ValueError("rope_interleave=False: deepseek_v3.attn turns interleaved pairs")
-    known = {}
-    for name in wanted:
+    known = _rope(config, wanted) if "rope_theta" in wanted else {}
+    for name in wanted - known.keys():
         if name in SIZES:
             known[name] = SIZES[name](layer, config)
-        elif name == "rope_theta":
-            known[name] = _rope_theta(config)
         else:  # the layer's own value before its config's
             source = next((s for s in (layer, config) if _number(s, name)), None)
             if source is not None:
@@ -147,8 +145,25 @@ def layer_config(layer: nn.Module):
     return next(m.config for m in layer.modules() if hasattr(m, "config"))
 
 
-def _rope_theta(config) -> float:
+ROPE_TYPES = {  # rope_type -> the scalars of config.rope_parameters a spec computing it declares
+    "default": frozenset(),
+    "llama3": frozenset(
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    ),  # specs/models/llama3_scaled.attn
+}
+
+
+def _rope(config, wanted: set[str]) -> dict:
+    """rope_theta and the rotary scaling's parameters, where the spec computes the config's
+    rope_type: the spec's scaling scalars are exactly those of the config's rope_type."""
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_type {rope['rope_type']!r}: the spec computes default RoPE")
-    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    kind = rope.get("rope_type", "default")
+    declared = {name for names in ROPE_TYPES.values() for name in names} & wanted
+    if kind not in ROPE_TYPES or declared != ROPE_TYPES[kind]:
+        computed = next(k for k, names in ROPE_TYPES.items() if names == declared)
+        raise ValueError(
+            f"rope_type {kind!r}, and the spec computes {computed!r} RoPE: use a spec that"
+            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; default: llama3.attn)"
+        )
+    theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return {"rope_theta": theta, **{name: float(rope[name]) for name in declared}}
