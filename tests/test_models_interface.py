@@ -275,6 +275,8 @@ def test_an_unknown_keyword_is_an_error_naming_it():
         hf.CORE(layer, q, k, k, None, scaling=0.3, position_bias=torch.zeros(1))
     out, weights = hf.CORE(layer, q, k, k, None, scaling=0.3, position_ids=None)
     assert out.shape == (B, N, 4, 8) and weights is None
+    layer.train()  # no dropout keyword: none applied, in training too
+    assert torch.equal(hf.CORE(layer, q, k, k, None, scaling=0.3)[0], out)
 
 
 def test_a_spec_that_is_not_a_core_is_refused():

@@ -21,7 +21,7 @@ from ..runtime import CompiledSpec, compile_spec
 
 TENSORS = ("Q", "K", "V", "M")  # a core spec's inputs, in this order
 SINKS = "s_aux"  # an optional input: a learned logit per query head joins the softmax
-SCALARS = {  # transformers' keyword -> the core spec's scalar that takes it
+SCALARS = {  # transformers' keyword -> the core spec's scalar that takes it (None: see unset)
     "scaling": "scaling",
     "dropout": "p",
     "softcap": "softcap",
@@ -90,12 +90,12 @@ class CoreAttention:
                 " attn_implementation for this model, or swap_attention with a layer spec"
             )
         self._refuse(module, kwargs)
-        scale = kwargs.get("scaling")
-        given = {"scaling": query.shape[-1] ** -0.5 if scale is None else scale}
+        unset = {"scaling": query.shape[-1] ** -0.5, "p": 0.0, "sliding_window": math.inf}
+        given = {}
         for keyword, scalar in SCALARS.items():
-            if scalar in self.scalars and keyword != "scaling":
+            if scalar in self.scalars:
                 value = kwargs.get(keyword)
-                given[scalar] = math.inf if value is None else value
+                given[scalar] = unset[scalar] if value is None else value
         return given
 
     def _refuse(self, module: nn.Module, kwargs: dict) -> None:
