@@ -61,6 +61,7 @@ class SpecModule(nn.Module):
             param = nn.Parameter(torch.empty(_shape(tensor, self.sizes, spelled, spec.name)))
             _initialise(param, tensor, fan_in(tensor, self.sizes))
             self._parameters[tensor.ascii] = param
+        self.register_load_state_dict_pre_hook(_dotted_keys)
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         if not kwargs and len(args) == len(self._inputs) and all(map(_is_tensor, args)):
@@ -83,6 +84,15 @@ class SpecModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"spec={self.spec.name}, " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+
+
+def _dotted_keys(module: SpecModule, state: dict, prefix: str, *args) -> None:
+    """load_state_dict: a layer's own keys (q_proj.weight) load as the spec's names, dots made
+    underscores (q_proj_weight), as a spec's ASCII names spell them."""
+    for key in [k for k in state if k.startswith(prefix) and "." in k[len(prefix) :]]:
+        name = key[len(prefix) :].replace(".", "_")
+        if name in module._parameters or name in module._buffers:
+            state[prefix + name] = state.pop(key)
 
 
 def _is_tensor(value) -> bool:
