@@ -92,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     _size_option(count)
     count.set_defaults(run=run_count)
 
+    grad = commands.add_parser("grad", help="print or write the derived backward, as a spec")
+    grad.add_argument("spec", type=Path)
+    _output_options(grad, "OUT.attn")
+    grad.set_defaults(run=run_grad)
+
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
     docs.add_argument("specs", type=Path, nargs="+", metavar="SPEC")
     docs.add_argument("-o", "--output", type=Path, metavar="DIR", required=True)
@@ -285,6 +290,15 @@ def _checked(path: Path):
     from .ir import check
 
     return check(_read_spec(path), path.stem, str(path))
+
+
+def run_grad(args: argparse.Namespace) -> int:
+    from .derive import backward_text
+    from .ir import check
+
+    text, file = _read_spec(args.spec), str(args.spec)
+    emit(backward_text(check(text, args.spec.stem, file), text, file), args.output, args.force)
+    return 0
 
 
 def _compiled(path: Path):

@@ -236,11 +236,12 @@ def lookup(name: str) -> Op:
 # -- derivatives
 
 # The partial derivative of each elementwise function with respect to each argument, in the
-# language's own notation: the arguments are x, y, z in order. None: the argument gets no
-# gradient (a condition; integer rounding is flat almost everywhere, so its rule is 0).
-# indexattn/derive reads these to write a spec's backward; a test compares each with sympy's
-# derivative of the `sympy` form above. Reductions and `where` are derived structurally there.
-DERIVATIVES: dict[str, tuple[str | None, ...]] = {
+# language's own notation: the arguments are x, y, z in order; "0": no gradient flows (integer
+# rounding is flat almost everywhere). indexattn/derive reads these to write a spec's
+# backward; a test compares each with sympy's derivative of the `sympy` form above.
+# Reductions, `where` (the chosen branch gets the cotangent) and `dropout` (refused: its mask
+# has no name) are derived structurally there.
+DERIVATIVES: dict[str, tuple[str, ...]] = {
     "exp": ("exp(x)",),
     "log": ("1 / x",),
     "sqrt": ("1 / (2 sqrt(x))",),
@@ -270,5 +271,4 @@ DERIVATIVES: dict[str, tuple[str | None, ...]] = {
         "where(x < y, 0, where(x > z, 1, 0))",
     ),
     "pow": ("y x^(y - 1)", "x^y log(x)"),
-    "where": (None, "where(x, 1, 0)", "where(x, 0, 1)"),
 }

@@ -65,6 +65,8 @@ class Backward:
     inputs: list[str] = field(default_factory=list)
     equations: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    given: list[Tensor] = field(default_factory=list)  # the outputs with a cotangent input
+    reached: list[Tensor] = field(default_factory=list)  # the arguments with a cotangent
 
 
 class Derivation:
@@ -132,6 +134,7 @@ class Derivation:
         for t in self.spec.outputs:
             if t in self.differentiable:
                 name = self.fresh("d" + t.name)
+                self.out.given.append(t)
                 self.out.inputs.append(f"input {printer.ref(name, t.layout)}")
                 free = frozenset(t.indices)
                 self.parts.setdefault(t, []).append(
@@ -146,6 +149,7 @@ class Derivation:
         for t in self.spec.arguments:
             if t in self.parts:
                 self.accumulate(t)
+                self.out.reached.append(t)
                 self.out.outputs.append(self.names[t])
         return self.out
 
@@ -217,7 +221,7 @@ class Derivation:
         if rules is None:
             raise self.refuse(node.fn, node, "ops.DERIVATIVES has no rule for it.")
         for k, arg in enumerate(node.args):
-            if rules[k] is None or rules[k] == "0" or not self.needs(arg):
+            if rules[k] == "0" or not self.needs(arg):
                 continue
             slope = self.slope(node, k)
             self.back(arg, self.into(arg, product([cot, slope], frozenset(arg.free))))

@@ -302,6 +302,20 @@ class CompiledSpec:
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
 
+    def backward_text(self) -> str:
+        """The derived backward as spec text: the forward's equations, an input `dY` per
+        output (the cotangent of a scalar loss) and an equation for the cotangent of every
+        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md)."""
+        from ..derive import backward_text
+
+        return backward_text(self.ir, self.text, self.file)
+
+    def backward(self) -> CompiledSpec:
+        """The derived backward, compiled like any spec: call it with the forward's arguments
+        and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
+        names, each with the call's batch axes (a param's gradient is their sum)."""
+        return compile_spec(self.backward_text(), name=f"{self.name}_backward")
+
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
         are replicated, and which need a relayout first: see indexattn/views/shard.py."""
