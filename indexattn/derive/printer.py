@@ -8,7 +8,7 @@ import sympy
 from sympy.printing.str import StrPrinter
 
 from ..ir import Apply, At, Concat, Field, Index, Node, Product, Reduce, Ref, Sum
-from ..ir.einstein import denominator
+from ..ir.einstein import denominator, signed
 from ..ops import lookup
 
 Rename = dict[Index, str]  # an index -> the glyph it is written with
@@ -108,9 +108,15 @@ def text(node: Node, rename: Rename | None = None) -> str:
     if isinstance(node, Ref):
         return ref(node.tensor.name, node.axes, rename)
     if isinstance(node, Product):
-        return " ".join(factor(f, rename) for f in node.factors)
+        minus = [f for f in node.factors if isinstance(f, Field) and f.expr == -1]
+        rest = " ".join(factor(f, rename) for f in node.factors if f not in minus)
+        return "-" * (len(minus) % 2) + rest
     if isinstance(node, Sum):
-        return " + ".join(factor(t, rename) for t in node.terms)
+        out = ""
+        for k, (term, sign) in enumerate(signed(t) for t in node.terms):
+            joint = ("-" if sign < 0 else "") if k == 0 else (" - " if sign < 0 else " + ")
+            out += joint + factor(term, rename)
+        return out
     if isinstance(node, Reduce):
         over = "".join(rename.get(i, i.glyph) for i in node.over)
         return f"{node.fn}_<{over}>({text(node.body, rename)})"

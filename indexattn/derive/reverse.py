@@ -82,6 +82,10 @@ class Derivation:
         self.readers = {t: [e for e in spec.equations if reads(e.rhs, t)] for t in spec.tensors}
         self.eq: Equation | None = None
         self.names: dict[Tensor, str] = {}  # each tensor's cotangent, once accumulated
+        # Common subexpressions: a node equal to an equation's right side is its left side;
+        # any other value the backward reads is named once.
+        self.defined = {eq.rhs: eq.tensor for eq in spec.equations}
+        self.values: dict[Node, Cot] = {}
 
     # -- names
 
@@ -191,13 +195,15 @@ class Derivation:
     def value(self, node: Node) -> Cot:
         """The forward value of a node as a factor: a reference where there is one."""
         free = frozenset(node.free)
-        if node is self.eq.rhs:
-            return Cot(printer.ref(self.eq.tensor.name, self.eq.tensor.layout), free, free)
+        if node in self.defined:
+            tensor = self.defined[node]
+            return Cot(printer.ref(tensor.name, tensor.layout), free, free, tensor.layout)
         if isinstance(node, (Ref, Field)):
             return Cot(printer.factor(node, {}), free, mentioned(node))
-        text = printer.text(node)
-        base = self.eq.tensor.name + "_v"
-        return self.materialize(Cot(text, free, mentioned(node)), base, node.free)
+        if node not in self.values:
+            text, base = printer.text(node), self.eq.tensor.name + "_v"
+            self.values[node] = self.materialize(Cot(text, free, mentioned(node)), base, node.free)
+        return self.values[node]
 
     # -- functions
 
@@ -303,9 +309,8 @@ class Derivation:
         self.back(node, self.into(node, product([cot, Cot(slope, free, mentions)], free)))
 
     def reduce_logsumexp(self, node: Reduce, cot: Cot) -> None:
-        over = "".join(i.glyph for i in node.over)
-        body = self.value(node.body)
-        self.scaled(node.body, cot, f"softmax_<{over}>({body.text})", body.all)
+        weights = self.value(Reduce("softmax", node.over, node.body, node.span))
+        self.scaled(node.body, cot, weights.text, weights.all)
 
     def reduce_max(self, node: Reduce, cot: Cot) -> None:
         body, top = self.value(node.body), self.value(node)
@@ -440,7 +445,8 @@ def product(parts: list[Cot], target: frozenset[Index]) -> Cot:
         for i in p.free:
             counts[i] = counts.get(i, 0) + 1
     once = [i for i, n in counts.items() if n == 1 and i not in target]
-    text = " ".join(p.text for p in parts)
+    signs = [p for p in parts if p.text == "(-1)"]
+    text = ("-" if len(signs) % 2 else "") + " ".join(p.text for p in parts if p not in signs)
     if once:
         text = f"sum_<{''.join(i.glyph for i in once)}>({text})"
     mentions = frozenset().union(*(p.all for p in parts))
