@@ -2,6 +2,7 @@
 autograd on the generated forward and on the literal interpreter for every shipped spec it
 covers, the refusals of those it does not, and FlashAttention's identity in mha's."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,17 @@ def test_cli_grad_prints_the_backward(capsys):
 def test_cli_grad_refusal_is_a_spec_error(capsys):
     assert cli.main(["grad", str(ROOT / "specs" / "gpt2.attn")]) == 1
     assert DROPOUT in capsys.readouterr().err
+
+
+def test_docs_show_what_the_derivation_writes():
+    page = (ROOT / "docs" / "gradients.md").read_text(encoding="utf-8")
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0]
+    written = indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text()
+    assert shown == written.split("\n\n")[-2] + "\n"
+
+
+def test_language_reference_shows_what_the_derivation_writes():
+    page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    section = page.split("## Derivatives", 1)[1]
+    forward, shown = re.findall(r"```attn\n(.*?)```", section, re.S)[:2]
+    assert shown == backward_text(ir.check(forward, "attention"), forward)
