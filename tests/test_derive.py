@@ -14,7 +14,7 @@ from test_robustness import valid_specs
 import indexattn
 from indexattn import cli, ir, ops
 from indexattn.derive import backward_text, derive
-from indexattn.derive.gradients import gradients
+from indexattn.derive.function import gradients
 from indexattn.derive.reverse import Derivation
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
@@ -285,3 +285,64 @@ def test_language_reference_shows_what_the_derivation_writes():
     section = page.split("## Derivatives", 1)[1]
     forward, shown = re.findall(r"```attn\n(.*?)```", section, re.S)[:2]
     assert shown == backward_text(ir.check(forward, "attention"), forward)
+
+
+# -- the derived backward as what autograd runs
+
+
+def both_modes(name: str, batch=(2,)) -> tuple[dict, dict]:
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, batch)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    found = []
+    for mode in ("autograd", "derived"):
+        leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
+        out = spec(**leaves, **given, backward=mode)
+        out = out if isinstance(out, tuple) else (out,)
+        generator = torch.Generator().manual_seed(2)
+        loss = sum(
+            (o * torch.randn(o.shape, generator=generator, dtype=o.dtype)).sum() for o in out
+        )
+        loss.backward()
+        found.append({k: v.grad for k, v in leaves.items() if v.grad is not None})
+    return found[0], found[1]
+
+
+@pytest.mark.parametrize("name", ["mha", "kv_decode", "linear_attention_causal", "simple"])
+def test_backward_derived_is_what_autograd_runs(name):
+    autograd, derived = both_modes(name)
+    assert set(autograd) == set(derived)
+    for k, g in autograd.items():
+        torch.testing.assert_close(derived[k], g, rtol=0, atol=1e-10)
+
+
+def test_backward_derived_runs_the_derived_rules(monkeypatch):
+    monkeypatch.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
+    autograd, derived = both_modes("gated_output", batch=())
+    assert max((derived[k] - g).abs().max().item() for k, g in autograd.items()) > 1e-3
+
+
+def test_backward_derived_passes_gradcheck_and_gradgradcheck():
+    spec = indexattn.compile_spec(ROOT / "specs" / "sdpa.attn")
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+
+    def call(q, k, v):
+        return spec(Q=q, K=k, V=v, backward="derived")
+
+    assert torch.autograd.gradcheck(call, (q, k, v))
+    assert torch.autograd.gradgradcheck(call, (q, k, v))
+
+
+def test_backward_derived_of_a_refused_spec_is_a_spec_error():
+    spec = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes) | {k: v for k, v in sizes.items() if k in spec.required}
+    with pytest.raises(indexattn.SpecError, match=DROPOUT):
+        spec(**args, backward="derived")
+    with pytest.raises(ValueError, match="autograd"):
+        spec(**args, backward="symbolic")

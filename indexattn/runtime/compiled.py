@@ -131,8 +131,12 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, **kwargs):
-        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name."""
+    def __call__(self, /, *, training: bool = False, backward: str = "autograd", **kwargs):
+        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
+        `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
+        of its own record of the forward."""
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -141,6 +145,10 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
+            from ..derive.function import run
+
+            return run(self, list(tensors.values()), given, scalars)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
