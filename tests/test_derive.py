@@ -346,3 +346,14 @@ def test_backward_derived_of_a_refused_spec_is_a_spec_error():
         spec(**args, backward="derived")
     with pytest.raises(ValueError, match="autograd"):
         spec(**args, backward="symbolic")
+
+
+def test_spec_pages_show_the_backward_or_why_not():
+    mha = (ROOT / "docs" / "specs" / "mha.md").read_text(encoding="utf-8")
+    backward = mha.split("## Backward", 1)[1].split("\n## ", 1)[0]
+    assert (
+        r"\left(\mathit{dA}_{\mu\tau\tau'} - \mathit{dO}_{\mu\tau a} \, O_{\mu\tau a}\right)"
+        in (backward)
+    )
+    gpt2 = (ROOT / "docs" / "specs" / "gpt2.md").read_text(encoding="utf-8")
+    assert "## Backward\n\nNot derived: no derived backward for dropout" in gpt2
