@@ -357,3 +357,28 @@ def test_spec_pages_show_the_backward_or_why_not():
     )
     gpt2 = (ROOT / "docs" / "specs" / "gpt2.md").read_text(encoding="utf-8")
     assert "## Backward\n\nNot derived: no derived backward for dropout" in gpt2
+
+
+EMBEDDING = """# Token embedding, then a projection
+index τ : N
+index v : V
+index a, b : d
+input P_<τ> : int
+param T_<va>
+param W_<ab>
+Y_<τb> = T_<[P_<τ>]a> W_<ab>
+"""
+
+
+def test_a_gather_at_token_ids_is_scattered_back(tmp_path):
+    path = tmp_path / "embedding.attn"
+    path.write_text(EMBEDDING, encoding="utf-8")
+    assert "dT_<va> = sum_<τ'>(where(v == P_<τ'>, " in indexattn.compile_spec(path).backward_text()
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+def test_a_cotangent_constant_along_an_index_is_refused():
+    spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<> = sum_<i>(x_<i>)\n", name="total")
+    with pytest.raises(indexattn.SpecError, match="the cotangent of x, constant along i"):
+        spec.backward_text()

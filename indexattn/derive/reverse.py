@@ -106,9 +106,9 @@ class Derivation:
         return glyph
 
     def refuse(self, what: str, node: Node, hint: str) -> SpecError:
-        eq = self.eq.text if self.eq else ""
+        where = f" (in {self.eq.text})" if self.eq else ""
         return SpecError(
-            f"no derived backward for {what} (in {eq})",
+            f"no derived backward for {what}{where}",
             source=self.source,
             file=self.file,
             span=node.span,
