@@ -13,7 +13,7 @@ from test_robustness import valid_specs
 
 import indexattn
 from indexattn import cli, ir, ops
-from indexattn.derive import backward_text, derive
+from indexattn.derive import backward_text, derive, function
 from indexattn.derive.function import gradients
 from indexattn.derive.reverse import Derivation
 from indexattn.oracle import reference
@@ -163,10 +163,20 @@ def test_refused_specs_say_which_construct(name):
         spec.backward_text()
 
 
-def test_a_perturbed_rule_gives_wrong_gradients(monkeypatch):
+@pytest.fixture
+def perturbed(monkeypatch):
+    """A derivative rule to perturb; derivations cached before and during it are dropped."""
+    function.compiled.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    function.compiled.cache_clear()
+
+
+def test_a_perturbed_rule_gives_wrong_gradients(perturbed):
     path = ROOT / "specs" / "gated_output.attn"
     assert max(errors(path)) < 1e-10
-    monkeypatch.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
+    function.compiled.cache_clear()
+    perturbed.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
     assert min(errors(path)) > 1e-3
 
 
@@ -317,8 +327,8 @@ def test_backward_derived_is_what_autograd_runs(name):
         torch.testing.assert_close(derived[k], g, rtol=0, atol=1e-10)
 
 
-def test_backward_derived_runs_the_derived_rules(monkeypatch):
-    monkeypatch.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
+def test_backward_derived_runs_the_derived_rules(perturbed):
+    perturbed.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
     autograd, derived = both_modes("gated_output", batch=())
     assert max((derived[k] - g).abs().max().item() for k, g in autograd.items()) > 1e-3
 
