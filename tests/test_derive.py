@@ -392,3 +392,9 @@ def test_a_cotangent_constant_along_an_index_is_refused():
     spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<> = sum_<i>(x_<i>)\n", name="total")
     with pytest.raises(indexattn.SpecError, match="the cotangent of x, constant along i"):
         spec.backward_text()
+
+
+def test_a_spec_whose_gradient_is_zero_everywhere_is_refused():
+    spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<i> = floor(x_<i>)\n", name="flat")
+    with pytest.raises(indexattn.SpecError, match="no cotangent reaches"):
+        spec.backward_text()

@@ -155,6 +155,13 @@ class Derivation:
                 self.accumulate(t)
                 self.out.reached.append(t)
                 self.out.outputs.append(self.names[t])
+        if not self.out.outputs:
+            raise SpecError(
+                "no derived backward: no cotangent reaches an input, param or buffer",
+                file=self.file,
+                hint="every path from the outputs to the arguments goes through positions, "
+                "comparisons, integer tensors or rounding, whose gradient is zero.",
+            )
         return self.out
 
     def own(self, tensor: Tensor) -> Ref:
