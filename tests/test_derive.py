@@ -9,6 +9,7 @@ import pytest
 import sympy
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_robustness import valid_specs
 
 import indexattn
@@ -398,3 +399,40 @@ def test_a_spec_whose_gradient_is_zero_everywhere_is_refused():
     spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<i> = floor(x_<i>)\n", name="flat")
     with pytest.raises(indexattn.SpecError, match="no cotangent reaches"):
         spec.backward_text()
+
+
+# -- random chains of the derived constructs
+
+STEPS = [
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>)" for fn in ("exp", "tanh", "sigmoid", "relu", "gelu")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>)" for fn in ("silu", "elu", "softplus", "abs", "sin")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>^2 + 1)" for fn in ("log", "sqrt", "rsqrt")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>, X_<ij>)" for fn in ("min", "max")),
+    "{n}_<ij> = clamp({t}_<ij>, -0.3, 0.4) + mod({t}_<ij>, 0.7) + floor({t}_<ij>)",
+    "{n}_<ij> = ({t}_<ij>^2 + 1)^X_<ij> - {t}_<ij>^3",
+    "{n}_<ij> = where({t}_<ij> > 0, {t}_<ij>, 2 X_<ij>)",
+    "{n}_<ij> = {t}_<ik> W_<kj> / ({t}_<ik> W_<kj> W_<kj> + 3)",
+    "{n}_<ij> = softmax_<j>({t}_<ij>) - cumsum_<j>({t}_<ij>)",
+    *(f"{{n}}_<ij> = {{t}}_<ij> {r}_<j>({{t}}_<ij>)" for r in ("sum", "mean", "max", "min")),
+    "{n}_<ij> = {t}_<ij> logsumexp_<i>({t}_<ij>) + {t}_<i[m - 1 - j]>",
+]
+
+
+@st.composite
+def chains(draw) -> str:
+    """Input X_<ij> and param W_<kj>, then one to three random steps, each reading the last."""
+    lines = ["index i : n", "index j, k : m", "input X_<ij>", "param W_<kj>"]
+    last = "X"
+    for k, step in enumerate(draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=3))):
+        lines.append(step.format(n=f"T{k}", t=last))
+        last = f"T{k}"
+    return "\n".join(lines) + "\n"
+
+
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_random_chains_derived_gradients_equal_autograd(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("chain") / "chain.attn"
+    path.write_text(text, encoding="utf-8")
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10, text
