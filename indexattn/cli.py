@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     grad = commands.add_parser("grad", help="print or write the derived backward, as a spec")
     grad.add_argument("spec", type=Path)
     _output_options(grad, "OUT.attn")
+    grad.add_argument("--eval", action="store_true", help="in eval mode: dropout is the identity")
     grad.set_defaults(run=run_grad)
 
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
@@ -297,7 +298,8 @@ def run_grad(args: argparse.Namespace) -> int:
     from .ir import check
 
     text, file = _read_spec(args.spec), str(args.spec)
-    emit(backward_text(check(text, args.spec.stem, file), text, file), args.output, args.force)
+    spec = check(text, args.spec.stem, file)
+    emit(backward_text(spec, text, file, training=not args.eval), args.output, args.force)
     return 0
 
 

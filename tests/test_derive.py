@@ -115,7 +115,7 @@ def run(fn, args: dict, cotangents: list) -> dict:
     return {k: g for k, g in zip(wanted, grads) if g is not None}
 
 
-def errors(path: Path, batch: tuple[int, ...] = ()) -> tuple[float, float]:
+def errors(path: Path, batch: tuple[int, ...] = (), training: bool = True) -> tuple[float, float]:
     """Derived against autograd on the generated forward, and on the literal interpreter:
     max |difference| / (1 + max |gradient|) over every argument."""
     spec = indexattn.compile_spec(path)
@@ -128,7 +128,7 @@ def errors(path: Path, batch: tuple[int, ...] = ()) -> tuple[float, float]:
         torch.randn(o.shape, generator=generator, dtype=torch.float64)
         for o in (out if isinstance(out, tuple) else (out,))
     ]
-    derived = gradients(spec, tuple(cots), **args, **sizes)
+    derived = gradients(spec, tuple(cots), training=training, **args, **sizes)
     worst = []
     for fn in (
         lambda leaves: spec(**leaves, **given_sizes),
@@ -162,6 +162,12 @@ def test_refused_specs_say_which_construct(name):
     spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
     with pytest.raises(indexattn.SpecError, match=REFUSED[name]):
         spec.backward_text()
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_in_eval_mode_dropout_is_the_identity(name):
+    autograd, oracle = errors(ROOT / "specs" / f"{name}.attn", training=False)  # calls in eval
+    assert autograd < 1e-10 and oracle < 1e-10
 
 
 @pytest.fixture
@@ -282,6 +288,8 @@ def test_cli_grad_prints_the_backward(capsys):
 def test_cli_grad_refusal_is_a_spec_error(capsys):
     assert cli.main(["grad", str(ROOT / "specs" / "gpt2.attn")]) == 1
     assert DROPOUT in capsys.readouterr().err
+    assert cli.main(["grad", "--eval", str(ROOT / "specs" / "gpt2.attn")]) == 0
+    assert "dropout" not in capsys.readouterr().out.split("\n\n")[-2]
 
 
 def test_docs_show_what_the_derivation_writes():
@@ -354,7 +362,7 @@ def test_backward_derived_of_a_refused_spec_is_a_spec_error():
     sizes = sample_sizes(spec.ir)
     args = sample_arguments(spec.ir, sizes) | {k: v for k, v in sizes.items() if k in spec.required}
     with pytest.raises(indexattn.SpecError, match=DROPOUT):
-        spec(**args, backward="derived")
+        spec(**args, training=True, backward="derived")
     with pytest.raises(ValueError, match="autograd"):
         spec(**args, backward="symbolic")
 

@@ -72,8 +72,9 @@ class Backward:
 class Derivation:
     """The backward of one checked spec."""
 
-    def __init__(self, spec: Spec, source: str, file: str) -> None:
+    def __init__(self, spec: Spec, source: str, file: str, training: bool = True) -> None:
         self.spec, self.source, self.file = spec, source, file
+        self.training = training  # False: dropout is the identity, as in eval mode
         self.out = Backward()
         self.taken = {t.name for t in spec.tensors} | {s.name for s in spec.scalars}
         self.taken |= {str(s) for s in spec.sizes} | {i.glyph for i in spec.indices}
@@ -224,12 +225,16 @@ class Derivation:
                 self.back(arg, self.into(arg, Cot(text, free, mentions)))
             return
         if node.fn == "dropout":
-            raise self.refuse(
-                "dropout",
-                node,
-                "its backward needs the forward's mask, which no equation names; derive the "
-                "spec without dropout (it is the identity in eval mode).",
-            )
+            if self.training:
+                raise self.refuse(
+                    "dropout",
+                    node,
+                    "its backward needs the forward's mask, which no equation names; the "
+                    "backward in eval mode, where dropout is the identity, is derived with "
+                    "training=False.",
+                )
+            self.back(node.args[0], self.into(node.args[0], cot))
+            return
         rules = DERIVATIVES.get(node.fn)
         if rules is None:
             raise self.refuse(node.fn, node, "ops.DERIVATIVES has no rule for it.")

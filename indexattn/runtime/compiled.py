@@ -148,7 +148,7 @@ class CompiledSpec:
         if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
             from ..derive.function import run
 
-            return run(self, list(tensors.values()), given, scalars)
+            return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
@@ -310,19 +310,20 @@ class CompiledSpec:
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
 
-    def backward_text(self) -> str:
+    def backward_text(self, *, training: bool = True) -> str:
         """The derived backward as spec text: the forward's equations, an input `dY` per
         output (the cotangent of a scalar loss) and an equation for the cotangent of every
-        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md)."""
+        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md).
+        `training=False`: the backward in eval mode, where dropout is the identity."""
         from ..derive import backward_text
 
-        return backward_text(self.ir, self.text, self.file)
+        return backward_text(self.ir, self.text, self.file, training=training)
 
-    def backward(self) -> CompiledSpec:
+    def backward(self, *, training: bool = True) -> CompiledSpec:
         """The derived backward, compiled like any spec: call it with the forward's arguments
         and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
         names, each with the call's batch axes (a param's gradient is their sum)."""
-        return compile_spec(self.backward_text(), name=f"{self.name}_backward")
+        return compile_spec(self.backward_text(training=training), name=f"{self.name}_backward")
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
