@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     _size_option(count)
     count.set_defaults(run=run_count)
 
+    grad = commands.add_parser("grad", help="print or write the derived backward, as a spec")
+    grad.add_argument("spec", type=Path)
+    _output_options(grad, "OUT.attn")
+    grad.add_argument("--eval", action="store_true", help="in eval mode: dropout is the identity")
+    grad.set_defaults(run=run_grad)
+
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
     docs.add_argument("specs", type=Path, nargs="+", metavar="SPEC")
     docs.add_argument("-o", "--output", type=Path, metavar="DIR", required=True)
@@ -300,6 +306,16 @@ def _checked(path: Path):
     from .ir import check
 
     return check(_read_spec(path), path.stem, str(path))
+
+
+def run_grad(args: argparse.Namespace) -> int:
+    from .derive import backward_text
+    from .ir import check
+
+    text, file = _read_spec(args.spec), str(args.spec)
+    spec = check(text, args.spec.stem, file)
+    emit(backward_text(spec, text, file, training=not args.eval), args.output, args.force)
+    return 0
 
 
 def _compiled(path: Path):

@@ -139,8 +139,12 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, **kwargs):
-        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name."""
+    def __call__(self, /, *, training: bool = False, backward: str = "autograd", **kwargs):
+        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
+        `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
+        of its own record of the forward."""
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -149,6 +153,10 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
+            from ..derive.function import run
+
+            return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
@@ -309,6 +317,21 @@ class CompiledSpec:
             + "\n"
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
+
+    def backward_text(self, *, training: bool = True) -> str:
+        """The derived backward as spec text: the forward's equations, an input `dY` per
+        output (the cotangent of a scalar loss) and an equation for the cotangent of every
+        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md).
+        `training=False`: the backward in eval mode, where dropout is the identity."""
+        from ..derive import backward_text
+
+        return backward_text(self.ir, self.text, self.file, training=training)
+
+    def backward(self, *, training: bool = True) -> CompiledSpec:
+        """The derived backward, compiled like any spec: call it with the forward's arguments
+        and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
+        names, each with the call's batch axes (a param's gradient is their sum)."""
+        return compile_spec(self.backward_text(training=training), name=f"{self.name}_backward")
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
