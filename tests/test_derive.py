@@ -27,6 +27,7 @@ REFUSED = {
     "alibi": DROPOUT,
     "causal_head": DROPOUT,
     "gpt2": DROPOUT,
+    "gqa_core": DROPOUT,
     "mha_separate": DROPOUT,
     "sliding_window": DROPOUT,
     "torch_mha": DROPOUT,
