@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     compile_ = commands.add_parser("compile", help="print or write the generated Python")
     _spec_argument(compile_)
     _output_options(compile_, "OUT.py")
+    compile_.add_argument(
+        "--dump-after",
+        metavar="PASS",
+        help="print the program after the pass PASS (plan: the planner's) instead of the Python",
+    )
     compile_.set_defaults(run=run_compile)
 
     check = commands.add_parser(
@@ -110,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     _spec_argument(count)
     _size_option(count)
     count.set_defaults(run=run_count)
+
+    grad = commands.add_parser("grad", help="print or write the derived backward, as a spec")
+    _spec_argument(grad)
+    _output_options(grad, "OUT.attn")
+    grad.add_argument("--eval", action="store_true", help="in eval mode: dropout is the identity")
+    grad.set_defaults(run=run_grad)
 
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
     _spec_argument(docs, nargs="+")
@@ -169,7 +180,17 @@ def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    emit(_compiled(args.spec).source, args.output, args.force)
+    if args.dump_after is None:
+        emit(_compiled(args.spec).source, args.output, args.force)
+        return 0
+    from .lower.passes import lower
+    from .lower.plan import plan
+
+    try:
+        program = lower(plan(_checked(args.spec)), after=args.dump_after)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    emit(str(program) + "\n", args.output, args.force)
     return 0
 
 
@@ -341,6 +362,16 @@ def _checked(argument: str):
     return check(*_source(argument))
 
 
+def run_grad(args: argparse.Namespace) -> int:
+    from .derive import backward_text
+    from .ir import check
+
+    text, name, file = _source(args.spec)
+    spec = check(text, name, file)
+    emit(backward_text(spec, text, file, training=not args.eval), args.output, args.force)
+    return 0
+
+
 def _compiled(argument: str):
     """The spec a SPEC argument names, read once with a bound, compiled (errors name the
     file)."""
@@ -359,6 +390,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
+    from .lower.passes import lower
     from .lower.plan import plan
     from .views.cost import sizes_for
     from .views.report import report
@@ -367,7 +399,7 @@ def _report(spec, sizes: list[tuple[str, int]]):
         values = sizes_for(spec, dict(sizes))
     except KeyError as error:
         raise UsageError(error.args[0]) from None
-    return report(spec, plan(spec), values)
+    return report(spec, lower(plan(spec)), values)
 
 
 def run_latex(args: argparse.Namespace) -> int:

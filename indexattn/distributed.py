@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from .errors import SpecError
 from .runtime.module import SpecModule
-from .views.shard import ONCE, PARTIAL, SPLIT, ShardPlan
+from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
 __all__ = ["HeadParallel", "parallelize"]
 

@@ -255,3 +255,44 @@ def lookup(name: str) -> Op:
     if name == "pow":
         return POW
     return FUNCTIONS.get(name) or OPERATORS[name]
+
+
+# -- derivatives
+
+# The partial derivative of each elementwise function with respect to each argument, in the
+# language's own notation: the arguments are x, y, z in order; "0": no gradient flows (integer
+# rounding is flat almost everywhere). indexattn/derive reads these to write a spec's
+# backward; a test compares each with sympy's derivative of the `sympy` form above.
+# Reductions, `where` (the chosen branch gets the cotangent) and `dropout` (refused: its mask
+# has no name) are derived structurally there.
+DERIVATIVES: dict[str, tuple[str, ...]] = {
+    "exp": ("exp(x)",),
+    "log": ("1 / x",),
+    "sqrt": ("1 / (2 sqrt(x))",),
+    "rsqrt": ("-rsqrt(x)^3 / 2",),
+    "tanh": ("1 - tanh(x)^2",),
+    "sigmoid": ("sigmoid(x) (1 - sigmoid(x))",),
+    "relu": ("where(x > 0, 1, 0)",),
+    # Φ(x) = gelu(x) / x, away from 0; erf is not (yet) a function of the language
+    "gelu": ("where(x == 0, 1 / 2, gelu(x) / x) + 0.3989422804014327 x exp(-x^2 / 2)",),
+    "silu": ("sigmoid(x) (1 + x (1 - sigmoid(x)))",),
+    "elu": ("where(x > 0, 1, exp(x))",),
+    "softplus": ("sigmoid(x)",),
+    "abs": ("sign(x)",),
+    "sign": ("0",),
+    "cos": ("-sin(x)",),
+    "sin": ("cos(x)",),
+    "floor": ("0",),
+    "ceil": ("0",),
+    "round": ("0",),
+    # ties go to the second argument, as the literal interpreter's where(x < y, x, y)
+    "min": ("where(x < y, 1, 0)", "where(x < y, 0, 1)"),
+    "max": ("where(x > y, 1, 0)", "where(x > y, 0, 1)"),
+    "mod": ("1", "-floor(x / y)"),
+    "clamp": (
+        "where(x < y or x > z, 0, 1)",
+        "where(x < y, 1, 0)",
+        "where(x < y, 0, where(x > z, 1, 0))",
+    ),
+    "pow": ("y x^(y - 1)", "x^y log(x)"),
+}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
-from reference.buggy import HeadMajorGPT2, RepeatKVGQA, ReshapeHeadsMHA
+from reference.buggy import HeadMajorGPT2, RepeatKVCore, RepeatKVGQA, ReshapeHeadsMHA
 from reference.cases import CASES, JOURNEY, SDPA_CASES, assert_reproduces_journey
 
 indexattn = pytest.importorskip("indexattn")
@@ -27,6 +27,7 @@ BUGGY = {  # spec -> the module with the bug that spec rules out, at the spec's 
     "mha_separate": lambda s: ReshapeHeadsMHA(s["d_in"], s["d_out"], s["h"]),
     "gqa": lambda s: RepeatKVGQA(s["d_m"], s["h_kv"] * s["n_rep"], s["h_kv"], s["d_k"]),
     "gpt2": lambda s: HeadMajorGPT2(s["d_m"], s["h"]),
+    "gqa_core": lambda s: RepeatKVCore(s["scaling"], s["p"]),
 }
 
 
@@ -112,7 +113,9 @@ def test_spec_matches_sdpa_with_an_explicit_bias(case):
 
 
 # The specs with dropout (and their modules: nn.Dropout, or nn.MultiheadAttention's dropout).
-DROPOUT = ("causal_head", "mha_separate", "gpt2", "sliding_window", "alibi", "torch_mha")
+DROPOUT = (
+    "causal_head", "mha_separate", "gpt2", "sliding_window", "alibi", "torch_mha", "gqa_core",
+)  # fmt: skip
 
 
 def test_every_spec_with_dropout_is_checked_in_train_mode():

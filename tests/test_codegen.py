@@ -32,13 +32,15 @@ def test_generated_code_is_standalone_and_one_operation_per_line(shipped):
     } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"math", "torch", "einops", "rearrange", "einsum", "F"}
     functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
-    constants = [shipped.name + "_constants"] if shipped.constants_function else []
-    rows = [shipped.name + "_rows"] if "BLOCK_SCORES = " in shipped.source else []
-    spans = ["key_spans"] if "QUERY_BLOCK = " in shipped.source else []
-    # returned weights times values: one autograd step (lower/weights.py)
-    weights = [
-        n for n in ("softmax_values", "softmax_dropout_values") if f"def {n}(" in shipped.source
-    ]
+    # the helpers the final program's steps and regions call for
+    program = shipped.program
+    steps = {type(s).__name__: s for s in program.steps}
+    constants = [shipped.name + "_constants"] if program.held else []
+    rows = [shipped.name + "_rows"] if program.rows is not None else []
+    spans = ["key_spans"] if "Spans" in steps else []
+    fused = steps.get("SoftmaxValues")  # lower/passes/softmax_values.py: one autograd step
+    weights = [] if fused is None else ["softmax_values"]
+    weights = ["softmax_dropout_values"] if fused and fused.dropout is not None else weights
     assert functions == [*spans, *weights, *constants, *rows, shipped.name]
     for line in shipped.source.splitlines():
         code = line.split("  #")[0]

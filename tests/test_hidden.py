@@ -1,5 +1,5 @@
 """Scores by blocks of queries skip the keys a mask hides from a whole block only where the
-rows' steps prove those keys add nothing (lower/hidden.py): a mask of -inf added before a
+rows' steps prove those keys add nothing (lower/passes/spans.py): a mask of -inf added before a
 softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidden entries.
 Each phrasing below is compiled with a sliding window and run in blocks of two queries; it
 equals the literal interpreter in values and gradients whether it skips keys or not, and it
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower import hidden
+from indexattn.lower.passes import spans
 from indexattn.oracle import reference
 
 FRESH = itertools.count()
@@ -59,11 +59,15 @@ WEIGHTS = {
 }
 
 
-def compiled(weights: str, monkeypatch):
+def spec_text(weights: str) -> str:
+    """The spec whose attention weights are `weights` (its last line; equations before)."""
     *before, last = weights.split("\n")
     equations = "".join(line + "\n" for line in before)
-    text = HEAD + equations + f"A_<ττ'> = {last}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
-    spec = indexattn.compile_spec(text, name=f"hidden_{next(FRESH)}")
+    return HEAD + equations + f"A_<ττ'> = {last}\nO_<τa> = A_<ττ'> V_<τ'a>\noutput O\n"
+
+
+def compiled(weights: str, monkeypatch):
+    spec = indexattn.compile_spec(spec_text(weights), name=f"hidden_{next(FRESH)}")
     monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
     return spec
 
@@ -114,7 +118,7 @@ def test_each_case_that_must_not_skip_differs_when_forced_to(weights, monkeypatc
     makes), each case that must go over every key skips keys, and then differs from the
     literal interpreter, in values or in gradients."""
     monkeypatch.setenv("INDEXATTN_CACHE", "0")
-    monkeypatch.setattr(hidden.Pass, "proves", lambda self, steps: True)
+    monkeypatch.setattr(spans.Proof, "proves", lambda self, steps: True)
     spec = compiled(weights, monkeypatch)
     q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     g = torch.rand(4, dtype=torch.float64, requires_grad=True)

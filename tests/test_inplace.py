@@ -1,4 +1,4 @@
-"""Scores that take their masks in place (lower/inplace.py) and a scale spread over a sum of
+"""Scores that take their masks in place (lower/passes/inplace.py) and a scale spread over a sum of
 contractions (lower/products.py): the generated code adds onto the product it owns, leaves a
 product it returns alone, and equals the literal interpreter in values and gradients."""
 

@@ -241,7 +241,7 @@ def test_a_safe_softmax_over_scores_mixed_across_heads_keeps_the_plain_path():
     mixed = indexattn.compile_spec(ROOT / "specs" / "talking_heads.attn").source
     product = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn").source
     assert "out=" not in mixed and "amax" not in mixed and "_safe_softmax" in mixed
-    # the weights are returned: the softmax is softmax_dropout_values' (lower/weights.py)
+    # the weights are returned: the softmax is softmax_dropout_values' (passes/softmax_values.py)
     assert "softmax_dropout_values(S, V" in product
     assert "torch.softmax(scores, dim=-1, out=scores if overwrite else None)" in product
 

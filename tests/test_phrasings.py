@@ -433,3 +433,38 @@ def test_one_product_written_in_two_equations_is_computed_once_under_its_first_n
     twin = indexattn.compile_spec(TWICE.replace("S3_<ττ'> = Z_<τa>", "S3_<ττ'> = Y_<τa>"))
     assert code_lines(twin.source).count("@") + code_lines(twin.source).count("einsum(") == 2
     assert compare(twin, torch.float64, (2,)).ok
+
+
+GATED_MLP = """
+index τ : N
+index i : d_m
+index f : d_ff
+input X_<τi>
+param W_g_<fi>
+param W_u_<fi>
+param W_d_<if>
+G_<τf> = W_g_<fi> X_<τi>
+U_<τf> = W_u_<fi> X_<τi>
+"""
+GATED_SPLIT = GATED_MLP + "H_<τf> = silu(G_<τf>) U_<τf>\nY_<τi> = W_d_<if> H_<τf>\n"
+GATED_INLINE = GATED_MLP + "Y_<τi> = W_d_<if> (silu(G_<τf>) U_<τf>)\n"
+
+
+def test_a_weight_times_a_gated_product_is_one_linear_however_it_is_written():
+    """SwiGLU's down projection written inline, `W_d (silu(G) U)`, is the gate times the up
+    projection, then one `F.linear`, as with the product in an equation of its own."""
+    assert body(GATED_INLINE) == body(GATED_SPLIT)
+    spec = indexattn.compile_spec(GATED_INLINE, name="t")
+    assert spec.source.count("F.linear(") == 3 and "einsum" not in spec.source
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_a_weight_times_factors_with_other_indices_is_not_split_so():
+    """The twin: a per-token factor `g_<τ>` beside `U_<τf>` is not one elementwise product of
+    equal shapes, so the factors keep opt_einsum's order (W_d U first, then g), not the
+    split's; still the literal reading."""
+    per_token = GATED_MLP + "input g_<τ>\n"
+    inline = per_token + "Y_<τi> = W_d_<if> (g_<τ> U_<τf>)\n"
+    split = per_token + "H_<τf> = g_<τ> U_<τf>\nY_<τi> = W_d_<if> H_<τf>\n"
+    assert body(inline) != body(split)
+    assert compare(indexattn.compile_spec(inline, name="t"), torch.float64, (2,)).ok

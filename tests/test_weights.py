@@ -1,10 +1,10 @@
 """Softmax weights times the values outside the kernel, as one autograd step
-(lower/weights.py): where a spec returns its weights, `softmax_values` computes them and their
-product with V, and its backward makes the scores' gradient in place. Each phrasing equals
-the literal interpreter in values and in gradients (through the product alone, the weights
-alone, or both) and draws F.dropout's masks in train mode; near misses that would compute
-something else if fused keep autograd's own steps; where the step cannot run (torch.func,
-autocast, a second derivative) the plain steps run or an error says so."""
+(lower/passes/softmax_values.py): where a spec returns its weights, `softmax_values` computes
+them and their product with V, and its backward makes the scores' gradient in place. Each
+phrasing equals the literal interpreter in values and in gradients (through the product alone,
+the weights alone, or both) and draws F.dropout's masks in train mode; near misses that would
+compute something else if fused keep autograd's own steps; where the step cannot run
+(torch.func, autocast, a second derivative) the plain steps run or an error says so."""
 
 import itertools
 

@@ -1,25 +1,21 @@
-"""Plan -> Python source: a standalone module with one function per spec (and, where the
+"""Program -> Python source: a standalone module with one function per spec (and, where the
 spec has tensors of positions, a function that builds them, which a caller may run once per
 shape), one operation per line, each block headed by its equation. Nothing of the spec's
 text is pasted: names come from one allocator, numbers are re-printed from parsed values,
-comments are escaped."""
+comments are escaped. It prints only: the passes (lower/passes/) have decided the rest."""
 
 from __future__ import annotations
 
 import math
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from . import weights
-from .blocked import RowsWriter, find
 from .emit import Emitter
-from .hidden import add_spans
-from .hoist import read_counts, split
-from .inplace import accumulate
-from .liveness import deaths
 from .naming import Names
 from .printers import number_text, wrap
-from .steps import Plan, Var
+from .program import Program
+from .rows_emit import RowsWriter
+from .steps import Grid, Var
 
 HEADER = """\
 # {title}
@@ -51,15 +47,16 @@ def comment(text: str) -> str:
     )
 
 
-def generate(plan: Plan) -> Module:
-    """`generate(plan(check(text, "mha"))).text` -> the module's source."""
-    return Writer(plan).module()
+def generate(program: Program) -> Module:
+    """`generate(lower(plan(check(text, "mha")))).text` -> the module's source; any pass's
+    program prints (steps of sizes alone that no pass has hoisted are built per call)."""
+    return Writer(program).module()
 
 
 class Writer:
     """Assembles the module: imports, the constants function, the spec's function."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Program) -> None:
         self.plan, self.spec = plan, plan.spec
         self.names = Names(self.spec)
         self.main = Emitter(self.spec, self.names)
@@ -82,6 +79,7 @@ class Writer:
         knobs = [line for _, line in self.main.needs.knobs.values()]
         helpers = [text for _, text in self.main.needs.helpers.values()]
         defs = (["\n".join(knobs)] if knobs else []) + helpers + defs
+        prologue[:0] = _positions(self.main)
         if self.main.needs.device or self.main.needs.dtype:
             first = self.spec.like.ascii
             prologue.insert(0, f"device, dtype = {first}.device, {first}.dtype")
@@ -97,28 +95,17 @@ class Writer:
 
     def bodies(self) -> tuple[list[str], list[str]]:
         """The spec's function's lines and the constants function's, block by block."""
-        parts = split(self.plan)
-        rows = find(self.spec, parts.per_call, {r.var for r in self.plan.results})
-        parts, spans = add_spans(self.spec, rows, parts) if rows is not None else (parts, None)
-        # never written over: the rows' inputs (sliced per block, views of one tensor)
-        kept = set(rows.inputs) if rows is not None else set()
-        parts = replace(parts, per_call=accumulate(self.plan, parts.per_call, kept))
-        self.rows = RowsWriter(self.spec, self.names, rows, spans) if rows is not None else None
-        if self.rows is not None:
+        plan, rows = self.plan, self.plan.rows
+        if rows is not None:
+            self.rows = RowsWriter(self.spec, self.names, rows, plan.spans)
             _share(self.main, self.rows.emitter)
         body: list[str] = []
         constants: list[str] = []
-        inner, main = _partition(parts.per_call, rows)
-        reads = read_counts([s for rest in parts.per_call for s in rest], self.plan.results)
-        results = {r.var for r in self.plan.results}
-        main = weights.fuse(main, reads, results)
-        keep = {*parts.held, *results}
-        # the rows' inputs stay: the comprehension over blocks closes over them, and
-        # torch.compile cannot trace a `del` of a closed-over name (DELETE_DEREF)
-        keep |= set(rows.inputs) if rows is not None else set()
-        dead = deaths(main, keep)
-        blocks = zip(self.plan.blocks, parts.constant, inner, main, dead)
-        for b, (block, fixed, rowwise, plain, drop) in enumerate(blocks):
+        for b, block in enumerate(plan.blocks):
+            parts = {"constant": [], "rows": [], "call": []}
+            for step in block.steps:
+                parts[plan.region(step)].append(step)
+            fixed, rowwise, plain = parts["constant"], parts["rows"], parts["call"]
             heading = [f"# {comment(text)}" for text in block.texts]
             if fixed:
                 constants += heading + [line for s in fixed for line in self.grids.lines(s)]
@@ -129,10 +116,12 @@ class Writer:
                 body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)
-            if drop:
-                body.append(f"del {', '.join(self.names.var(v) for v in drop)}")
-        self.held = [self.names.var(v) for v in parts.held]
-        self.held_vars = parts.held
+            if block.drop:
+                body.append(f"del {', '.join(self.names.var(v) for v in block.drop)}")
+        self.held = [self.names.var(v) for v in plan.held]
+        self.held_vars = plan.held
+        if any(isinstance(s, Grid) and plan.region(s) == "call" for s in plan.steps):
+            self.main.needs.device = self.main.needs.dtype = True  # built here, not hoisted
         return body, constants
 
     def constant_args(self) -> tuple[str, ...]:
@@ -143,13 +132,9 @@ class Writer:
     def constants_function(self, args: tuple[str, ...], lines: list[str]) -> str:
         head = f"def {self.names.constants}({', '.join([*args, '*', 'device', 'dtype'])}):"
         doc = '"""Tensors of positions: the same for every call with these sizes and scalars."""'
-        positions = [
-            f"{self.names.index(i)} = torch.arange({self.grids.size(i)}, device=device, "
-            "dtype=torch.float64)"
-            for i in self.grids.needs.indices
-        ]
         held = ", ".join(self.held) + ("," if len(self.held) == 1 else "")
-        return "\n".join([head, *_indent([doc, *positions, *lines, f"return {held}"])])
+        lines = [doc, *_positions(self.grids), *lines, f"return {held}"]
+        return "\n".join([head, *_indent(lines)])
 
     def constants_call(self, args: tuple[str, ...]) -> str:
         """Built here unless the caller passes them (the runtime keeps them per shape)."""
@@ -199,13 +184,13 @@ class Writer:
         return "\n".join(out) + "\n" if out else ""
 
 
-def _partition(per_call, rows):
-    """Each block's steps the rows compute, and the others (the spec's function's)."""
-    chosen = rows.chosen if rows is not None else frozenset()
-    blocks = list(enumerate(per_call))
-    inner = [[s for k, s in enumerate(rest) if (b, k) in chosen] for b, rest in blocks]
-    main = [tuple(s for k, s in enumerate(rest) if (b, k) not in chosen) for b, rest in blocks]
-    return inner, main
+def _positions(emitter: Emitter) -> list[str]:
+    """The tensors of positions the emitter's lines read."""
+    return [
+        f"{emitter.names.index(i)} = torch.arange({emitter.size(i)}, device=device, "
+        "dtype=torch.float64)"
+        for i in emitter.needs.indices
+    ]
 
 
 def _share(main: Emitter, other: Emitter) -> None:

@@ -137,7 +137,7 @@ class Emitter(KernelSteps, Values):
 
     def step_Contract(self, step: Contract) -> str:
         out = step.out
-        if step.into:  # lower/inplace.py
+        if step.into:  # lower/passes/inplace.py
             sign, value = self.scale_of(step.scale)
             method = "div_" if sign == "/" else "mul_"
             return f"{self.var(out)} = {self.ref(step.args[0])}.{method}({value})"
@@ -226,7 +226,7 @@ class Emitter(KernelSteps, Values):
         elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
             args[1] = self.tensor_of(args[1])
         self.use(*op.imports)
-        template = op.inplace if step.into else op.torch  # lower/inplace.py
+        template = op.inplace if step.into else op.torch  # lower/passes/inplace.py
         return f"{self.var(step.out)} = {template.format(*args)}"
 
     def step_Reduction(self, step: Reduction) -> str | list[str]:

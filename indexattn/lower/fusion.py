@@ -68,15 +68,29 @@ def linear_form(node: ir.Node) -> LinearForm | None:
         product, bias = node.terms
         if not isinstance(product, ir.Product):
             product, bias = bias, product
-    if not isinstance(product, ir.Product) or len(product.factors) != 2:
+    if not isinstance(product, ir.Product) or len(product.factors) < 2:
         return None
     if bias is not None and not isinstance(bias, ir.Ref):
         return None
-    for weight, x in (product.factors, product.factors[::-1]):
+    for weight, x in _weight_and_rest(product):
         form = _weight_form(weight, x, product.summed)
         if form is not None and (bias is None or _fits_bias(form, bias)):
             return LinearForm(weight, x, bias, *form)
     return None
+
+
+def _weight_and_rest(product: ir.Product):
+    """Each factor against the others, multiplied elementwise first where they all carry the
+    same indices (`W_<if> (silu(G_<τf>) U_<τf>)`: the gate times the up projection, then one
+    product with W); others, whose elementwise product would be an outer one, are never split
+    so."""
+    factors = product.factors
+    for k, weight in enumerate(factors):
+        rest = factors[:k] + factors[k + 1 :]
+        if len(rest) == 1:
+            yield weight, rest[0]
+        elif len({frozenset(f.free) for f in rest}) == 1 and rest[0].free:
+            yield weight, ir.Product(rest, (), product.span)
 
 
 def whole(form: LinearForm) -> bool:

@@ -4,7 +4,7 @@ attention core as one `F.scaled_dot_product_attention`, from the matches of `fus
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import sympy
 
@@ -18,11 +18,24 @@ from .fusion import (
     find_attention,
     projection_groups,
 )
-from .hoist import constant
-from .steps import Attention, Grid, Operand, Pad, Spans, Split
+from .passes.hoist import constant
+from .steps import Arg, Attention, Grid, Operand, Pad, Spans, Split, Step, Var
 
-if TYPE_CHECKING:
-    from .plan import Planner
+
+class Planner(Protocol):
+    """What the kernels ask of the planner (plan.py's Planner, which holds them)."""
+
+    order: tuple[Index, ...]
+    steps: list[Step]
+    held: dict[str, Operand]
+
+    def var(self, hint: str) -> Var: ...
+    def add(self, step: Step) -> Operand: ...
+    def node(self, node: ir.Node, hint: str) -> Arg: ...
+    def as_tensor(self, value: Arg, hint: str) -> Operand: ...
+    def assign(self, eq: ir.Equation, value: Operand) -> None: ...
+    def general(self, eq: ir.Equation, rhs: ir.Node) -> None: ...
+    def linear(self, form: LinearForm, hint: str) -> Operand: ...
 
 
 class Kernels:

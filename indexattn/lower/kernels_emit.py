@@ -113,7 +113,7 @@ class KernelSteps:
         return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"
 
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
-        """`W, O = softmax_values(S, V)` (lower/weights.py): V viewed (…, key, width)."""
+        """`W, O = softmax_values(S, V)` (passes/softmax_values.py): V viewed (…, key, width)."""
         weights, out = step.outs
         values, key = step.values, weights.dims[-1]
         shape = (*out.dims[:-2], key, out.dims[-1])

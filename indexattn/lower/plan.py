@@ -21,11 +21,11 @@ from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts, find
 from .products import Products
+from .program import Block, Program
 from .sinks import Sink, absorbed
 from .steps import (
     Add,
     Arg,
-    Block,
     Cat,
     Elementwise,
     Flip,
@@ -36,7 +36,6 @@ from .steps import (
     Linear,
     Number,
     Operand,
-    Plan,
     Reduction,
     Rename,
     Slice,
@@ -48,8 +47,8 @@ from .steps import (
 )
 
 
-def plan(spec: Spec) -> Plan:
-    """`plan(check(text, "mha"))` -> the steps the generated function takes."""
+def plan(spec: Spec) -> Program:
+    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform."""
     return Planner(spec).plan()
 
 
@@ -90,7 +89,7 @@ class Planner(Products, PrefixProducts):
             self.seen[key] = step.out
         return step.out
 
-    def plan(self) -> Plan:
+    def plan(self) -> Program:
         blocks = self.blocks
         for eq in self.spec.equations:
             if not self.kernels.skipped(eq) and eq.tensor.name not in self.later:
@@ -102,7 +101,7 @@ class Planner(Products, PrefixProducts):
         results = tuple(self.result(t) for t in self.spec.outputs)
         if self.steps:
             blocks.append(Block((), tuple(self.steps), "outputs in their declared layouts"))
-        return Plan(self.spec, recipe(self.spec), tuple(blocks), results)
+        return Program(self.spec, recipe(self.spec), tuple(blocks), results, next(self.ids))
 
     @property
     def planned(self) -> tuple[Step, ...]:

@@ -1,8 +1,12 @@
-"""The planner's products: a weight against one operand is `F.linear`; otherwise the scale
-goes onto the smallest factor and three or more factors are contracted pairwise in the order
-`order` chooses (by the call's sizes where the best order depends on them)."""
+"""The planner's products, by the first rule of PRODUCT_RULES that applies: a weight against
+one operand is `F.linear`; otherwise the scale goes onto the smallest factor and three or
+more factors are contracted pairwise in the order `order` chooses (by the call's sizes where
+the best order depends on them)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import sympy
 
@@ -20,22 +24,33 @@ class Products:
     sink_softmax and the equations `defined`."""
 
     def node_Product(self, node: ir.Product, hint: str) -> Arg:
-        chunked = self.prefix_product(node, hint)
-        if chunked is not None:
-            return chunked
+        """The first rule of PRODUCT_RULES that plans the product."""
+        for rule in PRODUCT_RULES:
+            found = rule.plan(self, node, hint)
+            if found is not None:
+                return found
+        raise AssertionError("the last rule, contract, plans every product")
+
+    def sink_rule(self, node: ir.Product, hint: str) -> Arg | None:
         found = sink(node, self.defined)
-        if found is not None:
-            return self.sink_softmax(found, hint)
+        return self.sink_softmax(found, hint) if found is not None else None
+
+    def linear_rule(self, node: ir.Product, hint: str) -> Arg | None:
         form = linear_form(node)
-        if form is not None and direct(form):
-            return self.linear(form, hint + "_proj")
+        return self.linear(form, hint + "_proj") if form is not None and direct(form) else None
+
+    def spread_rule(self, node: ir.Product, hint: str) -> Arg | None:
         spread = _spread(node)
-        if spread is not None:
-            return self.node(spread, hint)
+        return self.node(spread, hint) if spread is not None else None
+
+    def quotient_rule(self, node: ir.Product, hint: str) -> Arg | None:
         below = [f for f in node.factors if denominator(f)]
         summed_below = set(node.summed) & {i for f in below for i in f.free}
         if below and len(below) < len(node.factors) and not summed_below:
             return self.quotient(node, below, hint)
+        return None
+
+    def contract_rule(self, node: ir.Product, hint: str) -> Arg:
         scale = sympy.Integer(1)
         tensors: list[Operand] = []
         for factor in node.factors:
@@ -106,6 +121,26 @@ class Products:
             last = sympy.Integer(1) if pending else scale
             pending.append(self.contract(chosen, dims, last, hint))
         return pending[0]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One way to plan a product: `plan(planner, node, hint)` gives its value, or None where
+    the rule does not apply."""
+
+    name: str
+    plan: Callable[[Products, ir.Product, str], Arg | None]
+
+
+# The planner's rules for a product, in order: the first that applies plans it.
+PRODUCT_RULES = (
+    Rule("prefix", lambda p, node, hint: p.prefix_product(node, hint)),  # prefix.py: by chunks
+    Rule("sink", Products.sink_rule),  # sinks.py: a softmax with one more logit
+    Rule("linear", Products.linear_rule),  # a weight against one operand: F.linear
+    Rule("spread", Products.spread_rule),  # a number times a sum of products
+    Rule("quotient", Products.quotient_rule),  # `a / b` with sums above the bar
+    Rule("contract", Products.contract_rule),  # einsum, pairwise in the cheapest order
+)
 
 
 def _spread(node: ir.Product) -> ir.Sum | None:

@@ -1,5 +1,5 @@
-"""The plan's values: variables (named only when printed), operands, the step kinds, blocks
-and the plan itself. Every value is frozen and prints as a readable line."""
+"""The program's values: variables (named only when printed), operands and the step kinds.
+Every value is frozen; what each kind is (reads, purity, views, ...) is in kinds.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .. import ir
-from ..ir import Index, Spec, Tensor
-from ..ir.shapes import Recipe
+from ..ir import Index, Tensor
 
 
 @dataclass(frozen=True)
@@ -122,7 +120,7 @@ class Contract:
 @dataclass(frozen=True)
 class Add:
     """A sum of terms; `signs` (when given) subtracts the terms marked -1; `into` (when
-    given) is the term the others are added onto in place (lower/inplace.py)."""
+    given) is the term the others are added onto in place (lower/passes/inplace.py)."""
 
     out: Operand
     args: tuple[Arg, ...]
@@ -159,6 +157,9 @@ class Full:
 
 @dataclass(frozen=True)
 class Reduction:
+    """A reduction of the operator table over `over`: sums, maxima, logsumexp (the axes
+    go), softmax and cumsum (they stay)."""
+
     out: Operand
     fn: str  # sum max min mean logsumexp softmax
     arg: Operand
@@ -349,42 +350,3 @@ Step = (
     | PrefixProduct
     | SoftmaxValues
 )
-
-
-@dataclass(frozen=True)
-class Block:
-    """The steps of one equation (or of several that one kernel computes), headed by them;
-    a block of no equation (the outputs put in their declared layouts) has a note instead."""
-
-    equations: tuple[ir.Equation, ...]
-    steps: tuple[Step, ...]
-    note: str = ""
-
-    @property
-    def texts(self) -> tuple[str, ...]:
-        return tuple(eq.text for eq in self.equations) or (self.note,)
-
-
-@dataclass(frozen=True)
-class Plan:
-    spec: Spec
-    sizes: Recipe
-    blocks: tuple[Block, ...]
-    results: tuple[Operand, ...]  # the outputs, in their declared layouts
-
-    def __str__(self) -> str:
-        out = [f"plan for {self.spec.name}", str(self.sizes)]
-        for block in self.blocks:
-            out.extend(f"# {text}" for text in block.texts)
-            out.extend(
-                f"  {type(s).__name__}: {s.out.var} {_dims(s.out.dims)}" for s in block.steps
-            )
-        return "\n".join(out)
-
-    @property
-    def steps(self) -> tuple[Step, ...]:
-        return tuple(s for block in self.blocks for s in block.steps)
-
-
-def _dims(dims: tuple[Index, ...]) -> str:
-    return "(" + ", ".join(i.glyph for i in dims) + ")"

@@ -200,8 +200,9 @@ class StatementParser:
         if self.at("~"):
             tilde = self.advance()
             if role != "param":
+                article = "an" if role[0] in "aeiou" else "a"
                 raise self.error(
-                    f"only a param has an initialiser, not an {role}",
+                    f"only a param has an initialiser, not {article} {role}",
                     tilde.span,
                     "remove the '~ ...' part, or declare it as a param.",
                 )

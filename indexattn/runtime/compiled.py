@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from .. import ir
     from ..lower.codegen import Module
-    from ..lower.plan import Plan
+    from ..lower.program import Program
 
 _CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
@@ -113,8 +113,8 @@ class CompiledSpec:
         self.file = file
         if spec is not None:
             self.ir = spec
-            self.module_source = _generate(self.plan)
-            plain = _plain(spec, self.plan, self.module_source)
+            self.module_source = _generate(self.program)
+            plain = _plain(spec, self.program, self.module_source)
         assert plain is not None, "a CompiledSpec is built from a checked spec or cache entry"
         self.plain = plain
         self.name, self.source = plain.name, plain.source
@@ -138,14 +138,22 @@ class CompiledSpec:
         return ir.check(self.text, self.name, self.file)
 
     @cached_property
-    def plan(self) -> Plan:
+    def plan(self) -> Program:
+        """The planner's program, before the passes."""
         from ..lower.plan import plan
 
         return plan(self.ir)
 
     @cached_property
+    def program(self) -> Program:
+        """The program after every pass: what the generated module prints."""
+        from ..lower.passes import lower
+
+        return lower(self.plan)
+
+    @cached_property
     def module_source(self) -> Module:
-        return _generate(self.plan)
+        return _generate(self.program)
 
     def __reduce__(self):
         # Pickled as its text: generated functions and caches are rebuilt, not stored.
@@ -158,8 +166,12 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, **kwargs):
-        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name."""
+    def __call__(self, /, *, training: bool = False, backward: str = "autograd", **kwargs):
+        """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
+        `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
+        of its own record of the forward."""
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -168,6 +180,10 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
+            from ..derive.function import run
+
+            return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
@@ -308,7 +324,7 @@ class CompiledSpec:
         the generated code takes (see indexattn/views/cost.py for what each step costs)."""
         from ..views import cost
 
-        return cost.flops(self.plan)
+        return cost.flops(self.program)
 
     def latex(self, *, raised: bool = False, sums: bool = False) -> str:
         r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted
@@ -331,10 +347,25 @@ class CompiledSpec:
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
 
+    def backward_text(self, *, training: bool = True) -> str:
+        """The derived backward as spec text: the forward's equations, an input `dY` per
+        output (the cotangent of a scalar loss) and an equation for the cotangent of every
+        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md).
+        `training=False`: the backward in eval mode, where dropout is the identity."""
+        from ..derive import backward_text
+
+        return backward_text(self.ir, self.text, self.file, training=training)
+
+    def backward(self, *, training: bool = True) -> CompiledSpec:
+        """The derived backward, compiled like any spec: call it with the forward's arguments
+        and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
+        names, each with the call's batch axes (a param's gradient is their sum)."""
+        return compile_spec(self.backward_text(training=training), name=f"{self.name}_backward")
+
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
-        are replicated, and which need a relayout first: see indexattn/views/shard.py."""
-        from ..views.shard import shard_plan
+        are replicated, and which need a relayout first: see indexattn/shard.py."""
+        from ..shard import shard_plan
 
         return shard_plan(self.ir, over)
 
@@ -400,14 +431,14 @@ def _load(source: str, name: str) -> dict:
     return namespace
 
 
-def _generate(plan: Plan) -> Module:
+def _generate(program: Program) -> Module:
     from ..lower.codegen import generate
 
-    return generate(plan)
+    return generate(program)
 
 
-def _plain(spec: ir.Spec, plan: Plan, module: Module) -> Plain:
-    """What a call needs of a checked spec, its plan and generated module, as plain data."""
+def _plain(spec: ir.Spec, plan: Program, module: Module) -> Plain:
+    """What a call needs of a checked spec, its program and generated module, as plain data."""
     from ..ir.shapes import rules
     from .held import layer
     from .positions import positions

@@ -12,19 +12,31 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from ..sizes import evaluate, names, whole
-from .compiled import CompiledSpec
+from .cache import Plain
 from .held import Held
+
+
+class Runs(Protocol):
+    """What a layer needs of its compiled spec (compiled.py's CompiledSpec, which builds it)."""
+
+    name: str
+    plain: Plain
+
+    def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
+        """The generated function on tensors in argument order."""
 
 
 class SpecModule(nn.Module):
     """The spec as a layer; `module.scalars` holds the scalars (p, w, ...) it calls with."""
 
-    def __init__(self, spec: CompiledSpec, /, **kwargs) -> None:
+    def __init__(self, spec: Runs, /, **kwargs) -> None:
         super().__init__()
         self.spec = spec
         plain, layer = spec.plain, spec.plain.layer
@@ -51,6 +63,7 @@ class SpecModule(nn.Module):
             param = nn.Parameter(torch.empty(_shape(tensor, self.sizes, spelled, spec.name)))
             _initialise(param, tensor, fan_in(tensor, self.sizes))
             self._parameters[tensor.ascii] = param
+        self.register_load_state_dict_pre_hook(_dotted_keys)
         self._sign()
 
     def _sign(self) -> None:
@@ -112,6 +125,15 @@ class SpecModule(nn.Module):
 
 def _class_forward(module: SpecModule, /, *args, **kwargs):
     return type(module).forward(module, *args, **kwargs)
+
+
+def _dotted_keys(module: SpecModule, state: dict, prefix: str, *args) -> None:
+    """load_state_dict: a layer's own keys (q_proj.weight) load as the spec's names, dots made
+    underscores (q_proj_weight), as a spec's ASCII names spell them."""
+    for key in [k for k in state if k.startswith(prefix) and "." in k[len(prefix) :]]:
+        name = key[len(prefix) :].replace(".", "_")
+        if name in module._parameters or name in module._buffers:
+            state[prefix + name] = state.pop(key)
 
 
 def _is_tensor(value) -> bool:

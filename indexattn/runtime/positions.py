@@ -14,7 +14,8 @@ from ..errors import ShapeError
 from ..sizes import Tree, evaluate
 
 if TYPE_CHECKING:
-    from ..lower.steps import Plan, Var
+    from ..lower.program import Program
+    from ..lower.steps import Var
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Positions:
             _in_range(spec, check, tensors[check.source], sizes)
 
 
-def positions(plan: Plan, held: tuple[Var, ...]) -> Positions:
+def positions(plan: Program, held: tuple[Var, ...]) -> Positions:
     """The checks of every gather of a plan; `held`: the values the constants function
     returns, in order."""
     from ..ir.shapes import tree

@@ -30,10 +30,10 @@ from functools import singledispatch
 import sympy
 
 from ..ir import Index, Spec, Tensor
+from ..lower.program import Block, Program
 from ..lower.steps import (
     Add,
     Attention,
-    Block,
     Cat,
     Choose,
     Contract,
@@ -46,11 +46,11 @@ from ..lower.steps import (
     Linear,
     Operand,
     Pad,
-    Plan,
     PrefixProduct,
     Reduction,
     Rename,
     Slice,
+    SoftmaxValues,
     Spans,
     Split,
     Unfuse,
@@ -124,7 +124,7 @@ def params(spec: Spec) -> tuple[tuple[Tensor, sympy.Expr], ...]:
 # -- FLOPs
 
 
-def flops(plan: Plan) -> sympy.Expr:
+def flops(plan: Program) -> sympy.Expr:
     """Floating-point operations of one forward pass, per batch element.
 
     >>> from indexattn.ir import check
@@ -136,7 +136,7 @@ def flops(plan: Plan) -> sympy.Expr:
     return sum((cost for _, cost in block_costs(plan)), Cost()).total
 
 
-def block_costs(plan: Plan) -> tuple[tuple[Block, Cost], ...]:
+def block_costs(plan: Program) -> tuple[tuple[Block, Cost], ...]:
     """The cost of each block of the plan (one equation, or several the plan computes
     together), in order."""
     return tuple((b, sum(map(step_cost, b.steps), Cost())) for b in plan.blocks)
@@ -247,6 +247,14 @@ def _(step: Attention) -> Cost:
     matmul = 2 * scores * (features + values)
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
+
+
+@step_cost.register
+def _(step: SoftmaxValues) -> Cost:
+    """The softmax's and the product's, as the steps it replaces (dropout: none)."""
+    weights, out = step.outs
+    scores = _size(weights)
+    return Cost(matmul=2 * scores * out.dims[-1].size, other=SOFTMAX_PER_ELEMENT * scores)
 
 
 @step_cost.register

@@ -9,7 +9,7 @@ Notebooks protect `$$` from Markdown, so `_repr_markdown_` asks for `$$` blocks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir import Spec
 from . import cost, latex, svg, tables
@@ -59,6 +59,7 @@ def markdown(page: Page) -> str:
         f"![Dataflow of {md(spec.name)}: tensors as boxes, equations as arrows]({page.stem}.svg)\n"
     )
     out.append("## Equations\n\n" + equations(spec))
+    out.append(backward(spec))
     out.append("## Indices\n\n" + render(index_table(report)))
     if spec.scalars:
         out.append("## Scalars\n\n" + render(scalar_table(report)))
@@ -91,6 +92,28 @@ def equations(spec: Spec, display: str = GITHUB_MATH) -> str:
         note = f"*{md(eq.source.doc)}:*\n\n" if eq.source.doc else ""
         out.append(note + display.format(f"{eq.lhs} = {eq.rhs}"))
     return "\n".join(out)
+
+
+def backward(spec: Spec) -> str:
+    """The derived backward's own equations (after the forward's, which it repeats), or
+    what keeps it from being derived; see docs/gradients.md."""
+    from ..derive import derive
+    from ..errors import SpecError
+    from ..ir import check
+
+    try:
+        derived = derive(spec)
+    except SpecError as error:
+        return f"## Backward\n\nNot derived: {md(error.message)}.\n"
+    full = check(derived.text, f"{spec.name}_backward")
+    own = replace(full, equations=full.equations[len(spec.equations) :])
+    inputs = full.tensors_of("input")[len(full.tensors_of("input")) - len(derived.given) :]
+    given = ", ".join(code_span(t.name) for t in inputs)
+    intro = (
+        f"Derived by `indexattn grad`, given {given}: the cotangent of every tensor "
+        "that a cotangent reaches.\n\n"
+    )
+    return "## Backward\n\n" + intro + equations(own)
 
 
 def _math(tex: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import sympy
 
 from .. import ir
-from ..lower.plan import Plan
+from ..lower.program import Program
 from . import cost, latex
 from .tables import (
     Cell,
@@ -62,7 +62,7 @@ class CountRow:
 @dataclass(frozen=True)
 class Report:
     spec: ir.Spec
-    plan: Plan
+    plan: Program
     sizes: dict  # size Symbol -> int
     indices: tuple[IndexRow, ...]
     tensors: tuple[TensorRow, ...]
@@ -175,7 +175,7 @@ PLAIN = {  # a cell as plain text, for `indexattn count`
 }
 
 
-def report(spec: ir.Spec, plan: Plan, sizes: dict) -> Report:
+def report(spec: ir.Spec, plan: Program, sizes: dict) -> Report:
     """`report(spec, plan, cost.sizes_for(spec))`: every row, symbolic and at the sizes."""
     return Report(
         spec,
@@ -205,7 +205,7 @@ def _tensor_row(tensor: ir.Tensor, spec: ir.Spec, sizes: dict) -> TensorRow:
     return TensorRow(tensor, role, axes, tuple(cost.evaluate(n, sizes) for n in tensor.shape))
 
 
-def flop_rows(spec: ir.Spec, plan: Plan, sizes: dict) -> tuple[CountRow, ...]:
+def flop_rows(spec: ir.Spec, plan: Program, sizes: dict) -> tuple[CountRow, ...]:
     """One row per block of the plan that computes something: the equations it implements."""
     rows = []
     for block, spent in cost.block_costs(plan):

@@ -1,11 +1,18 @@
-"""Three plausible bugs that an index-notation spec rules out ("what the notation catches").
+"""Plausible bugs that an index-notation spec rules out ("what the notation catches"): three,
+the heads (r g) for (g r) both in a whole layer and in the attention core.
 
 Each module has exactly the state_dict of a correct module in classic.py and differs from it in
 one line; each agrees with the correct module only when the bug's two axes cannot be confused
 (one head, one token, one group).
 """
 
-from .classic import GPT2Attention, GroupedQueryAttention, MultiHeadAttention, split_head_major
+from .classic import (
+    GPT2Attention,
+    GroupedQueryAttention,
+    GroupedQueryCore,
+    MultiHeadAttention,
+    split_head_major,
+)
 
 
 class ReshapeHeadsMHA(MultiHeadAttention):
@@ -30,6 +37,13 @@ class RepeatKVGQA(GroupedQueryAttention):
 
     def repeat_kv(self, t):
         return t.repeat(*[1] * (t.dim() - 3), self.num_heads // self.num_kv_heads, 1, 1)
+
+
+class RepeatKVCore(GroupedQueryCore):
+    """gqa_core's reference with the heads of RepeatKVGQA: (r g) where repeat_kv orders (g r)."""
+
+    def repeat_kv(self, t, n_rep):
+        return t.repeat(*[1] * (t.dim() - 3), n_rep, 1, 1)
 
 
 class HeadMajorGPT2(GPT2Attention):

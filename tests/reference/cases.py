@@ -225,6 +225,17 @@ CASES = [
         LLAMA3_8B,
     ),
     Case(
+        "gqa_core",
+        lambda s: classic.GroupedQueryCore(s["scaling"], s["p"]),
+        lambda s: {
+            "Q": randn(*BATCH, 2, 3, N, 4),
+            "K": randn(*BATCH, 2, N_KV, 4),
+            "V": randn(*BATCH, 2, N_KV, 3),
+            "M": random_mask(N_KV)[:N] + right_padding(N_KV)[:, None, :],
+        },
+        {"scaling": 0.3, "p": 0.2},
+    ),
+    Case(
         "cross",
         lambda s: classic.CrossAttention(s["d_q"], s["d_c"], s["h"], s["d_k"]),
         lambda s: {"X": randn(*BATCH, N, s["d_q"]), "C": randn(*BATCH, N_KV, s["d_c"])},

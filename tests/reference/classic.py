@@ -242,6 +242,28 @@ class GroupedQueryAttention(nn.Module):
         return self.o_proj(merge_heads(out))
 
 
+class GroupedQueryCore(nn.Module):
+    """transformers' eager attention core (gqa_core.attn): given queries (..., h_kv, n_rep, n, d)
+    with heads (g r), keys and values (..., h_kv, n_kv, d), an additive mask (..., n, n_kv);
+    scores times `scaling`, softmax, dropout on the weights, then the values."""
+
+    def __init__(self, scaling, p=0.0):
+        super().__init__()
+        self.scaling = scaling
+        self.dropout = nn.Dropout(p)
+
+    def repeat_kv(self, t, n_rep):
+        return t.repeat_interleave(n_rep, dim=-3)
+
+    def forward(self, q, k, v, mask):
+        n_rep = q.shape[-3]
+        q = q.flatten(-4, -3)
+        k, v = self.repeat_kv(k, n_rep), self.repeat_kv(v, n_rep)
+        scores = q @ k.transpose(-2, -1) * self.scaling + mask[..., None, :, :]
+        out = self.dropout(torch.softmax(scores, dim=-1)) @ v
+        return out.unflatten(-3, (-1, n_rep))
+
+
 class CrossAttention(nn.Module):
     """Variant 11: multi-head queries from x (N, d_q), keys and values from context (L, d_c).
 

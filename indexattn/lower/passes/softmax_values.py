@@ -13,22 +13,26 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .steps import Contract, Elementwise, Number, Operand, Reduction, SoftmaxValues, Step, Var
+from ..program import Program
+from ..steps import Contract, Elementwise, Number, Operand, Reduction, SoftmaxValues, Step, Var
+from .hoist import read_counts
 
 
-def fuse(blocks: list[tuple[Step, ...]], reads: Counter, results: set[Var]):
-    """The blocks' steps with each softmax, dropout and product that can go as one step
-    replaced by it (in the product's block)."""
-    flat = [s for block in blocks for s in block]
-    fused: dict[int, SoftmaxValues] = {}  # the product's place: the step that replaces it
-    gone: set[int] = set()
+def run(program: Program) -> Program:
+    """The program with each softmax, dropout and product of the spec's function that can go
+    as one step replaced by it (in the product's place)."""
+    per_call = [s for b in program.blocks for s in program.per_call(b)]
+    reads = read_counts(per_call, program.results)
+    results = {r.var for r in program.results}
+    flat = [s for s in per_call if program.region(s) == "call"]
+    new: dict[Var, Step | None] = {}  # the product's value: the step that replaces it
     for k, step in enumerate(flat):
         for before in (flat[k - 1 : k], flat[k - 2 : k] if k >= 2 else []):
             found = _chain(before, step, reads, results)  # a softmax (and a dropout) before
             if found is not None:
-                fused[id(step)] = found
-                gone.update(map(id, before))
-    return [tuple(fused.get(id(s), s) for s in block if id(s) not in gone) for block in blocks]
+                new[step.out.var] = found
+                new.update(dict.fromkeys((s.out.var for s in before), None))
+    return program.with_steps(new)
 
 
 def _chain(before: list[Step], step: Step, reads: Counter, results: set[Var]):

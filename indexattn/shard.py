@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from .. import ir
-from ..errors import SpecError
-from ..ir.nodes import layout_text
-from ..notation.names import GREEK, normalise
+from . import ir
+from .errors import SpecError
+from .ir.nodes import layout_text
+from .notation.names import GREEK, normalise
 
 # How a tensor is placed: the words the table prints.
 SPLIT = "split"  # along one axis, a block of heads per rank (DTensor Shard)

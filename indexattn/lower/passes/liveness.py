@@ -4,10 +4,24 @@ soon as the next equation no longer needs them, as hand-written code frees a reb
 
 from __future__ import annotations
 
-from .hoist import operands
-from .steps import Fuse, Rename, Slice, Split, Step, Var
+from dataclasses import replace
 
-VIEWS = (Rename, Split, Fuse, Slice)  # results that may share the storage of what they read
+from ..kinds import made, reads, view
+from ..program import Program
+from ..steps import Step, Var
+
+
+def run(program: Program) -> Program:
+    """The program with each block's `drop`: the locals of the spec's function it reads for
+    the last time. The held constants, the results and the rows' inputs stay (the
+    comprehension over blocks of rows closes over them, and torch.compile cannot trace a
+    `del` of a closed-over name: DELETE_DEREF)."""
+    keep = {*program.held, *(r.var for r in program.results)}
+    keep |= set(program.rows.inputs) if program.rows is not None else set()
+    main = [tuple(s for s in b.steps if program.region(s) == "call") for b in program.blocks]
+    dead = deaths(main, keep)
+    blocks = tuple(replace(b, drop=d) for b, d in zip(program.blocks, dead))
+    return replace(program, blocks=blocks)
 
 
 def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ...]]:
@@ -15,23 +29,23 @@ def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ..
     steps, read no later than it, not in `keep`. A view lives as long as what it views (both
     are dropped together); nothing is dropped after the last block that computes anything
     (the function returns there)."""
-    made: dict[Var, int] = {}  # each local, and the block that makes it
+    born: dict[Var, int] = {}  # each local, and the block that makes it
     root: dict[Var, Var] = {}  # a view's storage: the first local of its chain
     last: dict[Var, int] = {}  # each storage's last reading block
     for b, steps in enumerate(blocks):
         for step in steps:
-            read = [o.var for o in operands(step)]
+            read = [o.var for o in reads(step)]
             for var in read:
                 last[root.get(var, var)] = b
-            for out in getattr(step, "outs", (step.out,)):
-                made.setdefault(out.var, b)
-                if isinstance(step, VIEWS):
+            for out in made(step):
+                born.setdefault(out.var, b)
+                if view(step):
                     root[out.var] = root.get(read[0], read[0])
                 last.setdefault(root.get(out.var, out.var), b)
     final = max((b for b, steps in enumerate(blocks) if steps), default=-1)
     kept = {root.get(v, v) for v in keep}
     dead: list[list[Var]] = [[] for _ in blocks]
-    for var in made:
+    for var in born:
         storage = root.get(var, var)
         if storage in kept or storage.argument or last[storage] >= final:
             continue

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
-from ..ir import Index, Spec
-from ..ops import lookup
-from .blocked import Rows, axes_of, inputs_along, sequence_indices
-from .hoist import Split, operands
-from .steps import (
+from ...ir import Index, Spec
+from ...ops import lookup
+from ..kinds import reads
+from ..program import Hidden, KeySpans, Program, Rows
+from ..steps import (
     Add,
     Arg,
     Cat,
@@ -37,53 +37,39 @@ from .steps import (
     Step,
     Var,
 )
+from .rows import axes_of, inputs_along, sequence_indices
 
 # a value at the hidden entries: -inf, 0, anything (inf and NaN too); None: a finite number
 NEG, ZERO, ANY = "-inf", "0", "any"
 FAIL = "fail"  # a step whose result would change without the hidden keys
-# the spans' variable is the code generator's own: the planner counts its ids from 0, and
-# gives arguments -1
-SPANS_ID = -2
 
 
-@dataclass(frozen=True)
-class Hidden:
-    """The rows' key index, the mask that hides keys from rows, and which of its entries
-    hide: "-inf" (a float mask), "true" or "false" (a boolean one, as `where` reads it).
-    `keyed`: the rows' inputs with the key axis, each as (its place, its axes, batched)."""
-
-    key: Index
-    mask: Operand
-    hides: str
-    keyed: dict[Var, tuple[int, int, bool]]
-
-
-@dataclass(frozen=True)
-class KeySpans:
-    """How the rows skip keys: the mask that hides them, and the step (one of the constants)
-    that reads the blocks of rows and keys off it."""
-
-    hidden: Hidden
-    step: Spans
-
-
-def add_spans(spec: Spec, rows: Rows, parts: Split) -> tuple[Split, KeySpans | None]:
-    """The split with the spans' step among the constants, after the mask's, and how the rows
-    skip keys; the same split and None where they cannot."""
-    flat = [((b, k), s) for b, part in enumerate(parts.per_call) for k, s in enumerate(part)]
-    steps = [s for where, s in flat if where in rows.chosen]
-    hidden = find_hidden(spec, rows, steps, set(parts.held))
+def run(program: Program) -> Program:
+    """The program with the spans' step among the constants, after the mask's step, and how
+    the rows skip keys; the same program where they cannot."""
+    rows = program.rows
+    if rows is None:
+        return program
+    steps = [s for s in program.steps if s.out.var in rows.steps]
+    hidden = find_hidden(program.spec, rows, steps, set(program.held))
     if hidden is None:
-        return parts, None
+        return program
     mask = hidden.mask.var
-    step = Spans(Operand(Var(SPANS_ID, mask.hint + "_spans"), (), False), hidden.mask, hidden.hides)
-    placed = [any(s.out.var == mask for s in fixed) for fixed in parts.constant]
-    assert any(placed), f"the mask {mask} is held but no constant step makes it"
-    constant = tuple(
-        (*fixed, step) if here else fixed for fixed, here in zip(parts.constant, placed)
+    program, out = program.fresh(mask.hint + "_spans")
+    step = Spans(Operand(out, (), False), hidden.mask, hidden.hides)
+    maker = next(s for s in program.steps if s.out.var == mask)
+    assert program.region(maker) == "constant", f"the mask {mask} is held but not a constant"
+    blocks = tuple(
+        replace(b, steps=(*b.steps, step)) if maker in b.steps else b for b in program.blocks
     )
-    parts = replace(parts, constant=constant, held=(*parts.held, step.out.var))
-    return parts, KeySpans(hidden, step)
+    constant = program.constant | {out}
+    return replace(
+        program,
+        blocks=blocks,
+        constant=constant,
+        held=(*program.held, out),
+        spans=KeySpans(hidden, step),
+    )
 
 
 def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) -> Hidden | None:
@@ -94,7 +80,7 @@ def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) 
     keyed = inputs_along(steps, inside, key) if key is not None else None
     if keyed is None:
         return None
-    masks = (o for s in steps for o in operands(s) if o.var in keyed and o.var in constants)
+    masks = (o for s in steps for o in reads(s) if o.var in keyed and o.var in constants)
     for op in (o for o in masks if not o.select):
         if op.dims[-2:] != (rows.row, key):
             continue
@@ -104,7 +90,7 @@ def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) 
             # the other inputs over the keys built once per shape may hold anything there
             # (a second mask's -inf, or the mask plus one)
             start = dict.fromkeys(others, ANY) | ({op.var: NEG} if hides == "-inf" else {})
-            if Pass(rows.row, key, op.var, hides, start).proves(steps):
+            if Proof(rows.row, key, op.var, hides, start).proves(steps):
                 return Hidden(key, op, hides, keyed)
     return None
 
@@ -125,7 +111,7 @@ def _condition(var: Var, steps: list[Step]) -> bool:
 
 
 @dataclass
-class Pass:
+class Proof:
     """The pass over the rows' steps: the value each makes at hidden entries (`state`), and
     the axes it was made with (`made`), so that a read that swaps the row and key axes, or
     renames the key, is seen (it reads other entries than the hidden ones)."""
@@ -140,7 +126,7 @@ class Pass:
     def proves(self, steps: list[Step]) -> bool:
         """Whether no step reads a hidden key's entry in a way that its absence would change."""
         for step in steps:
-            if not all(map(self.aligned, operands(step))):
+            if not all(map(self.aligned, reads(step))):
                 return False
             got = self.follow(step)
             if got == FAIL:

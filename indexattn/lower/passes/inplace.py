@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import sympy
 
-from .. import ops
-from .blocked import sequence_indices
-from .hoist import operands, read_counts
-from .steps import (
+from ... import ops
+from ..kinds import fresh, made, reads
+from ..program import Program
+from ..steps import (
     Add,
     Arg,
     Attention,
@@ -33,7 +33,6 @@ from .steps import (
     Linear,
     Number,
     Operand,
-    Plan,
     PrefixProduct,
     Reduction,
     Step,
@@ -41,27 +40,31 @@ from .steps import (
     Var,
     Whole,
 )
+from .hoist import read_counts
+from .rows import sequence_indices
 
 
-def accumulate(plan: Plan, per_call: tuple[tuple[Step, ...], ...], kept: set[Var]):
-    """The per-call steps, each wide step that can write over a fresh tensor marked so;
-    `kept`: values never written over."""
-    steps = [s for block in per_call for s in block]
-    reads = read_counts(steps, plan.results)
-    sequence = sequence_indices(plan.spec)
+def run(program: Program) -> Program:
+    """The program with each wide per-call step that can write over a fresh tensor marked
+    so; the rows' inputs are never written over (each block of rows slices them)."""
+    kept = set(program.rows.inputs) if program.rows is not None else set()
+    steps = [s for b in program.blocks for s in program.per_call(b)]
+    reads_of = read_counts(steps, program.results)
+    sequence = sequence_indices(program.spec)
     wide = {s.out.var for s in steps if len(sequence & set(s.out.dims)) >= 2}
-    whole = _integers(plan)
-    marked, free, rows = [], set(), set()
-    for block in per_call:
-        marked.append([])
-        for step in block:
-            step = _into(step, free if _shift(step) else free & wide, rows, reads)
-            marked[-1].append(step)
-            if _fresh(step) and step.out.var not in whole | kept:
-                free.add(step.out.var)
-            if _contiguous(step, rows):
-                rows.add(step.out.var)
-    return tuple(map(tuple, marked))
+    whole = _integers(program)
+    marked: dict[Var, Step] = {}
+    free: set[Var] = set()
+    rows: set[Var] = set()
+    for step in steps:
+        new = _into(step, free if _shift(step) else free & wide, rows, reads_of)
+        if new is not step:
+            marked[step.out.var] = new
+        if fresh(new) and new.out.var not in whole | kept:
+            free.add(new.out.var)
+        if _contiguous(new, rows):
+            rows.add(new.out.var)
+    return program.with_steps(marked)
 
 
 def _shift(step: Step) -> bool:
@@ -70,17 +73,17 @@ def _shift(step: Step) -> bool:
     return isinstance(step, Add) and sum(isinstance(a, Operand) for a in step.args) == 1
 
 
-def _integers(plan: Plan) -> set[Var]:
+def _integers(program: Program) -> set[Var]:
     """Values that may hold whole numbers in an integer dtype (which `mul_` by a float, or
     `add_` of one, cannot take): integer arguments, positions, and what steps that keep whole
     numbers whole make of them alone."""
-    found = {Var(-1, t.ascii, argument=True) for t in plan.spec.tensors if t.dtype == "int"}
-    for step in plan.steps:
-        tensors = [o.var for o in operands(step)]
-        made = isinstance(step, Whole) or (isinstance(step, Grid) and step.index)
-        made = made or (isinstance(step, Unfuse) and step.tensor.dtype == "int")
-        if made or (tensors and set(tensors) <= found and not _floats(step)):
-            found.update(o.var for o in getattr(step, "outs", (step.out,)))
+    found = {Var(-1, t.ascii, argument=True) for t in program.spec.tensors if t.dtype == "int"}
+    for step in program.steps:
+        tensors = [o.var for o in reads(step)]
+        whole = isinstance(step, Whole) or (isinstance(step, Grid) and step.index)
+        whole = whole or (isinstance(step, Unfuse) and step.tensor.dtype == "int")
+        if whole or (tensors and set(tensors) <= found and not _floats(step)):
+            found.update(o.var for o in made(step))
     return found
 
 
@@ -113,17 +116,6 @@ def _contiguous(step: Step, rows: set[Var]) -> bool:
         one = len(tensors) == 1 and not tensors[0].select and tensors[0].dims == step.out.dims
         return one and tensors[0].var in rows
     return False
-
-
-def _fresh(step: Step) -> bool:
-    """Steps whose result is a tensor that no step keeps for the backward pass: new (not a
-    view of what they read), or one they wrote over, and not their own saved result."""
-    if isinstance(step, Contract):
-        return len(step.args) > 1 or step.scale != 1
-    if isinstance(step, Elementwise):  # a function of floats to floats that keeps its argument
-        op = ops.lookup(step.fn)
-        return op.kind == "function" and step.fn != "dropout" and not (op.integers or op.inplace)
-    return isinstance(step, Add)
 
 
 def _into(step: Step, free: set[Var], rows: set[Var], reads: Counter) -> Step:

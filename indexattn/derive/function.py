@@ -1,0 +1,85 @@
+"""The derived backward on tensors: `gradients()` runs it once; `DerivedBackward` is a
+torch.autograd.Function whose forward is the spec's generated function and whose backward is
+the derived backward, compiled like any spec. `spec(..., backward="derived")` selects it;
+autograd's own backward is the default."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import Derived, derive
+
+if TYPE_CHECKING:
+    from ..runtime import CompiledSpec
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(spec: CompiledSpec, training: bool) -> tuple[Derived, CompiledSpec]:
+    """The derivation of a spec and its backward, compiled once (SpecError where refused)."""
+    from ..runtime import compile_spec
+
+    derived = derive(spec.ir, spec.text, spec.file, training=training)
+    return derived, compile_spec(derived.text, name=f"{spec.name}_backward")
+
+
+def gradients(
+    spec: CompiledSpec, cotangents: tuple[torch.Tensor, ...], /, *, training=True, **kwargs
+) -> dict[str, torch.Tensor]:
+    """`gradients(spec, (dy,), X=x, W=w, ...)` -> {"X": dX, "W": dW, ...}: the derived
+    backward of `spec` at the forward's arguments (keywords, as a call takes them), one
+    cotangent per float output in `output` order. Arguments no cotangent reaches are absent
+    (autograd's None). `training=False`: in eval mode (dropout is the identity)."""
+    scalars = {s.ascii: kwargs[s.ascii] for s in spec.ir.scalars if s.ascii in kwargs}
+    tensors = [kwargs[name] for name in spec.arguments]
+    given = {k: v for k, v in kwargs.items() if k in spec.size_names}
+    return _backward(spec, training, tensors, cotangents, given, scalars)
+
+
+def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: dict) -> dict:
+    """The derived cotangents of the arguments, each summed to its argument's shape."""
+    derived, backward = compiled(spec, training)
+    inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
+    sizes = spec.solve(tensors, given)
+    arguments = dict(zip(spec.arguments, tensors))
+    out = backward(
+        **arguments,
+        **dict(zip((t.ascii for t in inputs), cotangents)),
+        **{k: v for k, v in sizes.items() if k in backward.required},
+        **scalars,
+    )
+    out = out if isinstance(out, tuple) else (out,)
+    return {
+        t.ascii: grad.sum_to_size(arguments[t.ascii].shape) for t, grad in zip(derived.reached, out)
+    }
+
+
+def run(spec: CompiledSpec, tensors: list, given: dict, scalars: dict, training: bool):
+    """The forward on `tensors` (argument order), its backward the derived one."""
+    compiled(spec, training)  # derived before the forward runs: a refusal is raised here
+    out = DerivedBackward.apply(spec, given, scalars, training, *tensors)
+    return out[0] if len(out) == 1 else out
+
+
+class DerivedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
+        ctx.spec, ctx.given, ctx.scalars, ctx.training = spec, given, scalars, training
+        ctx.save_for_backward(*tensors)
+        out = spec._run(tensors, given, scalars, training)
+        out = out if isinstance(out, tuple) else (out,)
+        ctx.mark_non_differentiable(*(o for o in out if not o.is_floating_point()))
+        return out
+
+    @staticmethod
+    def backward(ctx, *cotangents: torch.Tensor):
+        spec, tensors = ctx.spec, ctx.saved_tensors
+        derived, _ = compiled(spec, ctx.training)
+        outputs = list(spec.ir.outputs)
+        cots = [cotangents[outputs.index(t)] for t in derived.given]
+        found = _backward(spec, ctx.training, tensors, cots, ctx.given, ctx.scalars)
+        wanted = ctx.needs_input_grad[4:]
+        grads = [found.get(name) if w else None for name, w in zip(spec.arguments, wanted)]
+        return (None, None, None, None, *grads)

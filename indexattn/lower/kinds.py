@@ -1,0 +1,159 @@
+"""The step kinds' table: what each kind of step is, once, for every pass that asks (as
+`ops.py` is for operators). What it reads, whether the constants function may build it
+(`pure`), whether its result may share storage with what it reads (`view`), whether a block of
+rows computes it as all rows would (`row_wise`), whether it makes a tensor nothing keeps for
+the backward pass (`fresh`). How each kind prints is its `Emitter.step_<Kind>` method
+(lower/emit.py) and what it costs its `step_cost` (views/cost.py); tests/test_kinds.py checks
+that every kind has all of these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import cache
+
+from .. import ops
+from ..ir import Index
+from .steps import (
+    Add,
+    Attention,
+    Cat,
+    Choose,
+    Contract,
+    Elementwise,
+    Flip,
+    Full,
+    Fuse,
+    Gather,
+    Grid,
+    Linear,
+    Operand,
+    Pad,
+    PrefixProduct,
+    Reduction,
+    Rename,
+    Slice,
+    SoftmaxValues,
+    Spans,
+    Split,
+    Step,
+    Unfuse,
+    Var,
+    Whole,
+)
+
+Fact = bool | Callable[[Step], bool]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One step kind's facts; a fact that depends on the step's fields is a function of it."""
+
+    pure: Fact  # built from what it reads alone by code the constants function may run
+    view: bool  # its result may share the storage of what it reads
+    fresh: Fact  # a new tensor (or one written over) that no step keeps for the backward
+    row_wise: Callable[[Step, Index], bool] | None = None  # rows of the result from the same
+    # rows of what it reads (None: never); the index is the rows'
+
+
+def _always(step: Step, row: Index) -> bool:
+    return True
+
+
+def _not_dropout(step: Elementwise) -> bool:
+    return step.fn != "dropout"
+
+
+def _fresh_product(step: Contract) -> bool:
+    """A product of several operands, or a scale: a new tensor; a lone operand is a view."""
+    return len(step.args) > 1 or step.scale != 1
+
+
+def _fresh_function(step: Elementwise) -> bool:
+    """A function of floats to floats that keeps its argument (not its result) for the
+    backward: its result is new and nothing keeps it."""
+    op = ops.lookup(step.fn)
+    return op.kind == "function" and step.fn != "dropout" and not (op.integers or op.inplace)
+
+
+KINDS: dict[type, Kind] = {
+    Choose: Kind(pure=True, view=False, fresh=False),
+    Unfuse: Kind(pure=False, view=False, fresh=False),
+    Grid: Kind(pure=True, view=False, fresh=False),
+    Gather: Kind(pure=True, view=False, fresh=False, row_wise=_always),
+    Flip: Kind(pure=True, view=False, fresh=False),
+    Slice: Kind(pure=True, view=True, fresh=False),
+    Whole: Kind(pure=True, view=False, fresh=False),
+    Contract: Kind(pure=True, view=False, fresh=_fresh_product, row_wise=_always),
+    Add: Kind(pure=True, view=False, fresh=True, row_wise=_always),
+    Elementwise: Kind(pure=_not_dropout, view=False, fresh=_fresh_function, row_wise=_always),
+    Rename: Kind(pure=True, view=True, fresh=False, row_wise=_always),
+    Full: Kind(pure=True, view=False, fresh=False),
+    Reduction: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: row not in s.over),
+    Cat: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: s.over != row),
+    Pad: Kind(pure=False, view=False, fresh=False),
+    Fuse: Kind(pure=False, view=True, fresh=False),
+    Linear: Kind(pure=False, view=False, fresh=False, row_wise=lambda s, row: row not in s.inner),
+    Split: Kind(pure=False, view=True, fresh=False),
+    Attention: Kind(pure=False, view=False, fresh=False),
+    Spans: Kind(pure=True, view=False, fresh=False),
+    PrefixProduct: Kind(pure=False, view=False, fresh=False),
+    SoftmaxValues: Kind(pure=False, view=False, fresh=False),
+}
+
+
+def _fact(fact: Fact, step: Step) -> bool:
+    return fact(step) if callable(fact) else fact
+
+
+def pure(step: Step) -> bool:
+    return _fact(KINDS[type(step)].pure, step)
+
+
+def view(step: Step) -> bool:
+    return KINDS[type(step)].view
+
+
+def fresh(step: Step) -> bool:
+    return _fact(KINDS[type(step)].fresh, step)
+
+
+def row_wise(step: Step, row: Index) -> bool:
+    """The step's rows depend on the same rows of what it reads."""
+    rule = KINDS[type(step)].row_wise
+    return rule is not None and row in step.out.dims and rule(step, row)
+
+
+def made(step: Step) -> tuple[Operand, ...]:
+    """The values a step makes: its `outs`, or its `out`."""
+    return getattr(step, "outs", (step.out,))
+
+
+def reads(step: Step) -> tuple[Operand, ...]:
+    """The operands a step reads (not its result); a choice reads what its branches read
+    from before it. Declared tensors a step reads by name are `tensors`."""
+    if isinstance(step, Choose):
+        inner = [s for branch in step.branches for s in branch]
+        made_inside = {s.out.var for s in inner}
+        return tuple(o for s in inner for o in reads(s) if o.var not in made_inside)
+    found: list[Operand] = []
+    for name in _inputs(type(step)):
+        value = getattr(step, name)
+        values = value if isinstance(value, tuple) else (value,)
+        found += [v for v in values if isinstance(v, Operand)]
+    return tuple(found)
+
+
+@cache
+def _inputs(kind: type) -> tuple[str, ...]:
+    """The fields of a step kind besides its result."""
+    return tuple(f.name for f in fields(kind) if f.name not in ("out", "outs"))
+
+
+def tensors(step: Step) -> tuple[Var, ...]:
+    """The declared tensors a step reads by name, not as operands: a product's weight and
+    bias (an unfused tensor is read whole before any step of the rows)."""
+    if isinstance(step, Linear):
+        held = (step.weight, step.bias) if step.bias is not None else (step.weight,)
+        return tuple(Var(-1, t.ascii, argument=True) for t in held)
+    return ()

@@ -1,0 +1,209 @@
+"""A core spec as a transformers attention function: `attn_implementation="indexattn"`.
+
+>>> model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="indexattn")
+... # doctest: +SKIP
+
+transformers' layers keep their projections, rotary, cache and checkpoint names, and hand
+their attention function the queries, keys and values with an additive mask; a core spec
+computes the rest. Every keyword the layer passes is given to the spec, or is known to be
+carried by the mask, or is refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..runtime import CompiledSpec, compile_spec
+
+TENSORS = ("Q", "K", "V", "M")  # a core spec's inputs, in this order
+SINKS = "s_aux"  # an optional input: a learned logit per query head joins the softmax
+SCALARS = {  # transformers' keyword -> the core spec's scalar that takes it (None: see unset)
+    "scaling": "scaling",
+    "dropout": "p",
+    "softcap": "softcap",
+    "sliding_window": "sliding_window",
+}
+CARRIED = {  # keywords a spec never sees, and why that loses nothing
+    "sliding_window": "the mask hides the keys outside the window",
+    "is_causal": "read only where the layer gives no mask, as sdpa does",
+    "position_ids": "the mask holds packed sequences' boundaries",
+    "use_cache": "the layer updates its own cache before attention",
+    "output_attentions": "the weights are returned whenever the spec outputs them",
+    "cu_seq_lens_q": "the mask holds packed sequences' boundaries",
+    "cu_seq_lens_k": "the mask holds packed sequences' boundaries",
+    "max_length_q": "the mask holds packed sequences' boundaries",
+    "max_length_k": "the mask holds packed sequences' boundaries",
+    "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
+}
+
+
+def shipped(name: str) -> Path:
+    """A spec shipped with indexattn: inside the wheel, or in a checkout's specs/."""
+    here = Path(__file__).resolve().parent.parent
+    return next(p for p in (here / "specs" / name, here.parent / "specs" / name) if p.exists())
+
+
+class CoreAttention:
+    """transformers' attention function computed by a core spec (see specs/gqa_core.attn):
+    inputs Q_<grτa>, K_<gσa>, V_<gσc>, M_<τσ> (and s_aux_<(gr)> for sinks), a scalar
+    `scaling`, optionally `p` (dropout), `softcap` and `sliding_window`; output O_<grτc>, and
+    optionally the weights."""
+
+    def __init__(self, spec: CompiledSpec) -> None:
+        self.spec, self.name = spec, spec.name
+        self.scalars = {s for s, _ in spec.plain.scalars}
+        self.sinks = SINKS in spec.arguments
+        _check_core(spec, self.scalars)
+
+    def __call__(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        given = self._keywords(module, query, kwargs)
+        mask = core_mask(attention_mask, query, key, kwargs, module)
+        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value, "M": mask}
+        if self.sinks:
+            tensors[SINKS] = kwargs["s_aux"]
+        out = self.spec(training=module.training, **tensors, **given)
+        out, weights = out if isinstance(out, tuple) else (out, None)
+        if weights is not None:
+            weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
+        return out.flatten(1, 2).transpose(1, 2), weights
+
+    def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
+        """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
+        error naming it."""
+        unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
+        if unknown:
+            raise TypeError(
+                f"attention spec {self.name!r} got {', '.join(unknown)} from"
+                f" {type(module).__name__}, which indexattn does not know: use another"
+                " attn_implementation for this model, or swap_attention with a layer spec"
+            )
+        self._refuse(module, kwargs)
+        unset = {"scaling": query.shape[-1] ** -0.5, "p": 0.0, "sliding_window": math.inf}
+        given = {}
+        for keyword, scalar in SCALARS.items():
+            if scalar in self.scalars:
+                value = kwargs.get(keyword)
+                given[scalar] = unset[scalar] if value is None else value
+        return given
+
+    def _refuse(self, module: nn.Module, kwargs: dict) -> None:
+        """A keyword that changes the result, and that this spec has no scalar or input for."""
+        layer = type(module).__name__
+        wants = {
+            "p": kwargs.get("dropout") or 0.0,
+            "softcap": kwargs.get("softcap"),
+            SINKS: kwargs.get(SINKS),
+        }
+        has = {"p": "p" in self.scalars, "softcap": "softcap" in self.scalars, SINKS: self.sinks}
+        for name, value in wants.items():
+            if not has[name] and not (value is None or (not torch.is_tensor(value) and value == 0)):
+                raise NotImplementedError(
+                    f"{layer} passes {_keyword(name)}={_shown(value)}, and attention spec"
+                    f" {self.name!r} declares no {name}: register a core spec with"
+                    f" {_declaration(name)} (docs/models.md)"
+                )
+        if has["softcap"] and kwargs.get("softcap") is None:
+            raise NotImplementedError(
+                f"attention spec {self.name!r} caps its scores, and {layer} passes no"
+                " softcap: use a core spec without softcap for this model"
+            )
+        if self.sinks and kwargs.get(SINKS) is None:
+            raise NotImplementedError(
+                f"attention spec {self.name!r} takes sinks, and {layer} passes no s_aux:"
+                " use a core spec without s_aux for this model"
+            )
+
+
+def _keyword(name: str) -> str:
+    return {"p": "dropout"}.get(name, name)
+
+
+def _shown(value) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)
+
+
+def _declaration(name: str) -> str:
+    return {
+        "p": "`scalar p` and `dropout(A, p)` on its weights",
+        "softcap": "`scalar softcap` capping its scores",
+        SINKS: "`input s_aux_<(gr)>` joining its softmax",
+    }[name]
+
+
+def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
+    """Refuse, at registration, a spec that is not a core: its inputs, scalars and outputs."""
+    inputs = [a for a in spec.arguments if a != SINKS]
+    problems = []
+    if tuple(inputs) != TENSORS:
+        problems.append(f"its inputs are {', '.join(spec.arguments)}")
+    if "scaling" not in scalars:
+        problems.append("it declares no scalar scaling")
+    if spec.plain.outputs not in (1, 2):
+        problems.append(f"it has {spec.plain.outputs} outputs")
+    if problems:
+        raise ValueError(
+            f"spec {spec.name!r} is not an attention core: {'; '.join(problems)}. A core"
+            " declares `input Q_<grτa>`, `input K_<gσa>`, `input V_<gσc>`, `input M_<τσ>`"
+            " (optionally `input s_aux_<(gr)>`), `scalar scaling`, and outputs O_<grτc>"
+            " (and optionally the weights): see specs/gqa_core.attn"
+        )
+
+
+def core_mask(
+    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module
+) -> torch.Tensor:
+    """The layer's mask as a core spec takes it: additive, [batch, queries, keys]. transformers
+    gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps), or None where the
+    layer relies on is_causal (then the causal mask, windowed by sliding_window, is built)."""
+    n, n_kv = query.shape[-2], key.shape[-2]
+    if mask is None:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else causal
+        seen = torch.ones(n, n_kv, dtype=torch.bool, device=query.device)
+        if causal:
+            seen = seen.tril(n_kv - n)
+        window = kwargs.get("sliding_window")
+        if window is not None:
+            seen = seen.triu(n_kv - n - window + 1)
+        mask = seen[None, None]
+    if mask.shape[1] != 1:
+        raise NotImplementedError(
+            f"a mask of shape {tuple(mask.shape)}: one per head; a core spec takes one mask"
+            " for every head, [batch, 1, queries, keys]"
+        )
+    if mask.dtype == torch.bool:
+        zeros = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+        mask = zeros.masked_fill(~mask, torch.finfo(query.dtype).min)
+    return mask[:, 0].to(query.dtype)
+
+
+DEFAULT = "indexattn"
+
+
+def register(name: str, spec: CompiledSpec | str | Path) -> CoreAttention:
+    """Make `attn_implementation=name` run the core spec `spec`, in every model.
+
+    >>> register("my_core", "my_core.attn")  # doctest: +SKIP
+    >>> AutoModelForCausalLM.from_config(config, attn_implementation="my_core")  # doctest: +SKIP
+
+    The spec's mask is transformers' eager one (additive, [batch, 1, queries, keys]).
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    function = CoreAttention(spec if isinstance(spec, CompiledSpec) else compile_spec(spec))
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, eager_mask)
+    return function

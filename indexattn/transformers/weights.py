@@ -1,0 +1,169 @@
+"""A transformers attention layer's weights, sizes and scalars, loaded into a spec's module.
+
+The specs under `specs/models/` declare their parameters in the checkpoint's own names and
+layouts, so loading a layer is a rename (dots become underscores), never a reshuffle.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from torch import nn
+
+from ..runtime import CompiledSpec, SpecModule, compile_spec
+
+
+def from_transformers(
+    layer: nn.Module, spec: CompiledSpec | str | Path, *, config=None, **given: float
+) -> SpecModule:
+    """The spec's module holding a copy of `layer`'s weights, in their dtype and device.
+
+    >>> module = from_transformers(GPT2Attention(config, layer_idx=0), "specs/models/gpt2.attn")
+    ... # doctest: +SKIP
+
+    The spec's sizes and scalars are read off the layer and its config: the usual short names
+    (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`), `rope_theta` from the config's rope
+    parameters, and any size or scalar named like a config attribute (`sliding_window`,
+    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value; an attribute of the layer
+    itself wins over its config's, and a layer's None is no limit, inf (GptOssAttention's
+    sliding_window on a full-attention layer). Keywords override them. `config` is the
+    model's config, for layers that keep none (BloomAttention): by default the layer's own,
+    or the first a submodule holds (BertAttention).
+    """
+    spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
+    known = {**sizes_and_scalars(layer, wanted, config), **given}
+    module = spec.module(**{k: v for k, v in known.items() if k in wanted})
+    weights = {k.replace(".", "_"): v.detach().clone() for k, v in layer.state_dict().items()}
+    _same_weights(layer, spec, weights, module.state_dict())
+    module.load_state_dict(weights, assign=True)  # assign: keep the layer's dtype and device
+    return module.train(layer.training)
+
+
+def _same_weights(layer: nn.Module, spec: CompiledSpec, weights: dict, declared: dict) -> None:
+    """Refuse, naming them, the weights that only one side has (a Llama layer with
+    attention_bias=True against a spec without biases, say)."""
+    extra, missing = sorted(weights.keys() - declared.keys()), sorted(declared.keys() - weights)
+    sides = [f"the layer has {', '.join(extra)}, which the spec does not declare"] if extra else []
+    sides += [f"the spec declares {', '.join(missing)}, which the layer lacks"] if missing else []
+    if sides:
+        raise ValueError(
+            f"{type(layer).__name__}'s weights are not the parameters of spec {spec.name!r}: "
+            + "; ".join(sides)
+            + ". Write a spec whose parameters are the layer's state_dict keys, dots made"
+            " underscores (specs/models/ has one per family)"
+        )
+
+
+def _head_dim(layer: nn.Module, config) -> int:
+    d_k = getattr(layer, "head_dim", None) or getattr(config, "head_dim", None)
+    return d_k or config.hidden_size // config.num_attention_heads
+
+
+def _kv_heads(layer: nn.Module, config) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def _rotary_half(layer, config) -> int:
+    """Half the rotated features of a head: of GPT-J's rotary_dim, of the partial_rotary_factor
+    part (GPT-NeoX's rotary_pct), else of the whole head."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    rotated = getattr(config, "rotary_dim", None) or int(_head_dim(layer, config) * factor)
+    return rotated // 2
+
+
+SIZES = {  # the specs' short size names, read off a layer and its config
+    "d_m": lambda layer, config: config.hidden_size,
+    "h": lambda layer, config: config.num_attention_heads,
+    "h_kv": _kv_heads,
+    "n_rep": lambda layer, config: config.num_attention_heads // _kv_heads(layer, config),
+    "d_k": _head_dim,
+    "d_r": _rotary_half,  # a rotated head is 2 d_r features, then d_p passed through
+    "d_p": lambda layer, config: _head_dim(layer, config) - 2 * _rotary_half(layer, config),
+}
+
+
+def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
+    """The values of the `wanted` sizes and scalars that the layer or its config (by default
+    `layer_config(layer)`) tells."""
+    config = layer_config(layer) if config is None else config
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
+    if getattr(config, "scale_attn_weights", True) is False:
+        raise ValueError("GPT-2 without scale_attn_weights is not in specs/models/gpt2.attn")
+    if getattr(config, "rope_interleave", True) is False:
+        raise ValueError("rope_interleave=False: deepseek_v3.attn turns interleaved pairs")
+    known = _rope(config, wanted) if "rope_theta" in wanted else {}
+    for name in wanted - known.keys():
+        if name in SIZES:
+            known[name] = SIZES[name](layer, config)
+        else:  # the layer's own value before its config's
+            source = next((s for s in (layer, config) if _number(s, name)), None)
+            if source is not None:
+                known[name] = _attribute(source, name)
+    _refuse_partial_rotary(layer, config, known, wanted)
+    return known
+
+
+def _refuse_partial_rotary(layer: nn.Module, config, known: dict, wanted: set[str]) -> None:
+    """A layer that rotates part of each head (StableLM, Phi), against a spec that turns whole
+    heads (no passed-through part d_p)."""
+    d_k = _head_dim(layer, config)
+    if "d_r" in known and "d_p" not in wanted and 2 * known["d_r"] != d_k:
+        raise ValueError(
+            f"{type(layer).__name__} rotates {2 * known['d_r']} of each head's {d_k} features"
+            " (partial rotary), and the spec turns whole heads: use a spec whose heads are a"
+            " rotated part 2 d_r and a passed-through part d_p (specs/models/gpt_neox.attn)"
+        )
+
+
+def _number(source, name: str) -> bool:
+    """`source` has a number (or None) named `name`: not a submodule (BloomAttention's
+    attention_dropout is an nn.Dropout; its config's is the probability)."""
+    value = getattr(source, name, False)
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+NO_LIMIT = {"sliding_window"}  # attributes whose None means no limit: inf
+
+
+def _attribute(source, name: str):
+    value = getattr(source, name)
+    if value is None and name not in NO_LIMIT:
+        raise ValueError(
+            f"{type(source).__name__}.{name} is None, but the spec computes with a scalar"
+            f" {name}: use a spec without it, or pass {name}=... to from_transformers"
+        )
+    return math.inf if value is None else value
+
+
+def layer_config(layer: nn.Module):
+    """The layer's config: its own, or for a block without one (BertAttention) the first of its
+    submodules'."""
+    return next(m.config for m in layer.modules() if hasattr(m, "config"))
+
+
+ROPE_TYPES = {  # rope_type -> the scalars of config.rope_parameters a spec computing it declares
+    "default": frozenset(),
+    "llama3": frozenset(
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    ),  # specs/models/llama3_scaled.attn
+}
+
+
+def _rope(config, wanted: set[str]) -> dict:
+    """rope_theta and the rotary scaling's parameters, where the spec computes the config's
+    rope_type: the spec's scaling scalars are exactly those of the config's rope_type."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", "default")
+    declared = {name for names in ROPE_TYPES.values() for name in names} & wanted
+    if kind not in ROPE_TYPES or declared != ROPE_TYPES[kind]:
+        computed = next(k for k, names in ROPE_TYPES.items() if names == declared)
+        raise ValueError(
+            f"rope_type {kind!r}, and the spec computes {computed!r} RoPE: use a spec that"
+            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; default: llama3.attn)"
+        )
+    theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return {"rope_theta": theta, **{name: float(rope[name]) for name in declared}}

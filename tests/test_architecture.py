@@ -1,0 +1,53 @@
+"""docs/architecture.md states the code's own lists: the passes in order (with their modules
+and guarantees), the planner's product rules in order, and the step kinds."""
+
+import re
+import typing
+from pathlib import Path
+
+from indexattn.lower import passes, products, steps
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def section(name: str, page: str = PAGE) -> str:
+    return page.split(f"<!-- {name}:", 1)[1].split(f"<!-- end {name} -->", 1)[0]
+
+
+def rows(name: str, page: str = PAGE) -> list[list[str]]:
+    """The table's rows below its header, cells stripped of code quotes."""
+    lines = [line for line in section(name, page).splitlines() if line.startswith("| ")][2:]
+    return [[cell.strip().strip("`") for cell in line.strip("|").split(" | ")] for line in lines]
+
+
+def pass_table(page: str) -> list[tuple[str, str, str]]:
+    return [tuple(r) for r in rows("passes", page)]
+
+
+def code_passes() -> list[tuple[str, str, str]]:
+    """Each pass's name, module (as the page writes it) and guarantees."""
+    return [
+        (p.name, f"passes/{p.run.__module__.rsplit('.', 1)[1]}.py", p.guarantees)
+        for p in passes.PASSES
+    ]
+
+
+def test_the_pass_list_is_the_code_s():
+    assert pass_table(PAGE) == code_passes()
+
+
+def test_the_product_rules_are_the_code_s():
+    assert [r[0] for r in rows("product rules")] == [r.name for r in products.PRODUCT_RULES]
+
+
+def test_the_step_kinds_are_the_code_s():
+    listed = re.findall(r"`(\w+)`", section("kinds"))
+    assert listed == [k.__name__ for k in typing.get_args(steps.Step)]
+
+
+def test_a_page_with_two_passes_swapped_is_seen():
+    lines = PAGE.splitlines(keepends=True)
+    first = next(k for k, line in enumerate(lines) if line.startswith("| `hoist`"))
+    lines[first], lines[first + 1] = lines[first + 1], lines[first]
+    assert pass_table("".join(lines)) != code_passes()

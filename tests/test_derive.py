@@ -1,0 +1,447 @@
+"""The derived backward (indexattn/derive): its rules against sympy, its gradients against
+autograd on the generated forward and on the literal interpreter for every shipped spec it
+covers, the refusals of those it does not, and FlashAttention's identity in mha's."""
+
+import re
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_robustness import valid_specs
+
+import indexattn
+from indexattn import cli, ir, ops
+from indexattn.derive import backward_text, derive, function
+from indexattn.derive.function import gradients
+from indexattn.derive.reverse import Derivation
+from indexattn.oracle import reference
+from indexattn.oracle.verify import sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted(ROOT.glob("specs/*.attn")) + sorted(ROOT.glob("specs/*/*.attn"))
+DROPOUT = "no derived backward for dropout"
+REFUSED = {
+    "alibi": DROPOUT,
+    "causal_head": DROPOUT,
+    "gpt2": DROPOUT,
+    "gqa_core": DROPOUT,
+    "mha_separate": DROPOUT,
+    "sliding_window": DROPOUT,
+    "torch_mha": DROPOUT,
+    "models/bloom": DROPOUT,
+}
+
+
+def key(path: Path) -> str:
+    return path.stem if path.parent.name == "specs" else f"{path.parent.name}/{path.stem}"
+
+
+DERIVED = [p for p in SPECS if key(p) not in REFUSED]
+
+
+# -- the rules beside the operators
+
+
+def rule_expr(rule: str) -> sympy.Expr:
+    """A rule read by the language's own checker: x, y, z are index variables, so the
+    rule folds into one sympy expression by the operator table's forms."""
+    text = f"index x, y, z : n\ninput t_<x>\nr_<xyz> = ({rule}) + 0 x + 0 y + 0 z\n"
+    return ir.check(text, "rule").equations[0].rhs.expr
+
+
+POINTS = [(0.7, 0.3, 1.9), (1.7, -0.8, 0.4), (0.45, 0.2, 0.9), (2.3, 1.1, 1.5), (-0.55, 0.2, 0.9)]
+STEP = 1e-6  # of a central difference, where sympy cannot differentiate (Mod, floor, round)
+
+
+def rule_error(name: str) -> float:
+    """The largest difference between a rule and sympy's derivative of the op's form, in
+    units of the comparison's tolerance: 1e-12 exactly, 1e-6 against a central difference."""
+    op = ops.POW if name == "pow" else ops.FUNCTIONS[name]
+    form = op.sympy or (lambda x: sympy.floor(x + sympy.Rational(1, 2)))  # round: flat too
+    form = form if name != "pow" else (lambda x, y: x**y)
+    real = sympy.symbols("x y z", real=True)
+    index = sympy.symbols("x y z", integer=True, nonnegative=True)
+    args = real[: op.arity]
+    worst = 0.0
+    for k, rule in enumerate(ops.DERIVATIVES[name]):
+        got = rule_expr(rule).subs(dict(zip(index, real)))
+        want = sympy.diff(form(*args), args[k])
+        exact = not want.has(sympy.Derivative, sympy.DiracDelta, sympy.Subs)
+        for point in POINTS:
+            values = dict(zip(real, (abs(point[0]) if op.partial else point[0], *point[1:])))
+            if exact:
+                error = abs(complex(sympy.N(got.subs(values) - want.subs(values)))) / 1e-12
+            else:
+                up, down = (dict(values) for _ in range(2))
+                up[args[k]] += STEP
+                down[args[k]] -= STEP
+                slope = (form(*args).subs(up) - form(*args).subs(down)) / (2 * STEP)
+                error = abs(complex(sympy.N(got.subs(values) - slope))) / 1e-6
+            worst = max(worst, error)
+    return worst
+
+
+def test_every_elementwise_function_has_a_rule():
+    structural = {"where", "dropout"}  # derived in indexattn/derive itself
+    assert set(ops.FUNCTIONS) - structural | {"pow"} == set(ops.DERIVATIVES)
+    for name, rules in ops.DERIVATIVES.items():
+        arity = ops.POW.arity if name == "pow" else ops.FUNCTIONS[name].arity
+        assert len(rules) == arity, name
+
+
+@pytest.mark.parametrize("name", sorted(ops.DERIVATIVES))
+def test_each_rule_is_sympys_derivative(name):
+    assert rule_error(name) < 1
+
+
+def test_a_perturbed_rule_is_not_sympys_derivative(monkeypatch):
+    monkeypatch.setitem(ops.DERIVATIVES, "tanh", ("1 - tanh(x)",))
+    assert rule_error("tanh") > 1e6
+
+
+# -- gradients of every shipped spec
+
+
+def run(fn, args: dict, cotangents: list) -> dict:
+    """Autograd's gradients of Σ output · cotangent through `fn`."""
+    leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
+    out = fn(leaves)
+    out = out if isinstance(out, tuple) else (out,)
+    loss = sum((o * c).sum() for o, c in zip(out, cotangents))
+    wanted = [k for k, v in leaves.items() if v.requires_grad]
+    grads = torch.autograd.grad(loss, [leaves[k] for k in wanted], allow_unused=True)
+    return {k: g for k, g in zip(wanted, grads) if g is not None}
+
+
+def errors(path: Path, batch: tuple[int, ...] = (), training: bool = True) -> tuple[float, float]:
+    """Derived against autograd on the generated forward, and on the literal interpreter:
+    max |difference| / (1 + max |gradient|) over every argument."""
+    spec = indexattn.compile_spec(path)
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, batch)
+    given_sizes = {k: v for k, v in sizes.items() if k in spec.required}
+    out = spec(**args, **given_sizes)
+    generator = torch.Generator().manual_seed(1)
+    cots = [
+        torch.randn(o.shape, generator=generator, dtype=torch.float64)
+        for o in (out if isinstance(out, tuple) else (out,))
+    ]
+    derived = gradients(spec, tuple(cots), training=training, **args, **sizes)
+    worst = []
+    for fn in (
+        lambda leaves: spec(**leaves, **given_sizes),
+        lambda leaves: reference.evaluate(spec.ir, **leaves, **given_sizes),
+    ):
+        want = run(fn, args, cots)
+        assert set(want) == set(derived), f"gradients of {sorted(want)}, derived {sorted(derived)}"
+        worst.append(
+            max(
+                (derived[k] - g).abs().max().item() / (1 + g.abs().max().item())
+                for k, g in want.items()
+            )
+        )
+    return worst[0], worst[1]
+
+
+@pytest.mark.parametrize("path", DERIVED, ids=[key(p) for p in DERIVED])
+def test_derived_gradients_equal_autograd_and_the_oracle(path):
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+@pytest.mark.parametrize("name", ["mha", "rope_partial"])
+def test_with_batch_axes_a_params_gradient_sums_them(name):
+    autograd, oracle = errors(ROOT / "specs" / f"{name}.attn", batch=(2,))
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_specs_say_which_construct(name):
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    with pytest.raises(indexattn.SpecError, match=REFUSED[name]):
+        spec.backward_text()
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_in_eval_mode_dropout_is_the_identity(name):
+    autograd, oracle = errors(ROOT / "specs" / f"{name}.attn", training=False)  # calls in eval
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+@pytest.fixture
+def perturbed(monkeypatch):
+    """A derivative rule to perturb; derivations cached before and during it are dropped."""
+    function.compiled.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    function.compiled.cache_clear()
+
+
+def test_a_perturbed_rule_gives_wrong_gradients(perturbed):
+    path = ROOT / "specs" / "gated_output.attn"
+    assert max(errors(path)) < 1e-10
+    function.compiled.cache_clear()
+    perturbed.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
+    assert min(errors(path)) > 1e-3
+
+
+@settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_specs())
+def test_random_specs_derived_gradients_equal_autograd(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("derive") / "random.attn"
+    path.write_text(text, encoding="utf-8")
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10, text
+
+
+# -- FlashAttention's form
+
+
+def symbolic(node: ir.Node) -> sympy.Expr:
+    """A node of plain references, products, sums and sum_<...> as a sympy expression."""
+    if isinstance(node, ir.Field):
+        return node.expr
+    if isinstance(node, ir.Ref):
+        return sympy.IndexedBase(node.tensor.name)[tuple(i.symbol for i in node.written)]
+    if isinstance(node, ir.Sum):
+        return sympy.Add(*(symbolic(t) for t in node.terms))
+    if isinstance(node, ir.Product):
+        return summed(sympy.Mul(*(symbolic(f) for f in node.factors)), node.summed)
+    assert isinstance(node, ir.Reduce) and node.fn == "sum", node
+    return summed(symbolic(node.body), node.over)
+
+
+def summed(expr: sympy.Expr, over) -> sympy.Expr:
+    for i in over:
+        expr = sympy.Sum(expr, (i.symbol, 0, i.size - 1))
+    return expr
+
+
+def equation(text: str, name: str) -> ir.Equation:
+    spec = ir.check(text, "backward")
+    return next(eq for eq in spec.equations if eq.tensor.name == name)
+
+
+def flash(text: str) -> bool:
+    """Whether dS is A ∘ (dA − Σ_a dO ∘ O), FlashAttention's dS = P ∘ (dP − rowsum(dO ∘ O)),
+    entry by entry at d_k = 3."""
+    eq = equation(text, "dS")
+    mu, tau, tau_p, a = (
+        sympy.Symbol(g, integer=True, nonnegative=True) for g in ("μ", "τ", "τ'", "a")
+    )
+    A, dA, dO, out = (sympy.IndexedBase(n) for n in ("A", "dA", "dO", "O"))
+    d_k = sympy.Symbol("d_k", integer=True, positive=True)
+    want = A[mu, tau, tau_p] * (
+        dA[mu, tau, tau_p] - sympy.Sum(dO[mu, tau, a] * out[mu, tau, a], (a, 0, d_k - 1))
+    )
+    got = symbolic(eq.rhs)
+    return sympy.expand((got - want).subs(d_k, 3).doit()) == 0
+
+
+def test_mha_backward_is_flashattentions():
+    assert flash(indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text())
+
+
+def test_without_the_identity_it_is_the_softmax_backward_only(monkeypatch):
+    monkeypatch.setattr(Derivation, "flash", lambda self, node: None)
+    text = indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text()
+    assert not flash(text)
+    assert "sum_<τ'>(A_<μττ'> dA_<μττ'>)" in text  # Σ_τ' A dA, the row sum it replaces
+
+
+def test_fused_weights_get_one_cotangent():
+    spec = indexattn.compile_spec(ROOT / "specs" / "mha.attn")
+    derived = derive(spec.ir, spec.text, spec.file)
+    assert [t.name for t in derived.reached] == ["X", "W", "W_O", "b_O"]
+    dw = equation(derived.text, "dW")
+    assert [str(i) for i in dw.tensor.layout[0]] == ["μ", "B", "a"]
+
+
+# -- the backward is a spec: it prints, typesets, counts, and runs from the command line
+
+
+def test_backward_typesets_and_counts():
+    spec = indexattn.compile_spec(ROOT / "specs" / "mha.attn")
+    backward = spec.backward()
+    assert r"\operatorname{softmax}" in backward.latex()
+    n, d_m, h, d_k = (
+        sympy.Symbol(s, integer=True, positive=True) for s in ("N", "d_m", "h", "d_k")
+    )
+    values = {str(s): v for s, v in zip((n, d_m, h, d_k), (128, 256, 4, 64))}
+    forward, both = (
+        float(f.subs({s: values[str(s)] for s in f.free_symbols}))
+        for f in (spec.flops(), backward.flops())
+    )
+    assert 2.5 * forward < both < 4 * forward  # forward again, then about twice its work
+
+
+def test_cli_grad_prints_the_backward(capsys):
+    path = ROOT / "specs" / "sdpa.attn"
+    assert cli.main(["grad", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text == backward_text(ir.check(path.read_text(), "sdpa"), path.read_text())
+    assert "output dQ, dK, dV" in text
+
+
+def test_cli_grad_refusal_is_a_spec_error(capsys):
+    assert cli.main(["grad", str(ROOT / "specs" / "gpt2.attn")]) == 1
+    assert DROPOUT in capsys.readouterr().err
+    assert cli.main(["grad", "--eval", str(ROOT / "specs" / "gpt2.attn")]) == 0
+    assert "dropout" not in capsys.readouterr().out.split("\n\n")[-2]
+
+
+def test_docs_show_what_the_derivation_writes():
+    page = (ROOT / "docs" / "gradients.md").read_text(encoding="utf-8")
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0]
+    written = indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text()
+    assert shown == written.split("\n\n")[-2] + "\n"
+
+
+def test_language_reference_shows_what_the_derivation_writes():
+    page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    section = page.split("## Derivatives", 1)[1]
+    forward, shown = re.findall(r"```attn\n(.*?)```", section, re.S)[:2]
+    assert shown == backward_text(ir.check(forward, "attention"), forward)
+
+
+# -- the derived backward as what autograd runs
+
+
+def both_modes(name: str, batch=(2,)) -> tuple[dict, dict]:
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, batch)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    found = []
+    for mode in ("autograd", "derived"):
+        leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
+        out = spec(**leaves, **given, backward=mode)
+        out = out if isinstance(out, tuple) else (out,)
+        generator = torch.Generator().manual_seed(2)
+        loss = sum(
+            (o * torch.randn(o.shape, generator=generator, dtype=o.dtype)).sum() for o in out
+        )
+        loss.backward()
+        found.append({k: v.grad for k, v in leaves.items() if v.grad is not None})
+    return found[0], found[1]
+
+
+@pytest.mark.parametrize("name", ["mha", "kv_decode", "linear_attention_causal"])
+def test_backward_derived_is_what_autograd_runs(name):
+    autograd, derived = both_modes(name)
+    assert set(autograd) == set(derived)
+    for k, g in autograd.items():
+        torch.testing.assert_close(derived[k], g, rtol=0, atol=1e-10)
+
+
+def test_backward_derived_runs_the_derived_rules(perturbed):
+    perturbed.setitem(ops.DERIVATIVES, "sigmoid", ("sigmoid(x) (1 + sigmoid(x))",))
+    autograd, derived = both_modes("gated_output", batch=())
+    assert max((derived[k] - g).abs().max().item() for k, g in autograd.items()) > 1e-3
+
+
+def test_backward_derived_passes_gradcheck_and_gradgradcheck():
+    spec = indexattn.compile_spec(ROOT / "specs" / "sdpa.attn")
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+
+    def call(q, k, v):
+        return spec(Q=q, K=k, V=v, backward="derived")
+
+    assert torch.autograd.gradcheck(call, (q, k, v))
+    assert torch.autograd.gradgradcheck(call, (q, k, v))
+
+
+def test_backward_derived_of_a_refused_spec_is_a_spec_error():
+    spec = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes) | {k: v for k, v in sizes.items() if k in spec.required}
+    with pytest.raises(indexattn.SpecError, match=DROPOUT):
+        spec(**args, training=True, backward="derived")
+    with pytest.raises(ValueError, match="autograd"):
+        spec(**args, backward="symbolic")
+
+
+def test_spec_pages_show_the_backward_or_why_not():
+    mha = (ROOT / "docs" / "specs" / "mha.md").read_text(encoding="utf-8")
+    backward = mha.split("## Backward", 1)[1].split("\n## ", 1)[0]
+    assert (
+        r"\left(\mathit{dA}_{\mu\tau\tau'} - \mathit{dO}_{\mu\tau a} \, O_{\mu\tau a}\right)"
+        in (backward)
+    )
+    gpt2 = (ROOT / "docs" / "specs" / "gpt2.md").read_text(encoding="utf-8")
+    assert "## Backward\n\nNot derived: no derived backward for dropout" in gpt2
+
+
+EMBEDDING = """# Token embedding, then a projection
+index τ : N
+index v : V
+index a, b : d
+input P_<τ> : int
+param T_<va>
+param W_<ab>
+Y_<τb> = T_<[P_<τ>]a> W_<ab>
+"""
+
+
+def test_a_gather_at_token_ids_is_scattered_back(tmp_path):
+    path = tmp_path / "embedding.attn"
+    path.write_text(EMBEDDING, encoding="utf-8")
+    assert "dT_<va> = sum_<τ'>(where(v == P_<τ'>, " in indexattn.compile_spec(path).backward_text()
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+def test_a_cotangent_constant_along_an_index_is_refused():
+    spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<> = sum_<i>(x_<i>)\n", name="total")
+    with pytest.raises(indexattn.SpecError, match="the cotangent of x, constant along i"):
+        spec.backward_text()
+
+
+def test_a_spec_whose_gradient_is_zero_everywhere_is_refused():
+    spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<i> = floor(x_<i>)\n", name="flat")
+    with pytest.raises(indexattn.SpecError, match="no cotangent reaches"):
+        spec.backward_text()
+
+
+# -- random chains of the derived constructs
+
+STEPS = [
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>)" for fn in ("exp", "tanh", "sigmoid", "relu", "gelu")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>)" for fn in ("silu", "elu", "softplus", "abs", "sin")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>^2 + 1)" for fn in ("log", "sqrt", "rsqrt")),
+    *(f"{{n}}_<ij> = {fn}({{t}}_<ij>, X_<ij>)" for fn in ("min", "max")),
+    "{n}_<ij> = clamp({t}_<ij>, -0.3, 0.4) + mod({t}_<ij>, 0.7) + floor({t}_<ij>)",
+    "{n}_<ij> = ({t}_<ij>^2 + 1)^X_<ij> - {t}_<ij>^3",
+    "{n}_<ij> = where({t}_<ij> > 0, {t}_<ij>, 2 X_<ij>)",
+    "{n}_<ij> = {t}_<ik> W_<kj> / ({t}_<ik> W_<kj> W_<kj> + 3)",
+    "{n}_<ij> = softmax_<j>({t}_<ij>) - cumsum_<j>({t}_<ij>)",
+    *(f"{{n}}_<ij> = {{t}}_<ij> {r}_<j>({{t}}_<ij>)" for r in ("sum", "mean", "max", "min")),
+    "{n}_<ij> = {t}_<ij> logsumexp_<i>({t}_<ij>) + {t}_<i[m - 1 - j]>",
+]
+
+
+@st.composite
+def chains(draw) -> str:
+    """Input X_<ij> and param W_<kj>, then one to three random steps, each reading the last."""
+    lines = ["index i : n", "index j, k : m", "input X_<ij>", "param W_<kj>"]
+    last = "X"
+    for k, step in enumerate(draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=3))):
+        lines.append(step.format(n=f"T{k}", t=last))
+        last = f"T{k}"
+    return "\n".join(lines) + "\n"
+
+
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_random_chains_derived_gradients_equal_autograd(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("chain") / "chain.attn"
+    path.write_text(text, encoding="utf-8")
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10, text

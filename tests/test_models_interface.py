@@ -1,0 +1,310 @@
+"""attn_implementation="indexattn": a core spec as transformers' attention function.
+
+Tiny models of seven families built from configs with random weights (nothing downloaded),
+float64. The reference is the same model with attn_implementation="eager", its softmax kept in
+float64 (transformers' eager softmax upcasts to float32; `float64_softmax`); everything but the
+attention core (projections, rotary tables, norms, experts) is the same code in both runs.
+Gemma 2 (soft-capped scores, sliding layers) and GPT-OSS (sinks, sliding layers) run core specs
+registered here with `register`, as a user would write them.
+"""
+
+import pytest
+import torch
+from test_models import ROOT, randomise
+
+import indexattn
+
+transformers = pytest.importorskip("transformers")
+hf = pytest.importorskip("indexattn.transformers")
+
+B, N, NEW = 2, 6, 8
+WINDOW = 3  # shorter than the prompt: the sliding layers' masks hide keys
+
+SOFTCAP_CORE = """
+index τ : N
+index σ : N_kv
+index g : h_kv
+index r : n_rep
+index a : d_k
+index c : d_v
+
+input  Q_<grτa>
+input  K_<gσa>
+input  V_<gσc>
+input  M_<τσ>
+scalar scaling = 0.125
+scalar softcap = 50
+
+R_<grτσ> = Q_<grτa> K_<gσa> scaling
+S_<grτσ> = softcap tanh(R_<grτσ> / softcap) + M_<τσ>
+A_<grτσ> = softmax_<σ>(S_<grτσ>)
+O_<grτc> = A_<grτσ> V_<gσc>
+
+output O
+"""
+
+SINKS_CORE = """
+index τ : N
+index σ : N_kv
+index g : h_kv
+index r : n_rep
+index a : d_k
+index c : d_v
+
+input  Q_<grτa>
+input  K_<gσa>
+input  V_<gσc>
+input  M_<τσ>
+input  s_aux_<(gr)>
+scalar scaling = 0.125
+
+S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
+L_<grτ>  = logsumexp_<σ>(S_<grτσ>)
+A_<grτσ> = softmax_<σ>(S_<grτσ>) sigmoid(L_<grτ> - s_aux_<(gr)>)
+O_<grτc> = A_<grτσ> V_<gσc>
+
+output O
+"""
+
+hf.register("indexattn_softcap", indexattn.compile_spec(SOFTCAP_CORE, name="softcap_core"))
+hf.register("indexattn_sinks", indexattn.compile_spec(SINKS_CORE, name="sinks_core"))
+
+SMALL = {
+    "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "eos_token_id": None, "attention_dropout": 0.0,
+}  # fmt: skip
+
+GEMMA2 = {
+    "head_dim": 8, "sliding_window": WINDOW, "query_pre_attn_scalar": 10,
+    "attn_logit_softcapping": 2.0, "final_logit_softcapping": None,
+}  # fmt: skip
+GPT_OSS = {
+    "head_dim": 8, "sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1,
+    "intermediate_size": 16,
+}  # fmt: skip
+EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
+FAMILIES = {  # config class, its extra settings, the attn_implementation that runs it
+    "llama": ("LlamaConfig", {}, "indexattn"),
+    "qwen2": ("Qwen2Config", {}, "indexattn"),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 2, "num_experts_per_tok": 1}, "indexattn"),
+    "phi3": ("Phi3Config", {"pad_token_id": 0}, "indexattn"),
+    "olmo2": ("Olmo2Config", {}, "indexattn"),
+    "gemma2": ("Gemma2Config", GEMMA2, "indexattn_softcap"),
+    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn_sinks"),
+}
+
+
+@pytest.fixture(autouse=True)
+def float64_softmax(monkeypatch):
+    """The eager reference without its float32 softmax (softmax(..., dtype=torch.float32))."""
+    softmax = torch.nn.functional.softmax
+
+    def softmax_as_is(x, dim=None, dtype=None, **kw):
+        return softmax(x, dim=dim, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax_as_is)
+
+
+def model_of(family: str, **settings):
+    """The family's tiny causal LM in float64 and eval mode, eager attention, random weights."""
+    config_class, extra, _ = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**SMALL, **extra, **settings, **EAGER})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return randomise(model).double().eval()
+
+
+def prompt(n: int = N):
+    """Two prompts, the second left-padded by two tokens."""
+    ids = torch.randint(1, 40, (B, n), generator=torch.Generator().manual_seed(2))
+    padding = torch.ones_like(ids)
+    padding[1, :2] = 0
+    return ids, padding
+
+
+def logits(model, ids, padding):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+
+
+def assert_relative(got, want, tol=1e-10):
+    """Equal within `tol` of the reference's largest magnitude."""
+    error, scale = (got - want).abs().max().item(), want.abs().max().item()
+    assert error <= tol * scale, f"error {error:.2e}, relative to {scale:.2e}"
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Starts counting a registered core spec's calls (the queries of each); undone after."""
+    from transformers import AttentionInterface
+
+    def start(name):
+        function, seen = AttentionInterface._global_mapping[name], []
+        spec = function.spec
+
+        def counting(**kwargs):
+            seen.append(kwargs["Q"].shape[-2])
+            return spec(**kwargs)
+
+        monkeypatch.setattr(function, "spec", counting)
+        return seen
+
+    return start
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_are_eager_s(family, counted):
+    model = model_of(family)
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    implementation = FAMILIES[family][2]
+    model.set_attn_implementation(implementation)
+    seen = counted(implementation)
+    got = logits(model, ids, padding)
+    assert seen == [N] * 2  # the core ran in both layers
+    assert_relative(got, want)
+    model.set_attn_implementation("eager")  # and back: the model is unchanged
+    assert_relative(logits(model, ids, padding), want, tol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_a_flipped_mask_bit_and_a_nudged_scale_are_caught(family):
+    """The twins: a padding bit set, a layer's scale nudged by 1e-6, each moves the logits."""
+    model = model_of(family)
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    model.set_attn_implementation(FAMILIES[family][2])
+    flipped = padding.clone()
+    flipped[1, 1] = 1
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model, ids, flipped), want)
+    layer = model.model.layers[0].self_attn
+    layer.scaling += 1e-6
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model, ids, padding), want)
+
+
+def generate(model, ids, padding):
+    """Greedy decoding with the cache on; the tokens, and every step's logits (float64)."""
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=padding, max_new_tokens=NEW, do_sample=False, use_cache=True,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    return out.sequences, torch.stack(out.logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_with_the_cache_gives_eager_s_tokens(family, counted):
+    model = model_of(family)
+    ids, padding = prompt()
+    tokens, steps = generate(model, ids, padding)
+    implementation = FAMILIES[family][2]
+    model.set_attn_implementation(implementation)
+    seen = counted(implementation)
+    tokens_ours, steps_ours = generate(model, ids, padding)
+    assert seen == [N] * 2 + [1] * 2 * (NEW - 1)  # the prompt, then one query per step
+    assert tokens.shape == (B, N + NEW)
+    assert torch.equal(tokens_ours, tokens)
+    assert_relative(steps_ours, steps)
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral", "gemma2", "gpt_oss"])
+def test_gradients_are_eager_s(family):
+    """Training mode (no dropout): the loss's gradients of every weight. The loss leaves out
+    the padding's positions: a padding query sees no key, and the gradient through such a row
+    is each kernel's own convention (sdpa's is not eager's)."""
+    model = model_of(family).train()
+    ids, padding = prompt()
+    labels = ids.masked_fill(padding == 0, -100)
+    labels[:, 1:][padding[:, :-1] == 0] = -100  # predicted at a padding position
+
+    def gradients():
+        model.zero_grad()
+        model(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want = gradients()
+    model.set_attn_implementation(FAMILIES[family][2])
+    got = gradients()
+    assert got.keys() == want.keys() and len(got) > 10
+    for name in want:
+        assert_relative(got[name], want[name], tol=1e-9)
+
+
+def test_dropout_is_the_core_spec_s():
+    """gqa_core declares dropout: in training, with one seed, it draws eager's masks (torch's
+    dropout on weights of the same shape), so the logits are equal; in eval none is drawn."""
+    model = model_of("llama", attention_dropout=0.3).train()
+    ids, padding = prompt()
+
+    def train_logits():
+        torch.manual_seed(5)
+        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits.detach()
+
+    want = train_logits()
+    model.set_attn_implementation("indexattn")
+    assert_relative(train_logits(), want)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model.eval(), ids, padding), want)
+
+
+def test_a_keyword_the_core_spec_lacks_is_refused_by_name():
+    gemma, oss = model_of("gemma2"), model_of("gpt_oss")
+    ids, padding = prompt()
+    for model, keyword in ((gemma, "softcap=2.0"), (oss, "s_aux=a tensor")):
+        model.set_attn_implementation("indexattn")
+        with pytest.raises(NotImplementedError, match=keyword):
+            logits(model, ids, padding)
+    softcapped = model_of("gemma2", attention_dropout=0.1).train()
+    softcapped.set_attn_implementation("indexattn_softcap")
+    with pytest.raises(NotImplementedError, match=r"dropout=0\.1.*declares no p"):
+        softcapped(input_ids=ids, use_cache=False)
+    llama = model_of("llama")
+    llama.set_attn_implementation("indexattn_softcap")
+    with pytest.raises(NotImplementedError, match="passes no softcap"):
+        logits(llama, ids, padding)
+
+
+def test_an_unknown_keyword_is_an_error_naming_it():
+    layer = model_of("llama").model.layers[0].self_attn
+    q, k = torch.randn(B, 4, N, 8), torch.randn(B, 2, N, 8)
+    with pytest.raises(TypeError, match="position_bias"):
+        hf.CORE(layer, q, k, k, None, scaling=0.3, position_bias=torch.zeros(1))
+    out, weights = hf.CORE(layer, q, k, k, None, scaling=0.3, position_ids=None)
+    assert out.shape == (B, N, 4, 8) and weights is None
+    layer.train()  # no dropout keyword: none applied, in training too
+    assert torch.equal(hf.CORE(layer, q, k, k, None, scaling=0.3)[0], out)
+
+
+def test_a_spec_that_is_not_a_core_is_refused():
+    with pytest.raises(ValueError, match=r"not an attention core.*its inputs are X"):
+        hf.register("broken", ROOT / "specs/gqa.attn")
+
+
+def test_the_core_spec_runs_under_torch_compile():
+    """torch.compile (the aot_eager backend: dynamo's graph and autograd's, no C++ build) of a
+    model running "indexattn": eager's logits and gradients, and the core inside a graph."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = model_of("llama")
+    ids, padding = prompt()
+    labels = ids.masked_fill(padding == 0, -100)
+    labels[:, 1:][padding[:, :-1] == 0] = -100
+
+    def loss_and_grad(forward):
+        model.zero_grad()
+        out = forward(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False)
+        out.loss.backward()
+        return out.logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+
+    want = loss_and_grad(model)
+    model.set_attn_implementation("indexattn")
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    got = loss_and_grad(torch.compile(model, backend=counter))
+    assert counter.frame_count >= 1 and counter.op_count > 0
+    for g, w in zip(got, want):
+        assert_relative(g, w)
