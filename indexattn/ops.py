@@ -273,11 +273,15 @@ DERIVATIVES: dict[str, tuple[str, ...]] = {
     "tanh": ("1 - tanh(x)^2",),
     "sigmoid": ("sigmoid(x) (1 - sigmoid(x))",),
     "relu": ("where(x > 0, 1, 0)",),
-    # Φ(x) = gelu(x) / x, away from 0; erf is not (yet) a function of the language
-    "gelu": ("where(x == 0, 1 / 2, gelu(x) / x) + 0.3989422804014327 x exp(-x^2 / 2)",),
+    # gelu(x) = x Φ(x), Φ(x) = (1 + erf(x / √2)) / 2, Φ'(x) = exp(-x² / 2) / √(2π)
+    "gelu": ("(1 + erf(x / sqrt(2))) / 2 + x exp(-x^2 / 2) / sqrt(2 π)",),
     "silu": ("sigmoid(x) (1 + x (1 - sigmoid(x)))",),
     "elu": ("where(x > 0, 1, exp(x))",),
     "softplus": ("sigmoid(x)",),
+    "logsigmoid": ("sigmoid(-x)",),
+    "log1p": ("1 / (1 + x)",),
+    "expm1": ("exp(x)",),
+    "erf": ("2 exp(-x^2) / sqrt(π)",),
     "abs": ("sign(x)",),
     "sign": ("0",),
     "cos": ("-sin(x)",),
