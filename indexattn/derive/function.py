@@ -6,23 +6,41 @@ autograd's own backward is the default."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
+from ..ir import Spec
 from . import Derived, derive
 
-if TYPE_CHECKING:
-    from ..runtime import CompiledSpec
+
+class CompiledSpec(Protocol):
+    """What the derived backward needs of a compiled spec (runtime/compiled.py's CompiledSpec,
+    which calls `run`): named here so that derive never imports the runtime."""
+
+    name: str
+    text: str
+    file: str
+    ir: Spec
+    arguments: tuple[str, ...]
+    size_names: frozenset[str]
+
+    def backward(self, *, training: bool = True) -> CompiledSpec:
+        """The derived backward, compiled like any spec."""
+
+    def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict:
+        """The sizes of a call."""
+
+    def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
+        """The generated function on tensors in argument order."""
 
 
 @functools.lru_cache(maxsize=64)
 def compiled(spec: CompiledSpec, training: bool) -> tuple[Derived, CompiledSpec]:
     """The derivation of a spec and its backward, compiled once (SpecError where refused)."""
-    from ..runtime import compile_spec
-
     derived = derive(spec.ir, spec.text, spec.file, training=training)
-    return derived, compile_spec(derived.text, name=f"{spec.name}_backward")
+    return derived, spec.backward(training=training)
 
 
 def gradients(
