@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass, replace
 
-from . import weights
+from . import numerics, weights
 from .blocked import RowsWriter, find
 from .emit import Emitter
 from .hidden import add_spans
@@ -64,13 +64,15 @@ class Writer:
         self.main = Emitter(self.spec, self.names)
         self.grids = Emitter(self.spec, self.names)
         _share(self.main, self.grids)
+        self.main.cast = self.grids.cast = numerics.tables(plan).cast
+        self.grids.tables = True
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
     def module(self) -> Module:
         body, constants = self.bodies()
         constants = constants if self.held else []  # built for equations nothing reads
-        body.append("return " + ", ".join(self.main.var(r) for r in self.plan.results))
+        body.append("return " + ", ".join(self.result(r) for r in self.plan.results))
         defs, args, prologue = [], (), []
         if constants:
             args = self.constant_args()
@@ -134,6 +136,11 @@ class Writer:
         self.held_vars = parts.held
         return body, constants
 
+    def result(self, out) -> str:
+        """A returned value; a constant kept per shape is copied, so a caller may write it."""
+        name = self.main.var(out)
+        return f"{name}.clone()" if out.var in self.held_vars else name
+
     def constant_args(self) -> tuple[str, ...]:
         needs = self.grids.needs
         sizes = [a for s, a in self.spec.size_names.items() if s in needs.sizes]
@@ -148,7 +155,9 @@ class Writer:
             for i in self.grids.needs.indices
         ]
         held = ", ".join(self.held) + ("," if len(self.held) == 1 else "")
-        return "\n".join([head, *_indent([doc, *positions, *lines, f"return {held}"])])
+        table = [f"table = {numerics.TABLE}  # docs/language.md, Numerics"]
+        table = table if self.grids.needs.table else []
+        return "\n".join([head, *_indent([doc, *table, *positions, *lines, f"return {held}"])])
 
     def constants_call(self, args: tuple[str, ...]) -> str:
         """Built here unless the caller passes them (the runtime keeps them per shape)."""

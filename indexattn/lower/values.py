@@ -25,6 +25,7 @@ class Needs:
     indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
     device: bool = False
     dtype: bool = False
+    table: bool = False  # the dtype tables are built in (lower/numerics.py)
     knobs: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its line)
     helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
 
@@ -37,6 +38,8 @@ class Values:
         self.symbols = {s: sympy.Symbol(a) for s, a in spec.size_names.items()}
         self.symbols |= {s.symbol: sympy.Symbol(s.ascii) for s in spec.scalars}
         self.scalar_symbols = {s.symbol for s in spec.scalars}
+        self.tables = False  # printing the constants function: floats in the tables' dtype
+        self.cast: frozenset = frozenset()  # values cast to the call's dtype where made
 
     # -- values
 
@@ -79,7 +82,12 @@ class Values:
     def tensor_of(self, number: str) -> str:
         self.use("torch")
         self.needs.device = self.needs.dtype = True
-        return f"torch.tensor({number}, device=device, dtype=dtype)"
+        return f"torch.tensor({number}, device=device, dtype={self.float_dtype()})"
+
+    def float_dtype(self) -> str:
+        """The dtype floats are made in: the tables' in the constants function, else the call's."""
+        self.needs.table |= self.tables
+        return "table" if self.tables else "dtype"
 
     def var(self, operand: Operand) -> str:
         return self.names.var(operand.var)

@@ -27,7 +27,8 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     """`evaluate(check(text, "mha"), X=x, W=w, ...)` -> the outputs, read literally."""
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
     shapes = {name: tuple(value.shape) for name, value in arguments.items()}
-    sizes = solve(spec, recipe(spec), shapes, kwargs)
+    given = {name: value for name, value in kwargs.items() if name in spec.size_asciis}
+    sizes = solve(spec, recipe(spec), shapes, given)  # scalars are numbers, never sizes
     scalars = {s.symbol: float(kwargs.get(s.ascii, s.value)) for s in spec.scalars}
     like = arguments[spec.like.ascii]
     run = Interpreter(sizes, scalars, like.dtype, like.device, training)

@@ -1,0 +1,122 @@
+"""The numerics policy in one place: which values are *tables* (made from positions, sizes,
+scalars and integer inputs alone, never from the call's float data), what dtype they are
+computed in, and where they meet the call's dtype.
+
+- Positions are whole numbers: exact (float64 up to 2^53, int64 when they index).
+- Tables (rotary angles and their cos and sin, ALiBi slopes times distances, masks) are
+  computed in `TABLE`: float32 for a float32, float16 or bfloat16 call, float64 for a float64
+  call, as transformers builds its rotary tables in float32.
+- A table is cast to the call's dtype where it is made, when data reads it or it is returned
+  (`cos_theta = torch.cos(theta).to(dtype)`); a table read only by other tables stays wide.
+- Everything else runs in the call's dtype, with torch's own accumulation (softmax and
+  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .. import ops
+from ..ir import CONDITIONS
+from .hoist import PURE, operands
+from .steps import (
+    Choose,
+    Contract,
+    Elementwise,
+    Flip,
+    Full,
+    Gather,
+    Grid,
+    Plan,
+    Reduction,
+    Rename,
+    Slice,
+    Spans,
+    Step,
+    Unfuse,
+    Var,
+    Whole,
+)
+
+# The dtype tables are built in, from the call's `dtype`: float32 at least.
+TABLE = "torch.promote_types(dtype, torch.float32)"
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The plan's tables, and those cast to the call's dtype where made."""
+
+    values: frozenset[Var]
+    cast: frozenset[Var]
+
+
+def tables(plan: Plan) -> Tables:
+    """`tables(plan).cast`: the float tables data reads (or the call returns)."""
+    kinds: dict[Var, str] = {
+        Var(-1, t.ascii, argument=True): "int" for t in plan.spec.arguments if t.dtype == "int"
+    }
+    readers: dict[Var, bool] = {}  # table -> read by data (or returned)
+    for step in plan.steps:
+        read = [o.var for o in operands(step)]
+        if _table_step(step) and all(v in kinds for v in read):
+            kinds[step.out.var] = _kind(step, kinds)
+            continue
+        readers.update({v: True for v in read if v in kinds})
+    readers.update({r.var: True for r in plan.results if r.var in kinds})
+    made = frozenset(v for v in kinds if not v.argument)
+    cast = frozenset(v for v in made if kinds[v] == "float" and readers.get(v))
+    return Tables(made, cast)
+
+
+def _table_step(step: Step) -> bool:
+    if isinstance(step, Unfuse):
+        return step.tensor.dtype == "int"
+    if isinstance(step, Elementwise) and step.fn == "dropout":
+        return False
+    return isinstance(step, PURE) and not isinstance(step, Spans)
+
+
+def _kind(step: Step, kinds: dict[Var, str]) -> str:
+    """"bool", "int" or "float": what a table step makes of what it reads."""
+    if isinstance(step, Grid):
+        return "int" if step.index else "bool" if isinstance(step.expr, CONDITIONS) else "float"
+    if isinstance(step, (Whole, Unfuse)):
+        return "int"
+    if isinstance(step, Full):
+        return "float"
+    if isinstance(step, Choose):
+        inner = dict(kinds)
+        for s in step.branches[0]:
+            inner[s.out.var] = _kind(s, inner)
+        return inner[step.branches[0][-1].out.var]
+    if isinstance(step, (Gather, Flip, Slice, Rename)):
+        return kinds[step.arg.var]
+    if isinstance(step, Elementwise) and ops.lookup(step.fn).condition:
+        return "bool"
+    read = [kinds[o.var] for o in operands(step)]
+    return "float" if "float" in read or _makes_floats(step) else "int"
+
+
+def _makes_floats(step: Step) -> bool:
+    numbers = [a.expr for a in getattr(step, "args", ()) if not hasattr(a, "var")]
+    if not all(sympy.sympify(n).is_integer for n in numbers):
+        return True
+    if isinstance(step, Contract):
+        return not sympy.sympify(step.scale).is_integer
+    if isinstance(step, Elementwise):
+        return step.fn == "/" or not ops.lookup(step.fn).integers  # torch: int / int is a float
+    if isinstance(step, Reduction):
+        return step.fn not in ("sum", "max", "min", "cumsum")
+    return False
+
+
+def cast(values, step: Step) -> list[str]:
+    """The line that casts a table to the call's dtype where data first reads it."""
+    out = getattr(step, "out", None)
+    if out is None or out.var not in values.cast:
+        return []
+    values.needs.dtype = True
+    name = values.var(out)
+    return [f"{name} = {name}.to(dtype)  # a table, made in float32 or wider, cast for data"]
