@@ -21,7 +21,8 @@ def positional(spec: CompiledSpec) -> bool:
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     """‖got - want‖ / ‖want‖ over the entries where float64 is finite."""
     finite = torch.isfinite(want)
-    diff = (got.double() - want)[finite]
+    got, want = got.detach().double(), want.detach()
+    diff = (got - want)[finite]
     return float(diff.norm() / want[finite].norm().clamp_min(1e-300))
 
 
