@@ -120,3 +120,41 @@ def cast(values, step: Step) -> list[str]:
     values.needs.dtype = True
     name = values.var(out)
     return [f"{name} = {name}.to(dtype)  # a table, made in float32 or wider, cast for data"]
+
+
+def may_be_neginf(node, masked: dict[str, bool], scalars: frozenset) -> bool:
+    """Whether a value can hold -inf, decided by what its values can be, not by how the spec
+    spells them: an infinity written, a scalar (a caller may pass -inf), a float argument (an
+    input, param or buffer may hold -inf), a function that makes -inf of finite numbers (log 0,
+    a quotient by 0), or a tensor defined from any of these. A product that sums over arguments
+    is not: a contraction of an -inf gives -inf or NaN by itself, never a row the softmax
+    should zero (only added masks hide keys)."""
+    from .. import ir
+
+    def can(n) -> bool:
+        if isinstance(n, ir.Field):
+            return bool(n.expr.has(sympy.oo, -sympy.oo) or n.expr.free_symbols & scalars)
+        if isinstance(n, ir.Ref):
+            return masked.get(n.tensor.name, False)
+        if isinstance(n, ir.Product) and n.summed:
+            return any(can(f) for f in n.factors if not _argument(f))
+        if isinstance(n, ir.Apply):
+            op = ops.lookup(n.fn)
+            if op.condition:
+                return False
+            values = n.args[1:] if n.fn == "where" else n.args[:1] if n.fn == "dropout" else n.args
+            return op.partial or any(can(a) for a in values)
+        return any(can(child) for child in ir.children(n))
+
+    return can(node)
+
+
+def maskable(tensor) -> bool:
+    """A declared tensor that may hold -inf: every float one."""
+    return tensor.role != "derived" and tensor.dtype != "int"
+
+
+def _argument(node) -> bool:
+    from .. import ir
+
+    return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")

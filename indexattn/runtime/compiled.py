@@ -150,7 +150,7 @@ class CompiledSpec:
         if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
             sizes = self._solve(tensors, given)
             keywords = {name: sizes[name] for name in self.required}
-            widen = self._widen(tensors)
+            widen, longs = self._widen(tensors), self._longs(tensors)
         else:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
@@ -162,11 +162,13 @@ class CompiledSpec:
                 found = self._prepare(key, tensors, given, scalars)
             elif self.positions.arguments:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
-            _, keywords, widen = found
-        if widen:
+            _, keywords, widen, longs = found
+        if widen or longs:
             tensors = list(tensors)
             for k, shape in widen:
                 tensors[k] = tensors[k].expand(shape)
+            for k in longs:  # any integer dtype is read as int64 positions (docs/language.md)
+                tensors[k] = tensors[k].long()
         out = self.function(*tensors, **keywords, **scalars, training=training)
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 
@@ -177,7 +179,7 @@ class CompiledSpec:
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
-        found = (sizes, keywords, self._widen(tensors))
+        found = (sizes, keywords, self._widen(tensors), self._longs(tensors))
         with self._lock:
             _bounded(self._calls)[key] = found
         return found
@@ -256,10 +258,21 @@ class CompiledSpec:
             (k, full + shapes[k][len(b) :]) for k, b in self._batches(shapes).items() if b != full
         )
 
+    def _longs(self, tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The integer arguments of another integer dtype than int64 (uint8 ids, int16 ...)."""
+        pairs = zip(self.plain.integer, tensors)
+        return tuple(k for k, (integer, t) in enumerate(pairs) if integer and t.dtype != torch.int64)
+
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
         dtype, device = first.dtype, first.device
         for name, integer, t in zip(self.arguments, self.plain.integer, tensors):
+            if integer and t.dtype == torch.bool:
+                raise ShapeError(
+                    f"{self.name}: {name} is torch.bool, but it is declared `: int`: its values "
+                    f"are whole numbers (positions, ids), not a mask; pass {name}.long() to read "
+                    "True as 1 and False as 0"
+                )
             if t.device != device or (t.is_floating_point() if integer else t.dtype != dtype):
                 want = "an integer dtype" if integer else f"{dtype}"
                 raise ShapeError(
