@@ -227,6 +227,9 @@ class Emitter(KernelSteps, Values):
             ]
         elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
             args[1] = self.tensor_of(args[1])
+        if step.fn == "where" and isinstance(step.args[0], Number):  # a condition on sizes
+            self.needs.device = True
+            args[0] = f"torch.as_tensor({args[0]}, device=device)"
         self.use(*op.imports)
         template = op.inplace if step.into else op.torch  # lower/inplace.py
         return f"{self.var(step.out)} = {template.format(*args)}"

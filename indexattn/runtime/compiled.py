@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+import math
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -141,6 +142,13 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        for name, value in scalars.items():
+            if isinstance(value, float) and math.isnan(value):
+                raise ShapeError(
+                    f"{self.name}: the scalar {name} is NaN: every comparison with NaN is false, "
+                    "so a mask of it would hide keys the literal reading keeps (or keep keys it "
+                    f"hides); pass a number, or inf or -inf, for {name}"
+                )
         return self._run(tuple(tensors.values()), given, scalars, training)
 
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
@@ -260,8 +268,8 @@ class CompiledSpec:
 
     def _longs(self, tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
         """The integer arguments of another integer dtype than int64 (uint8 ids, int16 ...)."""
-        pairs = zip(self.plain.integer, tensors)
-        return tuple(k for k, (integer, t) in enumerate(pairs) if integer and t.dtype != torch.int64)
+        pairs = enumerate(zip(self.plain.integer, tensors))
+        return tuple(k for k, (integer, t) in pairs if integer and t.dtype != torch.int64)
 
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
