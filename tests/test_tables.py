@@ -22,9 +22,7 @@ PATHS = sorted(ROOT.glob("specs/*.attn")) + sorted(ROOT.glob("specs/models/*.att
 # Bloom does: bfloat16 keeps 2-3 digits of it, whoever builds the table (docs/precision.md).
 NOT_RELATIVE = {"bloom"}
 POSITIONAL = [
-    p
-    for p in PATHS
-    if p.stem not in NOT_RELATIVE and positional(indexattn.compile_spec(p))
+    p for p in PATHS if p.stem not in NOT_RELATIVE and positional(indexattn.compile_spec(p))
 ]
 
 

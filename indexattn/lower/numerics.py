@@ -79,7 +79,7 @@ def _table_step(step: Step) -> bool:
 
 
 def _kind(step: Step, kinds: dict[Var, str]) -> str:
-    """"bool", "int" or "float": what a table step makes of what it reads."""
+    """ "bool", "int" or "float": what a table step makes of what it reads."""
     if isinstance(step, Grid):
         return "int" if step.index else "bool" if isinstance(step.expr, CONDITIONS) else "float"
     if isinstance(step, (Whole, Unfuse)):

@@ -75,11 +75,11 @@ class Planner(Products, PrefixProducts):
         # planned in the block that reads them; logsumexps only sinks read, never
         self.later = self.unread | set(self.prefix) | absorbed(spec, self.defined)
 
-
     def may_be_masked(self, node: ir.Node) -> bool:
         """Whether a value can hold -inf (lower/numerics.py)."""
         scalars = frozenset(s.symbol for s in self.spec.scalars)
         return numerics.may_be_neginf(node, self.masked, scalars)
+
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
 
