@@ -259,3 +259,43 @@ def test_powers_of_positions_compile_or_raise_spec_errors(text):
     got = spec(X=x, gamma=gamma)
     want = evaluate(spec.ir, X=x, gamma=gamma)[0]
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+# ------------------------------------------------------------------------ empty sizes
+
+
+def decode(cached: int, batch: tuple = (2,)):
+    spec = indexattn.compile_spec("specs/kv_decode.attn")
+    sizes = {**sample_sizes(spec.ir), "N_c": cached}
+    args = sample_arguments(spec.ir, sizes, batch)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    return spec, args, given
+
+
+def test_an_empty_cache_is_the_first_decode_step():
+    """N_c = 0 was "expected size N_c, got 0"."""
+    spec, args, given = decode(0)
+    got = spec(**args, **given)
+    for g, w in zip(got, evaluate(spec.ir, **args, **given), strict=True):
+        torch.testing.assert_close(g, w)
+    assert got[1].shape[-2] == args["X"].shape[-2]  # the keys are the new tokens' alone
+
+
+def test_twin_one_cached_token_changes_the_output():
+    spec, args, given = decode(1)
+    empty = dict(args, Kc=args["Kc"][..., :0, :], Vc=args["Vc"][..., :0, :])
+    assert not torch.allclose(spec(**args, **given)[0], spec(**empty, **given)[0])
+
+
+def test_an_empty_batch_gives_empty_outputs():
+    spec, args, given = decode(2, batch=(0,))
+    assert all(out.shape[0] == 0 for out in spec(**args, **given))
+
+
+def test_a_size_of_0_a_spec_cannot_compute_with_is_a_shape_error():
+    """An empty sequence under a causal softmax: a ShapeError naming N, not torch's error."""
+    spec = indexattn.compile_spec("specs/models/gpt2.attn")
+    sizes = {**sample_sizes(spec.ir), "N": 0}
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    with pytest.raises(indexattn.ShapeError, match="the size N is 0"):
+        spec(**sample_arguments(spec.ir, sizes, (2,)), **given)

@@ -170,14 +170,18 @@ class CompiledSpec:
                 found = self._prepare(key, tensors, given, scalars)
             elif self.positions.arguments:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
-            _, keywords, widen, longs = found
+            sizes, keywords, widen, longs = found
         if widen or longs:
             tensors = list(tensors)
             for k, shape in widen:
                 tensors[k] = tensors[k].expand(shape)
             for k in longs:  # any integer dtype is read as int64 positions (docs/language.md)
                 tensors[k] = tensors[k].long()
-        out = self.function(*tensors, **keywords, **scalars, training=training)
+        try:
+            out = self.function(*tensors, **keywords, **scalars, training=training)
+        except (IndexError, RuntimeError, ZeroDivisionError) as error:
+            _empty(self.name, sizes, error)
+            raise
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
@@ -347,6 +351,17 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
             return None
         out.insert(0, sizes[0] if sizes else 1)
     return tuple(out)
+
+
+def _empty(spec: str, sizes: dict[str, int], error: Exception) -> None:
+    """A ShapeError for a call that fails at a size of 0 (a reduction over nothing, a block of
+    no rows), which the sizes allow where the mathematics is defined (an empty cache)."""
+    empty = [name for name, value in sizes.items() if value == 0]
+    if empty:
+        raise ShapeError(
+            f"{spec}: the size {empty[0]} is 0, and this spec cannot be computed with it "
+            f"({type(error).__name__}: {str(error).splitlines()[0]}); give {empty[0]} at least 1"
+        ) from error
 
 
 def _bounded(cache: dict) -> dict:
