@@ -41,7 +41,7 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     outputs = [run.fuse(held[t.name][0], t) for t in spec.outputs]
     reads = _reads_inputs(spec)
     return tuple(
-        out.expand(*batch, *out.shape[out.dim() - len(t.shape) :]) if reads[t.name] else out
+        out.expand((*batch, *out.shape[out.dim() - len(t.shape) :])) if reads[t.name] else out
         for out, t in zip(outputs, spec.outputs)
     )
 
