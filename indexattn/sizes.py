@@ -85,7 +85,12 @@ class Rules:
 
     def read(self, read: Read, actual: int, values: dict, given: dict) -> None:
         divisor, rest = evaluate(read.divisor, values), actual - evaluate(read.offset, values)
-        if rest % divisor != 0 or rest <= 0:
+        if divisor == 0:
+            raise ShapeError(
+                f"{read.message}, got {actual}: {read.multiple} is 0 here, so the other factor "
+                "of this axis cannot be read off it; pass it by keyword"
+            )
+        if rest % divisor != 0 or rest < 0:  # 0 is a size: an empty cache, an empty sequence
             multiple = (
                 read.multiple if read.multiple == str(divisor) else f"{read.multiple} = {divisor}"
             )

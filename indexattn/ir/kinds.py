@@ -41,7 +41,11 @@ def kind(node: Node) -> str:
 def _apply(node: Apply) -> str:
     if node.fn == "pow":
         base, exponent = node.args
-        whole = isinstance(exponent, Field) and exponent.expr.is_integer and exponent.expr >= 0
+        whole = (
+            isinstance(exponent, Field)
+            and exponent.expr.is_integer
+            and exponent.expr.is_nonnegative
+        )
         return kind(base) if whole else "float"
     if not lookup(node.fn).integers:
         return "float"

@@ -10,6 +10,7 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
+from . import numerics
 from .emit import Emitter
 from .naming import Names
 from .printers import number_text, wrap
@@ -62,13 +63,15 @@ class Writer:
         self.main = Emitter(self.spec, self.names)
         self.grids = Emitter(self.spec, self.names)
         _share(self.main, self.grids)
+        self.main.cast = self.grids.cast = numerics.tables(plan).cast
+        self.grids.tables = True
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
     def module(self) -> Module:
         body, constants = self.bodies()
         constants = constants if self.held else []  # built for equations nothing reads
-        body.append("return " + ", ".join(self.main.var(r) for r in self.plan.results))
+        body.append("return " + ", ".join(self.result(r) for r in self.plan.results))
         defs, args, prologue = [], (), []
         if constants:
             args = self.constant_args()
@@ -124,6 +127,11 @@ class Writer:
             self.main.needs.device = self.main.needs.dtype = True  # built here, not hoisted
         return body, constants
 
+    def result(self, out) -> str:
+        """A returned value; a constant kept per shape is copied, so a caller may write it."""
+        name = self.main.var(out)
+        return f"{name}.clone()" if out.var in self.held_vars else name
+
     def constant_args(self) -> tuple[str, ...]:
         needs = self.grids.needs
         sizes = [a for s, a in self.spec.size_names.items() if s in needs.sizes]
@@ -133,7 +141,9 @@ class Writer:
         head = f"def {self.names.constants}({', '.join([*args, '*', 'device', 'dtype'])}):"
         doc = '"""Tensors of positions: the same for every call with these sizes and scalars."""'
         held = ", ".join(self.held) + ("," if len(self.held) == 1 else "")
-        lines = [doc, *_positions(self.grids), *lines, f"return {held}"]
+        table = [f"table = {numerics.TABLE}  # docs/language.md, Numerics"]
+        table = table if self.grids.needs.table else []
+        lines = [doc, *table, *_positions(self.grids), *lines, f"return {held}"]
         return "\n".join([head, *_indent(lines)])
 
     def constants_call(self, args: tuple[str, ...]) -> str:

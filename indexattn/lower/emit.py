@@ -10,6 +10,7 @@ import sympy
 from .. import ops
 from ..ir import CONDITIONS, Index
 from .kernels_emit import KernelSteps
+from .numerics import cast
 from .printers import GridPrinter, ScalarPrinter, wrap
 from .steps import (
     Add,
@@ -46,7 +47,8 @@ class Emitter(KernelSteps, Values):
             return code if isinstance(code, list) else [code]
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
-        return [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]
+        code = [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]
+        return code + cast(self, step)
 
     def step_Choose(self, step: Choose) -> list[str]:
         """if/elif/else on the sizes; each branch ends in the choice's variable."""
@@ -101,7 +103,7 @@ class Emitter(KernelSteps, Values):
         if step.index:
             code = f"{wrap(code)}.long()"  # float64 holds whole numbers exactly up to 2^53
         elif not isinstance(step.expr, CONDITIONS):
-            code = f"{wrap(code)}.to(dtype)"
+            code = f"{wrap(code)}.to({self.float_dtype()})"
         return f"{self.var(step.out)} = {code}"
 
     def step_Gather(self, step: Gather) -> str:
@@ -225,6 +227,9 @@ class Emitter(KernelSteps, Values):
             ]
         elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
             args[1] = self.tensor_of(args[1])
+        if step.fn == "where" and isinstance(step.args[0], Number):  # a condition on sizes
+            self.needs.device = True
+            args[0] = f"torch.as_tensor({args[0]}, device=device)"
         self.use(*op.imports)
         template = op.inplace if step.into else op.torch  # lower/passes/inplace.py
         return f"{self.var(step.out)} = {template.format(*args)}"

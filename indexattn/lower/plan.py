@@ -16,6 +16,7 @@ from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
+from . import numerics
 from .fusion import LinearForm, declared_outer, direct, linear_form, shift
 from .kernels import Kernels
 from .order import planning_count
@@ -59,9 +60,7 @@ class Planner(Products, PrefixProducts):
         self.spec = spec
         self.ids = itertools.count()
         self.held: dict[str, Operand] = {}
-        self.masked: dict[str, bool] = {
-            t.name: t.role in ("input", "buffer") for t in spec.arguments
-        }
+        self.masked = {t.name: numerics.maskable(t) for t in spec.arguments}
         self.literals = _literal_positions(spec)
         self.fields = _field_references(spec)
         self.unread = _unread(spec, self.fields)
@@ -74,6 +73,11 @@ class Planner(Products, PrefixProducts):
         self.defined = {eq.tensor.name: eq for eq in spec.equations}
         # planned in the block that reads them; logsumexps only sinks read, never
         self.later = self.unread | set(self.prefix) | absorbed(spec, self.defined)
+
+    def may_be_masked(self, node: ir.Node) -> bool:
+        """Whether a value can hold -inf (lower/numerics.py)."""
+        scalars = frozenset(s.symbol for s in self.spec.scalars)
+        return numerics.may_be_neginf(node, self.masked, scalars)
 
     def var(self, hint: str) -> Var:
         return Var(next(self.ids), hint)
@@ -96,7 +100,7 @@ class Planner(Products, PrefixProducts):
                 self.steps = []
                 equations = self.block(eq)
                 blocks.append(Block(self.inlined(equations) + equations, tuple(self.steps)))
-            self.masked[eq.tensor.name] = _may_be_masked(eq.rhs, self.masked)
+            self.masked[eq.tensor.name] = self.may_be_masked(eq.rhs)
         self.steps = []
         results = tuple(self.result(t) for t in self.spec.outputs)
         if self.steps:
@@ -275,7 +279,7 @@ class Planner(Products, PrefixProducts):
 
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
         body = self.as_tensor(self.node(node.body, hint), hint)
-        safe = node.fn == "softmax" and _may_be_masked(node.body, self.masked)
+        safe = node.fn == "softmax" and self.may_be_masked(node.body)
         dims = body.dims if node.keeps else self.ordered(node.free)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
@@ -385,20 +389,3 @@ def _unread(spec: Spec, fields: dict[ir.Ref, ir.Field]) -> set[str]:
         ref.tensor.name for eq in spec.equations for ref in ir.refs(eq.rhs) if ref not in fields
     }
     return {eq.tensor.name for eq in spec.equations} - read - {t.name for t in spec.outputs}
-
-
-def _may_be_masked(node: ir.Node, masked: dict[str, bool]) -> bool:
-    """Whether a value can hold -inf: an inf written in the spec, or data passed in, unless
-    the data is summed over in a product (a contraction of an -inf gives -inf or NaN by
-    itself, never a row the softmax should zero: only added masks hide keys)."""
-    if isinstance(node, ir.Field):
-        return bool(node.expr.has(sympy.oo, -sympy.oo))
-    if isinstance(node, ir.Ref):
-        return masked.get(node.tensor.name, False)
-    if isinstance(node, ir.Product) and node.summed:
-        return any(_may_be_masked(f, masked) for f in node.factors if not _is_argument(f))
-    return any(_may_be_masked(child, masked) for child in ir.children(node))
-
-
-def _is_argument(node: ir.Node) -> bool:
-    return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")

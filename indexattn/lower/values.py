@@ -25,6 +25,7 @@ class Needs:
     indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
     device: bool = False
     dtype: bool = False
+    table: bool = False  # the dtype tables are built in (lower/numerics.py)
     knobs: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its line)
     helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
 
@@ -38,6 +39,8 @@ class Values:
         # real: a scalar is a Python float, never dynamic (printers.py prints its log by math)
         self.symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
         self.scalar_symbols = {s.symbol for s in spec.scalars}
+        self.tables = False  # printing the constants function: floats in the tables' dtype
+        self.cast: frozenset = frozenset()  # values cast to the call's dtype where made
 
     # -- values
 
@@ -82,7 +85,12 @@ class Values:
         dtype: as_tensor takes both (torch.tensor warns on copying a tensor)."""
         self.use("torch")
         self.needs.device = self.needs.dtype = True
-        return f"torch.as_tensor({number}, device=device, dtype=dtype)"
+        return f"torch.as_tensor({number}, device=device, dtype={self.float_dtype()})"
+
+    def float_dtype(self) -> str:
+        """The dtype floats are made in: the tables' in the constants function, else the call's."""
+        self.needs.table |= self.tables
+        return "table" if self.tables else "dtype"
 
     def var(self, operand: Operand) -> str:
         return self.names.var(operand.var)

@@ -27,7 +27,8 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
     """`evaluate(check(text, "mha"), X=x, W=w, ...)` -> the outputs, read literally."""
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
     shapes = {name: tuple(value.shape) for name, value in arguments.items()}
-    sizes = solve(spec, recipe(spec), shapes, kwargs)
+    given = {name: value for name, value in kwargs.items() if name in spec.size_asciis}
+    sizes = solve(spec, recipe(spec), shapes, given)  # scalars are numbers, never sizes
     scalars = {s.symbol: float(kwargs.get(s.ascii, s.value)) for s in spec.scalars}
     like = arguments[spec.like.ascii]
     run = Interpreter(sizes, scalars, like.dtype, like.device, training)
@@ -38,13 +39,21 @@ def evaluate(spec: Spec, /, *, training: bool = False, **kwargs) -> tuple[torch.
         *(held[t.name][0].shape[: -len(t.indices) or None] for t in spec.tensors_of("input"))
     )
     outputs = [run.fuse(held[t.name][0], t) for t in spec.outputs]
-    return tuple(_batched(out, batch, len(t.shape)) for out, t in zip(outputs, spec.outputs))
+    reads = _reads_inputs(spec)
+    return tuple(
+        out.expand((*batch, *out.shape[out.dim() - len(t.shape) :])) if reads[t.name] else out
+        for out, t in zip(outputs, spec.outputs)
+    )
 
 
-def _batched(out: torch.Tensor, batch: torch.Size, rank: int) -> torch.Tensor:
-    """An output that reads the inputs carries all of the call's batch axes, though it reads
-    only narrower ones; one that reads none (positions only) has its own axes."""
-    return out.expand(*batch, *out.shape[-rank or len(out.shape) :]) if out.dim() > rank else out
+def _reads_inputs(spec: Spec) -> dict[str, bool]:
+    """Per tensor, whether it reads an input: then it carries all of the call's batch axes,
+    though the inputs it reads have narrower ones (or none); one that reads none (positions,
+    params) has its own axes only."""
+    reads = {t.name: t.role == "input" for t in spec.arguments}
+    for eq in spec.equations:
+        reads[eq.tensor.name] = any(reads[r.tensor.name] for r in ir.refs(eq.rhs))
+    return reads
 
 
 class Interpreter:
@@ -167,15 +176,25 @@ class Interpreter:
         dims = tuple(node.body.free.index(i) - len(node.body.free) for i in node.over)
         if node.fn == "softmax":
             return softmax(body, dims), node.free
-        if node.fn == "cumsum":  # an upper-triangular matrix of ones sums the prefixes
-            n = body.shape[dims[0]]
-            ones = torch.ones(n, n, dtype=body.dtype, device=body.device).triu()
-            return (body.movedim(dims[0], -1) @ ones).movedim(-1, dims[0]), node.free
+        if node.fn == "cumsum":  # a running sum, position by position (an inf stays put)
+            return running_sum(body, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
 
 
+def running_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Σ over positions up to each position along `dim`, added one at a time."""
+    rows, total, out = x.movedim(dim, 0), None, []
+    for row in rows:
+        total = row if total is None else total + row
+        out.append(total)
+    return torch.stack(out).movedim(0, dim) if out else x
+
+
 def softmax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """exp(x - max) / sum(exp(x - max)); a row of -inf only gives zeros."""
+    """exp(x - max) / sum(exp(x - max)); a row of -inf only gives zeros, a row of nothing
+    nothing."""
+    if x.numel() == 0:
+        return x
     top = x.amax(dim=dims, keepdim=True)
     top = torch.where(top == -torch.inf, torch.zeros_like(top), top)
     e = torch.exp(x - top)

@@ -5,16 +5,21 @@ planner. Like numba's `cache=True`.
 
 An entry is keyed by the spec's text, name and file, the contents of indexattn's own source
 files and torch's version; it lives in $INDEXATTN_CACHE_DIR (default: ~/.cache/indexattn),
-is written atomically, and one that does not load is ignored and rewritten.
+is written atomically, and one that does not load is ignored and rewritten. An entry is
+unpickled, so it is code: the directory is made 0700, and entries are loaded only from a
+directory and files this user owns and no one else can write (docs/robustness.md).
 INDEXATTN_CACHE=0 turns the cache off."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import pickle
+import stat
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +54,10 @@ class Plain:
 
 
 def load(text: str, name: str, file: str) -> Plain | None:
-    """The entry for this spec, or None: none kept, the cache off, or an entry that fails."""
+    """The entry for this spec, or None: none kept, the cache off, an entry that fails, or a
+    directory or entry another user could have written (an entry is unpickled: code)."""
     path = _path(text, name, file)
-    if path is None or not path.exists():
+    if path is None or not path.exists() or not _private(path.parent, path):
         return None
     try:
         key, plain = pickle.loads(path.read_bytes())
@@ -61,17 +67,48 @@ def load(text: str, name: str, file: str) -> Plain | None:
 
 
 def store(text: str, name: str, file: str, plain: Plain) -> None:
-    """Keeps `plain` for later processes; a cache that cannot be written is skipped."""
+    """Keeps `plain` for later processes, written atomically; a cache that cannot be written
+    (or is not private) is skipped, and a failed write leaves nothing behind."""
     path = _path(text, name, file)
     if path is None:
         return
+    temporary = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(path.parent):
+            return
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            temporary = f.name
             f.write(pickle.dumps((path.stem, plain), protocol=pickle.HIGHEST_PROTOCOL))
         os.replace(f.name, path)  # readers see the old entry or the new one, never a part
     except OSError:
-        return
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+def _private(*paths: Path) -> bool:
+    """Whether each path is owned by this user and writable by no one else; said once per
+    directory when not."""
+    if not hasattr(os, "getuid"):  # no owners to compare (Windows): the user's profile
+        return True
+    for path in paths:
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            _untrusted(str(path.parent if path.is_file() else path), st.st_uid, st.st_mode)
+            return False
+    return True
+
+
+@functools.cache
+def _untrusted(directory: str, owner: int, mode: int) -> None:
+    warnings.warn(
+        f"indexattn: the compile cache {directory} is not private (owner uid {owner}, mode "
+        f"{stat.filemode(mode)}); its entries are not loaded, and specs are compiled instead. "
+        "Point INDEXATTN_CACHE_DIR at a directory only you can write (chmod 700), or set "
+        "INDEXATTN_CACHE=0.",
+        stacklevel=4,
+    )
 
 
 def directory() -> Path | None:

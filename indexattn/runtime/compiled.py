@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+import math
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -180,6 +181,13 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
+        for name, value in scalars.items():
+            if isinstance(value, float) and math.isnan(value):
+                raise ShapeError(
+                    f"{self.name}: the scalar {name} is NaN: every comparison with NaN is false, "
+                    "so a mask of it would hide keys the literal reading keeps (or keep keys it "
+                    f"hides); pass a number, or inf or -inf, for {name}"
+                )
         if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
             from ..derive.function import run
 
@@ -193,7 +201,7 @@ class CompiledSpec:
         if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
             sizes = self._solve(tensors, given)
             keywords = {name: sizes[name] for name in self.required}
-            widen = self._widen(tensors)
+            widen, longs = self._widen(tensors), self._longs(tensors)
         else:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
@@ -205,12 +213,18 @@ class CompiledSpec:
                 found = self._prepare(key, tensors, given, scalars)
             elif self.positions.arguments:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
-            _, keywords, widen = found
-        if widen:
+            sizes, keywords, widen, longs = found
+        if widen or longs:
             tensors = list(tensors)
             for k, shape in widen:
                 tensors[k] = tensors[k].expand(shape)
-        out = self.function(*tensors, **keywords, **scalars, training=training)
+            for k in longs:  # any integer dtype is read as int64 positions (docs/language.md)
+                tensors[k] = tensors[k].long()
+        try:
+            out = self.function(*tensors, **keywords, **scalars, training=training)
+        except (IndexError, RuntimeError, ZeroDivisionError) as error:
+            _empty(self.name, sizes, error)
+            raise
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
@@ -220,7 +234,7 @@ class CompiledSpec:
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
-        found = (sizes, keywords, self._widen(tensors))
+        found = (sizes, keywords, self._widen(tensors), self._longs(tensors))
         with self._lock:
             _bounded(self._calls)[key] = found
         return found
@@ -299,10 +313,21 @@ class CompiledSpec:
             (k, full + shapes[k][len(b) :]) for k, b in self._batches(shapes).items() if b != full
         )
 
+    def _longs(self, tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The integer arguments of another integer dtype than int64 (uint8 ids, int16 ...)."""
+        pairs = enumerate(zip(self.plain.integer, tensors))
+        return tuple(k for k, (integer, t) in pairs if integer and t.dtype != torch.int64)
+
     def _same_kind(self, tensors: Sequence[torch.Tensor]) -> None:
         first = tensors[self.plain.like]
         dtype, device, like = first.dtype, first.device, self.arguments[self.plain.like]
         for name, integer, t in zip(self.arguments, self.plain.integer, tensors):
+            if integer and t.dtype == torch.bool:
+                raise ShapeError(
+                    f"{self.name}: {name} is torch.bool, but it is declared `: int`: its values "
+                    f"are whole numbers (positions, ids), not a mask; pass {name}.long() to read "
+                    "True as 1 and False as 0"
+                )
             floats = t.is_floating_point() or t.is_complex()
             if floats == integer or (not integer and t.is_complex()):
                 raise ShapeError(_kind_error(self.name, name, t, integer, like))
@@ -413,6 +438,17 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
             return None
         out.insert(0, sizes[0] if sizes else 1)
     return tuple(out)
+
+
+def _empty(spec: str, sizes: dict[str, int], error: Exception) -> None:
+    """A ShapeError for a call that fails at a size of 0 (a reduction over nothing, a block of
+    no rows), which the sizes allow where the mathematics is defined (an empty cache)."""
+    empty = [name for name, value in sizes.items() if value == 0]
+    if empty:
+        raise ShapeError(
+            f"{spec}: the size {empty[0]} is 0, and this spec cannot be computed with it "
+            f"({type(error).__name__}: {str(error).splitlines()[0]}); give {empty[0]} at least 1"
+        ) from error
 
 
 def _bounded(cache: dict) -> dict:

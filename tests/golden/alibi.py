@@ -39,20 +39,22 @@ def key_spans(keep, plain=None):
 
 def alibi_constants(N, h, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     mu = torch.arange(h, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # m_<μ> = 2^(-8 (μ + 1) / h)
-    m = torch.pow(2, (-8*mu - 8)/h).to(dtype)  # (μ)
+    m = torch.pow(2, (-8*mu - 8)/h).to(table)  # (μ)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
+    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - m_<μ> (τ - τ') + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    S_bias_grid = (-tau[:, None] + tau_p[None, :]).to(dtype)  # (τ, τ')
+    S_bias_grid = (-tau[:, None] + tau_p[None, :]).to(table)  # (τ, τ')
     S_bias_prod = m[:, None, None] * S_bias_grid  # (μ, τ, τ')
     S_bias_sum = M + S_bias_prod  # (μ, τ, τ')
+    S_bias_sum = S_bias_sum.to(dtype)  # a table, made in float32 or wider, cast for data
     S_bias_sum_spans = key_spans(~S_bias_sum.isneginf(), S_bias_sum == 0)  # blocks of queries and their keys
     return S_bias_sum, S_bias_sum_spans
 

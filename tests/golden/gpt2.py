@@ -78,10 +78,12 @@ def softmax_dropout_values(scores, values, p=0.0, training=False, safe=False):
 
 def gpt2_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
+    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
+    M = M.to(dtype)  # a table, made in float32 or wider, cast for data
     return M,
 
 

@@ -9,22 +9,25 @@ import torch.nn.functional as F
 
 def mla_constants(N, d_r, base, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     r = torch.arange(d_r, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
     # f_<r> = mod(r, floor(d_r / 2))
-    f = torch.remainder(r, math.floor((1/2)*d_r)).to(dtype)  # (r)
+    f = torch.remainder(r, math.floor((1/2)*d_r)).to(table)  # (r)
     # θ_<r> = base^(-2 f_<r> / d_r)
     theta_prod = f * (-2/d_r)  # (r)
     theta = base ** theta_prod  # (r)
     # Rc_<τr> = cos(τ θ_<r>)
-    Rc_grid = tau.to(dtype)  # (τ)
+    Rc_grid = tau.to(table)  # (τ)
     Rc_prod = theta * Rc_grid[:, None]  # (τ, r)
     Rc = torch.cos(Rc_prod)  # (τ, r)
+    Rc = Rc.to(dtype)  # a table, made in float32 or wider, cast for data
     # s_<r> = where(r < floor(d_r / 2), -1, 1)
-    s = torch.where((r < math.floor((1/2)*d_r)), -1, 1).to(dtype)  # (r)
+    s = torch.where((r < math.floor((1/2)*d_r)), -1, 1).to(table)  # (r)
     # Rs_<τr> = s_<r> sin(τ θ_<r>)
     Rs_sin = torch.sin(Rc_prod)  # (τ, r)
     Rs = s * Rs_sin  # (τ, r)
+    Rs = Rs.to(dtype)  # a table, made in float32 or wider, cast for data
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)

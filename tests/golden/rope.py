@@ -9,16 +9,19 @@ import torch.nn.functional as F
 
 def rope_constants(N, d_r, offset, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     tau = torch.arange(N, device=device, dtype=torch.float64)
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
-    theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(dtype)  # (τ, j)
+    theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
     # Qr_<μτcj> = Q_<μτcj> cos(θ_<τj>) + (2 c - 1) Q_<μτ[1 - c]j> sin(θ_<τj>)
     Qr_cos = torch.cos(theta)  # (τ, j)
+    Qr_cos = Qr_cos.to(dtype)  # a table, made in float32 or wider, cast for data
     Qr_sin = torch.sin(theta)  # (τ, j)
-    Qr_grid = (2*c - 1).to(dtype)  # (c)
+    Qr_grid = (2*c - 1).to(table)  # (c)
     Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
+    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
     return Qr_cos, Qr_prod
 
 

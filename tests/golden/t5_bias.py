@@ -7,21 +7,22 @@ import torch.nn.functional as F
 
 def t5_bias_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     m = torch.arange(7, device=device, dtype=torch.float64)
     # ρ_<ττ'> = abs(τ' - τ)
-    rho = torch.abs(tau[:, None] - tau_p[None, :]).to(dtype)  # (τ, τ')
+    rho = torch.abs(tau[:, None] - tau_p[None, :]).to(table)  # (τ, τ')
     # β_<ττ'> = where(τ' > τ, 16, 0) + where(ρ_<ττ'> < 8, ρ_<ττ'>, 8 + sum_<m>(where(ρ_<ττ'>^2 >= 64 2^(m + 1), 1, 0)))
     beta_lt = rho < 8  # (τ, τ')
     beta_pow = rho ** 2  # (τ, τ')
-    beta_grid = (64*torch.pow(2, m + 1)).to(dtype)  # (m)
+    beta_grid = (64*torch.pow(2, m + 1)).to(table)  # (m)
     beta_ge = beta_pow[:, :, None] >= beta_grid  # (τ, τ', m)
-    beta_where = torch.where(beta_ge, torch.as_tensor(1, device=device, dtype=dtype), 0)  # (τ, τ', m)
+    beta_where = torch.where(beta_ge, torch.as_tensor(1, device=device, dtype=table), 0)  # (τ, τ', m)
     beta_sum = beta_where.sum(dim=-1)  # (τ, τ')
     beta_sum_2 = beta_sum + 8  # (τ, τ')
     beta_where_2 = torch.where(beta_lt, rho, beta_sum_2)  # (τ, τ')
-    beta_grid_2 = torch.where((tau[:, None] < tau_p[None, :]), 16, 0).to(dtype)  # (τ, τ')
+    beta_grid_2 = torch.where((tau[:, None] < tau_p[None, :]), 16, 0).to(table)  # (τ, τ')
     beta = beta_where_2 + beta_grid_2  # (τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> + relative_attention_bias_weight_<[β_<ττ'>]μ>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)

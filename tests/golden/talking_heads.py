@@ -39,10 +39,12 @@ def key_spans(keep, plain=None):
 
 def talking_heads_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(dtype)  # (τ, τ')
+    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
+    M = M.to(dtype)  # a table, made in float32 or wider, cast for data
     M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
     return M, M_spans
 

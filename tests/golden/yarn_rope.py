@@ -9,39 +9,42 @@ import torch.nn.functional as F
 
 def yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # lo_<> = max(floor(d_r log(L / (2 π β_fast)) / log(base)), 0)
-    lo = torch.as_tensor(max(0, math.floor(d_r*math.log((1/2)*L/(math.pi*beta_fast))/math.log(base))), device=device, dtype=dtype)  # ()
+    lo = torch.as_tensor(max(0, math.floor(d_r*math.log((1/2)*L/(math.pi*beta_fast))/math.log(base))), device=device, dtype=table)  # ()
     # hi_<> = min(ceil(d_r log(L / (2 π β_slow)) / log(base)), 2 d_r - 1)
-    hi = torch.as_tensor(min(2*d_r - 1, math.ceil(d_r*math.log((1/2)*L/(math.pi*beta_slow))/math.log(base))), device=device, dtype=dtype)  # ()
+    hi = torch.as_tensor(min(2*d_r - 1, math.ceil(d_r*math.log((1/2)*L/(math.pi*beta_slow))/math.log(base))), device=device, dtype=table)  # ()
     # γ_<j> = clamp((j - lo_<>) / max(hi_<> - lo_<>, 0.001), 0, 1)
-    gamma_grid = j.to(dtype)  # (j)
+    gamma_grid = j.to(table)  # (j)
     gamma_sum = -lo + gamma_grid  # (j)
     gamma_sum_2 = hi - lo  # ()
-    gamma_max = torch.maximum(gamma_sum_2, torch.as_tensor(0.001, device=device, dtype=dtype))  # ()
+    gamma_max = torch.maximum(gamma_sum_2, torch.as_tensor(0.001, device=device, dtype=table))  # ()
     gamma_div = gamma_sum / gamma_max  # (j)
-    gamma = torch.clamp(gamma_div, torch.as_tensor(0, device=device, dtype=dtype), torch.as_tensor(1, device=device, dtype=dtype))  # (j)
+    gamma = torch.clamp(gamma_div, torch.as_tensor(0, device=device, dtype=table), torch.as_tensor(1, device=device, dtype=table))  # (j)
     # ω_<j> = base^(-j / d_r) (1 - γ_<j> + γ_<j> / factor)
     omega_prod = gamma / factor  # (j)
     omega_sum = -gamma + omega_prod + 1  # (j)
-    omega_grid = torch.pow(base, -j/d_r).to(dtype)  # (j)
+    omega_grid = torch.pow(base, -j/d_r).to(table)  # (j)
     omega = omega_sum * omega_grid  # (j)
     # m_<> = 0.1 log(factor) + 1
-    m = torch.as_tensor(0.1*math.log(factor) + 1, device=device, dtype=dtype)  # ()
+    m = torch.as_tensor(0.1*math.log(factor) + 1, device=device, dtype=table)  # ()
     # θ_<τj> = τ ω_<j>
-    theta_grid = tau.to(dtype)  # (τ)
+    theta_grid = tau.to(table)  # (τ)
     theta = omega * theta_grid[:, None]  # (τ, j)
     # Co_<τj> = m_<> cos(θ_<τj>)
     Co_cos = torch.cos(theta)  # (τ, j)
     Co = m * Co_cos  # (τ, j)
+    Co = Co.to(dtype)  # a table, made in float32 or wider, cast for data
     # Si_<τj> = m_<> sin(θ_<τj>)
     Si_sin = torch.sin(theta)  # (τ, j)
     Si = m * Si_sin  # (τ, j)
     # Qr_<μτcj> = Q_<μτcj> Co_<τj> + (2 c - 1) Q_<μτ[1 - c]j> Si_<τj>
-    Qr_grid = (2*c - 1).to(dtype)  # (c)
+    Qr_grid = (2*c - 1).to(table)  # (c)
     Qr_prod = Si[:, None] * Qr_grid[:, None]  # (τ, c, j)
+    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
     return Co, Qr_prod
 
 

@@ -7,9 +7,10 @@ state_dict key with dots replaced by underscores is the name of the spec paramet
 MODERN_A_CASES gives each module's sizes and inputs, TWINS one perturbation each;
 tests/test_modern_a.py checks them.
 
-Rotary angles are computed in the input's dtype. transformers computes `inv_freq` in float32
-(and stores it as a buffer); in float64 the two agree to about 1e-7, so ours is the one a
-float64 spec can match to 1e-10.
+Rotary tables are built as transformers builds them: angles, cos and sin in float32 (float64
+for float64 inputs, so that a float64 spec can match them to 1e-10), then cast to the input's
+dtype where they multiply the queries and keys. This is the hand-written low-precision
+reference of tests/test_tables.py.
 """
 
 import math
@@ -24,8 +25,9 @@ from .classic import causal_mask, merge_heads, split_heads
 
 
 def rotary_angles(n, dim, offset, like):
-    """(n, dim/2) angles m·θ_j at positions m = offset .. offset+n-1, θ_j = 10000^(-2j/dim)."""
-    kw = {"device": like.device, "dtype": like.dtype}
+    """(n, dim/2) angles m·θ_j at positions m = offset .. offset+n-1, θ_j = 10000^(-2j/dim), in
+    float32 or wider."""
+    kw = {"device": like.device, "dtype": torch.promote_types(like.dtype, torch.float32)}
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, **kw) / dim))
     position = torch.arange(offset, offset + n, **kw)
     return torch.outer(position, inv_freq)
@@ -40,7 +42,7 @@ def rotate_half(x):
 def apply_rotary(x, angles):
     """x·cos + rotate_half(x)·sin: feature j pairs with feature j + d/2 at angle θ_j."""
     emb = torch.cat((angles, angles), dim=-1)
-    return x * emb.cos() + rotate_half(x) * emb.sin()
+    return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
 
 
 def rotate_every_two(x):
@@ -136,8 +138,8 @@ class GPTJAttention(nn.Module):
 
     def rotate(self, x, angles):
         r = self.rotary_dim
-        cos = angles.cos().repeat_interleave(2, dim=-1)
-        sin = angles.sin().repeat_interleave(2, dim=-1)
+        cos = angles.cos().to(x.dtype).repeat_interleave(2, dim=-1)
+        sin = angles.sin().to(x.dtype).repeat_interleave(2, dim=-1)
         x_rot = x[..., :r] * cos + rotate_every_two(x[..., :r]) * sin
         return torch.cat((x_rot, x[..., r:]), dim=-1)
 

@@ -1,0 +1,160 @@
+"""The numerics policy in one place: which values are *tables* (made from positions, sizes,
+scalars and integer inputs alone, never from the call's float data), what dtype they are
+computed in, and where they meet the call's dtype.
+
+- Positions are whole numbers: exact (float64 up to 2^53, int64 when they index).
+- Tables (rotary angles and their cos and sin, ALiBi slopes times distances, masks) are
+  computed in `TABLE`: float32 for a float32, float16 or bfloat16 call, float64 for a float64
+  call, as transformers builds its rotary tables in float32.
+- A table is cast to the call's dtype where it is made, when data reads it or it is returned
+  (`cos_theta = torch.cos(theta).to(dtype)`); a table read only by other tables stays wide.
+- Everything else runs in the call's dtype, with torch's own accumulation (softmax and
+  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .. import ops
+from ..ir import CONDITIONS
+from .kinds import pure, reads
+from .program import Program
+from .steps import (
+    Choose,
+    Contract,
+    Elementwise,
+    Flip,
+    Full,
+    Gather,
+    Grid,
+    Reduction,
+    Rename,
+    Slice,
+    Spans,
+    Step,
+    Unfuse,
+    Var,
+    Whole,
+)
+
+# The dtype tables are built in, from the call's `dtype`: float32 at least.
+TABLE = "torch.promote_types(dtype, torch.float32)"
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The plan's tables, and those cast to the call's dtype where made."""
+
+    values: frozenset[Var]
+    cast: frozenset[Var]
+
+
+def tables(plan: Program) -> Tables:
+    """`tables(plan).cast`: the float tables data reads (or the call returns)."""
+    kinds: dict[Var, str] = {
+        Var(-1, t.ascii, argument=True): "int" for t in plan.spec.arguments if t.dtype == "int"
+    }
+    readers: dict[Var, bool] = {}  # table -> read by data (or returned)
+    for step in plan.steps:
+        read = [o.var for o in reads(step)]
+        if _table_step(step) and all(v in kinds for v in read):
+            kinds[step.out.var] = _kind(step, kinds)
+            continue
+        readers.update({v: True for v in read if v in kinds})
+    readers.update({r.var: True for r in plan.results if r.var in kinds})
+    made = frozenset(v for v in kinds if not v.argument)
+    cast = frozenset(v for v in made if kinds[v] == "float" and readers.get(v))
+    return Tables(made, cast)
+
+
+def _table_step(step: Step) -> bool:
+    if isinstance(step, Unfuse):
+        return step.tensor.dtype == "int"
+    if isinstance(step, Elementwise) and step.fn == "dropout":
+        return False
+    return pure(step) and not isinstance(step, Spans)
+
+
+def _kind(step: Step, kinds: dict[Var, str]) -> str:
+    """ "bool", "int" or "float": what a table step makes of what it reads."""
+    if isinstance(step, Grid):
+        return "int" if step.index else "bool" if isinstance(step.expr, CONDITIONS) else "float"
+    if isinstance(step, (Whole, Unfuse)):
+        return "int"
+    if isinstance(step, Full):
+        return "float"
+    if isinstance(step, Choose):
+        inner = dict(kinds)
+        for s in step.branches[0]:
+            inner[s.out.var] = _kind(s, inner)
+        return inner[step.branches[0][-1].out.var]
+    if isinstance(step, (Gather, Flip, Slice, Rename)):
+        return kinds[step.arg.var]
+    if isinstance(step, Elementwise) and ops.lookup(step.fn).condition:
+        return "bool"
+    read = [kinds[o.var] for o in reads(step)]
+    return "float" if "float" in read or _makes_floats(step) else "int"
+
+
+def _makes_floats(step: Step) -> bool:
+    numbers = [a.expr for a in getattr(step, "args", ()) if not hasattr(a, "var")]
+    if not all(sympy.sympify(n).is_integer for n in numbers):
+        return True
+    if isinstance(step, Contract):
+        return not sympy.sympify(step.scale).is_integer
+    if isinstance(step, Elementwise):
+        return step.fn == "/" or not ops.lookup(step.fn).integers  # torch: int / int is a float
+    if isinstance(step, Reduction):
+        return step.fn not in ("sum", "max", "min", "cumsum")
+    return False
+
+
+def cast(values, step: Step) -> list[str]:
+    """The line that casts a table to the call's dtype where data first reads it."""
+    out = getattr(step, "out", None)
+    if out is None or out.var not in values.cast:
+        return []
+    values.needs.dtype = True
+    name = values.var(out)
+    return [f"{name} = {name}.to(dtype)  # a table, made in float32 or wider, cast for data"]
+
+
+def may_be_neginf(node, masked: dict[str, bool], scalars: frozenset) -> bool:
+    """Whether a value can hold -inf, decided by what its values can be, not by how the spec
+    spells them: an infinity written, a scalar (a caller may pass -inf), a float argument (an
+    input, param or buffer may hold -inf), a function that makes -inf of finite numbers (log 0,
+    a quotient by 0), or a tensor defined from any of these. A product that sums over arguments
+    is not: a contraction of an -inf gives -inf or NaN by itself, never a row the softmax
+    should zero (only added masks hide keys)."""
+    from .. import ir
+
+    def can(n) -> bool:
+        if isinstance(n, ir.Field):
+            return bool(n.expr.has(sympy.oo, -sympy.oo) or n.expr.free_symbols & scalars)
+        if isinstance(n, ir.Ref):
+            return masked.get(n.tensor.name, False)
+        if isinstance(n, ir.Product) and n.summed:
+            return any(can(f) for f in n.factors if not _argument(f))
+        if isinstance(n, ir.Apply):
+            op = ops.lookup(n.fn)
+            if op.condition:
+                return False
+            values = n.args[1:] if n.fn == "where" else n.args[:1] if n.fn == "dropout" else n.args
+            return op.partial or any(can(a) for a in values)
+        return any(can(child) for child in ir.children(n))
+
+    return can(node)
+
+
+def maskable(tensor) -> bool:
+    """A declared tensor that may hold -inf: every float one."""
+    return tensor.role != "derived" and tensor.dtype != "int"
+
+
+def _argument(node) -> bool:
+    from .. import ir
+
+    return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")
