@@ -93,3 +93,19 @@ def test_dtype_errors_name_the_kind_of_tensor_expected():
         "(torch.int64); convert it, e.g. M.to(X.dtype)"
     )
     assert mask(torch.randn(5, 6), torch.zeros(5, 5)).shape == (5, 6)  # the twin: floats run
+
+
+def test_a_scalar_given_to_a_call_wins_for_that_call_only():
+    """`module(x, w=2)` is the module built with w=2, for this call; the module keeps its own
+    scalar, and the signature shows the scalars as keywords with their values."""
+    spec = indexattn.compile_spec("sliding_window")
+    torch.manual_seed(0)
+    module = spec.module(d_in=16, d_out=16, h=2, d_k=8, w=4).double().eval()
+    narrow = spec.module(d_in=16, d_out=16, h=2, d_k=8, w=2).double().eval()
+    narrow.load_state_dict(module.state_dict())
+    x = torch.randn(1, 7, 16, dtype=torch.float64)
+    assert torch.equal(module(x, w=2), narrow(x))
+    assert not torch.allclose(module(x), narrow(x))  # the twin: the window changes the output
+    assert module.scalars["w"] == 4.0
+    w = inspect.signature(module.forward).parameters["w"]
+    assert (w.kind, w.default) == (inspect.Parameter.KEYWORD_ONLY, 4.0)

@@ -72,9 +72,14 @@ class SpecModule(nn.Module):
         (whatever class the module has become: sharded, fully_shard's), bound with the
         spec's signature. Not pickled: rebuilt on loading."""
         forward = functools.partial(_class_forward, self)
-        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self._inputs]
-        )
+        inputs = [
+            inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self._inputs
+        ]
+        scalars = [
+            inspect.Parameter(s, inspect.Parameter.KEYWORD_ONLY, default=v)
+            for s, v in self.scalars.items()
+        ]
+        forward.__signature__ = inspect.Signature(inputs + scalars)  # type: ignore[attr-defined]
         self.__dict__["forward"] = forward
 
     def __getstate__(self) -> dict:
@@ -103,7 +108,9 @@ class SpecModule(nn.Module):
             )
         kwargs.update(zip(self._inputs, args))
         kwargs.update({**self._parameters, **self._buffers})
-        return self.spec(training=self.training, **self.sizes, **self.scalars, **kwargs)
+        # a scalar given to this call wins over the module's, for this call only
+        scalars = {**self.scalars, **{s: kwargs.pop(s) for s in self.scalars if s in kwargs}}
+        return self.spec(training=self.training, **self.sizes, **scalars, **kwargs)
 
     def _repr_markdown_(self) -> str:
         """In a notebook: the spec's title, description and equations, then the parameters
