@@ -29,6 +29,7 @@ from ..ir import (
     children,
     is_condition,
 )
+from ..notation.names import fresh
 from ..ops import DERIVATIVES
 from . import printer
 
@@ -91,12 +92,7 @@ class Derivation:
     # -- names
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return fresh(base, self.taken)
 
     def fresh_index(self, index: Index) -> str:
         glyph = index.glyph + "'"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import keyword
 
 from ..ir import Index, Spec
-from ..notation.names import RESERVED, ascii_name
+from ..notation.names import RESERVED, ascii_name, fresh
 from .steps import Var
 
 
@@ -32,12 +32,7 @@ class Names:
 
     def fresh(self, hint: str) -> str:
         """`hint` if free, else `hint_2`, `hint_3`, ...; reserved from then on."""
-        name, k = hint, 1
-        while name in self.taken:
-            k += 1
-            name = f"{hint}_{k}"
-        self.taken.add(name)
-        return name
+        return fresh(hint, self.taken)
 
     def var(self, var: Var) -> str:
         if var.argument:

@@ -107,3 +107,14 @@ def _unicode_word(ch: str) -> str:
     for prefix in ("combining ", "greek small letter ", "greek capital letter ", "latin "):
         name = name.removeprefix(prefix)
     return re.sub(r"[^a-z0-9]+", "_", name).strip("_") or f"u{ord(ch):04x}"
+
+
+def fresh(base: str, taken: set[str]) -> str:
+    """`base` if not taken, else `base_2`, `base_3`, ...; added to `taken`: the one way a
+    name is allocated, for generated code (lower/naming.py) and derived specs (derive/)."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
