@@ -280,3 +280,43 @@ def test_llama3_rotary_scaling_is_transformers_table():
     plain = LlamaAttention(LlamaConfig(**SMALL), layer_idx=0)
     with pytest.raises(ValueError, match="rope_type 'default', and the spec computes 'llama3'"):
         hf.from_transformers(plain, spec)
+
+
+YARN_ROPE = {  # pairs of wavelengths 6.3, 20, 63, 199 over 32 positions: ramp 0, 1/2, 1, 1
+    "rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0,
+    "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+}  # fmt: skip
+
+
+def test_yarn_rotary_scaling_is_transformers_table():
+    """llama3_yarn.attn against LlamaAttention with rope_type "yarn" and transformers' own table
+    (LlamaRotaryEmbedding: _compute_yarn_parameters' frequencies and attention factor, in
+    float32, so agreement at float32's precision): one pair kept, one blended, two
+    interpolated, cos and sin scaled by 0.1 log 4 + 1. The twins: factor 1 (no scaling) is
+    caught; DeepSeek's mscale and GPT-OSS's truncate=False are refused by name, and llama3.attn
+    on a YaRN layer too."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    config = LlamaConfig(**{**SMALL, "rope_parameters": YARN_ROPE})
+    layer = randomise(LlamaAttention(config, layer_idx=0)).double().eval()
+    spec = indexattn.compile_spec(ROOT / "specs/models/llama3_yarn.attn")
+    x = torch.randn(B, 40, 32, dtype=torch.float64)
+    positions = torch.arange(40)[None].expand(B, -1)
+    want, _ = layer(x, position_embeddings=LlamaRotaryEmbedding(config)(x, positions))
+    mask = torch.zeros(40, 40, dtype=torch.float64).masked_fill(
+        torch.ones(40, 40, dtype=torch.bool).triu(1), -torch.inf
+    )
+    module = hf.from_transformers(layer, spec)
+    assert module.scalars["beta_fast"] == 32 and module.scalars["factor"] == 4
+    torch.testing.assert_close(module(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
+    unscaled = hf.from_transformers(layer, spec, factor=1.0)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(unscaled(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rope_type 'yarn', and the spec computes 'default'"):
+        hf.from_transformers(layer, SPECS["llama3"])
+    for other, named in (({"mscale": 0.707, "mscale_all_dim": 0.707}, "mscale"),
+                         ({"truncate": False}, "truncate=False")):  # fmt: skip
+        odd = LlamaConfig(**{**SMALL, "rope_parameters": {**YARN_ROPE, **other}})
+        with pytest.raises(ValueError, match=f"YaRN with .*{named}"):
+            hf.from_transformers(LlamaAttention(odd, layer_idx=0), spec)

@@ -150,7 +150,10 @@ ROPE_TYPES = {  # rope_type -> the scalars of config.rope_parameters a spec comp
     "llama3": frozenset(
         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     ),  # specs/models/llama3_scaled.attn
-}
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow"}),
+}  # specs/models/llama3_yarn.attn: YaRN with truncate, its attention factor from factor alone
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}  # _compute_yarn_parameters' own
+YARN_NOT_MODELLED = ("attention_factor", "mscale", "mscale_all_dim")  # DeepSeek's, explicit
 
 
 def _rope(config, wanted: set[str]) -> dict:
@@ -163,7 +166,24 @@ def _rope(config, wanted: set[str]) -> dict:
         computed = next(k for k, names in ROPE_TYPES.items() if names == declared)
         raise ValueError(
             f"rope_type {kind!r}, and the spec computes {computed!r} RoPE: use a spec that"
-            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; default: llama3.attn)"
+            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; yarn:"
+            " llama3_yarn.attn; default: llama3.attn)"
         )
+    if kind == "yarn":
+        _yarn_modelled(rope)
     theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    return {"rope_theta": theta, **{name: float(rope[name]) for name in declared}}
+    given = {**YARN_DEFAULTS, **{k: v for k, v in rope.items() if v is not None}}
+    return {"rope_theta": theta, **{name: float(given[name]) for name in declared}}
+
+
+def _yarn_modelled(rope: dict) -> None:
+    """Refuse, by name, the YaRN parameters specs/models/llama3_yarn.attn does not compute."""
+    extra = [name for name in YARN_NOT_MODELLED if rope.get(name)]
+    if rope.get("truncate", True) is False:
+        extra.append("truncate=False")
+    if extra:
+        raise ValueError(
+            f"YaRN with {', '.join(extra)} is not what specs/models/llama3_yarn.attn computes"
+            " (its attention factor is 0.1 log(factor) + 1, its correction range rounded"
+            " outwards): write a spec that computes it"
+        )
