@@ -178,6 +178,18 @@ def test_a_nan_scalar_is_refused_by_name():
         spec(**args, **given)
 
 
+def test_a_nan_scalar_held_by_a_module_is_refused_too():
+    """The module's calls go past the spec's keyword call: the check is where each kind of
+    call is prepared. The twin: the same module with a number runs."""
+    spec = indexattn.compile_spec("sliding_window")
+    module = spec.module(d_in=8, d_out=8, h=2, d_k=4, w=math.nan).eval()
+    x = torch.randn(1, 5, 8)
+    with pytest.raises(indexattn.ShapeError, match="the scalar w is NaN"):
+        module(x)
+    module.scalars["w"] = 2.0
+    assert module(x).shape == (1, 5, 8)
+
+
 @pytest.mark.parametrize("w", [math.inf, -math.inf, 2.0])
 def test_twin_infinite_scalars_follow_the_literal_reading(w):
     spec, args, given = window_call(w)

@@ -77,6 +77,19 @@ def _shipped(name: str) -> Path:
         raise catalog.not_a_spec(name) from None
 
 
+def _no_nan(spec: str, scalars: dict) -> None:
+    """Refuse a NaN scalar by name: checked once per kind of eager call, the module's calls too
+    (a NaN is never equal to itself, so its calls never repeat a kind); a traced call's scalars
+    are symbols (math.isnan cannot be traced), as its other checks are guards."""
+    for name, value in scalars.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ShapeError(
+                f"{spec}: the scalar {name} is NaN: every comparison with NaN is false, "
+                "so a mask of it would hide keys the literal reading keeps (or keep keys it "
+                f"hides); pass a number, or inf or -inf, for {name}"
+            )
+
+
 def _read(path: Path) -> str:
     """The file's text; a missing file whose name is a shipped spec's says how to get that."""
     try:
@@ -181,13 +194,6 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
-        for name, value in scalars.items():
-            if isinstance(value, float) and math.isnan(value):
-                raise ShapeError(
-                    f"{self.name}: the scalar {name} is NaN: every comparison with NaN is false, "
-                    "so a mask of it would hide keys the literal reading keeps (or keep keys it "
-                    f"hides); pass a number, or inf or -inf, for {name}"
-                )
         if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
             from ..derive.function import run
 
@@ -229,6 +235,7 @@ class CompiledSpec:
 
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
         """Sizes and the function's keywords for a call of a new kind, every check done."""
+        _no_nan(self.name, scalars)
         sizes = self.solve(tensors, given)
         self.positions.check_arguments(self.name, tensors, sizes)
         keywords = {name: sizes[name] for name in self.required}
