@@ -20,7 +20,7 @@ hf = pytest.importorskip("indexattn.transformers")
 B, N, NEW = 2, 6, 8
 WINDOW = 3  # shorter than the prompt: the sliding layers' masks hide keys
 
-SOFTCAP_CORE = """
+CORE_INPUTS = """
 index τ : N
 index σ : N_kv
 index g : h_kv
@@ -33,7 +33,11 @@ input  K_<gσa>
 input  V_<gσc>
 input  M_<τσ>
 scalar scaling = 0.125
-scalar softcap = 50
+"""  # what every core reads (transformers' query, key, value, mask and scaling)
+
+SOFTCAP_CORE = (
+    CORE_INPUTS
+    + """scalar softcap = 50
 
 R_<grτσ> = Q_<grτa> K_<gσa> scaling
 S_<grτσ> = softcap tanh(R_<grτσ> / softcap) + M_<τσ>
@@ -42,21 +46,11 @@ O_<grτc> = A_<grτσ> V_<gσc>
 
 output O
 """
+)
 
-SINKS_CORE = """
-index τ : N
-index σ : N_kv
-index g : h_kv
-index r : n_rep
-index a : d_k
-index c : d_v
-
-input  Q_<grτa>
-input  K_<gσa>
-input  V_<gσc>
-input  M_<τσ>
-input  s_aux_<(gr)>
-scalar scaling = 0.125
+SINKS_CORE = (
+    CORE_INPUTS
+    + """input  s_aux_<(gr)>
 
 S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
 L_<grτ>  = logsumexp_<σ>(S_<grτσ>)
@@ -65,6 +59,7 @@ O_<grτc> = A_<grτσ> V_<gσc>
 
 output O
 """
+)
 
 hf.register("indexattn_softcap", indexattn.compile_spec(SOFTCAP_CORE, name="softcap_core"))
 hf.register("indexattn_sinks", indexattn.compile_spec(SINKS_CORE, name="sinks_core"))
