@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from . import numerics
 from .emit import Emitter
-from .naming import Names
+from .naming import Names, shared_hints, written_over
 from .printers import number_text, wrap
 from .program import Program
 from .rows_emit import RowsWriter
@@ -60,6 +60,7 @@ class Writer:
     def __init__(self, plan: Program) -> None:
         self.plan, self.spec = plan, plan.spec
         self.names = Names(self.spec)
+        self.names.same, self.names.hints = written_over(plan), shared_hints(plan)
         self.main = Emitter(self.spec, self.names)
         self.grids = Emitter(self.spec, self.names)
         _share(self.main, self.grids)
@@ -120,7 +121,8 @@ class Writer:
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)
             if block.drop:
-                body.append(f"del {', '.join(self.names.var(v) for v in block.drop)}")
+                dropped = dict.fromkeys(self.names.var(v) for v in block.drop)  # one per name
+                body.append(f"del {', '.join(dropped)}")
         self.held = [self.names.var(v) for v in plan.held]
         self.held_vars = plan.held
         if any(isinstance(s, Grid) and plan.region(s) == "call" for s in plan.steps):

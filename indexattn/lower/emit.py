@@ -10,8 +10,9 @@ import sympy
 from .. import ops
 from ..ir import CONDITIONS, Index
 from .kernels_emit import KernelSteps
+from .kinds import over
 from .numerics import cast
-from .printers import GridPrinter, ScalarPrinter, wrap
+from .printers import GridPrinter, ScalarPrinter, unwrapped, wrap
 from .steps import (
     Add,
     Cat,
@@ -47,7 +48,8 @@ class Emitter(KernelSteps, Values):
             return code if isinstance(code, list) else [code]
         code = code if isinstance(code, list) else [code]
         axes = _layout(step.tensor, step.out.batched) if isinstance(step, Fuse) else None
-        code = [*code[:-1], f"{code[-1]}  # {axes or axes_comment(step.out)}"]
+        last = max(k for k, line in enumerate(code) if not line.startswith("del "))
+        code[last] += f"  # {axes or axes_comment(step.out)}"
         return code + cast(self, step)
 
     def step_Choose(self, step: Choose) -> list[str]:
@@ -56,7 +58,7 @@ class Emitter(KernelSteps, Values):
         for k, branch in enumerate(step.branches):
             if k < len(step.conditions):
                 condition = self.scalar(step.conditions[k])
-                lines.append(f"{'elif' if k else 'if'} {_unwrapped(condition)}:")
+                lines.append(f"{'elif' if k else 'if'} {unwrapped(condition)}:")
             else:
                 lines.append("else:")
             steps = (*branch[:-1], replace(branch[-1], out=step.out))
@@ -77,8 +79,10 @@ class Emitter(KernelSteps, Values):
         extra = "".join(", " + length for length in lengths)
         return f'{self.var(step.out)} = rearrange({tensor.ascii}, "{source} -> {target}"{extra})'
 
-    def step_Grid(self, step: Grid) -> str:
-        """A tensor of positions; printed into the module's constants function."""
+    def step_Grid(self, step: Grid) -> list[str]:
+        """A tensor of positions; printed into the module's constants function. Of the
+        functions it applies (floor, exp, where, ...), all but the outermost are printed on
+        lines of their own, one call a line."""
         dims = step.out.dims
         views = {}
         for k, index in enumerate(dims):
@@ -86,14 +90,19 @@ class Emitter(KernelSteps, Values):
                 self.needs.indices[index] = None
             name = self.names.index(index)
             shaped = [":" if j == k else "None" for j in range(len(dims))]
-            views[index.symbol] = sympy.Symbol(
-                name if len(dims) == 1 else f"{name}[{', '.join(shaped)}]"
-            )
+            view = name if len(dims) == 1 else f"{name}[{', '.join(shaped)}]"
+            views[index.symbol] = sympy.Symbol(view, integer=True, nonnegative=True)
         self.needs.sizes |= step.expr.free_symbols & set(self.spec.sizes)
         self.needs.sizes |= {s for i in dims for s in i.size.free_symbols}
         self.needs.scalars |= step.expr.free_symbols & self.scalar_symbols
+        expr, lines = step.expr.xreplace({**self.symbols, **views}), []
         printer = GridPrinter(frozenset(views.values()), ScalarPrinter())
-        code = printer.doprint(step.expr.xreplace({**self.symbols, **views}))
+        for inner in printer.calls(expr)[:-1]:
+            name = self.names.fresh(f"{self.var(step.out)}_{type(inner).__name__.lower()}")
+            lines.append(f"{name} = {printer.doprint(inner)}")
+            part = sympy.Symbol(name, integer=inner.is_integer, real=inner.is_real)
+            expr, printer.indices = expr.xreplace({inner: part}), printer.indices | {part}
+        code = printer.doprint(expr)
         self.use("torch", *printer.scalar.module_imports)
         if not all(i.symbol in step.expr.free_symbols for i in dims):  # sympy simplified some away
             shape = ", ".join(self.size(i) for i in dims)
@@ -104,7 +113,7 @@ class Emitter(KernelSteps, Values):
             code = f"{wrap(code)}.long()"  # float64 holds whole numbers exactly up to 2^53
         elif not isinstance(step.expr, CONDITIONS):
             code = f"{wrap(code)}.to({self.float_dtype()})"
-        return f"{self.var(step.out)} = {code}"
+        return [*lines, f"{self.var(step.out)} = {code}"]
 
     def step_Gather(self, step: Gather) -> str:
         """Advanced indexing on one axis: the positions' axes take its place."""
@@ -142,7 +151,7 @@ class Emitter(KernelSteps, Values):
         if step.into:  # lower/passes/inplace.py
             sign, value = self.scale_of(step.scale)
             method = "div_" if sign == "/" else "mul_"
-            return f"{self.var(out)} = {self.ref(step.args[0])}.{method}({value})"
+            return self.written(step, f"{self.ref(step.args[0])}.{method}({value})")
         if len(step.args) == 1:
             code = self.arg(step.args[0], out.dims)
         elif len(step.args) == 2 and not _summed(step):
@@ -209,8 +218,8 @@ class Emitter(KernelSteps, Values):
         k = step.into
         target, terms, signs = terms[k], terms[:k] + terms[k + 1 :], signs[:k] + signs[k + 1 :]
         if len(terms) == 1 and signs[0] < 0:
-            return f"{self.var(step.out)} = {target}.sub_({_unwrapped(terms[0])})"
-        return f"{self.var(step.out)} = {target}.add_({_unwrapped(_summed_code(terms, signs))})"
+            return self.written(step, f"{target}.sub_({unwrapped(terms[0])})")
+        return self.written(step, f"{target}.add_({unwrapped(_summed_code(terms, signs))})")
 
     def step_Rename(self, step: Rename) -> str:
         return f"{self.var(step.out)} = {self.arg(step.arg, step.out.dims)}"
@@ -231,8 +240,15 @@ class Emitter(KernelSteps, Values):
             self.needs.device = True
             args[0] = f"torch.as_tensor({args[0]}, device=device)"
         self.use(*op.imports)
-        template = op.inplace if step.into else op.torch  # lower/passes/inplace.py
-        return f"{self.var(step.out)} = {template.format(*args)}"
+        if step.into:  # lower/passes/inplace.py
+            return self.written(step, op.inplace.format(*args))
+        return f"{self.var(step.out)} = {op.torch.format(*args)}"
+
+    def written(self, step, code: str) -> str:
+        """A step that writes over the tensor it reads: a statement of its own where the
+        result keeps the tensor's name (lower/naming.py), else bound to its own."""
+        name, target = self.var(step.out), self.var(over(step))
+        return code if name == target else f"{name} = {code}"
 
     def step_Reduction(self, step: Reduction) -> str | list[str]:
         out, arg = self.var(step.out), step.arg
@@ -333,8 +349,9 @@ class Emitter(KernelSteps, Values):
         return [
             *lines,
             f"{state} = {f}.transpose(-2, -1) @ {g}  # ({outer}): each chunk's sum",
-            f"{start} = F.pad(torch.cumsum({state}, dim=-3)[..., :-1, :, :], "
-            f"(0, 0, 0, 0, 1, 0))  # ({outer}): {step.name} before each chunk",
+            f"{start} = torch.cumsum({state}, dim=-3)",
+            f"{start} = F.pad({start}[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  "
+            f"# ({outer}): {step.name} before each chunk",
             f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
             f"# ({', '.join([*glyphs, 'c', 'c'])}): within the chunk, up to the query",
             f"{self.var(step.out)} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)"
@@ -369,16 +386,6 @@ def _flatten(layout: tuple[tuple[Index, ...], ...]) -> str:
             end = -left + len(axis) - 1
             code += f".flatten({-left})" if end == -1 else f".flatten({-left}, {end})"
         left -= len(axis)
-    return code
-
-
-def _unwrapped(code: str) -> str:
-    """Code without the parentheses around all of it: `(d_m <= d_k)` -> `d_m <= d_k`."""
-    depth = 0
-    for k, ch in enumerate(code):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0:
-            return code[1:-1] if k == len(code) - 1 and ch == ")" else code
     return code
 
 

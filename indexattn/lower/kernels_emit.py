@@ -51,22 +51,36 @@ class KernelSteps:
         return f"{', '.join(self.var(o) for o in step.outs)} = {split}"
 
     def step_Attention(self, step: Attention) -> list[str]:
-        out = self.var(step.out)
-        lines = [f"{out} = {self.attention_call(step)}"]
+        """The kernel's call; queries or keys of several parts are joined on lines before it."""
+        out, joins = self.var(step.out), []
+        inputs = [
+            self.features(step.q, step.q_dims, step.widths, step.heads),
+            self.features(step.k, step.k_dims, step.widths, step.kv_heads),
+        ]
+        for k, (hint, parts) in enumerate((("queries", step.q), ("keys", step.k))):
+            if len(parts) > 1:  # torch.cat: a line of its own
+                name = self.names.fresh(hint)
+                joins.append(f"{name} = {inputs[k]}")
+                inputs[k] = name
+        call = partial(self.attention_call, step, *inputs)
+        lines = [*joins, f"{out} = {call()}"]
         if step.spans is not None:  # a loop, not a comprehension: that would close over
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
             hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
             names = [self.names.fresh(hint) for hint in hints]
             self.use("torch")
             lines = [
+                *joins,
                 f"if {spans} is None:",
-                "    " + lines[0],
+                "    " + lines[-1],
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
                 f"    {names[0]} = []",
                 f"    for {', '.join(names[1:])} in {spans}:",
-                f"        {names[0]}.append({self.attention_call(step, names[1:])})",
+                f"        {names[0]}.append({call(names[1:])})",
                 f"    {out} = {joined(names[0], -2)}",
             ]
+        if joins:  # freed as the kernel's own arguments would be
+            lines.append(f"del {', '.join(j.split(' = ')[0] for j in joins)}")
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
         if step.heads == 0:
@@ -76,14 +90,14 @@ class KernelSteps:
             lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
         return lines
 
-    def attention_call(self, step: Attention, block: list[str] | None = None) -> str:
+    def attention_call(self, step: Attention, q: str, k: str, block: list | None = None) -> str:
         """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
         end, first key, end, and whether the mask changes nothing there), on those queries and
         keys alone, and without the mask where it changes nothing."""
         rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
         args = [
-            _sliced(self.features(step.q, step.q_dims, step.widths, step.heads), rows),
-            _sliced(self.features(step.k, step.k_dims, step.widths, step.kv_heads), keys),
+            _sliced(q, rows),
+            _sliced(k, keys),
             _sliced(self.heads(step.v, step.v_dims, step.kv_heads), keys),
         ]
         if step.mask is not None:
@@ -106,8 +120,10 @@ class KernelSteps:
         keep = {
             "false": mask,
             "true": f"~{wrap(mask)}",
-            "-inf": f"~{wrap(mask)}.isneginf(), {wrap(mask)} == 0",  # and where it adds 0
+            "-inf": f"{wrap(mask)} != -math.inf, {wrap(mask)} == 0",  # and where it adds 0
         }
+        if step.hides == "-inf":
+            self.use("math")
         spans = self.helper(_key_spans, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
         return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"

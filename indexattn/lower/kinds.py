@@ -150,6 +150,18 @@ def _inputs(kind: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(kind) if f.name not in ("out", "outs"))
 
 
+def over(step: Step) -> Operand | None:
+    """The operand whose storage a step writes its result into (lower/passes/inplace.py
+    marks it): a scale's, a function's argument, a sum's term. The result is that tensor from
+    then on (lower/naming.py prints it under one name; liveness drops them together). A
+    softmax's `out=` is not one: it writes over its scores only without gradients."""
+    if isinstance(step, Add) and step.into is not None:
+        return step.args[step.into]
+    if isinstance(step, Contract | Elementwise) and step.into:
+        return step.args[0]
+    return None
+
+
 def tensors(step: Step) -> tuple[Var, ...]:
     """The declared tensors a step reads by name, not as operands: a product's weight and
     bias (an unfused tensor is read whole before any step of the rows)."""

@@ -1,12 +1,17 @@
 """sympy -> Python for the generated code: index-free expressions with `math`, expressions
 over index variables with `torch`; floats re-printed from their values; every module a
-printed expression uses is recorded, so imports follow from what was printed."""
+printed expression uses is recorded, so imports follow from what was printed. Whole-number
+arithmetic stays whole: floor(d_r / 2) prints as `d_r // 2`, ceiling as `(n + d - 1) // d`;
+powers, `and`, `or`, `not` and `mod` of tensors print as operators, so that a line holds one
+call at most (docs/rendering.md)."""
 
 from __future__ import annotations
 
 import math
 
 import sympy
+from sympy.core.function import Application
+from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.pytorch import TorchPrinter
 
@@ -56,13 +61,24 @@ class ScalarPrinter(PythonCodePrinter):
         return f"1/{self._module_format('math.sqrt')}({self._print(root)})"
 
     def _print_log(self, expr) -> str:
-        """log of a size as a tensor: `math.log(N)` would fix a dynamic N under torch.export.
-        Of numbers and scalars alone (Python floats, never dynamic) it is math.log, so that
+        """log of a size (an integer symbol) as a tensor: `math.log(N)` would fix a dynamic N
+        under torch.export. Of numbers and scalars alone (real symbols: Python floats, never
+        dynamic) it is math.log, so that
         floor or ceil of it stays a number (YaRN's `floor(d_r log(L / (2 π β)) / log(b))`)."""
-        if all(s.is_real for s in expr.free_symbols):  # numbers and scalars (values.py)
+        if not any(s.is_integer for s in expr.free_symbols):  # no size (values.py)
             return f"{self._module_format('math.log')}({self._print(expr.args[0])})"
         self.module_imports["torch"].add("log")
         return f"torch.scalar_tensor({self._print(expr.args[0])}, dtype=torch.float64).log()"
+
+    def doprint(self, expr, assign_to=None) -> str:
+        code = super().doprint(expr, assign_to)
+        return unwrapped(code) if isinstance(expr, sympy.floor | sympy.ceiling) else code
+
+    def _print_floor(self, expr) -> str:
+        return whole_division(self, expr) or super()._print_floor(expr)
+
+    def _print_ceiling(self, expr) -> str:
+        return whole_division(self, expr) or super()._print_ceiling(expr)
 
     def _print_Mod(self, expr) -> str:
         # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3
@@ -86,17 +102,48 @@ class GridPrinter(TorchPrinter):
 
     def _print(self, expr, **kwargs) -> str:
         if isinstance(expr, sympy.Basic) and not expr.free_symbols & self.indices:
-            return wrap(self.scalar.doprint(expr))
+            return self.scalar._print(expr)  # parenthesised by the caller, as sympy's own
         return super()._print(expr, **kwargs)
 
     def _print_Relational(self, expr) -> str:
         return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
 
+    def calls(self, expr: sympy.Basic) -> list[sympy.Basic]:
+        """The parts of `expr` over index variables that print as a call (a function, not an
+        operator: `and`, `mod`, a power, a whole division), innermost first."""
+        found = []
+        for node in sympy.postorder_traversal(expr):
+            function = isinstance(node, Application) and not isinstance(node, BooleanFunction)
+            if not function or isinstance(node, sympy.Mod) or not node.free_symbols & self.indices:
+                continue
+            if isinstance(node, sympy.floor | sympy.ceiling) and whole_division(self, node):
+                continue
+            found.append(node)
+        return list(dict.fromkeys(found))
+
     def _print_Float(self, expr) -> str:
         return self.scalar._print_Float(expr)
 
     def _print_Mod(self, expr) -> str:
-        return f"torch.remainder({self._print(expr.args[0])}, {self._print(expr.args[1])})"
+        return f"({self._print(expr.args[0])} % {wrap(self._print(expr.args[1]))})"
+
+    def _print_Pow(self, expr) -> str:
+        return self._hprint_Pow(expr, sqrt="torch.sqrt")
+
+    def _print_And(self, expr) -> str:
+        return " & ".join(wrap(self._print(a)) for a in expr.args)
+
+    def _print_Or(self, expr) -> str:
+        return " | ".join(wrap(self._print(a)) for a in expr.args)
+
+    def _print_Not(self, expr) -> str:
+        return "~" + wrap(self._print(expr.args[0]))
+
+    def _print_floor(self, expr) -> str:
+        return whole_division(self, expr) or self._print_Function(expr)
+
+    def _print_ceiling(self, expr) -> str:
+        return whole_division(self, expr) or self._print_Function(expr)
 
     def _print_Min(self, expr) -> str:
         return self._extreme(expr, "minimum", "max")
@@ -113,6 +160,26 @@ class GridPrinter(TorchPrinter):
         for number in (a for a in expr.args if not a.free_symbols & self.indices):
             code = f"torch.clamp({code}, {bound}={self._print(number)})"
         return code
+
+
+def whole_division(printer, expr) -> str | None:
+    """floor(n / d) as `(n // d)`, ceiling(n / d) as `((n + d - 1) // d)`, where n and d are
+    whole and d is positive: exact where `math.floor` of a float quotient loses digits past
+    2^53. Parenthesised, so that no neighbour binds into it (`-(d_r // 2)`); None otherwise."""
+    numerator, denominator = expr.args[0].as_numer_denom()
+    if not (numerator.is_integer and denominator.is_integer and denominator.is_positive):
+        return None
+    if denominator == 1:
+        return None
+    top = numerator + denominator - 1 if isinstance(expr, sympy.ceiling) else numerator
+    return f"({wrap(printer._print(top))} // {wrap(printer._print(denominator))})"
+
+
+def unwrapped(code: str) -> str:
+    """Code without the parentheses around all of it: `(d_m <= d_k)` -> `d_m <= d_k`."""
+    if code.startswith("(") and _closing(code, 0) == len(code) - 1:
+        return code[1:-1]
+    return code
 
 
 def wrap(code: str) -> str:

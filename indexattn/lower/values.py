@@ -35,7 +35,9 @@ class Values:
 
     def __init__(self, spec: Spec, names: Names) -> None:
         self.spec, self.names, self.needs = spec, names, Needs()
-        self.symbols = {s: sympy.Symbol(a) for s, a in spec.size_names.items()}
+        # sizes are whole (printers.py prints floor(d_r / 2) as d_r // 2)
+        whole = {"integer": True, "positive": True}
+        self.symbols = {s: sympy.Symbol(a, **whole) for s, a in spec.size_names.items()}
         # real: a scalar is a Python float, never dynamic (printers.py prints its log by math)
         self.symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
         self.scalar_symbols = {s.symbol for s in spec.scalars}

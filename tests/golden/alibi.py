@@ -44,7 +44,7 @@ def alibi_constants(N, h, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # m_<μ> = 2^(-8 (μ + 1) / h)
-    m = torch.pow(2, (-8*mu - 8)/h).to(table)  # (μ)
+    m = (2**((-8*mu - 8)/h)).to(table)  # (μ)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - m_<μ> (τ - τ') + M_<ττ'>
@@ -55,7 +55,7 @@ def alibi_constants(N, h, *, device, dtype):
     S_bias_prod = m[:, None, None] * S_bias_grid  # (μ, τ, τ')
     S_bias_sum = M + S_bias_prod  # (μ, τ, τ')
     S_bias_sum = S_bias_sum.to(dtype)  # a table, made in float32 or wider, cast for data
-    S_bias_sum_spans = key_spans(~S_bias_sum.isneginf(), S_bias_sum == 0)  # blocks of queries and their keys
+    S_bias_sum_spans = key_spans(S_bias_sum != -math.inf, S_bias_sum == 0)  # blocks of queries and their keys
     return S_bias_sum, S_bias_sum_spans
 
 

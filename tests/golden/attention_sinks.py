@@ -44,9 +44,9 @@ def attention_sinks_constants(N, w, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
-    M = torch.where(torch.logical_or((tau[:, None] < tau_p[None, :]), (w <= tau[:, None] - tau_p[None, :])), -math.inf, 0).to(table)  # (τ, τ')
+    M = torch.where((tau[:, None] < tau_p[None, :]) | (w <= tau[:, None] - tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
+    M_spans = key_spans(M != -math.inf, M == 0)  # blocks of queries and their keys
     return M, M_spans
 
 
@@ -56,8 +56,8 @@ BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
 def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     # S, L, A, O at some positions τ: all of them, or a block of them
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
-    S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
-    S = S_prod.add_(M)  # (…, g, r, τ, τ')
+    S = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
+    S.add_(M)  # (…, g, r, τ, τ')
     # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     # = exp(S) / (Σ exp(S) + exp(sink)): a softmax with the sink's logit as one more

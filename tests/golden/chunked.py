@@ -45,7 +45,8 @@ def chunked_constants(N, C, *, device, dtype):
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
-    M_keep = torch.logical_and((tau[:, None] >= tau_p[None, :]), (torch.floor(tau[:, None]/C) == torch.floor(tau_p[None, :]/C)))  # (τ, τ')
+    M_keep_floor = torch.floor(tau[:, None]/C)
+    M_keep = (tau[:, None] >= tau_p[None, :]) & (M_keep_floor == torch.floor(tau_p[None, :]/C))  # (τ, τ')
     M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
     return M_keep, M_keep_spans
 

@@ -46,7 +46,7 @@ def differential_constants(N, *, device, dtype):
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
+    M_spans = key_spans(M != -math.inf, M == 0)  # blocks of queries and their keys
     return M, M_spans
 
 
@@ -57,20 +57,20 @@ def differential_rows(Q_scaled, K, M, lambda__scaled, V):
     # A, D, O at some positions τ: all of them, or a block of them
     # A_<μBττ'> = softmax_<τ'>(Q_<μBτa> K_<μBτ'a> / sqrt(d) + M_<ττ'>)
     A_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, B, τ, τ')
-    A_sum = A_prod.add_(M)  # (…, μ, B, τ, τ')
+    A_prod.add_(M)  # (…, μ, B, τ, τ')
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or A_sum.amax(-1).isneginf().any():
-        A = torch.softmax(A_sum, dim=-1)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or A_prod.amax(-1).isneginf().any():
+        A = torch.softmax(A_prod, dim=-1)
         # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
         # plain softmax made such a row (NaN throughout), or when traced, the safe one
         if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
-            A = torch.ops.aten._safe_softmax.default(A_sum, -1)
+            A = torch.ops.aten._safe_softmax.default(A_prod, -1)
     else:
-        A = torch.softmax(A_sum, dim=-1, out=A_sum)  # (…, μ, B, τ, τ')
+        A = torch.softmax(A_prod, dim=-1, out=A_prod)  # (…, μ, B, τ, τ')
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
-    D_prod = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
-    D = D_prod.add_(A[..., :, 0, :, :])  # (…, μ, τ, τ')
+    D = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
+    D.add_(A[..., :, 0, :, :])  # (…, μ, τ, τ')
     # O_<μτe> = D_<μττ'> V_<μτ'e>
     O = D @ V  # (…, μ, τ, e)
     return O

@@ -101,9 +101,9 @@ def gpt2(X, P, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, *, h, p=0
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'> + P_<τ'>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
-    S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = S_prod.add_(P[..., None, None, :] + M)  # (…, μ, τ, τ')
-    del Q_scaled, S_prod
+    S = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
+    S.add_(P[..., None, None, :] + M)  # (…, μ, τ, τ')
+    del Q_scaled
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>

@@ -17,13 +17,13 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     V_proj = F.linear(X, v_proj_weight, v_proj_bias).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Φq_<μτa> = elu(Q_<μτa>) + 1
-    Phi_q_elu = F.elu(Q)  # (…, μ, τ, a)
-    Phi_q = Phi_q_elu.add_(1)  # (…, μ, τ, a)
-    del Q_proj, Q, Phi_q_elu
+    Phi_q = F.elu(Q)  # (…, μ, τ, a)
+    Phi_q.add_(1)  # (…, μ, τ, a)
+    del Q_proj, Q
     # Φk_<μτa> = elu(K_<μτa>) + 1
-    Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
-    Phi_k = Phi_k_elu.add_(1)  # (…, μ, τ, a)
-    del K_proj, K, Phi_k_elu
+    Phi_k = F.elu(K)  # (…, μ, τ, a)
+    Phi_k.add_(1)  # (…, μ, τ, a)
+    del K_proj, K
     # S_<μab> = Φk_<μτ'a> V_<μτ'b>
     S = Phi_k.transpose(-2, -1) @ V  # (…, μ, a, b)
     del V_proj, V
@@ -33,9 +33,9 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     # O_<μτb> = Φq_<μτa> S_<μab> / (Φq_<μτa> z_<μa> + eps)
     O_prod = Phi_q @ S  # (…, μ, τ, b)
     O_prod_2 = (Phi_q @ z[..., :, None]).squeeze(-1)  # (…, μ, τ)
-    O_sum = O_prod_2.add_(eps)  # (…, μ, τ)
-    O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
-    del Phi_q, S, z, O_prod, O_prod_2, O_sum
+    O_prod_2.add_(eps)  # (…, μ, τ)
+    O = O_prod / O_prod_2[..., :, :, None]  # (…, μ, τ, b)
+    del Phi_q, S, z, O_prod, O_prod_2
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μb))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -22,13 +22,13 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     V_proj = F.linear(X, v_proj_weight, v_proj_bias).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Φq_<μτa> = elu(Q_<μτa>) + 1
-    Phi_q_elu = F.elu(Q)  # (…, μ, τ, a)
-    Phi_q = Phi_q_elu.add_(1)  # (…, μ, τ, a)
-    del Q_proj, Q, Phi_q_elu
+    Phi_q = F.elu(Q)  # (…, μ, τ, a)
+    Phi_q.add_(1)  # (…, μ, τ, a)
+    del Q_proj, Q
     # Φk_<μτa> = elu(K_<μτa>) + 1
-    Phi_k_elu = F.elu(K)  # (…, μ, τ, a)
-    Phi_k = Phi_k_elu.add_(1)  # (…, μ, τ, a)
-    del K_proj, K, Phi_k_elu
+    Phi_k = F.elu(K)  # (…, μ, τ, a)
+    Phi_k.add_(1)  # (…, μ, τ, a)
+    del K_proj, K
     # z_<μτa> = cumsum_<τ>(Φk_<μτa>)
     z = torch.cumsum(Phi_k, dim=-2)  # (…, μ, τ, a)
     # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
@@ -39,13 +39,14 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     Phi_k_chunks = F.pad(Phi_k, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
     V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, b)
     S_chunk = Phi_k_chunks.transpose(-2, -1) @ V_chunks  # (…, μ, τ/c, a, b): each chunk's sum
-    S_start = F.pad(torch.cumsum(S_chunk, dim=-3)[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
+    S_start = torch.cumsum(S_chunk, dim=-3)
+    S_start = F.pad(S_start[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
     S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
     O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2).narrow_copy(-2, 0, N)  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
-    O_sum = O_prod_2.add_(eps)  # (…, μ, τ)
-    O = O_prod / O_sum[..., :, :, None]  # (…, μ, τ, b)
-    del V_proj, V, Phi_q, Phi_k, z, O_prod, O_prod_2, O_sum
+    O_prod_2.add_(eps)  # (…, μ, τ)
+    O = O_prod / O_prod_2[..., :, :, None]  # (…, μ, τ, b)
+    del V_proj, V, Phi_q, Phi_k, z, O_prod, O_prod_2
     # Y_<τi> = o_proj_weight_<i(μb)> O_<μτb> + o_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μb))
     Y = F.linear(Y, o_proj_weight, o_proj_bias)  # (…, τ, i)

@@ -13,25 +13,25 @@ def mla_constants(N, d_r, base, *, device, dtype):
     r = torch.arange(d_r, device=device, dtype=torch.float64)
     tau = torch.arange(N, device=device, dtype=torch.float64)
     # f_<r> = mod(r, floor(d_r / 2))
-    f = torch.remainder(r, math.floor((1/2)*d_r)).to(table)  # (r)
+    f = (r % (d_r // 2)).to(table)  # (r)
     # θ_<r> = base^(-2 f_<r> / d_r)
     theta_prod = f * (-2/d_r)  # (r)
     theta = base ** theta_prod  # (r)
     # Rc_<τr> = cos(τ θ_<r>)
-    Rc_grid = tau.to(table)  # (τ)
-    Rc_prod = theta * Rc_grid[:, None]  # (τ, r)
-    Rc = torch.cos(Rc_prod)  # (τ, r)
+    grid = tau.to(table)  # (τ)
+    theta_grid = theta * grid[:, None]  # (τ, r)
+    Rc = torch.cos(theta_grid)  # (τ, r)
     Rc = Rc.to(dtype)  # a table, made in float32 or wider, cast for data
     # s_<r> = where(r < floor(d_r / 2), -1, 1)
-    s = torch.where((r < math.floor((1/2)*d_r)), -1, 1).to(table)  # (r)
+    s = torch.where((r < (d_r // 2)), -1, 1).to(table)  # (r)
     # Rs_<τr> = s_<r> sin(τ θ_<r>)
-    Rs_sin = torch.sin(Rc_prod)  # (τ, r)
+    Rs_sin = torch.sin(theta_grid)  # (τ, r)
     Rs = s * Rs_sin  # (τ, r)
     Rs = Rs.to(dtype)  # a table, made in float32 or wider, cast for data
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
-    Q_theta_pos = torch.where((r < math.floor((1/2)*d_r)), r + math.floor((1/2)*d_r), r + (-math.floor((1/2)*d_r))).long()  # (r)
-    return Rc, Rs, Q_theta_pos
+    pos = torch.where((r < (d_r // 2)), r + (d_r // 2), r - (d_r // 2)).long()  # (r)
+    return Rc, Rs, pos
 
 
 def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_with_mqa_weight, kv_a_layernorm_weight, kv_b_proj_weight, o_proj_weight, *, h, base=10000, eps=1e-06, training=False, constants=None):
@@ -40,7 +40,7 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     d_r = (kv_a_proj_with_mqa_weight.shape[-2] - d_c)
     d_n = (q_b_proj_weight.shape[-2] - (d_r*h)) // h
     d_v = (kv_b_proj_weight.shape[-2] - (d_n*h)) // h
-    Rc, Rs, Q_theta_pos = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
+    Rc, Rs, pos = mla_constants(N, d_r, base, device=X.device, dtype=X.dtype) if constants is None else constants
     # Lq_<τl> = q_a_proj_weight_<li> X_<τi>
     Lq = F.linear(X, q_a_proj_weight)  # (…, τ, l)
     # ρq_<τ> = rsqrt(mean_<l>(Lq_<τl>^2) + eps)
@@ -84,14 +84,14 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Qθ_<μτr> = Qr_<μτr> Rc_<τr> + Qr_<μτ[p_<r>]> Rs_<τr>
     Q_theta_prod = Qr * Rc  # (…, μ, τ, r)
-    Qr_at = Qr[..., Q_theta_pos]  # (…, μ, τ, r)
+    Qr_at = Qr[..., pos]  # (…, μ, τ, r)
     Q_theta_prod_2 = Qr_at * Rs  # (…, μ, τ, r)
     Q_theta = Q_theta_prod + Q_theta_prod_2  # (…, μ, τ, r)
     del Q_theta_prod, Qr_at, Q_theta_prod_2
     # p_<r> = where(r < floor(d_r / 2), r + floor(d_r / 2), r - floor(d_r / 2))
     # Kθ_<τr> = Kr_<τr> Rc_<τr> + Kr_<τ[p_<r>]> Rs_<τr>
     K_theta_prod = Kr * Rc  # (…, τ, r)
-    Kr_at = Kr[..., Q_theta_pos]  # (…, τ, r)
+    Kr_at = Kr[..., pos]  # (…, τ, r)
     K_theta_prod_2 = Kr_at * Rs  # (…, τ, r)
     K_theta = K_theta_prod + K_theta_prod_2  # (…, τ, r)
     del Lc_Kr, Lc, Kr, K_theta_prod, Kr_at, K_theta_prod_2
@@ -101,7 +101,10 @@ def mla(X, q_a_proj_weight, q_a_layernorm_weight, q_b_proj_weight, kv_a_proj_wit
     # O_<μτe> = A_<μττ'> V_<μτ'e>
     # zero features up to the query/key width, so that the kernel takes its fused path
     V_pad = F.pad(V, (0, d_n + d_r - d_v)) if d_v < d_n + d_r else V  # (…, μ, τ', e)
-    O = F.scaled_dot_product_attention(torch.cat([Qn, Q_theta], dim=-1), torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1), V_pad, is_causal=True, scale=1/math.sqrt(d_n + d_r))
+    queries = torch.cat([Qn, Q_theta], dim=-1)
+    keys = torch.cat([Kn, K_theta.unsqueeze(-3).expand(*K_theta.shape[:-2], h, -1, -1)], dim=-1)
+    O = F.scaled_dot_product_attention(queries, keys, V_pad, is_causal=True, scale=1/math.sqrt(d_n + d_r))
+    del queries, keys
     O = O[..., :d_v]  # (…, μ, τ, e)
     del Qn_Qr, Qn_proj, Qr_proj, Qn, Qr, Kn_V, Kn_proj, V_proj, Kn, V, Q_theta, K_theta, V_pad
     # Y_<τi> = o_proj_weight_<i(μe)> O_<μτe>

@@ -45,7 +45,7 @@ def prefix_lm_constants(N, P, *, device, dtype):
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    M_keep = torch.logical_or((tau[:, None] >= tau_p[None, :]), (P > tau_p[None, :]))  # (τ, τ')
+    M_keep = (tau[:, None] >= tau_p[None, :]) | (P > tau_p[None, :])  # (τ, τ')
     M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
     return M_keep, M_keep_spans
 

@@ -15,15 +15,15 @@ def qk_norm_constants(N, d_r, offset, *, device, dtype):
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
-    theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
+    theta = (10000**(-j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
-    Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_cos = Qr_cos.to(dtype)  # a table, made in float32 or wider, cast for data
-    Qr_sin = torch.sin(theta)  # (τ, j)
-    Qr_grid = (2*c - 1).to(table)  # (c)
-    Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
-    return Qr_cos, Qr_prod
+    cos = torch.cos(theta)  # (τ, j)
+    cos = cos.to(dtype)  # a table, made in float32 or wider, cast for data
+    sin = torch.sin(theta)  # (τ, j)
+    sign = (2*c - 1).to(table)  # (c)
+    sin_sign = sin[:, None] * sign[:, None]  # (τ, c, j)
+    sin_sign = sin_sign.to(dtype)  # a table, made in float32 or wider, cast for data
+    return cos, sin_sign
 
 
 def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_norm_weight, k_norm_weight, *, eps=1e-06, offset=0, training=False, constants=None):
@@ -31,7 +31,7 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     d_r = q_norm_weight.shape[-1] // 2
     h_kv = k_proj_weight.shape[-2] // (2*d_r)
     n_rep = q_proj_weight.shape[-2] // (2*d_r*h_kv)
-    Qr_cos, Qr_prod = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    cos, sin_sign = qk_norm_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτcj> = q_proj_weight_<(grcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, 2, d_r))  # (…, τ, g, r, c, j)
     Q = Q_proj.movedim(-5, -3)  # (…, g, r, τ, c, j)
@@ -64,15 +64,15 @@ def qk_norm(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, q_nor
     Kn = Rk[..., :, :, None, None] * Kn_prod  # (…, g, τ, c, j)
     del K_proj, K, Rk, k_norm_weight_split, Kn_prod
     # Qr_<grτcj> = Qn_<grτcj> cos(θ_<τj>) + (2 c - 1) Qn_<grτ[1 - c]j> sin(θ_<τj>)
-    Qr_prod_2 = Qn * Qr_cos[:, None]  # (…, g, r, τ, c, j)
+    Qr_prod = Qn * cos[:, None]  # (…, g, r, τ, c, j)
     Qn_flip = Qn.flip(-2)  # (…, g, r, τ, c, j)
-    Qr_prod_3 = Qn_flip * Qr_prod  # (…, g, r, τ, c, j)
-    Qr = Qr_prod_2 + Qr_prod_3  # (…, g, r, τ, c, j)
-    del Qn, Qr_prod_2, Qn_flip, Qr_prod_3
+    Qr_prod_2 = Qn_flip * sin_sign  # (…, g, r, τ, c, j)
+    Qr = Qr_prod + Qr_prod_2  # (…, g, r, τ, c, j)
+    del Qn, Qr_prod, Qn_flip, Qr_prod_2
     # Kr_<gτcj> = Kn_<gτcj> cos(θ_<τj>) + (2 c - 1) Kn_<gτ[1 - c]j> sin(θ_<τj>)
-    Kr_prod = Kn * Qr_cos[:, None]  # (…, g, τ, c, j)
+    Kr_prod = Kn * cos[:, None]  # (…, g, τ, c, j)
     Kn_flip = Kn.flip(-2)  # (…, g, τ, c, j)
-    Kr_prod_2 = Kn_flip * Qr_prod  # (…, g, τ, c, j)
+    Kr_prod_2 = Kn_flip * sin_sign  # (…, g, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, g, τ, c, j)
     del Kn, Kr_prod, Kn_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)

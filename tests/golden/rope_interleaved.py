@@ -14,21 +14,21 @@ def rope_interleaved_constants(N, d_r, offset, *, device, dtype):
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
-    theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
+    theta = (10000**(-j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
     # Qr_<μτjc> = Q_<μτjc> cos(θ_<τj>) + (2 c - 1) Q_<μτj[1 - c]> sin(θ_<τj>)
-    Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_cos = Qr_cos.to(dtype)  # a table, made in float32 or wider, cast for data
-    Qr_sin = torch.sin(theta)  # (τ, j)
-    Qr_grid = (2*c - 1).to(table)  # (c)
-    Qr_prod = Qr_sin[:, :, None] * Qr_grid  # (τ, j, c)
-    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
-    return Qr_cos, Qr_prod
+    cos = torch.cos(theta)  # (τ, j)
+    cos = cos.to(dtype)  # a table, made in float32 or wider, cast for data
+    sin = torch.sin(theta)  # (τ, j)
+    sign = (2*c - 1).to(table)  # (c)
+    sin_sign = sin[:, :, None] * sign  # (τ, j, c)
+    sin_sign = sin_sign.to(dtype)  # a table, made in float32 or wider, cast for data
+    return cos, sin_sign
 
 
 def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight, *, h, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Qr_cos, Qr_prod = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    cos, sin_sign = rope_interleaved_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτjc> = q_proj_weight_<(μjc)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_r, 2))  # (…, τ, μ, j, c)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, j, c)
@@ -39,15 +39,15 @@ def rope_interleaved(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_we
     V_proj = F.linear(X, v_proj_weight).unflatten(-1, (h, 2*d_r))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Qr_<μτjc> = Q_<μτjc> cos(θ_<τj>) + (2 c - 1) Q_<μτj[1 - c]> sin(θ_<τj>)
-    Qr_prod_2 = Q * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
+    Qr_prod = Q * cos[:, :, None]  # (…, μ, τ, j, c)
     Q_flip = Q.flip(-1)  # (…, μ, τ, j, c)
-    Qr_prod_3 = Q_flip * Qr_prod  # (…, μ, τ, j, c)
-    Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, j, c)
-    del Q_proj, Q, Qr_prod_2, Q_flip, Qr_prod_3
+    Qr_prod_2 = Q_flip * sin_sign  # (…, μ, τ, j, c)
+    Qr = Qr_prod + Qr_prod_2  # (…, μ, τ, j, c)
+    del Q_proj, Q, Qr_prod, Q_flip, Qr_prod_2
     # Kr_<μτjc> = K_<μτjc> cos(θ_<τj>) + (2 c - 1) K_<μτj[1 - c]> sin(θ_<τj>)
-    Kr_prod = K * Qr_cos[:, :, None]  # (…, μ, τ, j, c)
+    Kr_prod = K * cos[:, :, None]  # (…, μ, τ, j, c)
     K_flip = K.flip(-1)  # (…, μ, τ, j, c)
-    Kr_prod_2 = K_flip * Qr_prod  # (…, μ, τ, j, c)
+    Kr_prod_2 = K_flip * sin_sign  # (…, μ, τ, j, c)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, j, c)
     del K_proj, K, Kr_prod, K_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)

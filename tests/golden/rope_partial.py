@@ -14,23 +14,23 @@ def rope_partial_constants(N, d_r, offset, *, device, dtype):
     j = torch.arange(d_r, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # θ_<τj> = (offset + τ) 10000^(-j / d_r)
-    theta = (torch.pow(10000, -j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
+    theta = (10000**(-j[None, :]/d_r)*(offset + tau[:, None])).to(table)  # (τ, j)
     # Qr_<μτcj> = Q_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) Q_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
-    Qr_pos = (c[:, None]*d_r + j[None, :]).long()  # (c, j)
-    Qr_cos = torch.cos(theta)  # (τ, j)
-    Qr_cos = Qr_cos.to(dtype)  # a table, made in float32 or wider, cast for data
-    Qr_pos_2 = (d_r*(1 - c[:, None]) + j[None, :]).long()  # (c, j)
-    Qr_sin = torch.sin(theta)  # (τ, j)
-    Qr_grid = (2*c - 1).to(table)  # (c)
-    Qr_prod = Qr_sin[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
-    return Qr_pos, Qr_cos, Qr_pos_2, Qr_prod
+    pos = (c[:, None]*d_r + j[None, :]).long()  # (c, j)
+    cos = torch.cos(theta)  # (τ, j)
+    cos = cos.to(dtype)  # a table, made in float32 or wider, cast for data
+    pos_2 = (d_r*(1 - c[:, None]) + j[None, :]).long()  # (c, j)
+    sin = torch.sin(theta)  # (τ, j)
+    sign = (2*c - 1).to(table)  # (c)
+    sin_sign = sin[:, None] * sign[:, None]  # (τ, c, j)
+    sin_sign = sin_sign.to(dtype)  # a table, made in float32 or wider, cast for data
+    return pos, cos, pos_2, sin_sign
 
 
 def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, dense_bias, *, h, d_r, offset=0, training=False, constants=None):
     N = X.shape[-2]
     d_p = (query_key_value_weight.shape[-2] - (6*d_r*h)) // (3*h)
-    Qr_pos, Qr_cos, Qr_pos_2, Qr_prod = rope_partial_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
+    pos, cos, pos_2, sin_sign = rope_partial_constants(N, d_r, offset, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = query_key_value_weight_<(μ0a)i> X_<τi> + query_key_value_bias_<(μ0a)>
     # K_<μτa> = query_key_value_weight_<(μ1a)i> X_<τi> + query_key_value_bias_<(μ1a)>
     # V_<μτa> = query_key_value_weight_<(μ2a)i> X_<τi> + query_key_value_bias_<(μ2a)>
@@ -40,17 +40,17 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     K = K_proj.transpose(-3, -2)  # (…, μ, τ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Qr_<μτcj> = Q_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) Q_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
-    Q_at = Q[..., Qr_pos]  # (…, μ, τ, c, j)
-    Qr_prod_2 = Q_at * Qr_cos[:, None]  # (…, μ, τ, c, j)
-    Q_at_2 = Q[..., Qr_pos_2]  # (…, μ, τ, c, j)
-    Qr_prod_3 = Q_at_2 * Qr_prod  # (…, μ, τ, c, j)
-    Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
-    del Q_at, Qr_prod_2, Q_at_2, Qr_prod_3
+    Q_at = Q[..., pos]  # (…, μ, τ, c, j)
+    Qr_prod = Q_at * cos[:, None]  # (…, μ, τ, c, j)
+    Q_at_2 = Q[..., pos_2]  # (…, μ, τ, c, j)
+    Qr_prod_2 = Q_at_2 * sin_sign  # (…, μ, τ, c, j)
+    Qr = Qr_prod + Qr_prod_2  # (…, μ, τ, c, j)
+    del Q_at, Qr_prod, Q_at_2, Qr_prod_2
     # Kr_<μτcj> = K_<μτ[c d_r + j]> cos(θ_<τj>) + (2 c - 1) K_<μτ[(1 - c) d_r + j]> sin(θ_<τj>)
-    K_at = K[..., Qr_pos]  # (…, μ, τ, c, j)
-    Kr_prod = K_at * Qr_cos[:, None]  # (…, μ, τ, c, j)
-    K_at_2 = K[..., Qr_pos_2]  # (…, μ, τ, c, j)
-    Kr_prod_2 = K_at_2 * Qr_prod  # (…, μ, τ, c, j)
+    K_at = K[..., pos]  # (…, μ, τ, c, j)
+    Kr_prod = K_at * cos[:, None]  # (…, μ, τ, c, j)
+    K_at_2 = K[..., pos_2]  # (…, μ, τ, c, j)
+    Kr_prod_2 = K_at_2 * sin_sign  # (…, μ, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
     del K_at, Kr_prod, K_at_2, Kr_prod_2
     # Qp_<μτp> = Q_<μτ[2 d_r + p]>
@@ -61,7 +61,10 @@ def rope_partial(X, query_key_value_weight, query_key_value_bias, dense_weight, 
     # S_<μττ'> = Qr_<μτcj> Kr_<μτ'cj> / sqrt(2 d_r + d_p) + Qp_<μτp> Kp_<μτ'p> / sqrt(2 d_r + d_p) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    O = F.scaled_dot_product_attention(torch.cat([Qr.flatten(-2), Qp], dim=-1), torch.cat([Kr.flatten(-2), Kp], dim=-1), V, is_causal=True, scale=1/math.sqrt(d_p + 2*d_r))  # (…, μ, τ, a)
+    queries = torch.cat([Qr.flatten(-2), Qp], dim=-1)
+    keys = torch.cat([Kr.flatten(-2), Kp], dim=-1)
+    O = F.scaled_dot_product_attention(queries, keys, V, is_causal=True, scale=1/math.sqrt(d_p + 2*d_r))  # (…, μ, τ, a)
+    del queries, keys
     del QKV, Q_proj, K_proj, V_proj, Q, K, V, Qr, Kr, Qp, Kp
     # Y_<τi> = dense_weight_<i(μa)> O_<μτa> + dense_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

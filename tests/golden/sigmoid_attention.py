@@ -53,11 +53,11 @@ BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
 def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
     # S, A, O at some positions τ: all of them, or a block of them
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
-    S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
-    S = S_prod.add_(-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
+    S = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
+    S.add_(-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
-    A_sigmoid = S.sigmoid_()  # (…, μ, τ, τ')
-    A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')
+    S.sigmoid_()  # (…, μ, τ, τ')
+    A = torch.where(A_grid, 0, S)  # (…, μ, τ, τ')
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)
     return O

@@ -46,7 +46,7 @@ def sliding_window_constants(N, w, *, device, dtype):
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    M_keep = torch.logical_and((tau[:, None] >= tau_p[None, :]), (w > tau[:, None] - tau_p[None, :]))  # (τ, τ')
+    M_keep = (tau[:, None] >= tau_p[None, :]) & (w > tau[:, None] - tau_p[None, :])  # (τ, τ')
     M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
     return M_keep, M_keep_spans
 

@@ -43,9 +43,9 @@ def softcap_window_constants(N, w, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
-    M = torch.where(torch.logical_or((tau[:, None] < tau_p[None, :]), (w <= tau[:, None] - tau_p[None, :])), -math.inf, 0).to(table)  # (τ, τ')
+    M = torch.where((tau[:, None] < tau_p[None, :]) | (w <= tau[:, None] - tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
+    M_spans = key_spans(M != -math.inf, M == 0)  # blocks of queries and their keys
     return M, M_spans
 
 
@@ -57,10 +57,10 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
     # R_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(query_pre_attn_scalar)
     R = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
     # S_<μττ'> = c tanh(R_<μττ'> / c) + M_<ττ'>
-    S_prod = R.div_(c)  # (…, μ, τ, τ')
-    S_tanh = S_prod.tanh_()  # (…, μ, τ, τ')
-    S_prod_2 = S_tanh * c  # (…, μ, τ, τ')
-    S = S_prod_2.add_(M)  # (…, μ, τ, τ')
+    R.div_(c)  # (…, μ, τ, τ')
+    R.tanh_()  # (…, μ, τ, τ')
+    S = R * c  # (…, μ, τ, τ')
+    S.add_(M)  # (…, μ, τ, τ')
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere

@@ -16,7 +16,7 @@ def t5_bias_constants(N, *, device, dtype):
     # β_<ττ'> = where(τ' > τ, 16, 0) + where(ρ_<ττ'> < 8, ρ_<ττ'>, 8 + sum_<m>(where(ρ_<ττ'>^2 >= 64 2^(m + 1), 1, 0)))
     beta_lt = rho < 8  # (τ, τ')
     beta_pow = rho ** 2  # (τ, τ')
-    beta_grid = (64*torch.pow(2, m + 1)).to(table)  # (m)
+    beta_grid = (64*2**(m + 1)).to(table)  # (m)
     beta_ge = beta_pow[:, :, None] >= beta_grid  # (τ, τ', m)
     beta_where = torch.where(beta_ge, torch.as_tensor(1, device=device, dtype=table), 0)  # (τ, τ', m)
     beta_sum = beta_where.sum(dim=-1)  # (τ, τ')

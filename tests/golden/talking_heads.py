@@ -45,7 +45,7 @@ def talking_heads_constants(N, *, device, dtype):
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    M_spans = key_spans(~M.isneginf(), M == 0)  # blocks of queries and their keys
+    M_spans = key_spans(M != -math.inf, M == 0)  # blocks of queries and their keys
     return M, M_spans
 
 

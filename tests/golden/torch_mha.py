@@ -89,9 +89,9 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     V = V_proj.transpose(-3, -2)  # (…, μ, σ, a)
     # S_<μτσ> = Q_<μτa> K_<μσa> / sqrt(d_k) + key_padding_mask_<σ>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
-    S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, σ)
-    S = S_prod.add_(key_padding_mask[..., None, None, :])  # (…, μ, τ, σ)
-    del Q_proj, Q, K_proj, K, Q_scaled, S_prod
+    S = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, σ)
+    S.add_(key_padding_mask[..., None, None, :])  # (…, μ, τ, σ)
+    del Q_proj, Q, K_proj, K, Q_scaled
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # Ã_<μτσ> = dropout(A_<μτσ>, p)
     # O_<μτa> = Ã_<μτσ> V_<μσa>

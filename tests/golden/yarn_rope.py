@@ -27,7 +27,7 @@ def yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, *, device
     # ω_<j> = base^(-j / d_r) (1 - γ_<j> + γ_<j> / factor)
     omega_prod = gamma / factor  # (j)
     omega_sum = -gamma + omega_prod + 1  # (j)
-    omega_grid = torch.pow(base, -j/d_r).to(table)  # (j)
+    omega_grid = (base**(-j/d_r)).to(table)  # (j)
     omega = omega_sum * omega_grid  # (j)
     # m_<> = 0.1 log(factor) + 1
     m = torch.as_tensor(0.1*math.log(factor) + 1, device=device, dtype=table)  # ()
@@ -42,16 +42,16 @@ def yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, *, device
     Si_sin = torch.sin(theta)  # (τ, j)
     Si = m * Si_sin  # (τ, j)
     # Qr_<μτcj> = Q_<μτcj> Co_<τj> + (2 c - 1) Q_<μτ[1 - c]j> Si_<τj>
-    Qr_grid = (2*c - 1).to(table)  # (c)
-    Qr_prod = Si[:, None] * Qr_grid[:, None]  # (τ, c, j)
-    Qr_prod = Qr_prod.to(dtype)  # a table, made in float32 or wider, cast for data
-    return Co, Qr_prod
+    sign = (2*c - 1).to(table)  # (c)
+    Si_sign = Si[:, None] * sign[:, None]  # (τ, c, j)
+    Si_sign = Si_sign.to(dtype)  # a table, made in float32 or wider, cast for data
+    return Co, Si_sign
 
 
 def yarn_rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, factor=8, L=4096, base=10000, beta_fast=32, beta_slow=1, training=False, constants=None):
     N = X.shape[-2]
     d_r = q_proj_weight.shape[-2] // (2*h)
-    Co, Qr_prod = yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, device=X.device, dtype=X.dtype) if constants is None else constants
+    Co, Si_sign = yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτcj> = q_proj_weight_<(μcj)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, 2, d_r))  # (…, τ, μ, c, j)
     Q = Q_proj.transpose(-4, -3)  # (…, μ, τ, c, j)
@@ -62,15 +62,15 @@ def yarn_rope(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, 
     V_proj = F.linear(X, v_proj_weight).unflatten(-1, (h, 2*d_r))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Qr_<μτcj> = Q_<μτcj> Co_<τj> + (2 c - 1) Q_<μτ[1 - c]j> Si_<τj>
-    Qr_prod_2 = Q * Co[:, None]  # (…, μ, τ, c, j)
+    Qr_prod = Q * Co[:, None]  # (…, μ, τ, c, j)
     Q_flip = Q.flip(-2)  # (…, μ, τ, c, j)
-    Qr_prod_3 = Q_flip * Qr_prod  # (…, μ, τ, c, j)
-    Qr = Qr_prod_2 + Qr_prod_3  # (…, μ, τ, c, j)
-    del Q_proj, Q, Qr_prod_2, Q_flip, Qr_prod_3
+    Qr_prod_2 = Q_flip * Si_sign  # (…, μ, τ, c, j)
+    Qr = Qr_prod + Qr_prod_2  # (…, μ, τ, c, j)
+    del Q_proj, Q, Qr_prod, Q_flip, Qr_prod_2
     # Kr_<μτcj> = K_<μτcj> Co_<τj> + (2 c - 1) K_<μτ[1 - c]j> Si_<τj>
     Kr_prod = K * Co[:, None]  # (…, μ, τ, c, j)
     K_flip = K.flip(-2)  # (…, μ, τ, c, j)
-    Kr_prod_2 = K_flip * Qr_prod  # (…, μ, τ, c, j)
+    Kr_prod_2 = K_flip * Si_sign  # (…, μ, τ, c, j)
     Kr = Kr_prod + Kr_prod_2  # (…, μ, τ, c, j)
     del K_proj, K, Kr_prod, K_flip, Kr_prod_2
     # M_<ττ'> = where(τ' > τ, -inf, 0)

@@ -1,13 +1,13 @@
-"""Steps over two sequence indices that write over a fresh tensor instead of making another:
-a sum adds onto a product in place, `S = S_prod.add_(M)`; a scale multiplies its operand in
-place, `S_prod = R.div_(c)`; a function whose backward reads its result overwrites its
-argument, `S_tanh = S_prod.tanh_()`. Each takes a tensor made in this function, of the step's
-own shape, that nothing else reads, so the N×N scores are held once, not once per step
-(smaller values keep the plainer out-of-place forms, but for a tensor plus numbers,
-`Phi_elu.add_(1)`: one pass where a new tensor costs an allocation and a pass). Exact under
-autograd: the tensor taken is never one its own maker keeps for the backward pass (a
-product, a scale and a sum keep their operands; tanh, exp and sigmoid keep their result, so
-what follows them allocates).
+"""Steps over two sequence indices that write over a fresh tensor instead of making another: a
+sum adds onto a product in place, `S.add_(M)`; a scale multiplies its operand in place,
+`R.div_(c)`; a function whose backward reads its result overwrites its argument, `R.tanh_()`
+(a result keeps the name of the tensor it is written over: lower/naming.py). Each takes a
+tensor made in this function, of the step's own shape, that nothing else reads, so the N×N
+scores are held once, not once per step (smaller values keep the plainer out-of-place forms,
+but for a tensor plus numbers, `Phi.add_(1)`: one pass where a new tensor costs an
+allocation and a pass). Exact under autograd: the tensor taken is never one its own maker
+keeps for the backward pass (a product, a scale and a sum keep their operands; tanh, exp and
+sigmoid keep their result, so what follows them allocates).
 
 A softmax over such scores, read by nothing else, writes its weights over them when no
 gradient is needed (`out=S`): a new tensor of N×N per head costs more in page faults than

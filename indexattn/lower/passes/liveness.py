@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..kinds import made, reads, view
+from ..kinds import made, over, reads, view
 from ..program import Program
 from ..steps import Step, Var
 
@@ -26,9 +26,9 @@ def run(program: Program) -> Program:
 
 def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ...]]:
     """For each block of per-call steps, the locals to drop after it: those made by these
-    steps, read no later than it, not in `keep`. A view lives as long as what it views (both
-    are dropped together); nothing is dropped after the last block that computes anything
-    (the function returns there)."""
+    steps, read no later than it, not in `keep`. A view, or a result written over what it
+    reads, lives as long as that storage (both are dropped together); nothing is dropped
+    after the last block that computes anything (the function returns there)."""
     born: dict[Var, int] = {}  # each local, and the block that makes it
     root: dict[Var, Var] = {}  # a view's storage: the first local of its chain
     last: dict[Var, int] = {}  # each storage's last reading block
@@ -39,8 +39,10 @@ def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ..
                 last[root.get(var, var)] = b
             for out in made(step):
                 born.setdefault(out.var, b)
-                if view(step):
-                    root[out.var] = root.get(read[0], read[0])
+                target = over(step)
+                if view(step) or target is not None:  # the same storage
+                    first = read[0] if target is None else target.var
+                    root[out.var] = root.get(first, first)
                 last.setdefault(root.get(out.var, out.var), b)
     final = max((b for b, steps in enumerate(blocks) if steps), default=-1)
     kept = {root.get(v, v) for v in keep}
