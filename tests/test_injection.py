@@ -92,4 +92,4 @@ def test_numbers_are_reprinted_from_their_values():
     )
     assert "0.1000000000000000055511" not in spec.source
     assert "x * 0.1" in spec.source and ".add_(10)" in spec.source
-    assert spec(x=torch.ones(2)).tolist() == [10.1, 10.1]
+    assert spec(x=torch.ones(2, dtype=torch.float64)).tolist() == [10.1, 10.1]
