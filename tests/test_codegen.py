@@ -59,7 +59,7 @@ def test_a_planted_unused_helper_is_found():
 VIEWS = {"transpose", "flatten", "unflatten", "movedim", "permute", "view", "unsqueeze"}
 VIEWS |= {"squeeze", "expand", "expand_as", "narrow", "select", "unbind", "split", "mT"}
 CASTS = {"to", "long", "int", "float", "bool"}
-BOOKKEEPING = {"dim", "size", "append", "range", "len"}
+BOOKKEEPING = {"dim", "size", "numel", "append", "range", "len"}
 NUMBERS = {"math", "torch", "F", "device", "dtype", "table", "training", *dir(builtins)}
 
 
@@ -69,7 +69,7 @@ def operations(node: ast.stmt, numbers: set[str]) -> list[str]:
     for call in (c for c in ast.walk(node) if isinstance(c, ast.Call)):
         name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
         read = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
-        if name in VIEWS | CASTS | BOOKKEEPING or all(n in numbers or n.isupper() for n in read):
+        if name in VIEWS | CASTS | BOOKKEEPING or read <= numbers:
             continue
         counted.append(name)
     return counted
@@ -78,11 +78,13 @@ def operations(node: ast.stmt, numbers: set[str]) -> list[str]:
 def crowded_lines(source: str, numbers: set[str], functions: set[str]) -> list[str]:
     """The statements of `functions` in `source` with more than one operation."""
     tree, lines = ast.parse(source), source.splitlines()
+    knobs = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets}
+    numbers = numbers | knobs | NUMBERS  # module-level numbers: BLOCK_SCORES = 2 ** 22
     found = []
     for function in (n for n in tree.body if getattr(n, "name", None) in functions):
         for node in ast.walk(function):
             simple = isinstance(node, ast.stmt) and not hasattr(node, "body")
-            if simple and len(operations(node, numbers | NUMBERS)) > 1:
+            if simple and len(operations(node, numbers)) > 1:
                 found.append(lines[node.lineno - 1].strip())
     return found
 
@@ -107,6 +109,14 @@ def test_a_line_of_two_operations_is_found_and_views_casts_and_sizes_are_not():
         "    return torch.tanh(torch.exp(z)) + w\n"
     )
     assert crowded_lines(source, {"n"}, {"f"}) == ["return torch.tanh(torch.exp(z)) + w"]
+    # a tensor named by a capital letter is a tensor, not a module-level number
+    assert crowded_lines(source.replace("x", "X"), {"n"}, {"f"}) == [
+        "return torch.tanh(torch.exp(z)) + w"
+    ]
+    two = "K = 2\n\n\ndef f(M):\n    return key_spans(M != -math.inf, K * M.isneginf())\n"
+    assert crowded_lines(two, set(), {"f"}) == [
+        "return key_spans(M != -math.inf, K * M.isneginf())"
+    ]
     assert crowded_lines(source, {"n"}, {"g"}) == []  # only the functions named are read
 
 
