@@ -110,7 +110,7 @@ def test_a_line_of_two_operations_is_found_and_views_casts_and_sizes_are_not():
     )
     assert crowded_lines(source, {"n"}, {"f"}) == ["return torch.tanh(torch.exp(z)) + w"]
     # a tensor named by a capital letter is a tensor, not a module-level number
-    assert crowded_lines(source.replace("x", "X"), {"n"}, {"f"}) == [
+    assert crowded_lines(source.replace("(x", "(X"), {"n"}, {"f"}) == [
         "return torch.tanh(torch.exp(z)) + w"
     ]
     two = "K = 2\n\n\ndef f(M):\n    return key_spans(M != -math.inf, K * M.isneginf())\n"
