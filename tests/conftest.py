@@ -6,6 +6,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis draws the same examples on every run (a CI run never fails on a new draw that the
+# last one did not make); HYPOTHESIS_PROFILE=explore draws new ones (docs/testing.md).
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # The compile cache of this run (and of the processes it starts): never the user's own.
 os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
