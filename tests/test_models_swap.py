@@ -293,8 +293,8 @@ def test_yarn_rotary_scaling_is_transformers_table():
     (LlamaRotaryEmbedding: _compute_yarn_parameters' frequencies and attention factor, in
     float32, so agreement at float32's precision): one pair kept, one blended, two
     interpolated, cos and sin scaled by 0.1 log 4 + 1. The twins: factor 1 (no scaling) is
-    caught; DeepSeek's mscale and GPT-OSS's truncate=False are refused by name, and llama3.attn
-    on a YaRN layer too."""
+    caught; llama3.attn on a YaRN layer is refused by name, and so is an attention_factor that is
+    not > 0 (tests/test_models_yarn.py: mscale, truncate=False, an explicit attention_factor)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
@@ -315,8 +315,8 @@ def test_yarn_rotary_scaling_is_transformers_table():
         torch.testing.assert_close(unscaled(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rope_type 'yarn', and the spec computes 'default'"):
         hf.from_transformers(layer, SPECS["llama3"])
-    for other, named in (({"mscale": 0.707, "mscale_all_dim": 0.707}, "mscale"),
-                         ({"truncate": False}, "truncate=False")):  # fmt: skip
-        odd = LlamaConfig(**{**SMALL, "rope_parameters": {**YARN_ROPE, **other}})
-        with pytest.raises(ValueError, match=f"YaRN with .*{named}"):
+    for zero_or_less in (0.0, -1.0):  # no rotary table: refused by name
+        rope = {**YARN_ROPE, "attention_factor": zero_or_less}
+        odd = LlamaConfig(**{**SMALL, "rope_parameters": rope})
+        with pytest.raises(ValueError, match=f"YaRN with attention_factor={zero_or_less}"):
             hf.from_transformers(LlamaAttention(odd, layer_idx=0), spec)
