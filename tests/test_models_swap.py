@@ -320,3 +320,18 @@ def test_yarn_rotary_scaling_is_transformers_table():
         odd = LlamaConfig(**{**SMALL, "rope_parameters": rope})
         with pytest.raises(ValueError, match=f"YaRN with attention_factor={zero_or_less}"):
             hf.from_transformers(LlamaAttention(odd, layer_idx=0), spec)
+
+
+def test_a_swapped_model_compiles_to_the_same_logits():
+    """torch.compile (aot_eager: dynamo's graph and AOTAutograd, no code generation) of a swapped
+    model: one graph, no break (fullgraph), the same logits as the swapped model in eager. The
+    twin: a weight nudged after compiling reaches the compiled model's logits."""
+    model = swap(model_of("qwen2"), "qwen2")
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(logits(compiled, ids, padding), want, **TOL)
+    with torch.no_grad():
+        wrappers(model)[1].spec.q_proj_bias[0] += 1e-4
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(logits(compiled, ids, padding), want, **TOL)
