@@ -94,7 +94,9 @@ def prompt():
 def generate(model, ids, padding):
     """Greedy decoding with the cache on: the tokens, and every step's float64 logits."""
     steps = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, out: steps.append(out[:, -1]))
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda m, i, out: steps.append(out[:, -1])
+    )
     with torch.no_grad():
         tokens = model.generate(
             ids, attention_mask=padding, max_new_tokens=NEW, do_sample=False, use_cache=True,

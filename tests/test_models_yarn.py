@@ -197,3 +197,17 @@ def test_yarn_spec_is_the_layer_with_its_own_rotary(name):
     theirs = layer(x, position_embeddings=rotary(x, positions), attention_mask=mask)[0]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
     assert (ours - theirs).abs().max() > TOL["atol"]
+
+
+@pytest.mark.parametrize(
+    "yarn, base",
+    [("llama3_yarn", "llama3"), ("qwen2_yarn", "qwen2"), ("gpt_oss_yarn", "gpt_oss"),
+     ("deepseek_v3_yarn", "deepseek_v3")],
+)  # fmt: skip
+def test_yarn_adds_scalars_not_parameters(yarn, base):
+    """A YaRN spec's parameters are its base spec's (docs/models.md's counts at real sizes);
+    the twin: its scalars are the base's and YaRN's eight."""
+    plain = indexattn.compile_spec(ROOT / f"specs/models/{base}.attn")
+    assert SPECS[yarn].param_count() == plain.param_count()
+    scalars = {s.ascii for s in SPECS[yarn].ir.scalars} - {s.ascii for s in plain.ir.scalars}
+    assert scalars == set(hf.weights.ROPE_TYPES["yarn"])
