@@ -183,11 +183,11 @@ def _yarn(config, rope: dict) -> dict:
     """config.rope_parameters of a YaRN layer as the specs take them, read as
     _compute_yarn_parameters reads them: a factor of None is max_position_embeddings over
     original_max_position_embeddings, beta_fast and beta_slow of 0 or None their defaults, and
-    unset mscale, mscale_all_dim, attention_factor 0. An attention_factor that is not > 0
-    turns no query and key the way a factor does (0 zeroes them): it is refused."""
+    unset mscale, mscale_all_dim, attention_factor 0. An attention_factor of 0 or less is
+    refused: 0 would read as unset, and either zeroes or flips cos and sin."""
     betas = {name: rope.get(name) or default for name, default in YARN_BETAS.items()}
     given = {**YARN_NONE, **rope, **betas, "truncate": float(bool(rope.get("truncate", True)))}
-    if rope.get("attention_factor") is not None and not rope["attention_factor"] > 0:
+    if "attention_factor" in rope and not rope["attention_factor"] > 0:
         raise ValueError(
             f"YaRN with attention_factor={rope['attention_factor']!r}: cos and sin times a"
             " factor <= 0 are no rotary table; give a positive attention_factor, or none"
