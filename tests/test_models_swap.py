@@ -32,7 +32,17 @@ FAMILIES = {  # config class, extra settings, layer spec, decode spec
     "mistral": ("MistralConfig", {"sliding_window": 3}, "mistral", "llama3_decode"),
     "qwen2": ("Qwen2Config", {}, "qwen2", "qwen2_decode"),
     "qwen3": ("Qwen3Config", {"head_dim": 16}, "qwen3", "qwen3_decode"),
-}
+    "gemma2": (  # a cap that bites; a window of 3 that the cache outgrows; eager (sdpa: no cap)
+        "Gemma2Config",
+        {"head_dim": 8, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 2.0,
+         "sliding_window": 3, "attn_implementation": "eager"},
+        "gemma2", "gemma2_decode",
+    ),
+    "gpt_neox": (  # half of each head's 8 features rotated; a fused projection with biases
+        "GPTNeoXConfig", {"num_key_value_heads": 4, "rotary_pct": 0.5}, "gpt_neox",
+        "gpt_neox_decode",
+    ),
+}  # fmt: skip
 SPECS = {
     name: indexattn.compile_spec(ROOT / f"specs/models/{name}.attn")
     for _, _, *specs in FAMILIES.values()
@@ -42,11 +52,18 @@ SPECS = {
 
 @pytest.fixture(autouse=True)
 def float64_norms(monkeypatch):
+    """Qwen3's norms and eager's softmax (Gemma 2's reference) without their float32 upcast."""
+
     def rms_norm(self, x):
         mean_square = x.pow(2).mean(-1, keepdim=True)
         return self.weight * x * torch.rsqrt(mean_square + self.variance_epsilon)
 
+    def softmax_as_is(x, dim=None, dtype=None, **kw):
+        return softmax(x, dim=dim, **kw)
+
+    softmax = torch.nn.functional.softmax
     monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", rms_norm)
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax_as_is)
 
 
 def model_of(family: str, **settings):
@@ -56,8 +73,9 @@ def model_of(family: str, **settings):
     torch.manual_seed(0)
     model = randomise(transformers.AutoModelForCausalLM.from_config(config)).double().eval()
     d_k = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    d_k = int(d_k * config.rope_parameters.get("partial_rotary_factor", 1.0))
     theta = config.rope_parameters["rope_theta"]
-    model.model.rotary_emb.forward = lambda x, position_ids: rotary(position_ids, d_k, theta)
+    model.base_model.rotary_emb.forward = lambda x, position_ids: rotary(position_ids, d_k, theta)
     return model
 
 
@@ -76,7 +94,9 @@ def prompt():
 def generate(model, ids, padding):
     """Greedy decoding with the cache on: the tokens, and every step's float64 logits."""
     steps = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, out: steps.append(out[:, -1]))
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda m, i, out: steps.append(out[:, -1])
+    )
     with torch.no_grad():
         tokens = model.generate(
             ids, attention_mask=padding, max_new_tokens=NEW, do_sample=False, use_cache=True,
@@ -105,14 +125,42 @@ def test_generate_runs_the_decode_spec_and_gives_the_same_tokens(family):
     torch.testing.assert_close(steps_swapped, steps, **TOL)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3"])
+def test_gemma2_decodes_its_sliding_layers_from_the_windowed_cache():
+    """Gemma 2's sliding layer (0) is handed the last sliding_window - 1 = 2 cached tokens at
+    every step, its full layer (1) the whole prefix, and the tokens are the model's. The soft
+    cap's twin: layers swapped with another cap give other logits at every step."""
+    model = model_of("gemma2")
+    ids, padding = prompt()
+    tokens, steps = generate(model, ids, padding)
+    for block in model.model.layers:
+        block.self_attn.attn_logit_softcapping = 3.0  # the layer's own value wins
+    swap(model, "gemma2")
+    cached = {0: [], 1: []}
+    for wrapper in wrappers(model):
+        keep = cached[wrapper.layer_idx].append
+        wrapper.decode.register_forward_hook(lambda m, i, out, keep=keep: keep(i[2].shape[-3]))
+    _, steps_capped = generate(model, ids, padding)
+    assert cached == {0: [2] * (NEW - 1), 1: list(range(N, N + NEW - 1))}
+    for step, step_capped in zip(steps, steps_capped):
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(step_capped, step, **TOL)
+    for wrapper in wrappers(model):  # the twin's twin: the model's own cap
+        wrapper.spec.scalars["attn_logit_softcapping"] = wrapper.decode.scalars[
+            "attn_logit_softcapping"
+        ] = 2.0
+    tokens_swapped, steps_swapped = generate(model, ids, padding)
+    assert torch.equal(tokens_swapped, tokens)
+    torch.testing.assert_close(steps_swapped, steps, **TOL)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "gpt_neox"])
 def test_a_nudged_weight_changes_every_step(family):
     model = model_of(family)
     ids, padding = prompt()
     _, steps = generate(model, ids, padding)
     swap(model, family)
     with torch.no_grad():
-        wrappers(model)[1].spec.o_proj_weight[0, 0] += 1e-4
+        next(wrappers(model)[1].spec.parameters()).view(-1)[0] += 1e-4  # q_proj's, say
     _, steps_swapped = generate(model, ids, padding)
     for step, step_swapped in zip(steps, steps_swapped):
         with pytest.raises(AssertionError):
@@ -293,8 +341,8 @@ def test_yarn_rotary_scaling_is_transformers_table():
     (LlamaRotaryEmbedding: _compute_yarn_parameters' frequencies and attention factor, in
     float32, so agreement at float32's precision): one pair kept, one blended, two
     interpolated, cos and sin scaled by 0.1 log 4 + 1. The twins: factor 1 (no scaling) is
-    caught; DeepSeek's mscale and GPT-OSS's truncate=False are refused by name, and llama3.attn
-    on a YaRN layer too."""
+    caught; llama3.attn on a YaRN layer is refused by name, and so is an attention_factor that is
+    not > 0 (tests/test_models_yarn.py: mscale, truncate=False, an explicit attention_factor)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
@@ -315,8 +363,23 @@ def test_yarn_rotary_scaling_is_transformers_table():
         torch.testing.assert_close(unscaled(x, positions, mask)[0], want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rope_type 'yarn', and the spec computes 'default'"):
         hf.from_transformers(layer, SPECS["llama3"])
-    for other, named in (({"mscale": 0.707, "mscale_all_dim": 0.707}, "mscale"),
-                         ({"truncate": False}, "truncate=False")):  # fmt: skip
-        odd = LlamaConfig(**{**SMALL, "rope_parameters": {**YARN_ROPE, **other}})
-        with pytest.raises(ValueError, match=f"YaRN with .*{named}"):
+    for zero_or_less in (0.0, -1.0):  # no rotary table: refused by name
+        rope = {**YARN_ROPE, "attention_factor": zero_or_less}
+        odd = LlamaConfig(**{**SMALL, "rope_parameters": rope})
+        with pytest.raises(ValueError, match=f"YaRN with attention_factor={zero_or_less}"):
             hf.from_transformers(LlamaAttention(odd, layer_idx=0), spec)
+
+
+def test_a_swapped_model_compiles_to_the_same_logits():
+    """torch.compile (aot_eager: dynamo's graph and AOTAutograd, no code generation) of a swapped
+    model: one graph, no break (fullgraph), the same logits as the swapped model in eager. The
+    twin: a weight nudged after compiling reaches the compiled model's logits."""
+    model = swap(model_of("qwen2"), "qwen2")
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(logits(compiled, ids, padding), want, **TOL)
+    with torch.no_grad():
+        wrappers(model)[1].spec.q_proj_bias[0] += 1e-4
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(logits(compiled, ids, padding), want, **TOL)

@@ -10,8 +10,8 @@
   AttentionInterface (specs/gqa_core.attn); `register(name, spec)` adds a core spec of one's
   own. The model keeps its projections, rotary, cache and checkpoint names.
 - The whole-layer swap: `swap_attention` replaces each attention layer of GPT-2, Llama,
-  Mistral, Qwen2 and Qwen3 by a layer spec (specs/models/), and by its decode spec with a
-  cache; `unswap_attention` puts the transformers layers back.
+  Mistral, Qwen2, Qwen3, Gemma 2 and GPT-NeoX by a layer spec (specs/models/), and by its
+  decode spec with a cache; `unswap_attention` puts the transformers layers back.
 
 transformers is imported only by this module, and only when it is used: it is an optional
 extra (`pip install indexattn[transformers]`), never a requirement of the compiler. Only the
@@ -42,6 +42,7 @@ from .attention import DEFAULT, CoreAttention, register, shipped  # noqa: E402
 from .swap import (  # noqa: E402
     WRAPPERS,
     GPT2SpecAttention,
+    GPTNeoXSpecAttention,
     LlamaSpecAttention,
     SpecAttention,
     additive_mask,
@@ -60,6 +61,7 @@ __all__ = [
     "WRAPPERS",
     "CoreAttention",
     "GPT2SpecAttention",
+    "GPTNeoXSpecAttention",
     "LlamaSpecAttention",
     "SpecAttention",
     "additive_mask",

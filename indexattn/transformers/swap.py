@@ -176,9 +176,11 @@ class GPT2SpecAttention(SpecAttention):
 
 
 class LlamaSpecAttention(SpecAttention):
-    """LlamaAttention's forward (and Mistral's, Qwen2's, Qwen3's: the same forward), computed
-    by the family's spec: the rotary angles come from position_ids, not from
-    position_embeddings (the cos and sin of the same angles)."""
+    """LlamaAttention's forward (and Mistral's, Qwen2's, Qwen3's, Gemma 2's: the same forward),
+    computed by the family's spec: the rotary angles come from position_ids, not from
+    position_embeddings (the cos and sin of the same angles). Gemma 2's window is in the mask
+    transformers hands its sliding layers, and its cache keeps their last sliding_window - 1
+    tokens: gemma2.attn and gemma2_decode.attn serve both kinds of layer."""
 
     def forward(
         self,
@@ -192,11 +194,7 @@ class LlamaSpecAttention(SpecAttention):
         cache = self._cache(past_key_values, cache, kwargs)
         n = hidden_states.shape[-2]
         cached = self._cached(cache)
-        n_c = 0 if cached is None else cached[0].shape[-2]
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(n_c, n_c + n, device=hidden_states.device)
-        mask = additive_mask(attention_mask, hidden_states, n_c + n)
+        positions, mask = _positions_and_mask(hidden_states, attention_mask, cached, kwargs)
         if cached is None:
             out, weights, keys, values = self.spec(hidden_states, positions, mask)
             weights = weights.flatten(-4, -3)  # heads (g r), as transformers returns them
@@ -208,12 +206,58 @@ class LlamaSpecAttention(SpecAttention):
         return out, weights
 
 
+class GPTNeoXSpecAttention(SpecAttention):
+    """GPTNeoXAttention's forward, computed by specs/models/gpt_neox.attn (and with a cache by
+    gpt_neox_decode.attn): partial rotary, so the cache's keys are split into their rotated
+    part (2 d_r features, in halves) and their passed-through part, and joined back."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        layer_past=None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self._cache(layer_past, None, kwargs)
+        n = hidden_states.shape[-2]
+        cached = self._cached(cache)
+        positions, mask = _positions_and_mask(hidden_states, attention_mask, cached, kwargs)
+        if cached is None:
+            out, weights, rotated, passed, values = self.spec(hidden_states, positions, mask)
+        else:
+            keys, values = cached
+            rotated = keys[..., : 2 * self.spec.sizes["d_r"]].unflatten(-1, (2, -1))
+            passed = keys[..., 2 * self.spec.sizes["d_r"] :]
+            out, rotated, passed, values = self.decode(
+                hidden_states, positions, rotated, passed, values, mask
+            )
+            weights = None
+        self._keep(cache, torch.cat([rotated.flatten(-2), passed], -1), values, n)
+        return out, weights
+
+
+def _positions_and_mask(
+    hidden_states: torch.Tensor, attention_mask, cached, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' positions (position_ids, else after the cached ones) and the additive
+    mask over the cached and new keys."""
+    n = hidden_states.shape[-2]
+    n_c = 0 if cached is None else cached[0].shape[-2]
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        positions = torch.arange(n_c, n_c + n, device=hidden_states.device)
+    return positions, additive_mask(attention_mask, hidden_states, n_c + n)
+
+
 WRAPPERS = {  # the transformers layers swap_attention replaces, by class name
     "GPT2Attention": GPT2SpecAttention,
     "LlamaAttention": LlamaSpecAttention,
     "MistralAttention": LlamaSpecAttention,  # Llama's forward, and its inputs
     "Qwen2Attention": LlamaSpecAttention,
     "Qwen3Attention": LlamaSpecAttention,
+    "Gemma2Attention": LlamaSpecAttention,  # its scaling and soft cap are the spec's
+    "GPTNeoXAttention": GPTNeoXSpecAttention,
 }
 
 
@@ -223,13 +267,14 @@ def swap_attention(
     decode: CompiledSpec | str | Path | None = None,
 ) -> nn.Module:
     """Replace every attention layer of `model` that WRAPPERS names (GPT-2, Llama, Mistral,
-    Qwen2, Qwen3) by the spec, in place.
+    Qwen2, Qwen3, Gemma 2, GPT-NeoX) by the spec, in place.
 
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
     Each replacement holds the layer's weights (under `.spec`; its state_dict keeps the layer's
     names) and has the layer's forward signature. Without a `decode` spec
-    (specs/models/gpt2_decode.attn, llama3_decode.attn, qwen2_decode.attn, qwen3_decode.attn)
+    (specs/models/gpt2_decode.attn, llama3_decode.attn, qwen2_decode.attn, qwen3_decode.attn,
+    gemma2_decode.attn, gpt_neox_decode.attn)
     the model runs without a KV cache (use_cache=False); with one, generate() runs with its
     cache. A layer with attention dropout is refused in training mode.
     """

@@ -150,10 +150,13 @@ ROPE_TYPES = {  # rope_type -> the scalars of config.rope_parameters a spec comp
     "llama3": frozenset(
         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     ),  # specs/models/llama3_scaled.attn
-    "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow"}),
-}  # specs/models/llama3_yarn.attn: YaRN with truncate, its attention factor from factor alone
-YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}  # _compute_yarn_parameters' own
-YARN_NOT_MODELLED = ("attention_factor", "mscale", "mscale_all_dim")  # DeepSeek's, explicit
+    "yarn": frozenset(
+        {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"}
+        | {"mscale", "mscale_all_dim", "attention_factor"}
+    ),  # specs/models/*_yarn.attn
+}
+YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # _compute_yarn_parameters' defaults
+YARN_NONE = {"mscale": 0.0, "mscale_all_dim": 0.0, "attention_factor": 0.0}  # the specs' "unset"
 
 
 def _rope(config, wanted: set[str]) -> dict:
@@ -166,24 +169,31 @@ def _rope(config, wanted: set[str]) -> dict:
         computed = next(k for k, names in ROPE_TYPES.items() if names == declared)
         raise ValueError(
             f"rope_type {kind!r}, and the spec computes {computed!r} RoPE: use a spec that"
-            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; yarn:"
-            " llama3_yarn.attn; default: llama3.attn)"
+            f" computes {kind!r} (llama3: specs/models/llama3_scaled.attn; yarn: llama3_yarn,"
+            " qwen2_yarn, gpt_oss_yarn or deepseek_v3_yarn.attn; default: llama3.attn)"
         )
+    given = {k: v for k, v in rope.items() if v is not None}
     if kind == "yarn":
-        _yarn_modelled(rope)
+        given = _yarn(config, given)
     theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    given = {**YARN_DEFAULTS, **{k: v for k, v in rope.items() if v is not None}}
     return {"rope_theta": theta, **{name: float(given[name]) for name in declared}}
 
 
-def _yarn_modelled(rope: dict) -> None:
-    """Refuse, by name, the YaRN parameters specs/models/llama3_yarn.attn does not compute."""
-    extra = [name for name in YARN_NOT_MODELLED if rope.get(name)]
-    if rope.get("truncate", True) is False:
-        extra.append("truncate=False")
-    if extra:
+def _yarn(config, rope: dict) -> dict:
+    """config.rope_parameters of a YaRN layer as the specs take them, read as
+    _compute_yarn_parameters reads them: a factor of None is max_position_embeddings over
+    original_max_position_embeddings, beta_fast and beta_slow of 0 or None their defaults, and
+    unset mscale, mscale_all_dim, attention_factor 0. An attention_factor of 0 or less is
+    refused: 0 would read as unset, and either zeroes or flips cos and sin."""
+    betas = {name: rope.get(name) or default for name, default in YARN_BETAS.items()}
+    given = {**YARN_NONE, **rope, **betas, "truncate": float(bool(rope.get("truncate", True)))}
+    if "attention_factor" in rope and not rope["attention_factor"] > 0:
         raise ValueError(
-            f"YaRN with {', '.join(extra)} is not what specs/models/llama3_yarn.attn computes"
-            " (its attention factor is 0.1 log(factor) + 1, its correction range rounded"
-            " outwards): write a spec that computes it"
+            f"YaRN with attention_factor={rope['attention_factor']!r}: cos and sin times a"
+            " factor <= 0 are no rotary table; give a positive attention_factor, or none"
+            " (then it is computed from factor, mscale and mscale_all_dim)"
         )
+    if "factor" not in rope:
+        original = rope["original_max_position_embeddings"]
+        given["factor"] = config.max_position_embeddings / original
+    return given
