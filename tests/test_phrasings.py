@@ -468,3 +468,31 @@ def test_a_weight_times_factors_with_other_indices_is_not_split_so():
     split = per_token + "H_<τf> = g_<τ> U_<τf>\nY_<τi> = W_d_<if> H_<τf>\n"
     assert body(inline) != body(split)
     assert compare(indexattn.compile_spec(inline, name="t"), torch.float64, (2,)).ok
+
+
+ONE_EQUATION = shipped("benchmarks/specs/mha_one_equation.attn")
+VALUES_LINE = "W_<(μ2a)l> X_<τ'l> + b_O_<i>"
+ONE_EQUATION_TWINS = {
+    # the values scaled by the scores' factor too: another product, still by the kernel
+    "the values scaled": ONE_EQUATION.replace(VALUES_LINE, "W_<(μ2a)l> X_<τ'l> / 2 + b_O_<i>"),
+    # the keys projected by the queries' slice of the weight: no whole fused projection
+    "the keys by the queries' weights": ONE_EQUATION.replace("W_<(μ1b)k>", "W_<(μ0b)k>"),
+}
+
+
+def test_the_whole_of_mha_in_one_equation_is_mha_with_the_kernel():
+    """The projections inline in the softmax's argument and in the values: the canonical form
+    (lower/canonical.py) makes each an equation of its own, so the plan is mha.attn's (one
+    fused projection, the kernel with is_causal, no N×N softmax)."""
+    assert body(ONE_EQUATION) == body(shipped("specs/mha.attn"))
+    spec = indexattn.compile_spec(ONE_EQUATION, name="t")
+    code = code_lines(spec.source)
+    assert "is_causal=True" in code and "softmax" not in code and code.count("F.linear(") == 2
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+@pytest.mark.parametrize("twin", ONE_EQUATION_TWINS)
+def test_a_twin_of_mha_in_one_equation_plans_otherwise_and_equals_the_literal_reading(twin):
+    text = ONE_EQUATION_TWINS[twin]
+    assert text != ONE_EQUATION and body(text) != body(ONE_EQUATION)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
