@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_passes import first_wrong
 from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
+from indexattn import ir
+from indexattn.lower import passes
+from indexattn.lower.plan import plan
 from indexattn.oracle.verify import compare, sample_arguments
 from indexattn.views import cost
 
@@ -496,3 +500,31 @@ def test_a_twin_of_mha_in_one_equation_plans_otherwise_and_equals_the_literal_re
     text = ONE_EQUATION_TWINS[twin]
     assert text != ONE_EQUATION and body(text) != body(ONE_EQUATION)
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+RETENTION = shipped("benchmarks/specs/retention.attn")
+DECAY_LINE = "D_<μττ'> = where(τ' > τ, 0, exp((τ - τ') λ_<μ>))"
+FACTOR = "C_<ττ'> = where(τ' > τ, 0, 1)\nD_<μττ'> = C_<ττ'> exp((τ - τ') λ_<μ>)"
+DECAYS = {  # RetNet's decay, 0 above the diagonal, and whether the rows skip those keys
+    "where puts 0 above the diagonal": (RETENTION, True),
+    "a factor of 0s and 1s": (RETENTION.replace(DECAY_LINE, FACTOR), True),
+    # the twins: not 0 above the diagonal, so every key counts
+    "where puts 1 above the diagonal": (RETENTION.replace("τ, 0, exp", "τ, 1, exp"), False),
+    "a factor of halves and 1s": (
+        RETENTION.replace(DECAY_LINE, FACTOR.replace("τ, 0, 1", "τ, 1 / 2, 1")),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("phrasing", DECAYS)
+def test_a_decay_that_multiplies_skips_the_keys_it_zeroes(phrasing):
+    """Retention (no softmax): the rows by blocks of queries go over the keys at or before
+    the block's last query only where the decay is 0 above the diagonal, however the 0 is
+    written; every stage equals the literal reading in values and gradients, in blocks of one
+    row and spans of two queries (tests/test_passes.py)."""
+    text, skips = DECAYS[phrasing]
+    spec = ir.check(text, "retention")
+    program = passes.lower(plan(spec))
+    assert program.rows is not None and (program.spans is not None) == skips
+    assert first_wrong(spec) is None

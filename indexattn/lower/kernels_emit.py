@@ -107,6 +107,7 @@ class KernelSteps:
             "false": mask,
             "true": f"~{wrap(mask)}",
             "-inf": f"~{wrap(mask)}.isneginf(), {wrap(mask)} == 0",  # and where it adds 0
+            "0": f"{wrap(mask)} != 0",  # a mask that multiplies
         }
         spans = self.helper(_key_spans, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
