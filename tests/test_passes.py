@@ -156,7 +156,9 @@ def test_a_wrong_pass_is_caught_and_named():
     assert first_wrong(spec) is None  # the twin: the true passes agree
 
 
-ONE_EQUATION = ROOT / "benchmarks" / "specs" / "mha_one_equation.attn"
+REPHRASED = [
+    ROOT / "benchmarks" / "specs" / f"{n}.attn" for n in ("mha_one_equation", "llama_halves")
+]
 
 
 def _halved(spec):
@@ -166,11 +168,12 @@ def _halved(spec):
     return replace(spec, equations=(*spec.equations[:-1], replace(eq, rhs=rhs)))
 
 
-def test_the_canonical_form_is_checked_and_a_wrong_rewrite_named():
-    """The whole of mha in one equation: its canonical form (the projections split out)
-    reads as the spec, and so does every program after it; a rewrite that changes the
-    values is named."""
-    spec = ir.check(ONE_EQUATION.read_text(encoding="utf-8"), "mha_one_equation")
+@pytest.mark.parametrize("path", REPHRASED, ids=[p.stem for p in REPHRASED])
+def test_the_canonical_form_is_checked_and_a_wrong_rewrite_named(path):
+    """The whole of mha in one equation (the projections split out), Llama's layer with its
+    head width as two halves (the halves made one index): the canonical form reads as the
+    spec, and so does every program after it; a rewrite that changes the values is named."""
+    spec = ir.check(path.read_text(encoding="utf-8"), path.stem)
     assert canonical.canonical(spec) is not spec
     assert first_wrong(spec) is None
     wrong = (*canonical.REWRITES, canonical.Rewrite("halved", _halved, "nothing"))

@@ -528,3 +528,37 @@ def test_a_decay_that_multiplies_skips_the_keys_it_zeroes(phrasing):
     program = passes.lower(plan(spec))
     assert program.rows is not None and (program.spans is not None) == skips
     assert first_wrong(spec) is None
+
+
+LLAMA = shipped("specs/layers/llama.attn")
+HALVES_LAYER = shipped("benchmarks/specs/llama_halves.attn")
+HALVES_TWINS = {
+    # the values' halves swapped: read at [1 - c], not the values as stored
+    "the values' halves swapped": HALVES_LAYER.replace(
+        "O_<grτcj>  = A_<grττ'> V_<gτ'cj>", "O_<grτcj>  = A_<grττ'> V_<gτ'[1 - c]j>"
+    ),
+    # each half of the values turned by its feature's angle: j read alone there
+    "the values turned": HALVES_LAYER.replace(
+        "self_attn_v_proj_weight_<(gcj)i> H_<τi>",
+        "self_attn_v_proj_weight_<(gcj)i> H_<τi> cos(θ_<τj>)",
+    ),
+}
+
+
+def test_a_layer_with_the_head_width_as_two_halves_everywhere_plans_as_with_one_index():
+    """Llama's layer with the values and the output written over the rotary halves `(c j)`
+    too: every use keeps c and j together, so the canonical form makes them one index, and the
+    plan is the layer written with `a : 2 d_r` (the kernel, no N×N softmax)."""
+    assert body(HALVES_LAYER) == body(LLAMA)
+    spec = indexattn.compile_spec(HALVES_LAYER, name="t")
+    assert "scaled_dot_product_attention" in spec.source and "softmax" not in code_lines(
+        spec.source
+    )
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+@pytest.mark.parametrize("twin", HALVES_TWINS)
+def test_halves_read_apart_stay_apart_and_equal_the_literal_reading(twin):
+    text = HALVES_TWINS[twin]
+    assert text != HALVES_LAYER and body(text) != body(HALVES_LAYER)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
