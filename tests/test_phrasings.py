@@ -562,3 +562,29 @@ def test_halves_read_apart_stay_apart_and_equal_the_literal_reading(twin):
     text = HALVES_TWINS[twin]
     assert text != HALVES_LAYER and body(text) != body(HALVES_LAYER)
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+SUFFIX = shipped("benchmarks/specs/suffix_flip.attn")
+FLIPS = {  # a reversed read, and whether the steps from the scores still run by rows
+    "the keys read reversed": (SUFFIX, True),
+    # the twin: the queries read reversed, so a block of rows would need other rows
+    "the queries read reversed": (
+        SUFFIX.replace("cumsum_<σ>(E_<μτ[N - 1 - σ]>)", "cumsum_<σ>(E_<μ[N - 1 - τ]σ>)"),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("phrasing", FLIPS)
+def test_a_flip_along_the_keys_keeps_the_blocks_of_rows(phrasing):
+    """A suffix sum over the keys by flipping (`E_<μτ[N - 1 - σ]>`): each query's row is
+    reversed in place, so the steps from the scores to the output run by blocks of queries
+    (peak memory at N = 2048: docs/performance.md); a flip of the queries does not, and both
+    equal the literal reading in blocks of one row."""
+    text, by_rows = FLIPS[phrasing]
+    spec = ir.check(text, "suffix")
+    program = passes.lower(plan(spec))
+    flips = [s for s in program.steps if type(s).__name__ == "Flip"]
+    inside = program.rows.steps if program.rows is not None else set()
+    assert len(flips) == 2 and all(s.out.var in inside for s in flips) == by_rows
+    assert first_wrong(spec) is None
