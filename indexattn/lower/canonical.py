@@ -178,12 +178,13 @@ def _slots(spec: Spec) -> set[Slot]:
 def _merges(spec: Spec, slots: set[Slot]) -> dict[int, dict[Pair, frozenset[Slot]]]:
     """Per equation, the pairs it merges and the slots each touches: the fixpoint where every
     slot kept is merged by every equation that reads or defines its tensor."""
+    uses = [_uses(eq) for eq in spec.equations]
     while True:
-        merges = {k: _pairs(eq, slots) for k, eq in enumerate(spec.equations)}
+        merges = {k: _pairs(eq, uses[k], slots) for k, eq in enumerate(spec.equations)}
         keep = {
             slot
             for slot in slots
-            if all(_covered(eq, slot, merges[k]) for k, eq in enumerate(spec.equations))
+            if all(_covered(uses[k], slot, merges[k]) for k in range(len(uses)))
         }
         keep -= {(name, p + 1) for name, p in keep if (name, p) in keep}  # overlaps
         if keep == slots:
@@ -197,34 +198,34 @@ def _uses(eq: Equation) -> list[tuple[str, tuple]]:
     return [(eq.tensor.name, eq.indices), *refs]
 
 
-def _covered(eq: Equation, slot: Slot, pairs: dict[Pair, frozenset[Slot]]) -> bool:
-    """Whether every use of the slot's tensor in the equation is one of its merged pairs."""
+def _covered(uses: list, slot: Slot, pairs: dict[Pair, frozenset[Slot]]) -> bool:
+    """Whether every use of the slot's tensor in an equation is one of its merged pairs."""
     name, p = slot
     return all(
-        tuple(items[p : p + 2]) in pairs and slot in pairs[tuple(items[p : p + 2])]
-        for tensor, items in _uses(eq)
-        if tensor == name
+        slot in pairs.get(tuple(items[p : p + 2]), ()) for tensor, items in uses if tensor == name
     )
 
 
-def _pairs(eq: Equation, slots: set[Slot]) -> dict[Pair, frozenset[Slot]]:
+def _pairs(eq: Equation, uses: list, slots: set[Slot]) -> dict[Pair, frozenset[Slot]]:
     """The pairs of indices the equation writes side by side at slots only, always together."""
     found: dict[Pair, set[Slot]] = {}
-    for tensor, items in _uses(eq):
+    for tensor, items in uses:
         for p in range(len(items) - 1):
             u, v = items[p : p + 2]
             if (tensor, p) in slots and isinstance(u, Index) and isinstance(v, Index) and u != v:
                 found.setdefault((u, v), set()).add((tensor, p))
     return {
-        pair: frozenset(touched) for pair, touched in found.items() if _together(eq, pair, touched)
+        pair: frozenset(touched)
+        for pair, touched in found.items()
+        if _together(eq, uses, pair, touched)
     }
 
 
-def _together(eq: Equation, pair: Pair, touched: set[Slot]) -> bool:
+def _together(eq: Equation, uses: list, pair: Pair, touched: set[Slot]) -> bool:
     """Whether the equation writes the pair's indices only as the pair, at the slots
     `touched`, and reads them whole everywhere else."""
     u, v = pair
-    for tensor, items in _uses(eq):
+    for tensor, items in uses:
         for p, item in enumerate(items):
             if item == u and (tuple(items[p : p + 2]) != pair or (tensor, p) not in touched):
                 return False
