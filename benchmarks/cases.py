@@ -82,6 +82,7 @@ def _cases() -> dict[str, Case]:
     pairs = {  # phrasing -> the shipped spec it rephrases
         "mha_inline": "mha",
         "mha_one_product": "mha",
+        "mha_one_equation": "mha",
         "rope_halves": "rope",
         "shared_mask": None,
     }

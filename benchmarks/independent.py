@@ -44,6 +44,10 @@ CASES = {  # name: (spec file, {baseline name: function(x, params, h)})
         ROOT / "specs" / "mha.attn",
         {"head_major": fused_qkv.head_major},
     ),
+    "mha_one_equation (the whole of mha in one equation)": (
+        HERE / "specs" / "mha_one_equation.attn",
+        {"head_major": fused_qkv.head_major},
+    ),
     "mha_qkv_major (q/k/v-major weight)": (
         HERE / "specs" / "mha_qkv_major.attn",
         {"qkv_major": fused_qkv.qkv_major},

@@ -35,11 +35,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="N = 128, 3 rounds")
+    parser.add_argument(
+        "--cases", default="llama,gemma2", help="llama, gemma2, llama_halves (comma-separated)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     lengths = (128,) if args.quick else (512, 2048)
     rounds = 3 if args.quick else args.rounds
-    for name in ("llama", "gemma2"):
+    for name in args.cases.split(","):
         for n in lengths:
             for backward in (False, True):
                 print(json.dumps(measure(name, n, backward, rounds)), flush=True)
@@ -53,7 +56,7 @@ def build(name: str):
 
     from indexattn.transformers import from_transformers
 
-    if name == "llama":
+    if name.startswith("llama"):
         config = LlamaConfig(**SIZES, attn_implementation="sdpa")
         layer = modeling_llama.LlamaDecoderLayer(config, layer_idx=0)
         rotary = modeling_llama.LlamaRotaryEmbedding(config)
@@ -65,6 +68,8 @@ def build(name: str):
         for p in layer.parameters():
             p.normal_(0.0, 0.02)
     spec = ROOT / "specs" / "layers" / f"{name}.attn"
+    if name == "llama_halves":  # the head width as two halves on the values and output too
+        spec = ROOT / "benchmarks" / "specs" / "llama_halves.attn"
     module = from_transformers(layer.eval(), spec, d_ff=config.intermediate_size)
     return layer, rotary, module
 

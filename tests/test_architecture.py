@@ -5,7 +5,7 @@ import re
 import typing
 from pathlib import Path
 
-from indexattn.lower import passes, products, steps
+from indexattn.lower import canonical, passes, products, steps
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -39,6 +39,11 @@ def test_the_pass_list_is_the_code_s():
 
 def test_the_product_rules_are_the_code_s():
     assert [r[0] for r in rows("product rules")] == [r.name for r in products.PRODUCT_RULES]
+
+
+def test_the_canonical_rewrites_are_the_code_s():
+    want = [(r.name, r.guarantees) for r in canonical.REWRITES]
+    assert [tuple(r) for r in rows("rewrites")] == want
 
 
 def test_the_step_kinds_are_the_code_s():

@@ -56,6 +56,12 @@ WEIGHTS = {
     "where(τ' > τ, -inf, sigmoid(S_<ττ'> + M_<ττ'>))": False,
     # the branch the mask drops gets a gradient of 0: times sqrt's infinite derivative, NaN
     "where(τ' > τ or τ - τ' >= w, 0, sqrt(sigmoid(S_<ττ'> + M_<ττ'>)))": False,
+    # a decay, RetNet's, as a mask that multiplies: 0 where hidden, the exponent a polynomial
+    # of positions (finite everywhere); or a factor of 0s and 1s times the decay
+    "where(τ' > τ or τ - τ' >= w, 0, exp((τ' - τ) / 4)) S_<ττ'>": True,
+    "C_<ττ'> = where(τ' > τ or τ - τ' >= w, 0, 1)\nC_<ττ'> exp((τ' - τ) / 4) S_<ττ'>": True,
+    # the twin: not 0 where hidden, so the keys count
+    "C_<ττ'> = where(τ' > τ or τ - τ' >= w, 0, 1)\n(C_<ττ'> + S_<ττ'>) exp((τ' - τ) / 4)": False,
 }
 
 

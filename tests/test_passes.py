@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from hypothesis import HealthCheck, given, settings
 from test_hidden import WEIGHTS as PHRASINGS
@@ -16,7 +17,7 @@ from test_robustness import valid_specs
 
 from indexattn import ir
 from indexattn.ir.shapes import recipe, rules
-from indexattn.lower import passes
+from indexattn.lower import canonical, passes
 from indexattn.lower.codegen import generate
 from indexattn.lower.kinds import made
 from indexattn.lower.passes import PASSES, Pass, inplace, rows, stages
@@ -56,7 +57,13 @@ class Case:
         return [o.detach() for o in outputs] + [g for g in grads if g is not None]
 
     def agrees(self, program) -> bool:
-        got = self.run(_callable(self.spec, program))
+        return self.equal(self.run(_callable(self.spec, program)))
+
+    def literally(self, spec: ir.Spec) -> bool:
+        """Whether another spec (the canonical form) reads literally as this one."""
+        return self.equal(self.run(lambda **kw: reference.evaluate(spec, **kw)))
+
+    def equal(self, got: list[torch.Tensor]) -> bool:
         return len(got) == len(self.want) and all(
             g.shape == w.shape and torch.allclose(g, w, rtol=0, atol=1e-10, equal_nan=True)
             for g, w in zip(got, self.want)
@@ -73,11 +80,16 @@ def _callable(spec: ir.Spec, program) -> CompiledSpec:
     return compiled
 
 
-def first_wrong(spec: ir.Spec, pipeline=PASSES) -> str | None:
-    """The first stage ("plan" or a pass's name) whose program differs from the literal
-    interpreter or fails to run; None where every one agrees. A stage that prints the same
-    source as the one before it runs the same code and is not run again."""
+def first_wrong(spec: ir.Spec, pipeline=PASSES, rewrites=canonical.REWRITES) -> str | None:
+    """The first stage ("canonical", "plan" or a pass's name) whose spec or program differs
+    from the literal interpreter or fails to run; None where every one agrees. A stage that
+    prints the same source as the one before it runs the same code and is not run again."""
     case, before = Case(spec), None
+    written = spec
+    for rewrite in rewrites:
+        spec = rewrite.run(spec)
+    if spec is not written and not case.literally(spec):
+        return "canonical"
     for name, program in stages(plan(spec), pipeline):
         source = generate(program).text
         if source == before:
@@ -142,6 +154,30 @@ def test_a_wrong_pass_is_caught_and_named():
     wrong = Pass("doubled", _doubled, "nothing: the scale is doubled")
     assert first_wrong(spec, (*PASSES[:3], wrong, *PASSES[3:])) == "doubled"
     assert first_wrong(spec) is None  # the twin: the true passes agree
+
+
+REPHRASED = [
+    ROOT / "benchmarks" / "specs" / f"{n}.attn" for n in ("mha_one_equation", "llama_halves")
+]
+
+
+def _halved(spec):
+    """A wrong rewrite: the last equation's right-hand side halved."""
+    eq = spec.equations[-1]
+    rhs = ir.Product((eq.rhs, ir.Field(sympy.Rational(1, 2), (), eq.rhs.span)), (), eq.rhs.span)
+    return replace(spec, equations=(*spec.equations[:-1], replace(eq, rhs=rhs)))
+
+
+@pytest.mark.parametrize("path", REPHRASED, ids=[p.stem for p in REPHRASED])
+def test_the_canonical_form_is_checked_and_a_wrong_rewrite_named(path):
+    """The whole of mha in one equation (the projections split out), Llama's layer with its
+    head width as two halves (the halves made one index): the canonical form reads as the
+    spec, and so does every program after it; a rewrite that changes the values is named."""
+    spec = ir.check(path.read_text(encoding="utf-8"), path.stem)
+    assert canonical.canonical(spec) is not spec
+    assert first_wrong(spec) is None
+    wrong = (*canonical.REWRITES, canonical.Rewrite("halved", _halved, "nothing"))
+    assert first_wrong(spec, rewrites=wrong) == "canonical"
 
 
 READ_TWICE = """index τ, τ' : N

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_passes import first_wrong
 from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
+from indexattn import ir
+from indexattn.lower import passes
+from indexattn.lower.plan import plan
 from indexattn.lower.steps import Attention, Elementwise, Reduction
 from indexattn.oracle.verify import compare, sample_arguments
 from indexattn.views import cost
@@ -483,3 +487,119 @@ def test_a_weight_times_factors_with_other_indices_is_not_split_so():
     split = per_token + "H_<τf> = g_<τ> U_<τf>\nY_<τi> = W_d_<if> H_<τf>\n"
     assert body(inline) != body(split)
     assert compare(indexattn.compile_spec(inline, name="t"), torch.float64, (2,)).ok
+
+
+ONE_EQUATION = shipped("benchmarks/specs/mha_one_equation.attn")
+VALUES_LINE = "W_<(μ2a)l> X_<τ'l> + b_O_<i>"
+ONE_EQUATION_TWINS = {
+    # the values scaled by the scores' factor too: another product, still by the kernel
+    "the values scaled": ONE_EQUATION.replace(VALUES_LINE, "W_<(μ2a)l> X_<τ'l> / 2 + b_O_<i>"),
+    # the keys projected by the queries' slice of the weight: no whole fused projection
+    "the keys by the queries' weights": ONE_EQUATION.replace("W_<(μ1b)k>", "W_<(μ0b)k>"),
+}
+
+
+def test_the_whole_of_mha_in_one_equation_is_mha_with_the_kernel():
+    """The projections inline in the softmax's argument and in the values: the canonical form
+    (lower/canonical.py) makes each an equation of its own, so the plan is mha.attn's (one
+    fused projection, the kernel with is_causal, no N×N softmax)."""
+    assert body(ONE_EQUATION) == body(shipped("specs/mha.attn"))
+    spec = indexattn.compile_spec(ONE_EQUATION, name="t")
+    code = code_lines(spec.source)
+    assert "is_causal=True" in code and "softmax" not in code and code.count("F.linear(") == 2
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+@pytest.mark.parametrize("twin", ONE_EQUATION_TWINS)
+def test_a_twin_of_mha_in_one_equation_plans_otherwise_and_equals_the_literal_reading(twin):
+    text = ONE_EQUATION_TWINS[twin]
+    assert text != ONE_EQUATION and body(text) != body(ONE_EQUATION)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+RETENTION = shipped("benchmarks/specs/retention.attn")
+DECAY_LINE = "D_<μττ'> = where(τ' > τ, 0, exp((τ - τ') λ_<μ>))"
+FACTOR = "C_<ττ'> = where(τ' > τ, 0, 1)\nD_<μττ'> = C_<ττ'> exp((τ - τ') λ_<μ>)"
+DECAYS = {  # RetNet's decay, 0 above the diagonal, and whether the rows skip those keys
+    "where puts 0 above the diagonal": (RETENTION, True),
+    "a factor of 0s and 1s": (RETENTION.replace(DECAY_LINE, FACTOR), True),
+    # the twins: not 0 above the diagonal, so every key counts
+    "where puts 1 above the diagonal": (RETENTION.replace("τ, 0, exp", "τ, 1, exp"), False),
+    "a factor of halves and 1s": (
+        RETENTION.replace(DECAY_LINE, FACTOR.replace("τ, 0, 1", "τ, 1 / 2, 1")),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("phrasing", DECAYS)
+def test_a_decay_that_multiplies_skips_the_keys_it_zeroes(phrasing):
+    """Retention (no softmax): the rows by blocks of queries go over the keys at or before
+    the block's last query only where the decay is 0 above the diagonal, however the 0 is
+    written; every stage equals the literal reading in values and gradients, in blocks of one
+    row and spans of two queries (tests/test_passes.py)."""
+    text, skips = DECAYS[phrasing]
+    spec = ir.check(text, "retention")
+    program = passes.lower(plan(spec))
+    assert program.rows is not None and (program.spans is not None) == skips
+    assert first_wrong(spec) is None
+
+
+LLAMA = shipped("specs/layers/llama.attn")
+HALVES_LAYER = shipped("benchmarks/specs/llama_halves.attn")
+HALVES_TWINS = {
+    # the values' halves swapped: read at [1 - c], not the values as stored
+    "the values' halves swapped": HALVES_LAYER.replace(
+        "O_<grτcj>  = A_<grττ'> V_<gτ'cj>", "O_<grτcj>  = A_<grττ'> V_<gτ'[1 - c]j>"
+    ),
+    # each half of the values turned by its feature's angle: j read alone there
+    "the values turned": HALVES_LAYER.replace(
+        "self_attn_v_proj_weight_<(gcj)i> H_<τi>",
+        "self_attn_v_proj_weight_<(gcj)i> H_<τi> cos(θ_<τj>)",
+    ),
+}
+
+
+def test_a_layer_with_the_head_width_as_two_halves_everywhere_plans_as_with_one_index():
+    """Llama's layer with the values and the output written over the rotary halves `(c j)`
+    too: every use keeps c and j together, so the canonical form makes them one index, and the
+    plan is the layer written with `a : 2 d_r` (the kernel, no N×N softmax)."""
+    assert body(HALVES_LAYER) == body(LLAMA)
+    spec = indexattn.compile_spec(HALVES_LAYER, name="t")
+    assert "scaled_dot_product_attention" in spec.source and "softmax" not in code_lines(
+        spec.source
+    )
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+@pytest.mark.parametrize("twin", HALVES_TWINS)
+def test_halves_read_apart_stay_apart_and_equal_the_literal_reading(twin):
+    text = HALVES_TWINS[twin]
+    assert text != HALVES_LAYER and body(text) != body(HALVES_LAYER)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+SUFFIX = shipped("benchmarks/specs/suffix_flip.attn")
+FLIPS = {  # a reversed read, and whether the steps from the scores still run by rows
+    "the keys read reversed": (SUFFIX, True),
+    # the twin: the queries read reversed, so a block of rows would need other rows
+    "the queries read reversed": (
+        SUFFIX.replace("cumsum_<σ>(E_<μτ[N - 1 - σ]>)", "cumsum_<σ>(E_<μ[N - 1 - τ]σ>)"),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("phrasing", FLIPS)
+def test_a_flip_along_the_keys_keeps_the_blocks_of_rows(phrasing):
+    """A suffix sum over the keys by flipping (`E_<μτ[N - 1 - σ]>`): each query's row is
+    reversed in place, so the steps from the scores to the output run by blocks of queries
+    (peak memory at N = 2048: docs/performance.md); a flip of the queries does not, and both
+    equal the literal reading in blocks of one row."""
+    text, by_rows = FLIPS[phrasing]
+    spec = ir.check(text, "suffix")
+    program = passes.lower(plan(spec))
+    flips = [s for s in program.steps if type(s).__name__ == "Flip"]
+    inside = program.rows.steps if program.rows is not None else set()
+    assert len(flips) == 2 and all(s.out.var in inside for s in flips) == by_rows
+    assert first_wrong(spec) is None

@@ -121,6 +121,7 @@ class KernelSteps:
             "false": mask,
             "true": f"~{wrap(mask)}",
             "-inf": f"{wrap(mask)} != -math.inf, {wrap(mask)} == 0",  # and where it adds 0
+            "0": f"{wrap(mask)} != 0",  # a mask that multiplies
         }
         if step.hides == "-inf":
             self.use("math")

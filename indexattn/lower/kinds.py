@@ -60,6 +60,12 @@ def _always(step: Step, row: Index) -> bool:
     return True
 
 
+def _not_flipped(step: Flip, row: Index) -> bool:
+    """A flip along another axis than the rows' keeps each row where it was (a reversed
+    read of the keys, `L_<τ[N - 1 - τ']>`); one along the rows reads other rows."""
+    return step.out.dims[step.arg.dims.index(step.axis)] != row
+
+
 def _not_dropout(step: Elementwise) -> bool:
     return step.fn != "dropout"
 
@@ -81,7 +87,7 @@ KINDS: dict[type, Kind] = {
     Unfuse: Kind(pure=False, view=False, fresh=False),
     Grid: Kind(pure=True, view=False, fresh=False),
     Gather: Kind(pure=True, view=False, fresh=False, row_wise=_always),
-    Flip: Kind(pure=True, view=False, fresh=False),
+    Flip: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: _not_flipped(s, row)),
     Slice: Kind(pure=True, view=True, fresh=False),
     Whole: Kind(pure=True, view=False, fresh=False),
     Contract: Kind(pure=True, view=False, fresh=_fresh_product, row_wise=_always),

@@ -17,6 +17,7 @@ from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors
 from ..ir.shapes import recipe
 from . import numerics
+from .canonical import canonical
 from .fusion import LinearForm, declared_outer, direct, linear_form, shift
 from .kernels import Kernels
 from .order import planning_count
@@ -49,8 +50,9 @@ from .steps import (
 
 
 def plan(spec: Spec) -> Program:
-    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform."""
-    return Planner(spec).plan()
+    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform:
+    the plan of the spec's canonical form (lower/canonical.py)."""
+    return Planner(canonical(spec)).plan()
 
 
 class Planner(Products, PrefixProducts):

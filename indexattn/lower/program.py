@@ -48,7 +48,8 @@ class Rows:
 @dataclass(frozen=True)
 class Hidden:
     """The rows' key index, the mask that hides keys from rows, and which of its entries
-    hide: "-inf" (a float mask), "true" or "false" (a boolean one, as `where` reads it).
+    hide: "-inf" (a float mask), "true" or "false" (a boolean one, as `where` reads it),
+    "0" (a float mask that multiplies).
     `keyed`: the rows' inputs with the key axis, each as (its place, its axes, batched)."""
 
     key: Index

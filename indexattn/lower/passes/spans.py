@@ -1,7 +1,9 @@
 """Keys a block of rows may skip. Where a mask hides a key from every row of a block, the rows'
 steps over the other keys alone give what they give over all of them, if every sum over the
 keys sees the hidden entries as zeros: the mask added to the scores makes them -inf, a softmax
-over the keys makes those zeros, a product keeps zeros zero. A pass over the rows' steps that
+over the keys makes those zeros, a product keeps zeros zero (so a mask of zeros that
+multiplies, RetNet's decay written `where(τ' > τ, 0, γ)` or a factor of 0s and 1s, hides keys
+too). A pass over the rows' steps that
 follows the value at hidden entries (-inf, 0, any finite number, or anything) proves it, or
 finds the step that would read a hidden entry (then the rows go over every key, as before).
 A function maps the value by its torch code, run on -inf and 0, and must have a finite
@@ -29,6 +31,7 @@ from ..steps import (
     Contract,
     Elementwise,
     Gather,
+    Grid,
     Linear,
     Operand,
     Reduction,
@@ -51,7 +54,8 @@ def run(program: Program) -> Program:
     if rows is None:
         return program
     steps = [s for s in program.steps if s.out.var in rows.steps]
-    hidden = find_hidden(program.spec, rows, steps, set(program.held))
+    grids = {s.out.var: s.expr for s in program.steps if isinstance(s, Grid)}
+    hidden = find_hidden(program.spec, rows, steps, set(program.held), grids)
     if hidden is None:
         return program
     mask = hidden.mask.var
@@ -72,9 +76,15 @@ def run(program: Program) -> Program:
     )
 
 
-def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) -> Hidden | None:
+def find_hidden(
+    spec: Spec, rows: Rows, steps: list[Step], constants: set[Var], grids: dict | None = None
+) -> Hidden | None:
     """The mask whose hidden keys the rows may skip, or None. Only a mask built once per
-    shape (`constants`): one the call builds from tensors is a step of the rows."""
+    shape (`constants`): one the call builds from tensors is a step of the rows. `grids`:
+    the constants built from positions alone, by their expressions: one finite everywhere
+    (RetNet's exponent `τ - τ'`) holds no -inf or NaN at hidden entries; one that puts 0 in
+    one branch may hide keys by its zeros (a mask that multiplies)."""
+    grids = grids or {}
     key = _key(spec, rows)
     inside = {s.out.var for s in steps}
     keyed = inputs_along(steps, inside, key) if key is not None else None
@@ -85,14 +95,48 @@ def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) 
         if op.dims[-2:] != (rows.row, key):
             continue
         senses = ("true", "false") if _condition(op.var, steps) else ("-inf",)
+        senses = ("0", *senses) if _zeros(grids.get(op.var)) else senses
         others = {v for v in keyed if v in constants and v != op.var}
+        finite = {v for v in others if v in grids and _finite(grids[v])}
         for hides in senses:
             # the other inputs over the keys built once per shape may hold anything there
-            # (a second mask's -inf, or the mask plus one)
-            start = dict.fromkeys(others, ANY) | ({op.var: NEG} if hides == "-inf" else {})
+            # (a second mask's -inf, or the mask plus one), unless finite everywhere
+            start = {v: None if v in finite else ANY for v in others}
+            start |= {op.var: {"-inf": NEG, "0": ZERO}[hides]} if hides in ("-inf", "0") else {}
             if Proof(rows.row, key, op.var, hides, start).proves(steps):
                 return Hidden(key, op, hides, keyed)
     return None
+
+
+# sympy's functions that are finite wherever their arguments are
+BOUNDED = (sympy.exp, sympy.sin, sympy.cos, sympy.tanh, sympy.Abs, sympy.Min, sympy.Max)
+
+
+def _finite(expr: sympy.Basic) -> bool:
+    """Whether a grid's expression is a finite number at every position (positions, sizes
+    and scalars are): sums, products, whole powers, powers of a positive number, exp and
+    the like of finite numbers, either branch of a choice. `where(τ' > τ, -inf, 0)`, a
+    condition or a division (by 0 somewhere?) is not."""
+    if isinstance(expr, sympy.Piecewise):
+        return all(_finite(e) for e, _ in expr.args)
+    if isinstance(expr, sympy.Number):
+        return bool(expr.is_finite)
+    if isinstance(expr, sympy.Symbol):
+        return True
+    if isinstance(expr, sympy.Pow):
+        base, power = expr.args
+        whole = power.is_integer and power.is_nonnegative
+        positive = base.is_number and base.is_positive  # a symbol may be 0 at some position
+        return _finite(power) and _finite(base) and bool(whole or positive)
+    if isinstance(expr, (sympy.Add, sympy.Mul, *BOUNDED)):
+        return all(_finite(a) for a in expr.args)
+    return False
+
+
+def _zeros(expr: sympy.Basic | None) -> bool:
+    """Whether a grid is a mask that multiplies: a choice with 0 in one branch, finite."""
+    chosen = isinstance(expr, sympy.Piecewise) and any(e == 0 for e, _ in expr.args)
+    return chosen and _finite(expr)
 
 
 def _key(spec: Spec, rows: Rows) -> Index | None:
@@ -181,7 +225,8 @@ class Proof:
         its torch code."""
         if step.fn == "where":
             cond, *branches = step.args
-            picked = isinstance(cond, Operand) and cond.var == self.mask and self.hides != "-inf"
+            on_mask = isinstance(cond, Operand) and cond.var == self.mask
+            picked = on_mask and self.hides in ("true", "false")
             if picked:
                 kept, dropped = branches if self.hides == "true" else branches[::-1]
                 return FAIL if self.at(dropped) == ANY else self.at(kept)

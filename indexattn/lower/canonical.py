@@ -1,0 +1,362 @@
+"""Spec -> Spec: one shape of each computation before the planner matches anything, so that
+two phrasings of one computation meet the same matcher. `REWRITES` is the order; each
+rewrite returns a spec whose outputs are the same values (tests/test_passes.py runs the
+canonical spec of every shipped and random spec against the literal reading of the spec as
+written). The spec a person wrote stays what LaTeX, counts of parameters and errors read;
+only the planner reads the canonical one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import sympy
+
+from .. import ir
+from ..derive import printer
+from ..ir import Equation, Index, Spec, Tensor
+from ..notation.names import fresh
+from .fusion import linear_form
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One rewrite of the canonical form: its name, its function and what it guarantees."""
+
+    name: str
+    run: Callable[[Spec], Spec]
+    guarantees: str
+
+
+def canonical(spec: Spec) -> Spec:
+    """`canonical(check(text, "mha"))` -> the spec the planner reads: every rewrite in order."""
+    for rewrite in REWRITES:
+        spec = rewrite.run(spec)
+    return spec
+
+
+# -- projections inside a larger product
+
+
+def projections(spec: Spec) -> Spec:
+    """A weight times one operand, read as a factor of a larger product (the whole of
+    attention in one equation: `softmax(W_Q X W_K X / √d + M) W_V X`), becomes an equation
+    of its own, `P = W X`, and the product reads P: the matcher then sees queries, keys and
+    values as the separate equations would give them. Exact: Einstein summation over the
+    weight's inner indices, which no other factor carries, may be done first."""
+    names = _taken(spec)
+    equations: list[Equation] = []
+    tensors = list(spec.tensors)
+    for eq in spec.equations:
+        made: list[Equation] = []
+        rhs = _mapped(eq.rhs, lambda node, made=made: _split(node, names, made))
+        equations += [*made, replace(eq, rhs=rhs) if made else eq]
+        tensors += [m.tensor for m in made]
+    if len(equations) == len(spec.equations):
+        return spec
+    return replace(spec, tensors=tuple(tensors), equations=tuple(equations))
+
+
+def _split(node: ir.Node, names: set[str], made: list[Equation]) -> ir.Node:
+    """A product with each weight-times-operand pair among its factors read from an
+    equation of its own (appended to `made`)."""
+    if not isinstance(node, ir.Product):
+        return node
+    while (pair := _pair(node)) is not None:
+        k, j, inner = pair
+        weight, x = node.factors[k], node.factors[j]
+        product = ir.Product((weight, x), inner, node.span, node.source)
+        eq = _defined(product, weight, names)
+        made.append(eq)
+        read = ir.Ref(eq.tensor, eq.tensor.layout, node.span, (node.span,) * len(eq.indices))
+        factors = [read if m == k else f for m, f in enumerate(node.factors) if m != j]
+        summed = tuple(i for i in node.summed if i not in inner)
+        node = ir.Product(tuple(factors), summed, node.span, node.source)
+    return node
+
+
+def _pair(node: ir.Product) -> tuple[int, int, tuple[Index, ...]] | None:
+    """The first weight (a param or buffer) and operand among the factors whose shared
+    indices are summed and carried by no other factor, and that `F.linear` computes, when
+    some other factor than numbers remains; else None."""
+    factors = node.factors
+    for k, weight in enumerate(factors):
+        if not isinstance(weight, ir.Ref) or weight.tensor.role not in ("param", "buffer"):
+            continue
+        for j, x in enumerate(factors):
+            rest = [f for m, f in enumerate(factors) if m not in (k, j)]
+            if j == k or not any(not isinstance(f, ir.Field) for f in rest):
+                continue
+            inner = tuple(i for i in weight.free if i in x.free)
+            others = {i for f in rest for i in f.free}
+            if not inner or not set(inner) <= set(node.summed) or others & set(inner):
+                continue
+            if linear_form(ir.Product((weight, x), inner, node.span)) is not None:
+                return k, j, inner
+    return None
+
+
+def _defined(product: ir.Product, weight: ir.Ref, names: set[str]) -> Equation:
+    """`P_<...> = W X`: its indices as attention reads them, the weight's rows in their
+    order with the operand's own indices before the innermost (heads, positions, width)."""
+    rows = [i for i in weight.free if i not in product.summed]
+    own = [i for i in product.free if i not in rows]
+    order = (*rows[:-1], *own, *rows[-1:])
+    x = product.factors[1]
+    name = fresh(f"{weight.tensor.ascii}_{_word(x)}", names)
+    layout = tuple((i,) for i in order)
+    tensor = Tensor(name, name, "derived", layout, ir.batched(product))
+    text = f"{printer.ref(name, layout)} = {printer.text(product)}"
+    return Equation(tensor, product, text)
+
+
+def _word(node: ir.Node) -> str:
+    """A name part for an operand: its tensor's, or `x` for an expression."""
+    return node.tensor.ascii if isinstance(node, ir.Ref) else "x"
+
+
+def _taken(spec: Spec) -> set[str]:
+    """Every name a new tensor must not take: tensors', scalars', indices' and sizes'."""
+    names = {n for t in spec.tensors for n in (t.name, t.ascii)}
+    names |= {n for s in spec.scalars for n in (s.name, s.ascii)}
+    names |= {n for i in spec.indices for n in (i.glyph, i.ascii)}
+    return names | set(spec.size_asciis)
+
+
+# -- index groups every use keeps together
+
+Slot = tuple[str, int]  # a tensor's name and the flat position of the first of two indices
+Pair = tuple[Index, Index]
+
+
+def groups(spec: Spec) -> Spec:
+    """Two indices that every use keeps side by side, in one order, and reads whole (the
+    halves `(c j)` of a head written on the values and the output as on the rotated queries:
+    `V_<gτcj>`, `O_<grτcj>`, `W_O_<i(grcj)>`) become one index of their product's size, as
+    if written `a : 2 d_r`: the matcher then sees a head width, not two. Exact: where both
+    lie in one axis, the merged index reads the same storage (the first index major);
+    elsewhere the tensor is the spec's own (derived, not an output) and is stored so.
+    A pair goes unmerged wherever one of its indices is read alone, at a computed position,
+    in a number, or summed without the other."""
+    slots = _slots(spec)
+    merges = _merges(spec, slots)
+    if not merges:
+        return spec
+    merged = {pair: _index(pair, _taken(spec)) for pairs in merges.values() for pair in pairs}
+    kept = {slot for pairs in merges.values() for touched in pairs.values() for slot in touched}
+    tensors = {t.name: _merged_tensor(t, kept, merged) for t in spec.tensors}
+    equations = tuple(
+        _merged_equation(eq, merges.get(k, {}), merged, tensors)
+        for k, eq in enumerate(spec.equations)
+    )
+    return replace(
+        spec,
+        indices=(*spec.indices, *dict.fromkeys(merged.values())),
+        tensors=tuple(tensors.values()),
+        equations=equations,
+        outputs=tuple(tensors[t.name] for t in spec.outputs),
+    )
+
+
+def _slots(spec: Spec) -> set[Slot]:
+    """Where two indices side by side may become one: inside one axis, or (a derived tensor
+    that is no output: its layout is the spec's own) in two axes of one index each."""
+    outputs = {t.name for t in spec.outputs}
+    found = set()
+    for t in spec.tensors:
+        free = t.role == "derived" and t.name not in outputs
+        flat = 0
+        for k, axis in enumerate(t.layout):
+            found |= {(t.name, flat + m) for m in range(len(axis) - 1)}
+            following = t.layout[k + 1] if k + 1 < len(t.layout) else ()
+            if free and len(axis) == 1 and len(following) == 1:
+                found.add((t.name, flat))
+            flat += len(axis)
+    return found
+
+
+def _merges(spec: Spec, slots: set[Slot]) -> dict[int, dict[Pair, frozenset[Slot]]]:
+    """Per equation, the pairs it merges and the slots each touches: the fixpoint where every
+    slot kept is merged by every equation that reads or defines its tensor."""
+    uses = [_uses(eq) for eq in spec.equations]
+    while True:
+        merges = {k: _pairs(eq, uses[k], slots) for k, eq in enumerate(spec.equations)}
+        keep = {
+            slot
+            for slot in slots
+            if all(_covered(uses[k], slot, merges[k]) for k in range(len(uses)))
+        }
+        keep -= {(name, p + 1) for name, p in keep if (name, p) in keep}  # overlaps
+        if keep == slots:
+            return {k: pairs for k, pairs in merges.items() if pairs}
+        slots = keep
+
+
+def _uses(eq: Equation) -> list[tuple[str, tuple]]:
+    """Each tensor the equation defines or reads, with its items as written, flat."""
+    refs = [(r.tensor.name, r.written) for r in ir.refs(eq.rhs)]
+    return [(eq.tensor.name, eq.indices), *refs]
+
+
+def _covered(uses: list, slot: Slot, pairs: dict[Pair, frozenset[Slot]]) -> bool:
+    """Whether every use of the slot's tensor in an equation is one of its merged pairs."""
+    name, p = slot
+    return all(
+        slot in pairs.get(tuple(items[p : p + 2]), ()) for tensor, items in uses if tensor == name
+    )
+
+
+def _pairs(eq: Equation, uses: list, slots: set[Slot]) -> dict[Pair, frozenset[Slot]]:
+    """The pairs of indices the equation writes side by side at slots only, always together."""
+    found: dict[Pair, set[Slot]] = {}
+    for tensor, items in uses:
+        for p in range(len(items) - 1):
+            u, v = items[p : p + 2]
+            if (tensor, p) in slots and isinstance(u, Index) and isinstance(v, Index) and u != v:
+                found.setdefault((u, v), set()).add((tensor, p))
+    return {
+        pair: frozenset(touched)
+        for pair, touched in found.items()
+        if _together(eq, uses, pair, touched)
+    }
+
+
+def _together(eq: Equation, uses: list, pair: Pair, touched: set[Slot]) -> bool:
+    """Whether the equation writes the pair's indices only as the pair, at the slots
+    `touched`, and reads them whole everywhere else."""
+    u, v = pair
+    for tensor, items in uses:
+        for p, item in enumerate(items):
+            if item == u and (tuple(items[p : p + 2]) != pair or (tensor, p) not in touched):
+                return False
+            if item == v and (p == 0 or items[p - 1] != u):
+                return False
+    return all(_whole(node, pair) for node in ir.walk(eq.rhs))
+
+
+def _whole(node: ir.Node, pair: Pair) -> bool:
+    """Whether a node reads the pair whole: neither index in a number or a computed
+    position, both summed or reduced over or neither, no concatenation along either."""
+    if isinstance(node, ir.Ref):
+        positions = (i.free for i in node.written if isinstance(i, ir.At))
+        return not any(set(pair) & set(free) for free in positions)
+    if isinstance(node, ir.Field):
+        return not set(pair) & set(node.free)
+    return _both_or_neither(node, pair)
+
+
+def _both_or_neither(node: ir.Node, pair: Pair) -> bool:
+    """A sum or reduction over both indices of the pair or neither; a concatenation along
+    neither."""
+    if isinstance(node, ir.Concat):
+        return not set(pair) & {node.over, *node.along}
+    over = node.summed if isinstance(node, ir.Product) else getattr(node, "over", ())
+    return len(set(pair) & set(over)) != 1
+
+
+def _index(pair: Pair, names: set[str]) -> Index:
+    """The index of a pair's product size: `cj`, or a fresh name."""
+    u, v = pair
+    name = fresh(u.ascii + v.ascii, names)
+    symbol = sympy.Symbol(name, integer=True, nonnegative=True)
+    return Index(name, name, u.size * v.size, f"{u.glyph} and {v.glyph} as one", symbol)
+
+
+def _merged_items(items: tuple, merged: dict[Pair, Index]) -> list:
+    out: list = []
+    for item in items:
+        if out and isinstance(item, Index) and (out[-1], item) in merged:
+            out[-1] = merged[(out[-1], item)]
+        else:
+            out.append(item)
+    return out
+
+
+def _merged_set(indices: tuple[Index, ...], own: dict[Pair, Index]) -> tuple[Index, ...]:
+    """Indices summed (or reduced) over, each pair's two as its one, in the first's place."""
+    out = list(indices)
+    for (u, v), index in own.items():
+        if u in out:
+            out[out.index(u)] = index
+            out.remove(v)
+    return tuple(out)
+
+
+def _merged_tensor(t: Tensor, kept: set[Slot], merged: dict[Pair, Index]) -> Tensor:
+    """The tensor with its kept slots' pairs as one index (two axes of one index: one)."""
+    flat = t.indices
+    spots = sorted(p for name, p in kept if name == t.name)
+    if not spots:
+        return t
+    layout, at = [], 0
+    for axis in t.layout:
+        items = list(axis)
+        if at - 1 in spots and len(axis) == 1:  # the second of two axes of one index
+            layout[-1] = (merged[(flat[at - 1], flat[at])],)
+        else:
+            pairs = {(flat[p], flat[p + 1]): merged[(flat[p], flat[p + 1])] for p in spots}
+            layout.append(tuple(_merged_items(tuple(items), pairs)))
+        at += len(axis)
+    return replace(t, layout=tuple(layout))
+
+
+def _merged_equation(
+    eq: Equation, pairs: dict[Pair, frozenset[Slot]], merged: dict, tensors: dict[str, Tensor]
+) -> Equation:
+    """The equation over its pairs' merged indices, reading the merged tensors."""
+    own = {pair: merged[pair] for pair in pairs}
+
+    def fn(node: ir.Node) -> ir.Node:
+        if isinstance(node, ir.Ref):
+            return _merged_ref(node, tensors[node.tensor.name], own)
+        if isinstance(node, ir.Product):
+            return replace(node, summed=_merged_set(node.summed, own))
+        if isinstance(node, ir.Reduce):
+            return replace(node, over=_merged_set(node.over, own))
+        return node
+
+    rhs = _mapped(eq.rhs, fn)
+    return replace(eq, tensor=tensors[eq.tensor.name], rhs=rhs)
+
+
+def _merged_ref(ref: ir.Ref, tensor: Tensor, own: dict[Pair, Index]) -> ir.Ref:
+    """A reference with its pairs merged, in the axes its tensor now has."""
+    flat = _merged_items(ref.written, own)
+    axes, at = [], 0
+    for axis in tensor.layout:
+        axes.append(tuple(flat[at : at + len(axis)]))
+        at += len(axis)
+    merged = replace(ref, tensor=tensor, axes=tuple(axes))
+    return replace(merged, spans=(ref.span,) * len(merged.free))
+
+
+# -- walking
+
+
+def _mapped(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
+    """The node with `fn` applied to every node below it, children first."""
+    if isinstance(node, ir.Product):
+        node = replace(node, factors=tuple(_mapped(f, fn) for f in node.factors))
+    elif isinstance(node, ir.Sum):
+        node = replace(node, terms=tuple(_mapped(t, fn) for t in node.terms))
+    elif isinstance(node, ir.Apply):
+        node = replace(node, args=tuple(_mapped(a, fn) for a in node.args))
+    elif isinstance(node, ir.Reduce):
+        node = replace(node, body=_mapped(node.body, fn))
+    elif isinstance(node, ir.Concat):
+        node = replace(node, parts=tuple(_mapped(p, fn) for p in node.parts))
+    return fn(node)
+
+
+REWRITES = (
+    Rewrite(
+        "groups",
+        groups,
+        "two indices every use keeps side by side, read whole, are one index",
+    ),
+    Rewrite(
+        "projections",
+        projections,
+        "a weight times one operand inside a larger product is an equation of its own",
+    ),
+)
