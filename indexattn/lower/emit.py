@@ -325,8 +325,10 @@ class Emitter(KernelSteps, Values):
         """The positions padded with zeros to whole chunks (they add nothing to the sums; their
         rows are cut off): per chunk, the causal scores within it times G, plus H times the
         prefix sum at the chunk's start, an exclusive cumsum over the chunks' sums. The number
-        of chunks is a ceiling and the rows are cut off by a copy (`narrow_copy`), so that
-        torch.export with a dynamic N needs no guard at a multiple of the chunk."""
+        of chunks is a ceiling and the rows are cut off by a copy (`index_select` of the first
+        rows: torch.export with a dynamic N needs no guard at a multiple of the chunk, which a
+        view or its clone would, and unlike `narrow_copy` it has a derivative on every torch
+        the requirement admits)."""
         self.use("torch", "F")
         knob = self.knob("CHUNK", step.chunk, "positions per chunk of the prefix sums")
         chunks, pad = self.names.fresh("chunks"), self.names.fresh("pad")
@@ -345,6 +347,7 @@ class Emitter(KernelSteps, Values):
             lines.append(f"{name} = {padded}.unflatten(-2, ({chunks}, {knob}))  # ({axes})")
         state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
         scores = self.names.fresh(f"{step.name}_scores")
+        whole, rows = self.names.fresh(f"{step.name}_chunked"), self.names.fresh("rows")
         outer = ", ".join([*glyphs, step.inner.glyph, step.out.dims[-1].glyph])
         return [
             *lines,
@@ -354,8 +357,9 @@ class Emitter(KernelSteps, Values):
             f"# ({outer}): {step.name} before each chunk",
             f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
             f"# ({', '.join([*glyphs, 'c', 'c'])}): within the chunk, up to the query",
-            f"{self.var(step.out)} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)"
-            f".narrow_copy(-2, 0, {size})",
+            f"{whole} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)",
+            f"{rows} = torch.arange({size}, device={whole}.device)",
+            f"{self.var(step.out)} = {whole}.index_select(-2, {rows})",
         ]
 
     def step_Fuse(self, step: Fuse) -> str:

@@ -42,7 +42,9 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     S_start = torch.cumsum(S_chunk, dim=-3)
     S_start = F.pad(S_start[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
     S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
-    O_prod = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2).narrow_copy(-2, 0, N)  # (…, μ, τ, b)
+    S_chunked = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2)
+    rows = torch.arange(N, device=S_chunked.device)
+    O_prod = S_chunked.index_select(-2, rows)  # (…, μ, τ, b)
     O_prod_2 = einsum(Phi_q, z, "... mu tau a, ... mu tau a -> ... mu tau")  # (…, μ, τ)
     O_prod_2.add_(eps)  # (…, μ, τ)
     O = O_prod / O_prod_2[..., :, :, None]  # (…, μ, τ, b)
