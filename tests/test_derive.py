@@ -445,3 +445,43 @@ def test_random_chains_derived_gradients_equal_autograd(tmp_path_factory, text):
     path.write_text(text, encoding="utf-8")
     autograd, oracle = errors(path)
     assert autograd < 1e-10 and oracle < 1e-10, text
+
+
+# -- the backward by blocks of query rows
+
+
+BLOCKED = [  # the specs whose forward is blocked, and some whose backward alone is
+    *("softcap_window", "attention_sinks", "differential", "talking_heads", "sigmoid_attention"),
+    *("mha", "gqa", "chunked", "mla", "prefix_lm", "qk_norm", "yarn_rope"),
+]
+
+
+def blocked(name: str, monkeypatch, lost: int | None = None) -> list[int]:
+    """The derived backward of a shipped spec turned down to one query row per block; its
+    rows function counted per call, and the outputs of the call `lost` dropped (zeros)."""
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    _, backward = function.compiled(spec, True)
+    namespace = backward.function.__globals__
+    rows = namespace[f"{backward.name}_rows"]
+    calls: list[int] = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        out = rows(*args, **kwargs)
+        return tuple(o * 0 for o in out) if len(calls) == lost else out
+
+    monkeypatch.setitem(namespace, f"{backward.name}_rows", counting)
+    monkeypatch.setitem(namespace, "BLOCK_SCORES", 1)
+    return calls
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_the_backward_by_blocks_of_rows_equals_autograd(name, monkeypatch):
+    calls = blocked(name, monkeypatch)
+    autograd, oracle = errors(ROOT / "specs" / f"{name}.attn")
+    assert len(calls) > 1 and autograd < 1e-10 and oracle < 1e-10
+
+
+def test_every_block_of_the_backward_counts(monkeypatch):
+    blocked("softcap_window", monkeypatch, lost=2)
+    assert min(errors(ROOT / "specs" / "softcap_window.attn")) > 1e-3

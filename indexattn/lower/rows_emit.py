@@ -9,7 +9,7 @@ from .emit import Emitter
 from .naming import Names
 from .printers import joined, wrap
 from .program import KeySpans, Rows
-from .steps import Elementwise, Step, Var
+from .steps import Elementwise, Operand, Step, Var
 
 
 class RowsWriter:
@@ -49,7 +49,8 @@ class RowsWriter:
         prologue = []
         if self.emitter.needs.device or self.emitter.needs.dtype:
             prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
-        lines = [doc, *prologue, *self.body, f"return {self.names.var(self.rows.exit.var)}"]
+        exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
+        lines = [doc, *prologue, *self.body, f"return {exits}"]
         knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
         return knob + "\n\n\n" + "\n".join([head, *("    " + line for line in lines)])
 
@@ -68,6 +69,8 @@ class RowsWriter:
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
         ]
         whole = self._call([names.var(v) for v in rows.inputs])
+        if len(rows.exits) > 1:
+            return head + self._parts(size, count, whole)
         if self.spans is None:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
@@ -75,7 +78,7 @@ class RowsWriter:
     def _blocks(self, size: str, count: str, whole: str) -> list[str]:
         """Every key for every block of rows."""
         names, rows = self.names, self.rows
-        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exit.var)
+        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
         piece = f"{start}:{start} + {count}"
         parts = [self._slice(v, {rows.row: piece}) for v in rows.inputs]
         return [
@@ -95,7 +98,7 @@ class RowsWriter:
         q0, q1, k0, k1, start, end, blocks = (
             names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
         )
-        out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
+        out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
         parts = [self._slice(v, cuts) for v in rows.inputs]
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
@@ -111,12 +114,38 @@ class RowsWriter:
             f"    {out} = {joined(blocks, self._dim())}",
         ]
 
+    def _parts(self, size: str, count: str, whole: str) -> list[str]:
+        """Several exits, every key for every block of rows: those over the rows joined, those
+        that sum the rows away summed, block by block."""
+        names, rows = self.names, self.rows
+        outs = [names.var(e.var) for e in rows.exits]
+        start = names.fresh("t")
+        parts = [self._slice(v, {rows.row: f"{start}:{start} + {count}"}) for v in rows.inputs]
+        pieces = [names.fresh(out + "_part") for out in outs]
+        lists = {e.var: names.fresh(out + "_blocks") for e, out in zip(rows.exits, outs)}
+        joins = [e for e in rows.exits if e.var not in rows.summed]
+        loop = [f"    {', '.join(pieces)} = {self._call(parts)}"]
+        for e, out, piece in zip(rows.exits, outs, pieces):
+            if e.var in rows.summed:
+                loop.append(f"    {out} = {piece} if {start} == 0 else {out}.add_({piece})")
+            else:
+                loop.append(f"    {lists[e.var]}.append({piece})")
+        return [
+            f"if {count} >= {size}:",
+            f"    {', '.join(outs)} = {whole}",
+            "else:",
+            f"    {', '.join(lists[e.var] for e in joins)} = {', '.join('[]' for _ in joins)}",
+            f"    for {start} in range(0, {size}, {count}):",
+            *("    " + line for line in loop),
+            *(f"    {names.var(e.var)} = {joined(lists[e.var], self._dim(e))}" for e in joins),
+        ]
+
     def _call(self, arguments: list[str]) -> str:
         keywords = [f"{k}={k}" for k in self.keywords()]
         return f"{self.function}({', '.join(arguments + keywords)})"
 
-    def _dim(self) -> int:
-        exit = self.rows.exit
+    def _dim(self, exit: Operand | None = None) -> int:
+        exit = exit or self.rows.exits[0]
         return exit.dims.index(self.rows.row) - len(exit.dims)
 
     def _slice(self, var: Var, pieces: dict[Index, str]) -> str:

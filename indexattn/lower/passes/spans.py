@@ -48,7 +48,7 @@ def run(program: Program) -> Program:
     """The program with the spans' step among the constants, after the mask's step, and how
     the rows skip keys; the same program where they cannot."""
     rows = program.rows
-    if rows is None:
+    if rows is None or len(rows.exits) > 1:  # several exits: every key for every block
         return program
     steps = [s for s in program.steps if s.out.var in rows.steps]
     hidden = find_hidden(program.spec, rows, steps, set(program.held))
@@ -97,7 +97,7 @@ def find_hidden(spec: Spec, rows: Rows, steps: list[Step], constants: set[Var]) 
 
 def _key(spec: Spec, rows: Rows) -> Index | None:
     """The scores' other sequence index, summed before the rows' exit."""
-    sequence = sequence_indices(spec) - set(rows.exit.dims)
+    sequence = sequence_indices(spec) - set(rows.exits[0].dims)
     others = [i for i in rows.scores.dims if i in sequence]
     return others[0] if len(others) == 1 else None
 
