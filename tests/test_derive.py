@@ -457,8 +457,9 @@ BLOCKED = [  # the specs whose forward is blocked, and some whose backward alone
 
 
 def blocked(name: str, monkeypatch, lost: int | None = None) -> list[int]:
-    """The derived backward of a shipped spec turned down to one query row per block; its
-    rows function counted per call, and the outputs of the call `lost` dropped (zeros)."""
+    """The derived backward of a shipped spec turned down to one query row per block (where
+    it skips keys, spans of two queries); its rows function counted per call, and the
+    outputs of the call `lost` dropped (zeros)."""
     spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
     _, backward = function.compiled(spec, True)
     namespace = backward.function.__globals__
@@ -472,6 +473,9 @@ def blocked(name: str, monkeypatch, lost: int | None = None) -> list[int]:
 
     monkeypatch.setitem(namespace, f"{backward.name}_rows", counting)
     monkeypatch.setitem(namespace, "BLOCK_SCORES", 1)
+    if "QUERY_BLOCK" in namespace:  # blocks of two queries, over the keys they see
+        monkeypatch.setitem(namespace, "QUERY_BLOCK", 2)
+        monkeypatch.setattr(backward, "_constants", {})
     return calls
 
 

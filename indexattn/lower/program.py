@@ -44,6 +44,7 @@ class Rows:
     exits: tuple[Operand, ...]  # the values read after the rows, in the order they are made
     scores: Operand  # the widest value: its axes but `row` count the elements of one row
     summed: frozenset[Var] = frozenset()  # exits that sum over `row`: the blocks' sum
+    drop: tuple[tuple[Var, ...], ...] = ()  # per block: the rows' locals it reads last
 
 
 @dataclass(frozen=True)

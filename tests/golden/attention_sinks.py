@@ -58,12 +58,14 @@ def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     S_prod = einsum(Q, K_scaled, "... g r tau a, ... g tau_p a -> ... g r tau tau_p")  # (…, g, r, τ, τ')
     S = S_prod.add_(M)  # (…, g, r, τ, τ')
+    del S_prod
     # L_<grτ> = logsumexp_<τ'>(S_<grττ'>)
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     # = exp(S) / (Σ exp(S) + exp(sink)): a softmax with the sink's logit as one more
     # column of each row, that column dropped after
     A = torch.cat([S, sinks_split[:, :, None, None].expand_as(S[..., :1])], dim=-1)
     A = torch.softmax(A, dim=-1)[..., :-1]  # (…, g, r, τ, τ')
+    del S
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
     return O

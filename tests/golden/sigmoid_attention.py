@@ -55,9 +55,11 @@ def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - log(N)
     S_prod = Q_scaled @ K.transpose(-2, -1)  # (…, μ, τ, τ')
     S = S_prod.add_(-torch.scalar_tensor(N, dtype=torch.float64).log())  # (…, μ, τ, τ')
+    del S_prod
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
     A_sigmoid = S.sigmoid_()  # (…, μ, τ, τ')
     A = torch.where(A_grid, 0, A_sigmoid)  # (…, μ, τ, τ')
+    del S, A_sigmoid
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)
     return O
