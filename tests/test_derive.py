@@ -489,3 +489,44 @@ def test_the_backward_by_blocks_of_rows_equals_autograd(name, monkeypatch):
 def test_every_block_of_the_backward_counts(monkeypatch):
     blocked("softcap_window", monkeypatch, lost=2)
     assert min(errors(ROOT / "specs" / "softcap_window.attn")) > 1e-3
+
+
+class Widest(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most elements of any tensor an operation makes while it is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.most = max(self.most, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("budget", [4, None])
+def test_a_training_step_holds_no_tensor_of_every_score(budget, monkeypatch):
+    """softcap_window at h = 2, N = 32: with four query rows per block, no tensor the
+    derived backward makes, and none saved for it, has h N² elements; autograd saves such
+    tensors. The twin: with every row in one block, the backward makes one."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "softcap_window.attn")
+    sizes = sample_sizes(spec.ir) | {"h": 2, "N": 32}
+    args = sample_arguments(spec.ir, sizes)
+    _, backward = function.compiled(spec, True)
+    every = 2 * 32 * 32
+    monkeypatch.setitem(backward.function.__globals__, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+    saved = {}
+    for mode in ("autograd", "derived"):
+        leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
+        sizes_saved = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: sizes_saved.append(t.numel()) or t, lambda t: t
+        ):
+            out = spec(**leaves, h=2, c=5.0, w=8, backward=mode)
+        saved[mode] = max(sizes_saved)
+        with Widest() as widest:
+            out.sum().backward()
+    assert saved["autograd"] >= every > saved["derived"]
+    assert (widest.most < every) == (budget is not None)
