@@ -80,9 +80,9 @@ CONSTANTS: dict[str, sympy.Expr] = {"π": sympy.pi, "pi": sympy.pi}
 INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "max", "mod"})
 
 
-# Functions whose backward reads their result (tanh: 1 - y², exp: y, ...): they may overwrite
-# their argument, as torch's `tanh_` does under autograd.
-INPLACE = frozenset({"exp", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
+# Functions whose backward reads their result (tanh: 1 - y², exp: y, expm1: y + 1): they may
+# overwrite their argument, as torch's `tanh_` does under autograd; nothing may overwrite them.
+INPLACE = frozenset({"exp", "expm1", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
 
 # Functions and operators that may make inf or NaN of finite numbers (exp's overflow aside).
 PARTIAL = frozenset({"log", "log1p", "sqrt", "rsqrt", "mod", "/", "^", "pow"})
