@@ -403,6 +403,8 @@ def test_backward_derived_of_a_refused_spec_is_a_spec_error():
     spec = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
     sizes = sample_sizes(spec.ir)
     args = sample_arguments(spec.ir, sizes) | {k: v for k, v in sizes.items() if k in spec.required}
+    spec(**args, training=True, backward="derived")  # no gradient asked for: the forward
+    args["X"].requires_grad_()
     with pytest.raises(indexattn.SpecError, match=DROPOUT):
         spec(**args, training=True, backward="derived")
     with pytest.raises(ValueError, match="autograd"):
