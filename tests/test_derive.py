@@ -608,18 +608,22 @@ def default_gradients(spec) -> torch.Tensor:
 
 
 def test_a_spec_runs_its_default_backward(monkeypatch):
-    """Where the table says derived, a call that names no backward runs the derived one (its
-    cotangents doubled, the gradients differ from autograd's); the same text with one more
-    comment line is another spec, and runs autograd's."""
-    name = next(n for n, r in defaults.table().items() if r["backward"] == "derived")
-    text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
-    chosen, edited = (indexattn.compile_spec(t, name=name) for t in (text, text + "# edited\n"))
+    """Where the table says derived (here, a table naming one text of sigmoid_attention), a
+    call that names no backward runs the derived one: its cotangents doubled, the gradients
+    differ from autograd's. The same text with one more comment line is another spec, and
+    runs autograd's."""
+    text = (ROOT / "specs" / "sigmoid_attention.attn").read_text(encoding="utf-8") + "# a\n"
+    row = {"backward": "derived", "sha256": defaults.digest(text)}
+    monkeypatch.setattr(defaults, "table", lambda: {"sigmoid_attention": row})
+    defaults.default.cache_clear()
+    chosen, edited = (indexattn.compile_spec(t, name="chosen") for t in (text, text + "# b\n"))
     assert (chosen.default_backward, edited.default_backward) == ("derived", "autograd")
     assert (default_gradients(chosen) - default_gradients(edited)).abs().max() < 1e-10
     backward = function._backward
     doubled = lambda *args: {k: 2 * g for k, g in backward(*args).items()}  # noqa: E731
     monkeypatch.setattr(function, "_backward", doubled)
     assert (default_gradients(chosen) - default_gradients(edited)).abs().max() > 1e-3
+    defaults.default.cache_clear()
 
 
 def test_torch_func_takes_autogradss_backward():
@@ -629,7 +633,15 @@ def test_torch_func_takes_autogradss_backward():
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, generator=generator, dtype=torch.float64) for _ in range(3))
     got = [
-        torch.func.grad(lambda q, mode=mode: spec(Q=q, K=k, V=v, backward=mode).sum())(q)
+        torch.func.grad(lambda q, mode=mode: spec(Q=q, K=k, V=v, backward=mode)[0].sum())(q)
         for mode in ("derived", "autograd")
     ]
     torch.testing.assert_close(got[0], got[1], rtol=0, atol=1e-12)
+
+
+def test_twin_without_the_fallback_torch_func_refuses_the_function(monkeypatch):
+    spec = indexattn.compile_spec(ROOT / "specs" / "sdpa.attn")
+    q, k, v = (torch.randn(2, 3, dtype=torch.float64) for _ in range(3))
+    monkeypatch.setattr(function, "_transformed", lambda: False)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda q: spec(Q=q, K=k, V=v, backward="derived")[0].sum())(q)
