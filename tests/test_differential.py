@@ -21,6 +21,7 @@ EXAMPLES = int(os.environ.get("INDEXATTN_FUZZ_EXAMPLES", "15"))
 WRAPS = {
     "exp": "exp({} / 4)",
     "log": "log({}^2 + 1)",
+    "log1p": "log1p({}^2)",
     "sqrt": "sqrt({}^2 + 1)",
     "rsqrt": "rsqrt({}^2 + 1)",
     "min": "min({}, 0.5)",
@@ -32,7 +33,7 @@ WRAPS = {
     **{
         name: f"{name}({{}})"
         for name, op in ops.FUNCTIONS.items()
-        if op.arity == 1 and name not in ("exp", "log", "sqrt", "rsqrt")
+        if op.arity == 1 and name not in ("exp", "log", "log1p", "sqrt", "rsqrt")
     },
 }
 STEPS = frozenset({"floor", "ceil", "round", "sign", "mod"})  # jumps: no bfloat16 comparison
