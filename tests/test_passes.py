@@ -238,7 +238,7 @@ def test_hoist_marks_the_mask_constant_and_held():
 def test_rows_marks_the_scores_to_their_product_with_the_values():
     before, after = before_after(WINDOW, "rows")
     assert {after.region(s) for s in made_by(after, "Reduction")} == {"rows"}
-    assert after.rows.exit.var.hint == "O" and before.rows is None
+    assert [e.var.hint for e in after.rows.exits] == ["O"] and before.rows is None
     assert before_after(PLAIN, "rows")[1].rows is None
 
 
