@@ -2,12 +2,15 @@
 contractions (lower/products.py): the generated code adds onto the product it owns, leaves a
 product it returns alone, and equals the literal interpreter in values and gradients."""
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from test_kernels import mla_key_with_query
 
 import indexattn
+from indexattn import ops
 from indexattn.lower.kinds import over
 from indexattn.lower.steps import Contract
 from indexattn.oracle import reference
@@ -146,13 +149,22 @@ def test_functions_whose_backward_reads_their_argument_make_a_tensor():
     """sin's backward reads its argument (cos x), exp's its result: sin makes a tensor, which
     the scale then writes over; exp writes over the product, and the scale after it makes a
     tensor (it must not touch what exp keeps). Values and gradients hold."""
-    for fn, inplace in (("sin", False), ("exp", True)):
+    for fn, inplace in (("sin", False), ("exp", True), ("expm1", True)):
         text = CAPPED.replace("c tanh(R_<ττ'> / c)", f"{fn}(R_<ττ'>) / c")
         spec = indexattn.compile_spec(text, name=fn)
         first = (f"Elementwise:{fn}", "Contract") if inplace else ("Contract", f"Elementwise:{fn}")
         assert overwritten(spec) == [first, ("Add", "Contract")]
         assert compare(spec, batch=(2,)).ok
         gradients(spec)
+
+
+def test_twin_a_function_that_keeps_its_result_must_not_be_written_over(monkeypatch):
+    """expm1's backward reads its result (y + 1): taken for one that keeps its argument, the
+    scale after it writes over it, and autograd's backward refuses."""
+    monkeypatch.setitem(ops.FUNCTIONS, "expm1", replace(ops.FUNCTIONS["expm1"], inplace=""))
+    text = CAPPED.replace("c tanh(R_<ττ'> / c)", "expm1(R_<ττ'>) / c")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        gradients(indexattn.compile_spec(text, name="expm1_twin"))
 
 
 def test_a_condition_is_never_the_tensor_a_sum_adds_onto():

@@ -307,3 +307,24 @@ def test_notebook_reprs():
     markdown = spec._repr_markdown_()
     assert markdown.startswith("# Causal multi-head self-attention")
     assert "$$\nY_{\\tau i} = (W_O)_{i(\\mu a)}" in markdown
+
+
+@needs_pdflatex
+@pytest.mark.parametrize("name", ["mha", "softcap_window", "gpt2"])
+def test_the_pdf_shows_the_derived_backward(name):
+    """After the forward's equations, the backward's own (numbered on), compiled by TeX; a
+    spec whose backward is not derived says why. The twin: the forward alone has fewer
+    equations."""
+    from indexattn.derive import own
+
+    spec = spec_of(name)
+    doc = texdoc.document(report(spec, plan(spec), cost.sizes_for(spec)))
+    assert texdoc.pdf(doc).startswith(b"%PDF")
+    section = doc.text.split("\\section*{Backward}\n", 1)[1].split("\\section*{Counts}")[0]
+    if name == "gpt2":
+        assert section.startswith("Not derived: no derived backward for dropout")
+        return
+    backward, _ = own(spec)
+    assert section.count("\\begin{equation}") == len(backward.equations) > 0
+    assert doc.text.count("\\begin{equation}") == len(spec.equations) + len(backward.equations)
+    assert "\\mathit{dY}" in section

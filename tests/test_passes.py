@@ -15,12 +15,13 @@ from test_hidden import WEIGHTS as PHRASINGS
 from test_hidden import spec_text
 from test_robustness import valid_specs
 
+import indexattn
 from indexattn import ir
 from indexattn.ir.shapes import recipe, rules
 from indexattn.lower import canonical, passes
 from indexattn.lower.codegen import generate
 from indexattn.lower.kinds import made
-from indexattn.lower.passes import PASSES, Pass, inplace, rows, stages
+from indexattn.lower.passes import PASSES, Pass, inplace, rows, spans, stages
 from indexattn.lower.plan import plan
 from indexattn.lower.steps import Contract
 from indexattn.oracle import reference
@@ -273,7 +274,7 @@ def test_hoist_marks_the_mask_constant_and_held():
 def test_rows_marks_the_scores_to_their_product_with_the_values():
     before, after = before_after(WINDOW, "rows")
     assert {after.region(s) for s in made_by(after, "Reduction")} == {"rows"}
-    assert after.rows.exit.var.hint == "O" and before.rows is None
+    assert [e.var.hint for e in after.rows.exits] == ["O"] and before.rows is None
     assert before_after(PLAIN, "rows")[1].rows is None
 
 
@@ -321,3 +322,39 @@ def test_liveness_drops_what_no_later_block_reads():
     # the twin: y reads h too, so h lives to the last block (the function returns there)
     later = before_after(CHAIN.replace("u_<j> + 1", "u_<j> + h_<j>"), "liveness")[1]
     assert not any(b.drop for b in later.blocks)
+
+
+SUMMED = """index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+param g_<a>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+A_<ττ'> = sigmoid(Q_<τa> K_<τ'a> + M_<ττ'>)
+O_<τa> = A_<ττ'> K_<τ'a> g_<a>
+Z_<τ'a> = ({weights}) Q_<τa>
+output O, Z
+"""
+
+
+@pytest.mark.parametrize("weights", ["A_<ττ'>", "A_<ττ'> + 1"])
+def test_rows_that_sum_the_rows_away_add_up_the_blocks(weights, monkeypatch):
+    """Z sums the rows away: each block gives its part. Where the part is zero at the keys
+    no row of the block sees (A), the blocks skip them; where it is not (A + 1), they go over
+    every key. The twin: without that rule, the spans pass makes a program that is wrong."""
+    spec = ir.check(SUMMED.format(weights=weights), "summed")
+    program = passes.lower(plan(spec))
+    assert program.rows is not None and program.rows.summed
+    assert (program.spans is None) == ("+ 1" in weights)
+    assert first_wrong(spec) is None
+    monkeypatch.setattr(spans, "_zero_at_hidden", lambda proof, summed: True)
+    assert first_wrong(spec) == ("spans" if "+ 1" in weights else None)
+
+
+BACKWARDS = ["softcap_window", "attention_sinks", "differential", "talking_heads"]
+
+
+@pytest.mark.parametrize("name", BACKWARDS)
+def test_every_pass_keeps_a_derived_backward_equal_to_the_oracle(name):
+    text = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn").backward_text()
+    assert first_wrong(ir.check(text, f"{name}_backward")) is None

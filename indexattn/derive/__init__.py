@@ -5,9 +5,9 @@ it prints, typesets, counts and compiles like one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..ir import Spec, Tensor
+from ..ir import Spec, Tensor, check
 from . import printer
 from .reverse import Derivation
 
@@ -50,3 +50,16 @@ def derive(spec: Spec, source: str = "", file: str = "<spec>", *, training: bool
     lines += [""] + [eq.text for eq in spec.equations] + [""] + out.equations
     lines += ["", "output " + ", ".join(out.outputs)]
     return Derived("\n".join(lines) + "\n", tuple(out.given), tuple(out.reached))
+
+
+def own(spec: Spec) -> tuple[Spec, tuple[Tensor, ...]]:
+    """The derived backward (training mode) checked as a spec, with its own equations only
+    (not the forward's, which it repeats), and its cotangent inputs: what a spec's page and
+    its PDF show. SpecError where it is not derived."""
+    derived = derive(spec)
+    full = check(derived.text, f"{spec.name}_backward")
+    inputs = full.tensors_of("input")
+    return (
+        replace(full, equations=full.equations[len(spec.equations) :]),
+        inputs[len(inputs) - len(derived.given) :],
+    )

@@ -75,10 +75,20 @@ def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: d
 
 
 def run(spec: CompiledSpec, tensors: list, given: dict, scalars: dict, training: bool):
-    """The forward on `tensors` (argument order), its backward the derived one."""
+    """The forward on `tensors` (argument order), its backward the derived one; the plain
+    forward where no gradient will be asked for, and under torch.func's transforms (which
+    would need the Function's `setup_context`: autograd's backward there)."""
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if not recorded or _transformed():
+        return spec._run(tensors, given, scalars, training)
     compiled(spec, training)  # derived before the forward runs: a refusal is raised here
     out = DerivedBackward.apply(spec, given, scalars, training, *tensors)
     return out[0] if len(out) == 1 else out
+
+
+def _transformed() -> bool:
+    """Whether a torch.func transform is on (torch has no public flag for it)."""
+    return torch._C._are_functorch_transforms_active()
 
 
 class DerivedBackward(torch.autograd.Function):

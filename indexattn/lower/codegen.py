@@ -115,7 +115,7 @@ class Writer:
                 constants += heading + [line for s in fixed for line in self.grids.lines(s)]
             if rowwise:
                 tensors = [comment(eq.tensor.name) for eq in block.equations]
-                self.rows.add(tensors, heading, rowwise)
+                self.rows.add(tensors, heading, rowwise, rows.drop[b] if rows.drop else ())
             if plain or not (fixed or rowwise):
                 body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:

@@ -41,8 +41,10 @@ class Rows:
     last: int  # the block after whose steps the rows are computed
     inputs: tuple[Var, ...]  # read from outside, in order of first use
     sliced: dict[Var, tuple[int, int, bool]]  # inputs with row axes: (axis, of axes, batched)
-    exit: Operand  # the one value read after the rows
+    exits: tuple[Operand, ...]  # the values read after the rows, in the order they are made
     scores: Operand  # the widest value: its axes but `row` count the elements of one row
+    summed: frozenset[Var] = frozenset()  # exits that sum over `row`: the blocks' sum
+    drop: tuple[tuple[Var, ...], ...] = ()  # per block: the rows' locals it reads last
 
 
 @dataclass(frozen=True)

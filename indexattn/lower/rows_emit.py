@@ -9,7 +9,7 @@ from .emit import Emitter
 from .naming import Names
 from .printers import joined, wrap
 from .program import KeySpans, Rows
-from .steps import Elementwise, Step, Var
+from .steps import Elementwise, Operand, Step, Var
 
 
 class RowsWriter:
@@ -25,9 +25,10 @@ class RowsWriter:
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
 
-    def add(self, tensors: list[str], heading: list[str], steps: list[Step]) -> None:
+    def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
         self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
+        self.body += [f"del {', '.join(self.names.var(v) for v in drop)}"] if drop else []
         self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
 
     def keywords(self) -> list[str]:
@@ -49,8 +50,11 @@ class RowsWriter:
         prologue = []
         if self.emitter.needs.device or self.emitter.needs.dtype:
             prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
-        lines = [doc, *prologue, *self.body, f"return {self.names.var(self.rows.exit.var)}"]
+        exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
+        lines = [doc, *prologue, *self.body, f"return {exits}"]
         knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
+        if self.rows.summed:  # a backward holds four to nine tensors of the scores' size
+            knob = f"{self.knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
         return knob + "\n\n\n" + "\n".join([head, *("    " + line for line in lines)])
 
     def call(self, main: Emitter) -> list[str]:
@@ -68,6 +72,8 @@ class RowsWriter:
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
         ]
         whole = self._call([names.var(v) for v in rows.inputs])
+        if len(rows.exits) > 1:
+            return head + self._parts(main, size, count, whole)
         if self.spans is None:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
@@ -75,7 +81,7 @@ class RowsWriter:
     def _blocks(self, size: str, count: str, whole: str) -> list[str]:
         """Every key for every block of rows."""
         names, rows = self.names, self.rows
-        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exit.var)
+        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
         piece = f"{start}:{start} + {count}"
         parts = [self._slice(v, {rows.row: piece}) for v in rows.inputs]
         return [
@@ -95,7 +101,7 @@ class RowsWriter:
         q0, q1, k0, k1, start, end, blocks = (
             names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
         )
-        out, read = names.var(rows.exit.var), names.var(spans.step.out.var)
+        out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
         parts = [self._slice(v, cuts) for v in rows.inputs]
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
@@ -111,12 +117,62 @@ class RowsWriter:
             f"    {out} = {joined(blocks, self._dim())}",
         ]
 
+    def _parts(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+        """Several exits: those over the rows joined, those that sum the rows away added up
+        block by block (into the keys of the block, where the blocks skip keys)."""
+        names, rows, spans = self.names, self.rows, self.spans
+        outs = [names.var(e.var) for e in rows.exits]
+        q0, q1, k0, k1, start, end = (names.fresh(h) for h in ("q0", "q1", "k0", "k1", "t", "u"))
+        cuts = {rows.row: f"{start}:{end}"} | ({spans.hidden.key: f"{k0}:{k1}"} if spans else {})
+        parts = [self._slice(v, cuts) for v in rows.inputs]
+        pieces = [names.fresh(out + "_part") for out in outs]
+        lists = {e.var: names.fresh(out + "_blocks") for e, out in zip(rows.exits, outs)}
+        joins = [e for e in rows.exits if e.var not in rows.summed]
+        sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
+        loop = [f"{end} = min({start} + {count}, {q1})"]
+        loop += [f"{', '.join(pieces)} = {self._call(parts)}"]
+        for e, out, piece in zip(rows.exits, outs, pieces):
+            if e.var not in rows.summed:
+                loop.append(f"{lists[e.var]}.append({piece})")
+            elif spans is not None and spans.hidden.key in e.dims:
+                loop += self._into_keys(main, e, out, piece, k0, k1)
+            else:
+                loop.append(f"{out} = {piece} if {out} is None else {out}.add_({piece})")
+        key = spans.hidden.key if spans else rows.row
+        every = f"0, {size}, 0, {main.size(key)}"  # every query and key
+        read = names.var(spans.step.out.var) if spans else "None"
+        once = f"{read} in (None, [({every}, True)])" if spans else "True"
+        return [
+            f"if {count} >= {size} and {once}:",
+            f"    {', '.join(outs)} = {whole}",
+            f"else:  # by blocks of {rows.row.glyph}"
+            + (", each over the keys they see" if spans else ""),
+            f"    {', '.join(lists[e.var] for e in joins)} = {', '.join('[]' for _ in joins)}",
+            f"    {' = '.join(sums)} = None",
+            f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
+            f"        for {start} in range({q0}, {q1}, {count}):",
+            *("            " + line for line in loop),
+            *(f"    {names.var(e.var)} = {joined(lists[e.var], self._dim(e))}" for e in joins),
+        ]
+
+    def _into_keys(self, main: Emitter, exit: Operand, out: str, piece: str, k0: str, k1: str):
+        """A block's part of a sum over the rows, over the keys it sees: added into them."""
+        key = self.spans.hidden.key
+        dim = exit.dims.index(key) - len(exit.dims)
+        after = f" + {piece}.shape[{dim + 1}:]" if dim < -1 else ""
+        shape = f"{piece}.shape[:{dim}] + ({main.size(key)},){after}"
+        return [
+            f"if {out} is None:",
+            f"    {out} = {piece}.new_zeros({shape})",
+            f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
+        ]
+
     def _call(self, arguments: list[str]) -> str:
         keywords = [f"{k}={k}" for k in self.keywords()]
         return f"{self.function}({', '.join(arguments + keywords)})"
 
-    def _dim(self) -> int:
-        exit = self.rows.exit
+    def _dim(self, exit: Operand | None = None) -> int:
+        exit = exit or self.rows.exits[0]
         return exit.dims.index(self.rows.row) - len(exit.dims)
 
     def _slice(self, var: Var, pieces: dict[Index, str]) -> str:

@@ -180,10 +180,12 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, backward: str = "autograd", **kwargs):
+    def __call__(self, /, *, training: bool = False, backward: str | None = None, **kwargs):
         """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
         `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
-        of its own record of the forward."""
+        of its own record of the forward; `"autograd"`: its own record; by default, the one
+        benchmarks/gradients.py chose for this spec's text (`default_backward`)."""
+        backward = self.default_backward if backward is None else backward
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         tensors = self._tensors(kwargs)
@@ -378,6 +380,15 @@ class CompiledSpec:
             + "\n"
             + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
         )
+
+    @cached_property
+    def default_backward(self) -> str:
+        """The backward a call runs when it names none: "derived" where
+        benchmarks/gradients.py measured the derived backward of this spec's text at least as
+        fast as autograd's and no larger, else "autograd"."""
+        from ..derive.defaults import default
+
+        return default(self.text)
 
     def backward_text(self, *, training: bool = True) -> str:
         """The derived backward as spec text: the forward's equations, an input `dY` per

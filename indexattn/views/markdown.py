@@ -9,7 +9,7 @@ Notebooks protect `$$` from Markdown, so `_repr_markdown_` asks for `$$` blocks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..ir import Spec
 from . import cost, latex, svg, tables
@@ -97,23 +97,19 @@ def equations(spec: Spec, display: str = GITHUB_MATH) -> str:
 def backward(spec: Spec) -> str:
     """The derived backward's own equations (after the forward's, which it repeats), or
     what keeps it from being derived; see docs/gradients.md."""
-    from ..derive import derive
+    from ..derive import own
     from ..errors import SpecError
-    from ..ir import check
 
     try:
-        derived = derive(spec)
+        equations_of, inputs = own(spec)
     except SpecError as error:
         return f"## Backward\n\nNot derived: {md(error.message)}.\n"
-    full = check(derived.text, f"{spec.name}_backward")
-    own = replace(full, equations=full.equations[len(spec.equations) :])
-    inputs = full.tensors_of("input")[len(full.tensors_of("input")) - len(derived.given) :]
     given = ", ".join(code_span(t.name) for t in inputs)
     intro = (
         f"Derived by `indexattn grad`, given {given}: the cotangent of every tensor "
         "that a cotangent reaches.\n\n"
     )
-    return "## Backward\n\n" + intro + equations(own)
+    return "## Backward\n\n" + intro + equations(equations_of)
 
 
 def _math(tex: str) -> str:

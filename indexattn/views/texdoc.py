@@ -75,13 +75,38 @@ def document(report: Report, *, raised: bool = False, sums: bool = False) -> Tex
         parts.append(Part(_section("Scalars", scalar_table(report)), "the table of scalars"))
     parts.append(Part(_section("Tensors", tensor_table(report)), "the table of tensors"))
     parts.append(Part("\\section*{Equations}\n", "the equations"))
-    for k, eq in enumerate(latex.equations(spec, raised=raised, sums=sums), start=1):
-        doc = f"\\textit{{{text(eq.source.doc)}:}}\n" if eq.source.doc else ""
-        body = f"{doc}\\begin{{equation}}\n{eq.lhs} = {eq.rhs}\n\\end{{equation}}\n"
-        parts.append(Part(body, f"equation {k} ({eq.source.text})"))
+    parts += _equations_of(spec, 1, raised, sums)
+    parts += _backward(spec, len(spec.equations) + 1, raised, sums)
     parts.append(Part(_counts(report), "the counts"))
     parts.append(Part("\\end{document}\n", "the end of the document"))
     return TexDocument(spec.name, tuple(parts))
+
+
+def _equations_of(spec, first: int, raised: bool, sums: bool, what: str = "equation"):
+    """The spec's equations, numbered from `first`, each a part named by its source."""
+    parts = []
+    for k, eq in enumerate(latex.equations(spec, raised=raised, sums=sums), start=first):
+        doc = f"\\textit{{{text(eq.source.doc)}:}}\n" if eq.source.doc else ""
+        body = f"{doc}\\begin{{equation}}\n{eq.lhs} = {eq.rhs}\n\\end{{equation}}\n"
+        parts.append(Part(body, f"{what} {k} ({eq.source.text})"))
+    return parts
+
+
+def _backward(spec, first: int, raised: bool, sums: bool) -> list[Part]:
+    """The derived backward's own equations, numbered on from the forward's, or what keeps
+    it from being derived (docs/gradients.md)."""
+    from ..derive import own
+    from ..errors import SpecError
+
+    head = "\\section*{Backward}\n"
+    try:
+        backward, inputs = own(spec)
+    except SpecError as error:
+        return [Part(f"{head}Not derived: {text(error.message)}.\n", "the backward")]
+    given = ", ".join(f"${math_name(t.name)}$" for t in inputs)
+    intro = f"Given {given}: the cotangent of every tensor that a cotangent reaches.\n"
+    parts = [Part(head + intro, "the backward")]
+    return parts + _equations_of(backward, first, raised, sums, "backward equation")
 
 
 def _title(title: str, name: str) -> str:

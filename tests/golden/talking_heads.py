@@ -60,16 +60,19 @@ def talking_heads_rows(Q_scaled, K, P_l, M, P_w, V):
     L_proj = S.movedim(-3, -1)  # (…, τ, τ', (μ))
     L_proj = L_proj @ P_l  # (…, τ, τ', ν)
     L = M + L_proj.movedim(-1, -3)  # (…, ν, τ, τ')
+    del S, L_proj
     # A_<νττ'> = softmax_<τ'>(L_<νττ'>)
     A = torch.softmax(L, dim=-1)
     # rows that are -inf everywhere give 0, not NaN (values and gradients): where the
     # plain softmax made such a row (NaN throughout), or when traced, the safe one
     if torch.compiler.is_compiling() or A.select(-1, 0).isnan().any():
         A = torch.ops.aten._safe_softmax.default(L, -1)  # (…, ν, τ, τ')
+    del L
     # W_<μττ'> = P_w_<νμ> A_<νττ'>
     W_proj = A.movedim(-3, -1)  # (…, τ, τ', (ν))
     W_proj = W_proj @ P_w  # (…, τ, τ', μ)
     W = W_proj.movedim(-1, -3)  # (…, μ, τ, τ')
+    del A
     # O_<μτa> = W_<μττ'> V_<μτ'a>
     O = W @ V  # (…, μ, τ, a)
     return O

@@ -13,7 +13,8 @@ from ..steps import Step, Var
 
 def run(program: Program) -> Program:
     """The program with each block's `drop`: the locals of the spec's function it reads for
-    the last time. The held constants, the results and the rows' inputs stay (the
+    the last time, and the rows' function its own. The held constants, the results and the
+    rows' inputs stay in the spec's function (the
     comprehension over blocks of rows closes over them, and torch.compile cannot trace a
     `del` of a closed-over name: DELETE_DEREF)."""
     keep = {*program.held, *(r.var for r in program.results)}
@@ -21,7 +22,11 @@ def run(program: Program) -> Program:
     main = [tuple(s for s in b.steps if program.region(s) == "call") for b in program.blocks]
     dead = deaths(main, keep)
     blocks = tuple(replace(b, drop=d) for b, d in zip(program.blocks, dead))
-    return replace(program, blocks=blocks)
+    rows = program.rows
+    if rows is not None:  # the rows' function lets go of its own locals the same way
+        inner = [tuple(s for s in b.steps if program.region(s) == "rows") for b in program.blocks]
+        rows = replace(rows, drop=tuple(deaths(inner, {e.var for e in rows.exits})))
+    return replace(program, blocks=blocks, rows=rows)
 
 
 def deaths(blocks: list[tuple[Step, ...]], keep: set[Var]) -> list[tuple[Var, ...]]:

@@ -14,14 +14,24 @@ from ..kinds import made as made_by
 from ..kinds import reads, row_wise, tensors
 from ..order import planning_count
 from ..program import Program, Rows
-from ..steps import Operand, Step, Var
+from ..steps import Contract, Operand, Reduction, Step, Var
 
 
 def run(program: Program) -> Program:
     """The program with the steps computed by blocks of rows marked, where there are any."""
     per_call = tuple(program.per_call(b) for b in program.blocks)
-    rows = find(program.spec, per_call, {r.var for r in program.results})
-    return replace(program, rows=rows)
+    read_after = {r.var for r in program.results}
+    rows = find(program.spec, per_call, read_after)
+    if rows is not None:
+        return replace(program, rows=rows)
+    found = find_summed(program.spec, per_call, read_after)
+    if found is None:
+        return program
+    rows, deferred = found
+    kept = [b for n, b in enumerate(program.blocks) if n not in deferred]
+    at = rows.last - len(deferred) + 1  # the deferred blocks go right after the rows
+    blocks = (*kept[:at], *(program.blocks[n] for n in deferred), *kept[at:])
+    return replace(program, blocks=blocks, rows=replace(rows, last=at - 1))
 
 
 def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var]) -> Rows | None:
@@ -59,7 +69,107 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
     inputs = tuple(dict.fromkeys(v for v in read if v not in inside))
     scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
     where = frozenset(flat[n][1].out.var for n in chosen)
-    return Rows(row, where, last, inputs, sliced, exits[0], scores)
+    return Rows(row, where, last, inputs, sliced, (exits[0],), scores)
+
+
+def find_summed(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var]):
+    """Rows whose steps also sum the rows away (a backward's cotangents of the keys, Σ_τ
+    dS_<ττ'> Q_<τa>): each block gives its part of those sums, which the blocks add up. With
+    the blocks (after the rows) that read such a sum, or what one made, before the rows
+    end, moved after them; None where there are no such rows."""
+    sequence = sequence_indices(spec)
+    flat = [(b, s) for b, steps in enumerate(per_call) for s in steps]
+    wide = {n for n, (_, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2}
+    if not wide:
+        return None
+    scores = max((flat[n][1].out for n in wide), key=lambda o: planning_count(o.dims))
+    for row in (i for i in scores.dims if i in sequence):
+        found = _summing(flat, wide, row, sequence, read_after)
+        if found is not None:
+            return found
+    return None
+
+
+def _summing(flat: list, wide: set[int], row: Index, sequence: set[Index], read_after: set[Var]):
+    """The rows over `row` with sums, and the blocks to move after them; or None."""
+    held = {flat[n][1].out.var for n in wide}
+    end = max((n for n, (_, s) in enumerate(flat) if {o.var for o in reads(s)} & held), default=0)
+    chosen, inside, summed = [], set(), set()
+    for n in range(min(wide), end + 1):
+        step = flat[n][1]
+        read = {o.var for o in reads(step)}
+        if n in wide or read & inside:
+            if read & summed:  # a block would read its part of a sum
+                return None
+            chosen.append(n)
+            (summed if _sums(step, row) else inside).add(step.out.var)
+    chosen = _needed(flat, chosen, held)
+    inside &= {flat[n][1].out.var for n in chosen}
+    steps = [flat[n][1] for n in chosen]
+    outside = {o.var for n, (_, s) in enumerate(flat) if n not in chosen for o in reads(s)}
+    exits = tuple(s.out for s in steps if s.out.var in outside | read_after)
+    joined = [e for e in exits if e.var not in summed]
+    if not summed or not joined or any(sequence & set(e.dims) != {row} for e in joined):
+        return None
+    if any(not row_wise(s, row) for s in steps if s.out.var not in summed):
+        return None
+    last = flat[chosen[-1]][0]
+    deferred = _deferred(flat, chosen, last, {e.var for e in exits})
+    sliced = inputs_along(steps, inside | summed, row)
+    if deferred is None or sliced is None or not _aligned(steps, row):
+        return None
+    read = [v for s in steps for v in (*(o.var for o in reads(s)), *tensors(s))]
+    inputs = tuple(dict.fromkeys(v for v in read if v not in inside | summed))
+    scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
+    where = frozenset(s.out.var for s in steps)
+    rows = Rows(row, where, last, inputs, sliced, exits, scores, frozenset(summed))
+    return rows, deferred
+
+
+def _sums(step: Step, row: Index) -> bool:
+    """A step linear in what it reads that sums `row` away: its sum over blocks of rows is its
+    value over all of them."""
+    if isinstance(step, Contract):
+        return row not in step.out.dims and any(row in a.dims for a in step.args)
+    return isinstance(step, Reduction) and step.fn == "sum" and row in step.over
+
+
+def _needed(flat: list, chosen: list[int], held: set[Var]) -> list[int]:
+    """The chosen steps that make or read a value over two sequence indices, that one of
+    those reads, or that share a block with one: not those that merely go on from a row-wise
+    result (a cotangent's projection), which run after the rows."""
+    kept: set[int] = set()
+    while True:
+        needed = {o.var for n in kept for o in reads(flat[n][1])}
+        blocks = {flat[n][0] for n in kept}
+        more = set()
+        for n in reversed(chosen):
+            step, block = flat[n][1], flat[n][0]
+            read = {o.var for o in reads(step)}
+            if n not in kept and (step.out.var in held | needed or read & held or block in blocks):
+                more.add(n)
+                needed |= read
+                blocks.add(block)
+        if not more:
+            return sorted(kept)
+        kept |= more
+
+
+def _deferred(flat: list, chosen: list[int], last: int, late: set[Var]) -> list[int] | None:
+    """The blocks up to `last` that read what the rows give (or what such a block made):
+    they can run after the rows where no step of the rows, nor of their blocks, reads them."""
+    mine = {flat[n][0] for n in chosen}
+    deferred: list[int] = []
+    for b in range(flat[chosen[0]][0], last + 1):
+        steps = [s for n, (c, s) in enumerate(flat) if c == b and n not in chosen]
+        if not any({o.var for o in reads(s)} & late for s in steps):
+            continue
+        if b in mine:
+            return None
+        deferred.append(b)
+        late |= {o.var for s in steps for o in made_by(s)}
+    rows_read = {o.var for n in chosen for o in reads(flat[n][1])}
+    return None if rows_read & late - {flat[n][1].out.var for n in chosen} else deferred
 
 
 def _chain(flat: list, starts: set[int], end: int) -> tuple[list[int], set[Var]]:

@@ -33,6 +33,7 @@ from ..steps import (
     Gather,
     Grid,
     Linear,
+    Number,
     Operand,
     Reduction,
     Rename,
@@ -91,6 +92,8 @@ def find_hidden(
     if keyed is None:
         return None
     masks = (o for s in steps for o in reads(s) if o.var in keyed and o.var in constants)
+    # a block's part of a sum over the rows, over the keys: zero at the keys it skips
+    summed = [e.var for e in rows.exits if e.var in rows.summed and key in e.dims]
     for op in (o for o in masks if not o.select):
         if op.dims[-2:] != (rows.row, key):
             continue
@@ -103,7 +106,8 @@ def find_hidden(
             # (a second mask's -inf, or the mask plus one), unless finite everywhere
             start = {v: None if v in finite else ANY for v in others}
             start |= {op.var: {"-inf": NEG, "0": ZERO}[hides]} if hides in ("-inf", "0") else {}
-            if Proof(rows.row, key, op.var, hides, start).proves(steps):
+            proof = Proof(rows.row, key, op.var, hides, start)
+            if proof.proves(steps) and _zero_at_hidden(proof, summed):
                 return Hidden(key, op, hides, keyed)
     return None
 
@@ -139,9 +143,16 @@ def _zeros(expr: sympy.Basic | None) -> bool:
     return chosen and _finite(expr)
 
 
+def _zero_at_hidden(proof: Proof, summed: list[Var]) -> bool:
+    """Whether each block's part of these sums over the rows is zero at the keys it skips
+    (the keys no row of the block sees), so that adding it into the keys it sees is exact."""
+    return all(proof.state.get(v) == ZERO for v in summed)
+
+
 def _key(spec: Spec, rows: Rows) -> Index | None:
     """The scores' other sequence index, summed before the rows' exit."""
-    sequence = sequence_indices(spec) - set(rows.exit.dims)
+    joined = next(e for e in rows.exits if e.var not in rows.summed)
+    sequence = sequence_indices(spec) - set(joined.dims)
     others = [i for i in rows.scores.dims if i in sequence]
     return others[0] if len(others) == 1 else None
 
@@ -301,10 +312,11 @@ def _image(fn: str, values: list[str | None], args: tuple[Arg, ...]) -> str | No
     on -inf, 0 and finite samples; 0 or -inf everywhere is that, finite numbers are finite;
     anything else (inf, NaN, an infinite derivative, an error) may be anything."""
     op = lookup(fn)
+    partial = op.partial and not _whole_power(fn, args)
     if ANY in values:
         return ANY
     if not {NEG, ZERO} & set(values):
-        return ANY if op.partial else None
+        return ANY if partial else None
     try:
         made, grads = _run(op.torch, values, args)
     except (RuntimeError, TypeError, ValueError):
@@ -315,7 +327,15 @@ def _image(fn: str, values: list[str | None], args: tuple[Arg, ...]) -> str | No
         return ZERO
     if bool((made == float("-inf")).all()):
         return NEG
-    return None if bool(made.isfinite().all()) and not op.partial else ANY
+    return None if bool(made.isfinite().all()) and not partial else ANY
+
+
+def _whole_power(fn: str, args: tuple[Arg, ...]) -> bool:
+    """x^n for a whole number n: finite wherever x is (`pow` is partial for x^-1, x^0.5)."""
+    exponent = args[1] if fn == "pow" else None
+    return (
+        isinstance(exponent, Number) and bool(exponent.expr.is_integer) and bool(exponent.expr >= 0)
+    )
 
 
 def _run(template: str, values: list[str | None], args: tuple[Arg, ...]):
