@@ -120,9 +120,7 @@ class Writer:
                 body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)
-            if block.drop:
-                dropped = dict.fromkeys(self.names.var(v) for v in block.drop)  # one per name
-                body.append(f"del {', '.join(dropped)}")
+            body += self.names.dropped(block.drop)
         self.held = [self.names.var(v) for v in plan.held]
         self.held_vars = plan.held
         if any(isinstance(s, Grid) and plan.region(s) == "call" for s in plan.steps):

@@ -46,6 +46,12 @@ class Names:
             self.vars[var] = self.fresh(self.hints.get(var, var.hint))
         return self.vars[var]
 
+    def dropped(self, drop) -> list[str]:
+        """`del` of these locals, each name once: a result written over its operand shares
+        the operand's name (lower/passes/inplace.py), and both die together."""
+        names = dict.fromkeys(self.var(v) for v in drop)
+        return [f"del {', '.join(names)}"] if names else []
+
     def index(self, index: Index) -> str:
         """The variable holding an index's positions (`tau = torch.arange(N)`)."""
         if index not in self.indices:

@@ -28,7 +28,7 @@ class RowsWriter:
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
         self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
-        self.body += [f"del {', '.join(self.names.var(v) for v in drop)}"] if drop else []
+        self.body += self.names.dropped(drop)
         self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
 
     def keywords(self) -> list[str]:

@@ -64,7 +64,7 @@ def attention_sinks_rows(Q, K_scaled, M, sinks_split, V):
     # column of each row, that column dropped after
     A = torch.cat([S, sinks_split[:, :, None, None].expand_as(S[..., :1])], dim=-1)
     A = torch.softmax(A, dim=-1)[..., :-1]  # (…, g, r, τ, τ')
-    del S, S
+    del S
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     O = einsum(A, V, "... g r tau tau_p, ... g tau_p a -> ... g r tau a")  # (…, g, r, τ, a)
     return O

@@ -68,7 +68,7 @@ def differential_rows(Q_scaled, K, M, lambda__scaled, V):
             A = torch.ops.aten._safe_softmax.default(A_prod, -1)
     else:
         A = torch.softmax(A_prod, dim=-1, out=A_prod)  # (…, μ, B, τ, τ')
-    del A_prod, A_prod
+    del A_prod
     # D_<μττ'> = A_<μ0ττ'> - λ_<> A_<μ1ττ'>
     D = lambda__scaled * A[..., :, 1, :, :]  # (…, μ, τ, τ')
     D.add_(A[..., :, 0, :, :])  # (…, μ, τ, τ')

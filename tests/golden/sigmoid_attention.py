@@ -58,7 +58,7 @@ def sigmoid_attention_rows(Q_scaled, K, A_grid, V, *, N):
     # A_<μττ'> = where(τ' > τ, 0, sigmoid(S_<μττ'>))
     S.sigmoid_()  # (…, μ, τ, τ')
     A = torch.where(A_grid, 0, S)  # (…, μ, τ, τ')
-    del S, S, S
+    del S
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)
     return O

@@ -61,7 +61,7 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
     R.tanh_()  # (…, μ, τ, τ')
     S = R * c  # (…, μ, τ, τ')
     S.add_(M)  # (…, μ, τ, τ')
-    del R, R, R
+    del R
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # without gradients the weights overwrite the scores (no second tensor of their
     # size), unless a row is -inf everywhere
@@ -73,7 +73,7 @@ def softcap_window_rows(Q_scaled, K, M, V, *, c):
             A = torch.ops.aten._safe_softmax.default(S, -1)
     else:
         A = torch.softmax(S, dim=-1, out=S)  # (…, μ, τ, τ')
-    del S, S
+    del S
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     O = A @ V  # (…, μ, τ, a)
     return O
