@@ -108,7 +108,8 @@ class KernelSteps:
             "true": f"~{wrap(mask)}",
             "-inf": f"~{wrap(mask)}.isneginf(), {wrap(mask)} == 0",  # and where it adds 0
         }
-        spans = self.helper(partial(_key_spans, reads=self.host_reads()), "key_spans", "QUERY_BLOCK")
+        text = partial(_key_spans, reads=self.host_reads())
+        spans = self.helper(text, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
         every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
         return f"{out} = {spans}({keep[step.hides]}{every})  # blocks of queries and their keys"
