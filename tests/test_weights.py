@@ -40,7 +40,7 @@ CASES = {
     "returned": (spec_text(SCORES + CORE + "output O, A"), "softmax_values(S, V)"),
     "masked": (
         spec_text(SCORES + CORE.replace("(S_<ττ'>)", "(S_<ττ'> + M_<ττ'>)") + "output O, A"),
-        "softmax_values(A_sum, V, safe=True)",
+        "softmax_values(A_sum, V, softmax=safe_softmax)",
     ),
     "dropout": (
         spec_text(SCORES + DROPPED + "\noutput O, D"),
