@@ -31,7 +31,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import startup as startup_benchmark  # noqa: E402
 import torch  # noqa: E402
 from cases import CASES, IMPLEMENTATIONS, build  # noqa: E402
 
@@ -364,41 +364,13 @@ def latex_startup(repeats: int = 5) -> dict:
 # -- start-up and bfloat16
 
 
-STARTUP = """
-import time, sys
-import torch
-start = time.perf_counter()
-import indexattn
-indexattn.compile_spec(sys.argv[1])
-print(time.perf_counter() - start)
-"""
-
-
-def startup(names: list[str] | None, repeats: int) -> dict[str, dict[str, float]]:
-    """Seconds from `import torch` done to the first compile_spec() done, in a fresh process
-    per spec (the median of a few), for the named shipped specs: cold (the compile cache off)
-    and warm (a cache directory of this run's own, which one run before filled). Python may
-    write the package's bytecode, as an installed package has it: with
-    PYTHONDONTWRITEBYTECODE set (as on the CI machines) an editable install compiles every
-    module of indexattn from source in each process."""
-    out: dict[str, dict[str, float]] = {"cold": {}, "warm": {}}
-    paths = sorted((ROOT / "specs").glob("*.attn"))
-    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    with tempfile.TemporaryDirectory(prefix="indexattn-cache-") as directory:
-        environments = {
-            "cold": {**base, "INDEXATTN_CACHE": "0"},
-            "warm": {**base, "INDEXATTN_CACHE": "1", "INDEXATTN_CACHE_DIR": directory},
-        }
-        for path in (p for p in paths if p.stem in names):
-            command = [sys.executable, "-c", STARTUP, str(path)]
-            subprocess.run(command, capture_output=True, env=environments["warm"], check=True)
-            for kind, env in environments.items():
-                times = [
-                    float(subprocess.run(command, capture_output=True, env=env, check=True).stdout)
-                    for _ in range(repeats)
-                ]
-                out[kind][path.stem] = round(statistics.median(times), 3)
-    return out
+def startup(names: list[str], repeats: int) -> dict[str, dict[str, float]]:
+    """Seconds from `import torch` done to the first compile_spec() done, the median over
+    fresh processes per spec (benchmarks/startup.py): cold, never seen by the process or its
+    compile cache; warm, compiled by an earlier process and read from the cache."""
+    found = startup_benchmark.measure(names, repeats)
+    kinds = {"cold": "cold", "warm": "cached"}
+    return {kind: {n: found[n][key]["median"] for n in names} for kind, key in kinds.items()}
 
 
 def bfloat16(names: list[str], rounds: int, shape: tuple) -> list[dict]:
@@ -436,8 +408,9 @@ def markdown(results: dict) -> str:
     lines += ["", "## Every implementation over the fastest", "", *ratio_table(results["timings"])]
     lines += ["", "## Start-up: first compile_spec() after `import torch` (s)", ""]
     lines += [
-        "Cold: the compile cache off, so sympy, the checker, the planner and the code "
-        "generator run; warm: the spec compiled by an earlier process, read from the cache.",
+        "Cold: a spec the process and its compile cache (an empty directory) never saw, so "
+        "sympy, the checker, the planner and the code generator run; warm: the spec compiled "
+        "by an earlier process, read from the cache (benchmarks/startup.py).",
         "",
     ]
     lines += startup_table(results["startup"])
@@ -499,7 +472,7 @@ def ratio_table(timings: list[dict]) -> list[str]:
 
 
 def startup_table(times: dict) -> list[str]:
-    lines = ["| spec | cold s (no cache) | warm s (cached) |", "|---|---:|---:|"]
+    lines = ["| spec | cold s (never seen) | warm s (cached) |", "|---|---:|---:|"]
     return lines + [
         f"| {name} | {t:.3f} | {times['warm'][name]:.3f} |" for name, t in times["cold"].items()
     ]

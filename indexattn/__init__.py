@@ -22,15 +22,17 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_LAZY = {"compile_spec", "CompiledSpec", "SpecModule"}
-
 
 def __getattr__(name: str):
     # torch is imported on first use, so that `indexattn latex` and `count` start fast.
-    if name in _LAZY:
+    if name in ("compile_spec", "CompiledSpec"):  # the spec that runs and shows itself
+        from . import spec
+
+        return getattr(spec, name)
+    if name == "SpecModule":
         from . import runtime
 
-        return getattr(runtime, name)
+        return runtime.SpecModule
     if name == "distributed":  # torch.distributed, only when asked for
         import importlib
 

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import ShapeError, Span, SpecError
-from .notation.lexer import Lexer
 from .notation.names import ascii_name, normalise
-from .notation.syntax import Group, IndexName, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +85,11 @@ def relayout(tensor: torch.Tensor, src: str, dst: str, /, **sizes: int) -> torch
 
 @functools.lru_cache(maxsize=256)
 def parse_layout(text: str, file: str = "<layout>") -> Layout:
-    """`"<(Bμa)i>"` -> its axes, read by the spec lexer's own subscript reader."""
+    """`"<(Bμa)i>"` -> its axes, read by the spec lexer's own subscript reader (imported on
+    first use: `import indexattn` should not pay for the parser's classes)."""
+    from .notation.lexer import Lexer
+    from .notation.syntax import Group, IndexName, Literal
+
     lexer = Lexer(text, file)
     start = len(text) - len(text.lstrip(" \t"))
     if not text.startswith("<", start):

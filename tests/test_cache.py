@@ -12,6 +12,7 @@ import torch
 from indexattn import ShapeError
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 from indexattn.runtime import cache, compiled
+from indexattn.spec import CompiledSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))
@@ -27,8 +28,8 @@ def directory(tmp_path, monkeypatch):
 def fresh(path):
     """The spec at `path` compiled afresh (and kept), then loaded back from the cache."""
     text, name, file = path.read_text(encoding="utf-8"), path.stem, str(path)
-    miss = compiled._compile(text, name, file)
-    hit = compiled._compile(text, name, file)
+    miss = compiled._compile(text, name, file, CompiledSpec)  # the kind that shows itself too
+    hit = compiled._compile(text, name, file, CompiledSpec)
     return miss, hit
 
 

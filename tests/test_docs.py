@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import indexattn
 from indexattn.cli import main
 from indexattn.ir import check
 from indexattn.views import markdown as docs
@@ -85,8 +86,9 @@ def boxes(tree) -> list[tuple[float, float, float, float]]:
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_dataflow_picture_is_well_formed_and_boxes_do_not_overlap(path):
-    spec = check(path.read_text(encoding="utf-8"), path.stem)
-    tree = ElementTree.fromstring(svg.svg(spec))
+    program = indexattn.compile_spec(path).program
+    spec = program.spec
+    tree = ElementTree.fromstring(svg.svg(program))
     width, height = float(tree.get("width")), float(tree.get("height"))
     texts = [t.text for t in tree.iter(f"{SVG}text")]
     for tensor in spec.tensors:
@@ -99,14 +101,31 @@ def test_dataflow_picture_is_well_formed_and_boxes_do_not_overlap(path):
             assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y, "boxes overlap"
 
 
+def _frames(program) -> dict[str, set[str]]:
+    """The names of the tensors in each band of the program's picture."""
+    out: dict[str, set[str]] = {}
+    for tensor, band in svg.bands(svg.Graph(program)).items():
+        out.setdefault(band, set()).add(tensor.name)
+    return out
+
+
 def test_mha_picture_frames_the_fused_projection_and_the_attention_core():
-    spec = check((ROOT / "specs" / "mha.attn").read_text(encoding="utf-8"), "mha")
-    band = svg.bands(svg.Graph(spec))
-    names = {t.name: b for t, b in band.items()}
-    assert {n for n, b in names.items() if b == "projection"} == {"W", "Q", "K", "V"}
-    assert {n for n, b in names.items() if b == "core"} == {"M", "S", "A", "O"}
-    texts = [t.text for t in ElementTree.fromstring(svg.svg(spec)).iter(f"{SVG}text")]
+    program = indexattn.compile_spec(ROOT / "specs" / "mha.attn").program
+    frames = _frames(program)
+    assert frames["projection"] == {"W", "Q", "K", "V"} and frames["core"] == {"M", "S", "A", "O"}
+    texts = [t.text for t in ElementTree.fromstring(svg.svg(program)).iter(f"{SVG}text")]
     assert {"fused projection", "attention core", "B=0", "B=1", "B=2", "softmax τ'"} <= set(texts)
+
+
+def test_the_picture_frames_what_the_final_program_fused():
+    """gpt2's returned weights: the softmax, its dropout and the product with V are one step
+    of the final program (passes/softmax_values.py), framed; the twin: the planner's program,
+    before that pass, frames the projection alone."""
+    compiled = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
+    assert _frames(compiled.program)["weights"] == {"A", "Ã", "O"}
+    assert "weights" not in _frames(compiled.plan) and "projection" in _frames(compiled.plan)
+    texts = [t.text for t in ElementTree.fromstring(svg.svg(compiled.program)).iter(f"{SVG}text")]
+    assert "softmax and values, one step" in texts
 
 
 HOSTILE = """# <script>alert(1)</script> $\\input$ [x](javascript:alert(1)) **bold** `code`

@@ -96,8 +96,8 @@ def test_a_span_cut_one_key_short_is_seen(name, monkeypatch):
     namespace = spec.function.__globals__
     spans = namespace["key_spans"]
 
-    def short(keep, plain=None):
-        found = spans(keep, plain)
+    def short(keep, plain=None, every_call=False):
+        found = spans(keep, plain, every_call)
         return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1, w) for t, u, k0, k1, w in found]
 
     monkeypatch.setitem(namespace, "key_spans", short)
@@ -173,8 +173,8 @@ def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch)
     namespace = spec.function.__globals__
     spans = namespace["key_spans"]
 
-    def whole(keep, plain=None):
-        return [(*span[:4], True) for span in spans(keep, plain)]
+    def whole(keep, plain=None, every_call=False):
+        return [(*span[:4], True) for span in spans(keep, plain, every_call)]
 
     monkeypatch.setitem(namespace, "key_spans", whole)
     (got, _), (want, _) = run(spec, name, sizes={"N": 8})

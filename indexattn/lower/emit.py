@@ -272,23 +272,12 @@ class Emitter(KernelSteps, Values):
                 f"{out} = torch.logsumexp({x}, dim={dim}, keepdim=True)",
                 f"{out} = torch.exp({x} - {out}.masked_fill({out} == -math.inf, 0.0))",
             ]
-        safe = [
-            f"{out} = torch.softmax({x}, dim={dim})",
-            "# rows that are -inf everywhere give 0, not NaN (values and gradients): where the",
-            "# plain softmax made such a row (NaN throughout), or when traced, the safe one",
-            f"if torch.compiler.is_compiling() or {out}.select({dim}, 0).isnan().any():",
-            f"    {out} = torch.ops.aten._safe_softmax.default({x}, {dim})",
-        ]
+        softmax = self.safe_softmax()  # rows that may be -inf everywhere: the policy's
         if not step.into:
-            return safe
+            return f"{out} = {softmax}({x}, {dim})"
         return [
-            "# without gradients the weights overwrite the scores (no second tensor of their",
-            "# size), unless a row is -inf everywhere",
-            "if torch.is_grad_enabled() or torch.compiler.is_compiling() or "
-            f"{x}.amax({dim}).isneginf().any():",
-            *("    " + line for line in safe),
-            "else:",
-            f"    {out} = torch.softmax({x}, dim={dim}, out={x})",
+            "# without gradients the weights overwrite the scores: no second N×N tensor",
+            f"{out} = {softmax}({x}, {dim}, overwrite=not torch.is_grad_enabled())",
         ]
 
     def sink_softmax(self, step: Reduction, out: str, x: str, dim: str) -> list[str]:

@@ -125,9 +125,11 @@ class KernelSteps:
         }
         if step.hides == "-inf":
             self.use("math")
-        spans = self.helper(_key_spans, "key_spans", "QUERY_BLOCK")
+        text = partial(_key_spans, reads=self.host_reads())
+        spans = self.helper(text, "key_spans", "QUERY_BLOCK")
         out = self.var(step.out)
-        return f"{out} = {spans}({keep[step.hides]})  # blocks of queries and their keys"
+        every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
+        return f"{out} = {spans}({keep[step.hides]}{every})  # blocks of queries and their keys"
 
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
         """`W, O = softmax_values(S, V)` (passes/softmax_values.py): V viewed (…, key, width)."""
@@ -137,7 +139,7 @@ class KernelSteps:
         args = [self.ref(step.scores), expand(self.ref(values), values.dims, shape, values.batched)]
         if step.dropout is not None:
             args += [f"p={self.number(step.dropout)}", "training=training"]
-        args += ["safe=True"] if step.safe else []
+        args += [f"softmax={self.safe_softmax()}"] if step.safe else []
         if step.dropout is None:
             call = self.helper(_softmax_values, "softmax_values", "SoftmaxValues")
         else:
@@ -158,6 +160,16 @@ class KernelSteps:
             return [why, f"{out} = {pad}"]
         narrower = f"{self.size(step.over)} < {self.scalar(step.width)}"
         return [why, f"{out} = {pad} if {narrower} else {arg}"]
+
+    def safe_softmax(self) -> str:
+        """The module's softmax for rows that may be -inf everywhere (the one place of the
+        softmax policy: docs/performance.md, "Value-dependent branches")."""
+        return self.helper(partial(_safe_softmax, reads=self.host_reads()), "safe_softmax")
+
+    def host_reads(self) -> str:
+        """The knob naming the devices where the module may branch on a tensor's values."""
+        note = "devices whose values a call may read back: no synchronisation there"
+        return self.knob("HOST_READS", '("cpu",)', note)
 
     def features(self, parts, lead: tuple[Index, ...], widths, heads: int) -> str:
         """Queries or keys as the kernel wants them: each part's features flattened, the
@@ -221,29 +233,34 @@ def _sliced(code: str, piece: str) -> str:
     return f"{wrap(code)}[..., {piece}, :]" if piece else code
 
 
-def _key_spans(name: str, knob: str) -> str:
+def _key_spans(name: str, knob: str, reads: str) -> str:
     """The module's function that reads a mask's blocks of queries and keys (`Spans`)."""
     return f'''{knob} = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def {name}(keep, plain=None):
+def {name}(keep, plain=None, every_call=False):
     """Per block of {knob} queries: (first query, end, first key, end, whole), the keys the
     mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
     there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
     so that the block runs without it. One span of every query and key where it changes
     nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced (the spans are read off the mask's values)."""
+    traced. The spans are read off the mask's values, in one read back: on every call
+    (`every_call`, a mask of tensors), only on a device of {reads}, so that elsewhere a call
+    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    if every_call and keep.device.type not in {reads}:
         return None
     n_q, n_k = keep.shape[-2:]
     plain = keep if plain is None else plain
     seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split({knob}, -2)])
     fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split({knob}, -2)])
-    if fit.all():
+    # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    first, end, fits = torch.stack(
+        [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
+    ).tolist()
+    if all(count == n_k for count in fits):
         return [(0, n_q, 0, n_k, True)]
-    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
-    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
-    fits = fit.sum(-1).tolist()  # only keys a block sees can fit
     starts = range(0, n_q, {knob})
     spans = [
         (t, min(t + {knob}, n_q), k0, k1, count == k1 - k0)
@@ -251,6 +268,36 @@ def {name}(keep, plain=None):
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
     return spans if kept <= 0.8 * n_q * n_k else None'''
+
+
+def _safe_softmax(name: str, reads: str) -> str:
+    """The module's softmax for rows that may be -inf everywhere: the softmax policy."""
+    return f'''def {name}(scores, dim=-1, overwrite=False):
+    """softmax over `dim` where a row may be -inf everywhere: such a row gives zeros, not NaN
+    (values and gradients); `overwrite`: the weights may be written over the scores. On a
+    device of {reads}, reading a value back costs no synchronisation: the plain softmax
+    runs, and aten's safe one only where a row is dead (it costs 1.3-3.7x the plain one).
+    Elsewhere, when traced and under torch.func, nothing branches on the scores' values."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return torch.ops.aten._safe_softmax.default(scores, dim)
+    if scores.device.type not in {reads}:
+        if torch.is_grad_enabled() and scores.requires_grad:
+            return torch.ops.aten._safe_softmax.default(scores, dim)
+        # a dead row's maximum taken as 0, so that exp makes it 0, and its sum, 0, taken as
+        # 1; a live row's sum is at least 1 (its maximum's exp)
+        top = scores.amax(dim, keepdim=True)
+        top = top.masked_fill_(top.isneginf(), 0.0)
+        weights = (scores.sub_(top) if overwrite else scores - top).exp_()
+        total = weights.sum(dim, keepdim=True)
+        return weights.div_(total.masked_fill_(total == 0, 1.0))
+    if overwrite:
+        if scores.amax(dim).isneginf().any():
+            return torch.ops.aten._safe_softmax.default(scores, dim)
+        return torch.softmax(scores, dim=dim, out=scores)
+    weights = torch.softmax(scores, dim=dim)
+    if weights.select(dim, 0).isnan().any():  # a dead row is NaN throughout, a live one not
+        weights = torch.ops.aten._safe_softmax.default(scores, dim)
+    return weights'''
 
 
 def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
@@ -269,10 +316,8 @@ def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
     place, one tensor of their size where autograd's steps make three."""
 
     @staticmethod
-    def forward(ctx, scores, values, {inputs}safe):
-        weights = torch.softmax(scores, dim=-1)
-        if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
-            weights = torch.ops.aten._safe_softmax.default(scores, -1){draw}
+    def forward(ctx, scores, values, {inputs}softmax):
+        weights = torch.softmax(scores, dim=-1) if softmax is None else softmax(scores){draw}
         ctx.set_materialize_grads(False)
         ctx.save_for_backward({saved})
         return {kept}, {kept} @ values
@@ -300,10 +345,10 @@ def _softmax_values(name: str, function: str, dropout: bool = False) -> str:
         return grad, grad_values, {nones}
 
 
-def {name}(scores, values, {params}safe=False):
+def {name}(scores, values, {params}softmax=None):
     """{what} over the last axis, and its product with the values:
     with gradients, one autograd step ({function}); else the plain steps.
-    `safe`: rows that are -inf everywhere give zeros, not NaN."""
+    `softmax`: the module's safe one, where rows may be -inf everywhere (zeros, not NaN)."""
     traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
     # vmap, grad: their own autograd, and no branch on a tensor's values
     transformed = torch._C._are_functorch_transforms_active()
@@ -315,10 +360,10 @@ def {name}(scores, values, {params}safe=False):
         or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes{plain}
     )
     if not plain:
-        return {function}.apply(scores, values, {inputs}safe)
+        return {function}.apply(scores, values, {inputs}softmax)
     overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
-    if safe and (traced or transformed or scores.amax(-1).isneginf().any()):
-        weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    if softmax is not None:
+        weights = softmax(scores, -1, overwrite)
     else:
         weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None){redraw}
     return weights, weights @ values'''

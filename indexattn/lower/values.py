@@ -65,7 +65,7 @@ class Values:
         """A Python float: printed from its value when it is a number."""
         return repr(float(expr)) if expr.is_number else self.scalar(expr)
 
-    def knob(self, hint: str, value: int, note: str) -> str:
+    def knob(self, hint: str, value: int | str, note: str) -> str:
         """A module-level constant a reader may tune, named once per module."""
         if hint not in self.needs.knobs:
             name = self.names.fresh(hint)

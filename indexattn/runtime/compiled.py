@@ -10,7 +10,7 @@ import linecache
 import math
 import threading
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +28,15 @@ if TYPE_CHECKING:
     from ..lower.codegen import Module
     from ..lower.program import Program
 
-_CACHE: dict[tuple[str, str, str], CompiledSpec] = {}
+_CACHE: dict[tuple[str, str, str, type], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
 
 
-def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
-    """Compile a spec file, a shipped spec or spec text into a callable.
+def compile_spec(
+    spec: str | Path, name: str | None = None, *, kind: type[CompiledSpec] | None = None
+) -> CompiledSpec:
+    """Compile a spec file, a shipped spec or spec text into a callable: a `kind` (this
+    module's CompiledSpec, which runs; indexattn.spec's, which also shows itself).
 
     A `Path`, or a one-line `str` ending in `.attn`, is a file to read; a one-line name such
     as `"mha"` or `"models/llama3"` is the shipped spec of that name (`shipped_specs()` lists
@@ -52,20 +55,22 @@ def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
         text, name, file = _read(path), name or path.stem, str(path)
     else:
         text, name, file = spec, name or "spec", f"<{name or 'spec'}>"
-    key = (text, name, file)
+    kind = kind or CompiledSpec
+    key = (text, name, file, kind)
     if key not in _CACHE:
-        _CACHE[key] = _compile(text, name, file)
+        _CACHE[key] = _compile(text, name, file, kind)
     return _CACHE[key]
 
 
-def _compile(text: str, name: str, file: str) -> CompiledSpec:
+def _compile(text: str, name: str, file: str, kind: type[CompiledSpec] | None = None):
     """From the disk cache if kept there, else checked, planned and generated (and kept)."""
+    kind = kind or CompiledSpec
     kept = cache.load(text, name, file)
     if kept is not None:
-        return CompiledSpec(None, text, file, plain=kept)
+        return kind(None, text, file, plain=kept)
     from .. import ir
 
-    compiled = CompiledSpec(ir.check(text, name, file), text, file)
+    compiled = kind(ir.check(text, name, file), text, file)
     cache.store(text, name, file, compiled.plain)
     return compiled
 
@@ -110,7 +115,9 @@ def _is_path(text: str) -> bool:
 
 
 class CompiledSpec:
-    """A checked spec with its plan and generated module; call it like its function.
+    """A checked spec with its plan and generated module; call it like its function. What it
+    shows a person (LaTeX, counts, Markdown) is indexattn.spec's subclass: the runtime does not
+    import the views.
 
     A call reads only `plain`; `ir`, `plan` and `module_source` are built when first asked
     for (by latex, flops, param_count, module, ...) when the spec came from the disk cache."""
@@ -170,8 +177,8 @@ class CompiledSpec:
         return _generate(self.program)
 
     def __reduce__(self):
-        # Pickled as its text: generated functions and caches are rebuilt, not stored.
-        return compile_spec, (self.text, self.name)
+        # Pickled as its text and kind: generated functions and caches are rebuilt, not stored.
+        return partial(compile_spec, kind=type(self)), (self.text, self.name)
 
     @property
     def sizes(self) -> tuple[sympy.Symbol, ...]:
@@ -347,40 +354,6 @@ class CompiledSpec:
                     "sets; convert them to one dtype and device"
                 )
 
-    def param_count(self) -> sympy.Expr:
-        """Learnable numbers in the size symbols, e.g. 4*d_m**2 + d_m."""
-        from ..views import cost
-
-        return cost.param_count(self.ir)
-
-    def flops(self) -> sympy.Expr:
-        """Floating-point operations of one forward pass per batch element, along the steps
-        the generated code takes (see indexattn/views/cost.py for what each step costs)."""
-        from ..views import cost
-
-        return cost.flops(self.program)
-
-    def latex(self, *, raised: bool = False, sums: bool = False) -> str:
-        r"""The equations as an amsmath `align` environment; `raised=True` writes a contracted
-        index up on its second use (`X_{\tau}{}^{i}`), `sums=True` writes the sums."""
-        from ..views import latex
-
-        return latex.latex(self.ir, raised=raised, sums=sums)
-
-    def _repr_latex_(self) -> str:
-        from ..views import latex
-
-        return "$$" + latex.latex(self.ir, environment="aligned") + "$$"
-
-    def _repr_markdown_(self) -> str:
-        from ..views import markdown
-
-        return (
-            markdown.head(self.ir, index=False)
-            + "\n"
-            + markdown.equations(self.ir, markdown.NOTEBOOK_MATH)
-        )
-
     @cached_property
     def default_backward(self) -> str:
         """The backward a call runs when it names none: "derived" where
@@ -403,7 +376,8 @@ class CompiledSpec:
         """The derived backward, compiled like any spec: call it with the forward's arguments
         and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
         names, each with the call's batch axes (a param's gradient is their sum)."""
-        return compile_spec(self.backward_text(training=training), name=f"{self.name}_backward")
+        text = self.backward_text(training=training)
+        return compile_spec(text, name=f"{self.name}_backward", kind=type(self))
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which

@@ -32,6 +32,9 @@ class Runs(Protocol):
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
         """The generated function on tensors in argument order."""
 
+    def _module_markdown(self, parameters: int, sizes: dict[str, int]) -> str:
+        """A layer's page in a notebook (indexattn/spec.py's CompiledSpec)."""
+
 
 class SpecModule(nn.Module):
     """The spec as a layer; `module.scalars` holds the scalars (p, w, ...) it calls with."""
@@ -114,17 +117,10 @@ class SpecModule(nn.Module):
 
     def _repr_markdown_(self) -> str:
         """In a notebook: the spec's title, description and equations, then the parameters
-        this module holds, counted, and the spec's formula for them."""
-        from ..views.latex import formula
-
+        this module holds, counted, and the spec's formula for them (indexattn.spec's
+        CompiledSpec writes it: the runtime imports no view)."""
         count = sum(p.numel() for p in self.parameters())
-        sizes = ", ".join(f"{k} = {v}" for k, v in self.sizes.items())
-        return (
-            self.spec._repr_markdown_()
-            + f"\n**{count:,} parameters**"
-            + (f" at ${sizes}$" if sizes else "")
-            + f": ${formula(self.spec.param_count())}$\n"
-        )
+        return self.spec._module_markdown(count, self.sizes)
 
     def extra_repr(self) -> str:
         return f"spec={self.spec.name}, " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..runtime import CompiledSpec, compile_spec
+from ..runtime import CompiledSpec
+from ..spec import compile_spec
 
 TENSORS = ("Q", "K", "V", "M")  # a core spec's inputs, in this order
 SINKS = "s_aux"  # an optional input: a learned logit per query head joins the softmax

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..runtime import CompiledSpec, compile_spec
+from ..runtime import CompiledSpec
+from ..spec import compile_spec
 from .weights import from_transformers
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from torch import nn
 
-from ..runtime import CompiledSpec, SpecModule, compile_spec
+from ..runtime import CompiledSpec, SpecModule
+from ..spec import compile_spec
 
 
 def from_transformers(

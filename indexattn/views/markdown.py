@@ -45,7 +45,7 @@ def files(pages: list[Page]) -> dict[str, str]:
     out = {}
     for page in pages:
         out[f"{page.stem}.md"] = markdown(page)
-        out[f"{page.stem}.svg"] = svg.svg(page.spec)
+        out[f"{page.stem}.svg"] = svg.svg(page.report.plan)
     out["README.md"] = index(pages)
     return out
 

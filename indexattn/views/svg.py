@@ -1,8 +1,9 @@
-"""Spec -> a dataflow diagram as SVG, drawn by plain code (no graphviz): tensors are boxes in
-layers from top to bottom, each equation draws arrows from the tensors it reads to the one it
-defines, and dashed frames mark what the planner fuses: the projections (one weight read in
-literal slices, one matrix product) and the attention core (mask, scores, softmax, weighted
-sum: one kernel)."""
+"""Program -> a dataflow diagram as SVG, drawn by plain code (no graphviz): tensors are boxes
+in layers from top to bottom, each equation draws arrows from the tensors it reads to the one
+it defines, and dashed frames mark what the final program computes in one fused step, read off
+its steps' kinds: the projections (one weight read in slices, one matrix product and a split),
+the attention core (mask, scores, softmax, weighted sum: one kernel) and returned weights with
+their values (one autograd step)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 import sympy
 
 from .. import ir
-from ..lower import fusion
+from ..lower.program import Program
+from ..lower.steps import Attention, Linear, SoftmaxValues, Split
 
 CHAR = 8.4  # width of one character of the 14px monospace font
 ROW = 92  # from one layer to the next
@@ -28,8 +30,13 @@ STYLE = {  # fill, stroke
     "derived": ("#ffffff", "#374151"),
     "output": ("#dcfce7", "#15803d"),
 }
-FRAMES = {"projection": ("#c2410c", "fused projection"), "core": ("#7c3aed", "attention core")}
-BANDS = ("left", "projection", "core", "right")
+FRAMES = {
+    "projection": ("#c2410c", "fused projection"),
+    "core": ("#7c3aed", "attention core"),
+    "weights": ("#0f766e", "softmax and values, one step"),
+}
+BANDS = ("left", "projection", "core", "weights", "right")
+FUSED = {Attention: "core", SoftmaxValues: "weights"}  # a step that computes its block whole
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,9 @@ class Graph:
     """The spec as tensors and arrows (one per tensor an equation reads, labelled with the
     literal slices it reads), built once, with the questions the layout asks."""
 
-    def __init__(self, spec: ir.Spec) -> None:
-        self.spec = spec
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.spec = spec = program.spec
         found: dict[tuple[ir.Tensor, ir.Tensor], list[str]] = {}
         for eq in spec.equations:
             for ref in ir.refs(eq.rhs):
@@ -90,14 +98,11 @@ class Graph:
 
 
 def bands(graph: Graph) -> dict[ir.Tensor, str]:
-    """Where each tensor is drawn, left to right: what comes before the frames, the fused
-    projections and the attention cores (exactly what lower/fusion.py fuses), and what comes
-    after."""
-    band = dict.fromkeys(_projections(graph.spec), "projection")
-    for match in fusion.find_attention(graph.spec):
-        band.update(dict.fromkeys((eq.tensor for eq in match.equations), "core"))
+    """Where each tensor is drawn, left to right: what comes before the frames, what the
+    program fused, and what comes after."""
+    band = fused(graph.program)
     for eq in graph.spec.equations:
-        after = any(band.get(t) in ("core", "right") for t in graph.reads[eq.tensor])
+        after = any(band.get(t) not in (None, "left", "projection") for t in graph.reads[eq.tensor])
         if eq.tensor not in band and after:
             band[eq.tensor] = "right"
     for t in graph.spec.tensors:
@@ -107,13 +112,24 @@ def bands(graph: Graph) -> dict[ir.Tensor, str]:
     return {t: band.get(t, "left") for t in graph.spec.tensors}
 
 
-def _projections(spec: ir.Spec):
-    """The tensors of each fused projection: the sliced weight (and bias) and the slices."""
-    for group in fusion.projection_groups(spec):
-        for eq, form in zip(group.equations, group.forms):
-            yield from (form.weight.tensor, eq.tensor)
-            if form.bias is not None:
-                yield form.bias.tensor
+def fused(program: Program) -> dict[ir.Tensor, str]:
+    """The tensors of each fused step of the final program, by frame: a block holding a kernel
+    (`FUSED`) computes all its equations in it, and those of the blocks just before it that a
+    pass left without steps (it took them over); a `Linear` whose result is split computes
+    every slice of its weight (and bias) in one product."""
+    band: dict[ir.Tensor, str] = {}
+    taken: list[ir.Tensor] = []  # the equations of blocks without steps since the last one
+    for block in program.blocks:
+        defined = [*taken, *(eq.tensor for eq in block.equations)]
+        taken = defined if not block.steps else []
+        split = {s.arg.var for s in block.steps if isinstance(s, Split)}
+        for step in block.steps:
+            if type(step) in FUSED:
+                band.update(dict.fromkeys(defined, FUSED[type(step)]))
+            elif isinstance(step, Linear) and step.out.var in split:
+                read = [step.weight, *([step.bias] if step.bias is not None else [])]
+                band.update(dict.fromkeys([*read, *defined], "projection"))
+    return band
 
 
 # -- layout
@@ -209,9 +225,11 @@ def operation(node: ir.Node) -> str:
 # -- drawing
 
 
-def svg(spec: ir.Spec) -> str:
-    """The diagram as a standalone SVG document."""
-    graph = Graph(spec)
+def svg(program: Program) -> str:
+    """The diagram of the final program's spec (`CompiledSpec.program`), as a standalone SVG
+    document."""
+    graph = Graph(program)
+    spec = program.spec
     boxes = layout(graph)
     by_tensor = {b.tensor: b for b in boxes}
     width = max(b.x + b.width / 2 for b in boxes) + MARGIN + FRAME

@@ -7,27 +7,35 @@ import torch
 import torch.nn.functional as F
 
 
+HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchronisation there
+
+
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep, plain=None):
+def key_spans(keep, plain=None, every_call=False):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
     mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
     there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
     so that the block runs without it. One span of every query and key where it changes
     nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced (the spans are read off the mask's values)."""
+    traced. The spans are read off the mask's values, in one read back: on every call
+    (`every_call`, a mask of tensors), only on a device of HOST_READS, so that elsewhere a call
+    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
     if torch.compiler.is_compiling() or keep.numel() == 0:
+        return None
+    if every_call and keep.device.type not in HOST_READS:
         return None
     n_q, n_k = keep.shape[-2:]
     plain = keep if plain is None else plain
     seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
     fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
-    if fit.all():
+    # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    first, end, fits = torch.stack(
+        [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
+    ).tolist()
+    if all(count == n_k for count in fits):
         return [(0, n_q, 0, n_k, True)]
-    first = seen.int().argmax(-1).tolist()  # a block that sees no key: 0 to n_k
-    end = (n_k - seen.flip(-1).int().argmax(-1)).tolist()
-    fits = fit.sum(-1).tolist()  # only keys a block sees can fit
     starts = range(0, n_q, QUERY_BLOCK)
     spans = [
         (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)

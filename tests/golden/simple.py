@@ -10,10 +10,8 @@ class SoftmaxValues(torch.autograd.Function):
     place, one tensor of their size where autograd's steps make three."""
 
     @staticmethod
-    def forward(ctx, scores, values, safe):
-        weights = torch.softmax(scores, dim=-1)
-        if safe and weights.select(-1, 0).isnan().any():  # a row -inf everywhere: zeros
-            weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    def forward(ctx, scores, values, softmax):
+        weights = torch.softmax(scores, dim=-1) if softmax is None else softmax(scores)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(weights, values)
         return weights, weights @ values
@@ -41,10 +39,10 @@ class SoftmaxValues(torch.autograd.Function):
         return grad, grad_values, None
 
 
-def softmax_values(scores, values, safe=False):
+def softmax_values(scores, values, softmax=None):
     """softmax(S) over the last axis, and its product with the values:
     with gradients, one autograd step (SoftmaxValues); else the plain steps.
-    `safe`: rows that are -inf everywhere give zeros, not NaN."""
+    `softmax`: the module's safe one, where rows may be -inf everywhere (zeros, not NaN)."""
     traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
     # vmap, grad: their own autograd, and no branch on a tensor's values
     transformed = torch._C._are_functorch_transforms_active()
@@ -56,10 +54,10 @@ def softmax_values(scores, values, safe=False):
         or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes
     )
     if not plain:
-        return SoftmaxValues.apply(scores, values, safe)
+        return SoftmaxValues.apply(scores, values, softmax)
     overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
-    if safe and (traced or transformed or scores.amax(-1).isneginf().any()):
-        weights = torch.ops.aten._safe_softmax.default(scores, -1)
+    if softmax is not None:
+        weights = softmax(scores, -1, overwrite)
     else:
         weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
     return weights, weights @ values
