@@ -82,7 +82,7 @@ INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "
 
 # Functions whose backward reads their result (tanh: 1 - y², exp: y, ...): they may overwrite
 # their argument, as torch's `tanh_` does under autograd.
-INPLACE = frozenset({"exp", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
+INPLACE = frozenset({"exp", "expm1", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
 
 # Functions and operators that may make inf or NaN of finite numbers (exp's overflow aside).
 PARTIAL = frozenset({"log", "log1p", "sqrt", "rsqrt", "mod", "/", "^", "pow"})

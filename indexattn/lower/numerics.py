@@ -14,7 +14,7 @@ computed in, and where they meet the call's dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -158,3 +158,53 @@ def _argument(node) -> bool:
     from .. import ir
 
     return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")
+
+
+# The value each argument of a function that can overflow or leave its domain takes where a
+# `where` does not choose it: finite, with a finite derivative (exp(0), log(1), 1^0).
+SAFE: dict[str, tuple] = {
+    "exp": (0,),
+    "expm1": (0,),
+    "log": (1,),
+    "log1p": (0,),
+    "sqrt": (1,),
+    "rsqrt": (1,),
+    "pow": (1, 0),
+    "mod": (0, 1),
+}
+
+
+def guarded(node):
+    """`where(c, a, b)` with each function in a and b that can overflow (exp) or leave its
+    domain (log, a power, a quotient) evaluated only where chosen: its data arguments read
+    as a finite value elsewhere, `exp(where(c, 0, x))`. The values are those written; the
+    gradient is where's own, not 0 times an infinity of a branch nobody chose (NaN: RetNet's
+    decay `where(τ' > τ, 0, exp((τ - τ') λ))` overflows above the diagonal in float32)."""
+    from .. import ir
+
+    if not isinstance(node, ir.Apply) or node.fn != "where":
+        return node
+    cond, a, b = node.args
+    return replace(node, args=(cond, _masked(a, cond, True), _masked(b, cond, False)))
+
+
+def _masked(node, cond, chosen: bool):
+    """`node` with the risky functions' arguments replaced by SAFE values where `cond` is
+    not `chosen`; an argument without all of the condition's indices is left (masking it
+    would widen it)."""
+    from .. import ir
+
+    if isinstance(node, (ir.Product, ir.Sum)):
+        field = "factors" if isinstance(node, ir.Product) else "terms"
+        return replace(node, **{field: tuple(_masked(c, cond, chosen) for c in ir.children(node))})
+    if not isinstance(node, ir.Apply):
+        return node
+    args = tuple(_masked(a, cond, chosen) for a in node.args)
+    for k, safe in enumerate(SAFE.get(node.fn, ())):
+        arg = args[k]
+        if isinstance(arg, ir.Field) or not set(cond.free) <= set(arg.free):
+            continue
+        value = ir.Field(sympy.Integer(safe), (), arg.span)
+        pair = (arg, value) if chosen else (value, arg)
+        args = (*args[:k], ir.Apply("where", (cond, *pair), arg.span), *args[k + 1 :])
+    return replace(node, args=args)

@@ -14,7 +14,7 @@ import sympy
 from .. import ir
 from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
-from ..ir.kinds import integer_tensors
+from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import numerics
 from .fusion import LinearForm, declared_outer, direct, linear_form, shift
@@ -232,7 +232,11 @@ class Planner(Products, PrefixProducts):
         where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
         dims = _gathered(value, axis, positions, self.ordered)
         out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
-        return self.add(Gather(out, value, axis, positions, where))
+        bounds = None
+        if not integer and not positions.var.argument and integer_tensors(at.value):
+            equations = {eq.tensor.name: eq.rhs for eq in self.spec.equations}
+            bounds = whole_form(at.value, equations)
+        return self.add(Gather(out, value, axis, positions, where, bounds))
 
     def positions(self, at: ir.At, hint: str) -> Operand:
         """Whole numbers to gather at: a grid of positions, or integer data."""
@@ -266,6 +270,7 @@ class Planner(Products, PrefixProducts):
         return self.add(Add(out, args, signs if -1 in signs else ()))
 
     def node_Apply(self, node: ir.Apply, hint: str) -> Arg:
+        node = numerics.guarded(node)
         args = tuple(self.node(arg, hint) for arg in node.args)
         out = Operand(
             self.var(f"{hint}_{_word(node.fn)}"), self.ordered(node.free), any(map(_batched, args))
