@@ -235,6 +235,7 @@ class Emitter(KernelSteps, Values):
             self.needs.device = True
             args[0] = f"torch.as_tensor({args[0]}, device=device)"
         self.use(*op.imports)
+        self.needs.dtype |= op.kind == "cast"  # to or from the call's dtype
         template = op.inplace if step.into else op.torch  # lower/passes/inplace.py
         return f"{self.var(step.out)} = {template.format(*args)}"
 

@@ -9,7 +9,11 @@ computed in, and where they meet the call's dtype.
 - A table is cast to the call's dtype where it is made, when data reads it or it is returned
   (`cos_theta = torch.cos(theta).to(dtype)`); a table read only by other tables stays wide.
 - Everything else runs in the call's dtype, with torch's own accumulation (softmax and
-  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels).
+  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels), except a
+  tensor declared with a precision (`A_<ττ'> : float32 = ...`): what its equation reads is
+  cast up (`widened`), its steps run in that precision, and it is cast to the call's dtype.
+- In `where(c, a, b)`, a function of a branch that can overflow or leave its domain reads a
+  finite value where that branch is not chosen (`guarded`): gradients stay finite.
 """
 
 from __future__ import annotations
@@ -63,14 +67,21 @@ def tables(plan: Program) -> Tables:
         if _table_step(step) and all(v in kinds for v in read):
             kinds[step.out.var] = _kind(step, kinds)
             continue
-        readers.update({v: True for v in read if v in kinds})
+        if not _widens(step):  # a table read in a precision of its own stays wide
+            readers.update({v: True for v in read if v in kinds})
     readers.update({r.var: True for r in plan.results if r.var in kinds})
     made = frozenset(v for v in kinds if not v.argument)
     cast = frozenset(v for v in made if kinds[v] == "float" and readers.get(v))
     return Tables(made, cast)
 
 
+def _widens(step: Step) -> bool:
+    return isinstance(step, Elementwise) and step.fn in ("float32", "float64")
+
+
 def _table_step(step: Step) -> bool:
+    if isinstance(step, Elementwise) and ops.lookup(step.fn).kind == "cast":
+        return False
     if isinstance(step, Unfuse):
         return step.tensor.dtype == "int"
     if isinstance(step, Elementwise) and step.fn == "dropout":
@@ -158,6 +169,28 @@ def _argument(node) -> bool:
     from .. import ir
 
     return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")
+
+
+def widened(node, precision: str):
+    """The right-hand side of `A : float32 = ...` with every float tensor it reads cast up
+    (`float32`: to float32 or the call's dtype where wider; `float64`): its steps then run in
+    that precision. Positions and integer tensors stay as they are."""
+    from .. import ir
+
+    if isinstance(node, ir.Ref):
+        whole = node.tensor.dtype == "int" or node.tensor.whole
+        return node if whole else ir.Apply(precision, (node,), node.span)
+    if isinstance(node, ir.Product):
+        return replace(node, factors=tuple(widened(f, precision) for f in node.factors))
+    if isinstance(node, ir.Sum):
+        return replace(node, terms=tuple(widened(t, precision) for t in node.terms))
+    if isinstance(node, ir.Apply):
+        return replace(node, args=tuple(widened(a, precision) for a in node.args))
+    if isinstance(node, ir.Reduce):
+        return replace(node, body=widened(node.body, precision))
+    if isinstance(node, ir.Concat):
+        return replace(node, parts=tuple(widened(p, precision) for p in node.parts))
+    return node
 
 
 # The value each argument of a function that can overflow or leave its domain takes where a

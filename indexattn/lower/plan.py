@@ -130,11 +130,23 @@ class Planner(Products, PrefixProducts):
 
     def block(self, eq: ir.Equation) -> tuple[ir.Equation, ...]:
         """Plans one equation, or the equations one kernel computes; returns them."""
+        if eq.tensor.precision:
+            self.precise(eq)
+            return (eq,)
         kernel = self.kernels.block(eq)
         if kernel is not None:
             return kernel
         self.general(eq, eq.rhs)
         return (eq,)
+
+    def precise(self, eq: ir.Equation) -> None:
+        """An equation computed in a precision of its own (`A_<ττ'> : float32 = ...`): what
+        it reads cast up, its steps in that precision, the result cast to the call's dtype
+        (lower/numerics.py); no kernel takes it."""
+        self.order, hint = eq.indices, eq.tensor.ascii
+        wide = self.as_tensor(self.node(numerics.widened(eq.rhs, eq.tensor.precision), hint), hint)
+        out = Operand(self.var(hint), wide.dims, wide.batched)
+        self.assign(eq, self.add(Elementwise(out, "narrow", (wide,))))
 
     def general(self, eq: ir.Equation, rhs: ir.Node) -> None:
         """Plans `rhs` (the equation's right-hand side, or it with kernels' results read in
