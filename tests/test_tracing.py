@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 
 import indexattn
@@ -154,14 +155,13 @@ def test_inductor_forward_and_backward_with_dynamic_shapes(name):
 def test_torch_export_with_a_dynamic_sequence_length(name):
     spec, module, inputs = layer(name)
     sizes = sequence_sizes(spec)
-    dims = {size: torch.export.Dim(size, min=2, max=64) for size in sorted(sizes)}
+    # named apart from the sizes: a derived Dim reads its name with sympy, where N is a function
+    dims = {size: torch.export.Dim(f"{size}_dim", min=2, max=64) for size in sorted(sizes)}
     shapes = {  # by the inputs' names, as forward's signature has them
         t.ascii: {
-            k + 1: dims[spec.ir.size_ascii(axis[0].size)]
+            k + 1: dim
             for k, axis in enumerate(t.layout)
-            if len(axis) == 1
-            and axis[0].size.is_Symbol
-            and spec.ir.size_ascii(axis[0].size) in sizes
+            if len(axis) == 1 and (dim := _dim(spec, axis[0].size, dims)) is not None
         }
         for t in spec.ir.tensors_of("input")
     }
@@ -191,6 +191,19 @@ def test_shape_errors_under_fullgraph_carry_the_message():
     compiled(torch.randn(2, 5, 12))
     with pytest.raises(Exception, match=r"ShapeError.*X_<τi>, axis 1 \(i\) has size 13"):
         compiled(torch.randn(2, 5, 13))
+
+
+def _dim(spec, size, dims: dict):
+    """The export Dim of an axis of this size: a dynamic size's own, or one plus a number
+    (a decode step's keys, `N_c + N` with the cache's length fixed); None for a fixed axis."""
+    names = {s: spec.ir.size_ascii(s) for s in size.free_symbols}
+    moving = [s for s, name in names.items() if name in dims]
+    if len(moving) != 1 or sympy.diff(size, moving[0]) != 1:
+        return None
+    fixed = sample_sizes(spec.ir)
+    offset = (size - moving[0]).subs({s: fixed[n] for s, n in names.items() if s != moving[0]})
+    dim = dims[names[moving[0]]]
+    return dim + int(offset) if offset != 0 else dim
 
 
 def _tuple(value):
