@@ -40,14 +40,12 @@ def sequence_sizes(spec) -> set[str]:
 
 EVERY = sorted(indexattn.shipped_specs())
 # one spec per kind of generated code that autograd's tracing can meet: the attention kernel
-# (is_causal, a boolean mask, a float bias), scores by hand with the safe softmax, rotary tables,
-# positions gathered (a relative bias, T5's buckets), a KV cache joined, prefix products by
-# chunks, elu features, sink columns, a soft cap, Bloom's log of the head count, a whole layer
+# (is_causal, a float bias), rotary tables, positions gathered (T5's buckets), a KV cache
+# joined, elu features, prefix products by chunks, a sink column, scores by hand with a soft
+# cap and the safe softmax, Bloom's log of the head count
 AOT = [
     "mha",
-    "gpt2",
     "alibi",
-    "doc_mask",
     "rope",
     "t5_bias",
     "kv_decode",
@@ -55,10 +53,7 @@ AOT = [
     "linear_attention_causal",
     "attention_sinks",
     "softcap_window",
-    "sigmoid_attention",
     "models/bloom",
-    "models/t5",
-    "layers/llama",
 ]
 INDUCTOR = ["linear_attention_causal"]  # C++ kernels built on the CPU: ~30 s a spec
 if os.environ.get("INDEXATTN_TRACE_ALL"):  # the complete run (docs/testing.md)

@@ -11,7 +11,8 @@ computed in, and where they meet the call's dtype.
 - Everything else runs in the call's dtype, with torch's own accumulation (softmax and
   reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels), except a
   tensor declared with a precision (`A_<ττ'> : float32 = ...`): what its equation reads is
-  cast up (`widened`), its steps run in that precision, and it is cast to the call's dtype.
+  cast up (`widened`), its steps run in that precision, and it is held so; an equation in the
+  call's dtype reads it cast down (plan.py, `Planner.narrowed`).
 - In `where(c, a, b)`, a function of a branch that can overflow or leave its domain reads a
   finite value where that branch is not chosen (`guarded`): gradients stay finite.
 """

@@ -64,6 +64,7 @@ class Planner(Products, PrefixProducts):
         self.literals = _literal_positions(spec)
         self.fields = _field_references(spec)
         self.unread = _unread(spec, self.fields)
+        self.wide = False  # planning an equation of a precision of its own
         self.steps: list[Step] = []  # the block being planned
         self.blocks: list[Block] = []  # the blocks planned before it
         self.order: tuple[Index, ...] = ()
@@ -141,12 +142,19 @@ class Planner(Products, PrefixProducts):
 
     def precise(self, eq: ir.Equation) -> None:
         """An equation computed in a precision of its own (`A_<ττ'> : float32 = ...`): what
-        it reads cast up, its steps in that precision, the result cast to the call's dtype
-        (lower/numerics.py); no kernel takes it."""
-        self.order, hint = eq.indices, eq.tensor.ascii
-        wide = self.as_tensor(self.node(numerics.widened(eq.rhs, eq.tensor.precision), hint), hint)
-        out = Operand(self.var(hint), wide.dims, wide.batched)
-        self.assign(eq, self.add(Elementwise(out, "narrow", (wide,))))
+        it reads cast up, its steps in that precision (lower/numerics.py); no kernel takes
+        it. The tensor is held wide: an equation in the call's dtype reads it cast down."""
+        self.wide = True
+        self.general(eq, numerics.widened(eq.rhs, eq.tensor.precision))
+        self.wide = False
+
+    def narrowed(self, tensor: Tensor, value: Operand) -> Operand:
+        """A tensor held in a precision of its own, as an equation in the call's dtype (or
+        the caller) reads it: cast to the call's dtype, once."""
+        if not tensor.precision or self.wide:
+            return value
+        out = Operand(self.var(tensor.ascii + "_narrow"), value.dims, value.batched)
+        return self.add(Elementwise(out, "narrow", (value,)))
 
     def general(self, eq: ir.Equation, rhs: ir.Node) -> None:
         """Plans `rhs` (the equation's right-hand side, or it with kernels' results read in
@@ -172,7 +180,7 @@ class Planner(Products, PrefixProducts):
         self.held[eq.tensor.name] = value
 
     def result(self, tensor: Tensor) -> Operand:
-        value = self.held[tensor.name]
+        value = self.narrowed(tensor, self.held[tensor.name])
         if not tensor.fused:
             return value
         out = Operand(self.var(tensor.ascii + "_out"), value.dims, value.batched)
@@ -213,7 +221,7 @@ class Planner(Products, PrefixProducts):
         positions = self.literals.get(tensor.name, ())
         if tensor.name not in self.held:
             self.held[tensor.name] = self.unfuse(tensor, positions)
-        base = self.held[tensor.name]
+        base = self.narrowed(tensor, self.held[tensor.name])
         chosen = [node.written[tensor.indices.index(d)] for d in base.dims]
         select = tuple(_selected(c) for c in chosen)
         while select and select[-1] is None:
