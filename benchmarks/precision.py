@@ -9,6 +9,8 @@ module's error and the spec's on the module's own weights, at the same N and pos
 
     PYTHONPATH=. .venv/bin/python benchmarks/precision.py            # the table, on stdout
     PYTHONPATH=. .venv/bin/python benchmarks/precision.py --write    # into docs/precision.md
+    PYTHONPATH=. .venv/bin/python benchmarks/precision.py --spec rope --spec models/llama3 --write
+                                         # only those rows, measured and put in the table
 """
 
 from __future__ import annotations
@@ -82,20 +84,25 @@ def _tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def rows() -> list[str]:
-    paths = sorted(ROOT.glob("specs/*.attn")) + sorted(ROOT.glob("specs/models/*.attn"))
-    out = []
-    for path in paths:
-        spec = indexattn.compile_spec(path)
+def names() -> list[str]:
+    """Every shipped spec, in the table's order: specs/, then specs/layers/, specs/models/."""
+    folders = ["", "layers/", "models/"]
+    return [f + p.stem for f in folders for p in sorted((ROOT / "specs" / f).glob("*.attn"))]
+
+
+def rows(selected: list[str]) -> dict[str, str]:
+    """The table's row of each spec named, by name."""
+    out = {}
+    for name in selected:
+        spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
         cells = []
         for dtype in LOW.values():
             near, far = spec_errors(spec, dtype)
             cells += [f"{near:.4f}", "–" if far is None else f"{far:.4f}"]
-        top = path.parent.name == "specs"  # tests/reference's modules are of specs/*.attn
+        top = "/" not in name  # tests/reference's modules are of specs/*.attn
         for dtype in LOW.values():
             cells += _reference_cells(spec, dtype) if top else ["–"]
-        name = path.stem if top else f"models/{path.stem}"
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out[name] = f"| {name} | " + " | ".join(cells) + " |"
     return out
 
 
@@ -110,26 +117,54 @@ def _reference_cells(spec, dtype) -> list[str]:
     return [" / ".join(f"{ours:.4f} vs {theirs:.4f}" for ours, theirs in pairs)]
 
 
+COLUMNS = (
+    "| spec | bf16 N=2048 | bf16 from 29952 | f16 N=2048 | f16 from 29952 "
+    "| bf16: spec vs reference (from 0 / 29952) | f16: spec vs reference |"
+)
+RULE = "|---|---:|---:|---:|---:|---|---|"
+
+
+def _machine() -> str:
+    return f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
 def table() -> str:
     start = time.perf_counter()
-    body = rows()
+    body = rows(names())
     seconds = time.perf_counter() - start
-    machine = f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    columns = (
-        "| spec | bf16 N=2048 | bf16 from 29952 | f16 N=2048 | f16 from 29952 "
-        "| bf16: spec vs reference (from 0 / 29952) | f16: spec vs reference |"
+    text = HEAD.format(seconds=seconds, machine=_machine(), n=N, far=FAR)
+    return text + "\n".join([COLUMNS, RULE, *body.values()]) + "\n"
+
+
+def merged(selected: list[str], old: str) -> str:
+    """docs/precision.md with the rows of `selected` measured now, the others as they were,
+    and a line under the table that says when and where those rows were measured."""
+    start = time.perf_counter()
+    new = rows(selected)
+    seconds = time.perf_counter() - start
+    head, _, rest = old.partition(COLUMNS + "\n" + RULE + "\n")
+    kept = {line.split(" | ")[0][2:]: line for line in rest.splitlines() if line.startswith("| ")}
+    notes = [line for line in rest.splitlines() if line and not line.startswith("| ")]
+    body = {**kept, **new}
+    lines = [body[n] for n in names() if n in body]
+    notes.append(
+        f"Rows {', '.join(selected)}: measured by `--spec`, {seconds:.0f} s on {_machine()} "
+        "(the machine shared with other jobs; the errors do not depend on its load)."
     )
-    rule = "|---|---:|---:|---:|---:|---|---|"
-    text = HEAD.format(seconds=seconds, machine=machine, n=N, far=FAR)
-    return text + "\n".join([columns, rule, *body]) + "\n"
+    return head + "\n".join([COLUMNS, RULE, *lines, "", *notes]) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write docs/precision.md")
-    text = table()
-    if parser.parse_args().write:
-        (ROOT / "docs" / "precision.md").write_text(text, encoding="utf-8")
+    parser.add_argument(
+        "--spec", action="append", help="measure only this spec (repeat for more)", default=[]
+    )
+    arguments = parser.parse_args()
+    path = ROOT / "docs" / "precision.md"
+    text = merged(arguments.spec, path.read_text(encoding="utf-8")) if arguments.spec else table()
+    if arguments.write:
+        path.write_text(text, encoding="utf-8")
     print(text)
 
 

@@ -134,7 +134,10 @@ FUNCTIONS: dict[str, Op] = {
         _function("round", "torch.round({0})", _named("round"), None),
         _function("sign", "torch.sign({0})", _named("sgn"), sympy.sign),
         _function("rsqrt", "torch.rsqrt({0})", r"\frac{{1}}{{\sqrt{{{0}}}}}", _rsqrt),
-        _function("elu", "F.elu({0})", _named("ELU"), _elu, ("F",)),
+        # contiguous first: under aot_autograd, elu's backward of a strided view (the
+        # heads of a projection) is traced with other strides than its kernel makes, and a
+        # dynamic-shape backward fails ("view size is not compatible"); free when contiguous
+        _function("elu", "F.elu({0}.contiguous())", _named("ELU"), _elu, ("F",)),
         _function("softplus", "F.softplus({0})", _named("softplus"), _softplus, ("F",)),
         # log σ(x): the forget gates of the Forgetting Transformer, stable for large |x|
         _function(
@@ -251,11 +254,23 @@ CALLABLE = frozenset(FUNCTIONS) | frozenset(REDUCTIONS)
 COMPARISONS = tuple(name for name, op in OPERATORS.items() if op.kind == "comparison")
 
 
+# The casts the planner adds around a tensor computed in a precision of its own (`A_<ττ'> :
+# float32 = ...`, lower/numerics.py): never written in a spec, no FLOPs. `dtype` is the call's.
+CASTS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        Op("float32", "cast", 1, "{0}.to(torch.promote_types(dtype, torch.float32))", "{0}", 0),
+        Op("float64", "cast", 1, "{0}.double()", "{0}", 0),
+        Op("narrow", "cast", 1, "{0}.to(dtype)", "{0}", 0),
+    )
+}
+
+
 def lookup(name: str) -> Op:
     """The entry of a function, reduction or operator the IR names (`pow` included)."""
     if name == "pow":
         return POW
-    return FUNCTIONS.get(name) or OPERATORS[name]
+    return FUNCTIONS.get(name) or CASTS.get(name) or OPERATORS[name]
 
 
 # -- derivatives

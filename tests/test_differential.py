@@ -133,3 +133,34 @@ def test_twin_a_changed_function_is_seen(fn):
     other = indexattn.compile_spec(text.replace(f"{fn}(X", "sigmoid(X"), name="fuzz")
     args, given = call(spec, torch.float64, 0)
     assert not torch.allclose(other(**args, **given), evaluate(spec.ir, **args, **given)[0])
+
+
+EXPM1 = (
+    "index τ, τ' : N\nindex a : d\ninput X_<τa>\ninput Y_<τa>\n"
+    "S_<ττ'> = {fn}(X_<τa>) Y_<τ'a> / sqrt(d)\nO_<τa> = softmax_<τ'>(S_<ττ'>) Y_<τ'a>\n"
+)
+
+
+@pytest.mark.parametrize("fn", ["expm1", "exp"])
+def test_a_function_that_keeps_its_result_is_not_written_over(fn):
+    """The fuzzer's find: expm1 keeps its result for the backward, and the scale after it
+    wrote over it in place (autograd's "modified by an inplace operation")."""
+    spec = indexattn.compile_spec(EXPM1.format(fn=fn), name="fuzz")
+    args, given = call(spec, torch.float64, 0)
+    for t in args.values():
+        t.requires_grad_(True)
+    got, want = grads((spec(**args, **given),), args), grads(evaluate(spec.ir, **args), args)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def test_twin_expm1_and_exp_differ_in_their_gradients():
+    args = None
+    found = []
+    for fn in ("expm1", "exp"):
+        spec = indexattn.compile_spec(EXPM1.format(fn=fn), name="fuzz")
+        args = args or call(spec, torch.float64, 0)[0]
+        for t in args.values():
+            t.requires_grad_(True)
+        found.append(grads((spec(**args),), args)[1])
+    assert not torch.allclose(*found)

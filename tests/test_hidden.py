@@ -28,6 +28,7 @@ scalar w = 3
 M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
 S_<ττ'> = Q_<τa> g_<a> K_<τ'a>
 """
+WHERE_SQRT = "where(τ' > τ or τ - τ' >= w, 0, sqrt(sigmoid(S_<ττ'> + M_<ττ'>)))"
 WEIGHTS = {
     # the weights at each key, and whether the keys the mask hides from a block are skipped
     "softmax_<τ'>(4 tanh(S_<ττ'> / 4) + M_<ττ'>)": True,
@@ -54,8 +55,9 @@ WEIGHTS = {
     # where on another mask picks either branch: a finite number or 0, finite
     "where(τ' > τ, 0, sigmoid(S_<ττ'> + M_<ττ'>))": True,
     "where(τ' > τ, -inf, sigmoid(S_<ττ'> + M_<ττ'>))": False,
-    # the branch the mask drops gets a gradient of 0: times sqrt's infinite derivative, NaN
-    "where(τ' > τ or τ - τ' >= w, 0, sqrt(sigmoid(S_<ττ'> + M_<ττ'>)))": False,
+    # the branch the mask drops: sqrt reads 1 there (lower/numerics.py, guarded), so its
+    # gradient is 0, not 0 times sqrt's infinite derivative; the pass does not prove it
+    WHERE_SQRT: False,
     # a decay, RetNet's, as a mask that multiplies: 0 where hidden, the exponent a polynomial
     # of positions (finite everywhere); or a factor of 0s and 1s times the decay
     "where(τ' > τ or τ - τ' >= w, 0, exp((τ' - τ) / 4)) S_<ττ'>": True,
@@ -118,7 +120,14 @@ def test_the_rows_run_once_per_block_of_queries(monkeypatch):
 TRANSPOSED = {w for w in WEIGHTS if "<τ'τ>" in w}
 
 
-@pytest.mark.parametrize("weights", [w for w, skips in WEIGHTS.items() if not skips])
+# where evaluates a branch's sqrt only where chosen: skipping what it drops changes nothing
+# (tests/test_hostile_numbers.py has the NaN this case was for)
+SAFE_TO_FORCE = {WHERE_SQRT}
+
+
+@pytest.mark.parametrize(
+    "weights", [w for w, skips in WEIGHTS.items() if not skips and w not in SAFE_TO_FORCE]
+)
 def test_each_case_that_must_not_skip_differs_when_forced_to(weights, monkeypatch):
     """The rule's twin: with a pass that proves anything (and no disk cache to keep what it
     makes), each case that must go over every key skips keys, and then differs from the

@@ -96,6 +96,50 @@ def test_bool_positions_are_refused_by_name():
         spec(P=torch.tensor([True, False, True]), T=torch.randn(5, 2))
 
 
+COMPUTED = """index τ : N
+index p : V
+index a : d
+input X_<τa>
+input P_<τ> : int
+param T_<pa>
+D_<τ> = {position}
+Y_<τa> = X_<τa> + T_<[D_<τ>]a>
+"""
+
+
+def computed_call(position: str, ids: list[int]):
+    spec = indexattn.compile_spec(COMPUTED.format(position=position), name="computed")
+    torch.manual_seed(0)
+    table, x = torch.randn(8, 2), torch.randn(len(ids), 2)
+    return spec(X=x, P=torch.tensor(ids), T=table), x, table
+
+
+@pytest.mark.parametrize("big", [2**62 + 1, 2**61])
+def test_positions_computed_in_int64_are_checked_for_overflow(big):
+    """4 P with P = 2^62 + 1 wrapped round to 4 and read T[4]; P = 2^61 wrapped to -2^63 and
+    raised torch's IndexError."""
+    with pytest.raises(indexattn.ShapeError, match=r"T_<pa>, axis 0 \(p\).*outside int64"):
+        computed_call("4 P_<τ>", [0, big])
+
+
+def test_twin_positions_computed_in_range_read_the_table():
+    got, x, table = computed_call("4 P_<τ>", [0, 1])
+    assert torch.equal(got, x + table[[0, 4]])
+
+
+@pytest.mark.parametrize("ids", [[1, 0], [1, 9], [1, 2**62 + 1]])
+def test_computed_positions_out_of_range_are_a_shape_error(ids):
+    """P - 1 at P = 0 read T[-1] (indexing wraps a negative position); P = 9: torch's raw
+    IndexError."""
+    with pytest.raises(indexattn.ShapeError, match=r"T_<pa>, axis 0 \(p\) \(size 8"):
+        computed_call("P_<τ> - 1", ids)
+
+
+def test_twin_computed_positions_at_the_ends_of_the_axis():
+    got, x, table = computed_call("P_<τ> - 1", [1, 8])
+    assert torch.equal(got, x + table[[0, 7]])
+
+
 # ------------------------------------------------------------ outputs a caller writes into
 
 MASK_OUT = """index τ, τ' : N
@@ -238,6 +282,49 @@ def _decayed(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         for s in range(t + 1):
             out[..., t, :] += gamma[:, None] ** (t - s) * x[..., s, :]
     return out
+
+
+RETENTION = """index μ : h
+index τ, τ' : N
+index a : d
+input X_<μτa>
+param λ_<μ>
+D_<μττ'> = where(τ' > τ, 0, exp((τ - τ') λ_<μ>))
+Y_<μτa> = D_<μττ'> X_<μτ'a>
+"""
+
+
+def literal_decay_gradient(n: int, dtype) -> torch.Tensor:
+    """The gradient of λ (decays -0.2, -0.05) of Σ Y for Y = D X, the decay written straight
+    into torch, both branches evaluated: finite in float64 up to (τ - τ') λ = 709."""
+    torch.manual_seed(0)
+    x = torch.randn(2, n, 3, dtype=torch.float64).to(dtype)
+    lam = torch.tensor([-0.2, -0.05], dtype=dtype, requires_grad=True)
+    tau = torch.arange(n, dtype=dtype)
+    distance = tau[:, None] - tau[None, :]
+    decay = torch.where(distance < 0, 0, torch.exp(distance * lam[:, None, None]))
+    (grad,) = torch.autograd.grad(torch.einsum("mts,msa->mta", decay, x).sum(), lam)
+    return grad
+
+
+def test_retention_decay_has_a_finite_gradient_where_the_unused_branch_overflows():
+    """exp((τ - τ') λ) above the diagonal overflows in float32 from N ≈ 450 (λ = -0.2): where's
+    zero gradient times exp's inf was NaN. Each exp now reads 0 where where does not choose it;
+    the gradient is the literal one, computed in float64 where nothing overflows."""
+    spec = indexattn.compile_spec(RETENTION, name="retention")
+    torch.manual_seed(0)
+    x = torch.randn(2, 512, 3, dtype=torch.float64).float()
+    lam = torch.tensor([-0.2, -0.05], requires_grad=True)
+    (grad,) = torch.autograd.grad(spec(X=x, lambda_=lam).sum(), lam)
+    want = literal_decay_gradient(512, torch.float64)
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad.double(), want, rtol=1e-4, atol=0)
+
+
+def test_twin_the_literal_torch_reading_in_float32_gives_nan():
+    """The same decay written straight into torch in float32: the NaN the generated code
+    avoids."""
+    assert literal_decay_gradient(512, torch.float32)[0].isnan()
 
 
 POSITION_TERMS = ["τ", "τ'", "(τ - τ')", "(τ' - τ)", "N", "2", "(τ + 1)", "-1", "0.5"]

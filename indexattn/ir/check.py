@@ -3,6 +3,8 @@ declarations into indices, sizes, tensors and scalars, equations into checked IR
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 
 from ..errors import Span
@@ -194,9 +196,16 @@ class Checker:
         ascii = scope.claim(lhs.name, "a tensor", lhs.span)
         dtype = "int" if integer_tensors(rhs) else "float"
         whole = kind(rhs) == "int"
+        if stmt.precision and whole:
+            raise self.error(
+                f"{lhs.name} holds whole numbers, computed exactly; a precision is for floats",
+                lhs.span,
+                f"remove ': {stmt.precision}'.",
+            )
         tensor = Tensor(
-            lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span, dtype, whole
+            lhs.name, ascii, "derived", layout, batched(rhs), None, stmt.doc, lhs.span, dtype
         )
+        tensor = replace(tensor, whole=whole, precision=stmt.precision)
         scope.tensors[lhs.name] = tensor
         self.equations.append(Equation(tensor, rhs, unparse_equation(stmt), stmt.doc, stmt))
 

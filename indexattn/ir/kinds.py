@@ -5,6 +5,8 @@ SpecError, since torch would compute it in its default float dtype, not the call
 
 from __future__ import annotations
 
+import sympy
+
 from ..ops import lookup
 from .nodes import (
     Apply,
@@ -63,3 +65,38 @@ def integer_tensors(node: Node) -> tuple[str, ...]:
         return ()
     names = [n.tensor.name for n in refs(node) if n.tensor.dtype == "int"]
     return tuple(dict.fromkeys(names))
+
+
+def whole_form(node: Node, equations) -> sympy.Expr:
+    """The sympy form of a whole-number value made of integer tensors (each the Symbol
+    `int:NAME`, NAME its ASCII name), index variables and sizes; derived tensors are read
+    through their equations (`equations`: name -> right-hand side). A part with no such form
+    (a reduction) is `unknown(...)`: nothing bounds it."""
+    if isinstance(node, Field):
+        return node.expr
+    if isinstance(node, Ref):
+        if node.tensor.name in equations:
+            return whole_form(equations[node.tensor.name], equations)
+        return sympy.Symbol("int:" + node.tensor.ascii, integer=True)
+    parts = [whole_form(p, equations) for p in children(node)]
+    if isinstance(node, (Product, Sum, Apply)) and not getattr(node, "summed", ()):
+        if isinstance(node, Product):
+            return sympy.Mul(*parts)
+        if isinstance(node, Sum):
+            return sympy.Add(*parts)
+        return _applied(node.fn, parts)
+    return UNKNOWN(*parts)
+
+
+UNKNOWN = sympy.Function("unknown")
+
+
+def _applied(fn: str, parts: list) -> sympy.Expr:
+    if fn == "pow":
+        return sympy.Pow(*parts)
+    if fn == "neg":
+        return -parts[0]
+    if fn == "-":
+        return parts[0] - parts[1]
+    form = lookup(fn).sympy
+    return form(*parts) if form is not None else UNKNOWN(*parts)

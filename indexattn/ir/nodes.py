@@ -38,6 +38,7 @@ class Tensor:
     span: Span | None = field(default=None, compare=False)
     dtype: str = "float"  # "int": integer elements, never cast to the float dtype of a call
     whole: bool = False  # derived, and its values are whole numbers (positions may read it)
+    precision: str = ""  # derived: computed in float32 or float64 at least (`A_<ττ'> : float32`)
 
     @property
     def indices(self) -> tuple[Index, ...]:

@@ -121,11 +121,15 @@ class Emitter(KernelSteps, Values):
         positions = self.var(step.positions)
         if step.positions.batched:  # an unbatched table read at batched positions
             table = self.ref(arg) + (f".movedim({k}, 0)" if k else "")
-            return f"{self.var(step.out)} = {wrap(table)}[{positions}]"
+            code = _selected(wrap(table), 0, positions, step.bounds is not None)
+            return f"{self.var(step.out)} = {code}"
         first = step.out.dims.index(step.positions.dims[0]) if step.positions.dims else k
         order = [i for i in step.out.dims if i not in step.positions.dims]
         order.insert(first, step.axis)
         table, k = relayout(self.ref(arg), arg.dims, tuple(order)), first
+        if step.bounds is not None:
+            code = _selected(wrap(table), k - n if arg.batched else k, positions, True)
+            return f"{self.var(step.out)} = {code}"
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
 
@@ -240,6 +244,7 @@ class Emitter(KernelSteps, Values):
             self.needs.device = True
             args[0] = f"torch.as_tensor({args[0]}, device=device)"
         self.use(*op.imports)
+        self.needs.dtype |= op.kind == "cast"  # to or from the call's dtype
         if step.into:  # lower/passes/inplace.py
             return self.written(step, op.inplace.format(*args))
         return f"{self.var(step.out)} = {op.torch.format(*args)}"
@@ -392,3 +397,12 @@ def _layout(tensor, batched: bool) -> str:
     axes = ["".join(i.glyph for i in axis) for axis in tensor.layout]
     axes = [f"({a})" if len(axis) > 1 else a for a, axis in zip(axes, tensor.layout)]
     return "(" + ", ".join((["…"] if batched else []) + axes) + ")"
+
+
+def _selected(table: str, dim: int, positions: str, computed: bool) -> str:
+    """`table` read at `positions` along `dim`. Positions computed at call time are read by
+    `index_select`, which refuses a negative position that indexing would wrap round."""
+    if not computed:
+        return f"{table}[{positions}]"
+    flat = f"{table}.index_select({dim}, {positions}.flatten())"
+    return f"{flat}.unflatten({dim}, {positions}.shape)"

@@ -44,9 +44,15 @@ class Kernels:
     def __init__(self, planner: Planner, spec: Spec) -> None:
         self.planner = planner
         self.attention: dict[str, list[AttentionMatch]] = {}
+        precise = {t.name for t in spec.tensors if t.precision}  # planned apart (plan.precise)
         for match in find_attention(spec):
-            self.attention.setdefault(match.output.tensor.name, []).append(match)
-        self.groups = {g.equations[0].tensor.name: g for g in projection_groups(spec)}
+            if precise.isdisjoint(e.tensor.name for e in (*match.chain, match.output)):
+                self.attention.setdefault(match.output.tensor.name, []).append(match)
+        self.groups = {
+            g.equations[0].tensor.name: g
+            for g in projection_groups(spec)
+            if precise.isdisjoint(e.tensor.name for e in g.equations)
+        }
         skip = {eq.tensor.name for ms in self.attention.values() for m in ms for eq in m.chain}
         skip |= {eq.tensor.name for g in self.groups.values() for eq in g.equations[1:]}
         self.skip = skip - set(self.attention)

@@ -9,12 +9,17 @@ computed in, and where they meet the call's dtype.
 - A table is cast to the call's dtype where it is made, when data reads it or it is returned
   (`cos_theta = torch.cos(theta).to(dtype)`); a table read only by other tables stays wide.
 - Everything else runs in the call's dtype, with torch's own accumulation (softmax and
-  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels).
+  reductions of float16 and bfloat16 accumulate in float32 inside torch's kernels), except a
+  tensor declared with a precision (`A_<ττ'> : float32 = ...`): what its equation reads is
+  cast up (`widened`), its steps run in that precision, and it is held so; an equation in the
+  call's dtype reads it cast down (plan.py, `Planner.narrowed`).
+- In `where(c, a, b)`, a function of a branch that can overflow or leave its domain reads a
+  finite value where that branch is not chosen (`guarded`): gradients stay finite.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -63,14 +68,21 @@ def tables(plan: Program) -> Tables:
         if _table_step(step) and all(v in kinds for v in read):
             kinds[step.out.var] = _kind(step, kinds)
             continue
-        readers.update({v: True for v in read if v in kinds})
+        if not _widens(step):  # a table read in a precision of its own stays wide
+            readers.update({v: True for v in read if v in kinds})
     readers.update({r.var: True for r in plan.results if r.var in kinds})
     made = frozenset(v for v in kinds if not v.argument)
     cast = frozenset(v for v in made if kinds[v] == "float" and readers.get(v))
     return Tables(made, cast)
 
 
+def _widens(step: Step) -> bool:
+    return isinstance(step, Elementwise) and step.fn in ("float32", "float64")
+
+
 def _table_step(step: Step) -> bool:
+    if isinstance(step, Elementwise) and ops.lookup(step.fn).kind == "cast":
+        return False
     if isinstance(step, Unfuse):
         return step.tensor.dtype == "int"
     if isinstance(step, Elementwise) and step.fn == "dropout":
@@ -158,3 +170,75 @@ def _argument(node) -> bool:
     from .. import ir
 
     return isinstance(node, ir.Ref) and node.tensor.role in ("input", "buffer", "param")
+
+
+def widened(node, precision: str):
+    """The right-hand side of `A : float32 = ...` with every float tensor it reads cast up
+    (`float32`: to float32 or the call's dtype where wider; `float64`): its steps then run in
+    that precision. Positions and integer tensors stay as they are."""
+    from .. import ir
+
+    if isinstance(node, ir.Ref):
+        whole = node.tensor.dtype == "int" or node.tensor.whole
+        return node if whole else ir.Apply(precision, (node,), node.span)
+    if isinstance(node, ir.Product):
+        return replace(node, factors=tuple(widened(f, precision) for f in node.factors))
+    if isinstance(node, ir.Sum):
+        return replace(node, terms=tuple(widened(t, precision) for t in node.terms))
+    if isinstance(node, ir.Apply):
+        return replace(node, args=tuple(widened(a, precision) for a in node.args))
+    if isinstance(node, ir.Reduce):
+        return replace(node, body=widened(node.body, precision))
+    if isinstance(node, ir.Concat):
+        return replace(node, parts=tuple(widened(p, precision) for p in node.parts))
+    return node
+
+
+# The value each argument of a function that can overflow or leave its domain takes where a
+# `where` does not choose it: finite, with a finite derivative (exp(0), log(1), 1^0).
+SAFE: dict[str, tuple] = {
+    "exp": (0,),
+    "expm1": (0,),
+    "log": (1,),
+    "log1p": (0,),
+    "sqrt": (1,),
+    "rsqrt": (1,),
+    "pow": (1, 0),
+    "mod": (0, 1),
+}
+
+
+def guarded(node):
+    """`where(c, a, b)` with each function in a and b that can overflow (exp) or leave its
+    domain (log, a power, a quotient) evaluated only where chosen: its data arguments read
+    as a finite value elsewhere, `exp(where(c, 0, x))`. The values are those written; the
+    gradient is where's own, not 0 times an infinity of a branch nobody chose (NaN: RetNet's
+    decay `where(τ' > τ, 0, exp((τ - τ') λ))` overflows above the diagonal in float32)."""
+    from .. import ir
+
+    if not isinstance(node, ir.Apply) or node.fn != "where":
+        return node
+    cond, a, b = node.args
+    return replace(node, args=(cond, _masked(a, cond, True), _masked(b, cond, False)))
+
+
+def _masked(node, cond, chosen: bool):
+    """`node` with the risky functions' arguments replaced by SAFE values where `cond` is
+    not `chosen`; an argument without all of the condition's indices is left (masking it
+    would widen it)."""
+    from .. import ir
+
+    if isinstance(node, (ir.Product, ir.Sum)):
+        field = "factors" if isinstance(node, ir.Product) else "terms"
+        return replace(node, **{field: tuple(_masked(c, cond, chosen) for c in ir.children(node))})
+    if not isinstance(node, ir.Apply):
+        return node
+    args = tuple(_masked(a, cond, chosen) for a in node.args)
+    for k, safe in enumerate(SAFE.get(node.fn, ())):
+        arg = args[k]
+        if isinstance(arg, ir.Field) or not set(cond.free) <= set(arg.free):
+            continue
+        value = ir.Field(sympy.Integer(safe), (), arg.span)
+        pair = (arg, value) if chosen else (value, arg)
+        args = (*args[:k], ir.Apply("where", (cond, *pair), arg.span), *args[k + 1 :])
+    return replace(node, args=args)

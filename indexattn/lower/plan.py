@@ -14,7 +14,7 @@ import sympy
 from .. import ir
 from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
-from ..ir.kinds import integer_tensors
+from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import numerics
 from .canonical import canonical
@@ -66,6 +66,7 @@ class Planner(Products, PrefixProducts):
         self.literals = _literal_positions(spec)
         self.fields = _field_references(spec)
         self.unread = _unread(spec, self.fields)
+        self.wide = False  # planning an equation of a precision of its own
         self.steps: list[Step] = []  # the block being planned
         self.blocks: list[Block] = []  # the blocks planned before it
         self.order: tuple[Index, ...] = ()
@@ -132,11 +133,30 @@ class Planner(Products, PrefixProducts):
 
     def block(self, eq: ir.Equation) -> tuple[ir.Equation, ...]:
         """Plans one equation, or the equations one kernel computes; returns them."""
+        if eq.tensor.precision:
+            self.precise(eq)
+            return (eq,)
         kernel = self.kernels.block(eq)
         if kernel is not None:
             return kernel
         self.general(eq, eq.rhs)
         return (eq,)
+
+    def precise(self, eq: ir.Equation) -> None:
+        """An equation computed in a precision of its own (`A_<ττ'> : float32 = ...`): what
+        it reads cast up, its steps in that precision (lower/numerics.py); no kernel takes
+        it. The tensor is held wide: an equation in the call's dtype reads it cast down."""
+        self.wide = True
+        self.general(eq, numerics.widened(eq.rhs, eq.tensor.precision))
+        self.wide = False
+
+    def narrowed(self, tensor: Tensor, value: Operand) -> Operand:
+        """A tensor held in a precision of its own, as an equation in the call's dtype (or
+        the caller) reads it: cast to the call's dtype, once."""
+        if not tensor.precision or self.wide:
+            return value
+        out = Operand(self.var(tensor.ascii + "_narrow"), value.dims, value.batched)
+        return self.add(Elementwise(out, "narrow", (value,)))
 
     def general(self, eq: ir.Equation, rhs: ir.Node) -> None:
         """Plans `rhs` (the equation's right-hand side, or it with kernels' results read in
@@ -162,7 +182,7 @@ class Planner(Products, PrefixProducts):
         self.held[eq.tensor.name] = value
 
     def result(self, tensor: Tensor) -> Operand:
-        value = self.held[tensor.name]
+        value = self.narrowed(tensor, self.held[tensor.name])
         if not tensor.fused:
             return value
         out = Operand(self.var(tensor.ascii + "_out"), value.dims, value.batched)
@@ -203,7 +223,7 @@ class Planner(Products, PrefixProducts):
         positions = self.literals.get(tensor.name, ())
         if tensor.name not in self.held:
             self.held[tensor.name] = self.unfuse(tensor, positions)
-        base = self.held[tensor.name]
+        base = self.narrowed(tensor, self.held[tensor.name])
         chosen = [node.written[tensor.indices.index(d)] for d in base.dims]
         select = tuple(_selected(c) for c in chosen)
         while select and select[-1] is None:
@@ -234,7 +254,11 @@ class Planner(Products, PrefixProducts):
         where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
         dims = _gathered(value, axis, positions, self.ordered)
         out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
-        return self.add(Gather(out, value, axis, positions, where))
+        bounds = None
+        if not integer and not positions.var.argument and integer_tensors(at.value):
+            equations = {eq.tensor.name: eq.rhs for eq in self.spec.equations}
+            bounds = whole_form(at.value, equations)
+        return self.add(Gather(out, value, axis, positions, where, bounds))
 
     def positions(self, at: ir.At, hint: str) -> Operand:
         """Whole numbers to gather at: a grid of positions, or integer data."""
@@ -268,6 +292,7 @@ class Planner(Products, PrefixProducts):
         return self.add(Add(out, args, signs if -1 in signs else ()))
 
     def node_Apply(self, node: ir.Apply, hint: str) -> Arg:
+        node = numerics.guarded(node)
         args = tuple(self.node(arg, hint) for arg in node.args)
         out = Operand(
             self.var(f"{hint}_{_word(node.fn)}"), self.ordered(node.free), any(map(_batched, args))

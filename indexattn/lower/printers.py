@@ -65,7 +65,7 @@ class ScalarPrinter(PythonCodePrinter):
         under torch.export. Of numbers and scalars alone (real symbols: Python floats, never
         dynamic) it is math.log, so that
         floor or ceil of it stays a number (YaRN's `floor(d_r log(L / (2 π β)) / log(b))`)."""
-        if not any(s.is_integer for s in expr.free_symbols):  # no size (values.py)
+        if not _size_log(expr):  # numbers and scalars (values.py)
             return f"{self._module_format('math.log')}({self._print(expr.args[0])})"
         self.module_imports["torch"].add("log")
         return f"torch.scalar_tensor({self._print(expr.args[0])}, dtype=torch.float64).log()"
@@ -75,10 +75,18 @@ class ScalarPrinter(PythonCodePrinter):
         return unwrapped(code) if isinstance(expr, sympy.floor | sympy.ceiling) else code
 
     def _print_floor(self, expr) -> str:
-        return whole_division(self, expr) or super()._print_floor(expr)
+        return whole_division(self, expr) or self._rounded(expr, "floor")
 
     def _print_ceiling(self, expr) -> str:
-        return whole_division(self, expr) or super()._print_ceiling(expr)
+        return whole_division(self, expr) or self._rounded(expr, "ceil")
+
+    def _rounded(self, expr, name: str) -> str:
+        """floor or ceil; of a log of a size (a tensor) with torch's, since Python's would read
+        the tensor's value, which torch.compile and torch.export cannot trace (Bloom's
+        `2^floor(log(h) / log(2))`)."""
+        if any(_size_log(log) for log in expr.atoms(sympy.log)):
+            return f"torch.{name}({self._print(expr.args[0])})"
+        return f"{self._module_format('math.' + name)}({self._print(expr.args[0])})"
 
     def _print_Mod(self, expr) -> str:
         # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3
@@ -91,6 +99,12 @@ class ScalarPrinter(PythonCodePrinter):
     def _print_NegativeInfinity(self, expr) -> str:
         self.module_imports["math"].add("inf")
         return "-math.inf"
+
+
+def _size_log(log: sympy.log) -> bool:
+    """Whether a log reads a size (an integer symbol, printed as a tensor), not only numbers
+    and scalars (real symbols)."""
+    return any(s.is_integer for s in log.free_symbols)
 
 
 class GridPrinter(TorchPrinter):

@@ -4,6 +4,7 @@ over the keys the mask lets it see (passes/spans.py)."""
 
 from __future__ import annotations
 
+from .. import ops
 from ..ir import Index, Spec
 from .emit import Emitter
 from .naming import Names
@@ -24,18 +25,22 @@ class RowsWriter:
         self.body: list[str] = []
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
+        self.casts = False  # a precision's casts: the call's dtype is passed, not read off
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
         self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
         self.body += self.names.dropped(drop)
         self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
+        self.casts |= any(
+            isinstance(s, Elementwise) and ops.lookup(s.fn).kind == "cast" for s in steps
+        )
 
     def keywords(self) -> list[str]:
         needs = self.emitter.needs
         out = [a for s, a in self.spec.size_names.items() if s in needs.sizes]
         out += [s.ascii for s in self.spec.scalars if s.symbol in needs.scalars]
-        return out + (["training"] if self.dropout else [])
+        return out + (["training"] if self.dropout else []) + (["dtype"] if self.casts else [])
 
     def definition(self) -> str:
         """The knob, then the function."""
@@ -48,7 +53,9 @@ class RowsWriter:
             "them, or a block of them"
         )
         prologue = []
-        if self.emitter.needs.device or self.emitter.needs.dtype:
+        if self.casts:  # its inputs may be wider than the call: dtype is a keyword
+            prologue = [f"device = {inputs[0]}.device"] if self.emitter.needs.device else []
+        elif self.emitter.needs.device or self.emitter.needs.dtype:
             prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
         exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
         lines = [doc, *prologue, *self.body, f"return {exits}"]
@@ -63,6 +70,7 @@ class RowsWriter:
         size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
+        main.needs.dtype |= self.casts
         main.use("torch")
         per_row = [wrap(main.size(i)) for i in rows.scores.dims if i != rows.row]
         batch = self._batch()

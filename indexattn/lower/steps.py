@@ -67,13 +67,17 @@ class Grid:
 @dataclass(frozen=True)
 class Gather:
     """`arg[..., positions, ...]`: along `axis`, the values at `positions`, whose indices take
-    the axis's place. `where` names the reference for a ShapeError when out of range."""
+    the axis's place. `where` names the reference for a ShapeError when out of range.
+    `bounds`: for positions computed at call time from integer arguments, their whole-number
+    form (ir.kinds.whole_form), which the runtime bounds against int64 on every call; such a
+    gather is `index_select`, which refuses a position out of range (runtime/positions.py)."""
 
     out: Operand
     arg: Operand
     axis: Index  # the declared index of the gathered axis
     positions: Operand  # integers
     where: str
+    bounds: sympy.Basic | None = None
 
 
 @dataclass(frozen=True)

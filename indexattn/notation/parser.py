@@ -13,6 +13,7 @@ REDUCTIONS = tuple(ops.REDUCTIONS)
 FUNCTIONS = ops.CALLABLE
 DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
+PRECISIONS = ("float32", "float64")  # A_<ττ'> : float32 = ...
 COMPARISONS = ops.COMPARISONS
 KEYWORDS = frozenset({"and", "or", "not", "inf"})
 # Said only of an indented line that starts with a value, where a continuation was likely meant.
@@ -127,18 +128,33 @@ class StatementParser:
         if first.kind == "NAME" and first.text in DECLARATIONS and not self.peek_is("="):
             self.advance()
             return getattr(self, "decl_" + first.text)(first.span, doc)
-        if first.kind == "REF" and self.peek_is("="):
+        if first.kind == "REF" and (self.peek_is("=") or self.peek_is(":")):
             lhs = self.reference(self.advance())
-            self.advance()
+            precision = self.precision() if self.at(":") else ""
+            self.expect("=", "write the equation after the precision: A_<ττ'> : float32 = ...")
             rhs = self.expression()
             self.end()
-            return ast.Equation(lhs, rhs, doc, first.span)
+            return ast.Equation(lhs, rhs, doc, first.span, precision)
         raise self.error(
             "expected a declaration or an equation",
             hint="a statement starts with index, input, param, buffer, scalar "
             "or output, or is an equation NAME_<indices> = expression."
             + (CONTINUATION if first.span.col > 1 and self.starts_atom() else ""),
         )
+
+    def precision(self) -> str:
+        """`: float32` after an equation's left side: the tensor is computed in float32 or
+        wider (docs/language.md, "Numerics")."""
+        self.advance()
+        tok = self.advance()
+        if tok.kind != "NAME" or tok.text not in PRECISIONS:
+            raise self.error(
+                "expected float32 or float64 after ':'",
+                tok.span,
+                "write A_<ττ'> : float32 = ... to compute A in float32 (or in float64 in a "
+                "float64 call).",
+            )
+        return tok.text
 
     def peek_is(self, text: str) -> bool:
         nxt = self.tokens[self.pos + 1]

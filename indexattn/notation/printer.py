@@ -31,7 +31,8 @@ def ref(node: ast.Ref) -> str:
 
 def equation(eq: ast.Equation) -> str:
     """`Y_<τi> = W_O_<i(μa)> O_<μτa> + b_O_<i>`."""
-    return f"{ref(eq.lhs)} = {unparse(eq.rhs)}"
+    precision = f" : {eq.precision}" if eq.precision else ""
+    return f"{ref(eq.lhs)}{precision} = {unparse(eq.rhs)}"
 
 
 @singledispatch

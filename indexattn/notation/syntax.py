@@ -144,6 +144,7 @@ class Equation:
     rhs: Expr
     doc: str
     span: Span
+    precision: str = ""  # "float32" or "float64": `A_<ττ'> : float32 = ...`
 
 
 Statement = IndexDecl | TensorDecl | ScalarDecl | OutputDecl | Equation

@@ -156,6 +156,11 @@ class Interpreter:
         return total, node.free
 
     def apply(self, node: ir.Apply, held: dict[str, Value]) -> Value:
+        from ..lower.numerics import guarded
+
+        # read loop by loop, where(c, a, b) is `a if c else b`: the branch not chosen is not
+        # evaluated, so neither its overflow nor its gradient (0 times inf) counts
+        node = guarded(node)
         args = [self.align(self.node(a, held), node.free) for a in node.args]
         return ELEMENTWISE[node.fn](self, *args), node.free
 

@@ -226,7 +226,7 @@ class CompiledSpec:
             found = self._calls.get(key)
             if found is None:
                 found = self._prepare(key, tensors, given, scalars)
-            elif self.positions.arguments:  # positions read from inputs: checked every call
+            elif self.positions.every_call:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
             sizes, keywords, widen, longs = found
         if widen or longs:
@@ -239,6 +239,8 @@ class CompiledSpec:
             out = self.function(*tensors, **keywords, **scalars, training=training)
         except (IndexError, RuntimeError, ZeroDivisionError) as error:
             _empty(self.name, sizes, error)
+            if isinstance(error, IndexError) and self.positions.computed:  # computed positions
+                raise self.positions.failed(self.name, error, sizes) from error
             raise
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 

@@ -17,11 +17,11 @@ def linear_attention(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, 
     V_proj = F.linear(X, v_proj_weight, v_proj_bias).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # Φq_<μτa> = elu(Q_<μτa>) + 1
-    Phi_q = F.elu(Q)  # (…, μ, τ, a)
+    Phi_q = F.elu(Q.contiguous())  # (…, μ, τ, a)
     Phi_q.add_(1)  # (…, μ, τ, a)
     del Q_proj, Q
     # Φk_<μτa> = elu(K_<μτa>) + 1
-    Phi_k = F.elu(K)  # (…, μ, τ, a)
+    Phi_k = F.elu(K.contiguous())  # (…, μ, τ, a)
     Phi_k.add_(1)  # (…, μ, τ, a)
     del K_proj, K
     # S_<μab> = Φk_<μτ'a> V_<μτ'b>

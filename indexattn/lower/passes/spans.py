@@ -357,7 +357,8 @@ def _run(template: str, values: list[str | None], args: tuple[Arg, ...]):
         probe = torch.tensor(points, dtype=torch.float64).reshape(shape)
         probes.append(probe.requires_grad_())
     names = {f"x{k}": p for k, p in enumerate(probes)}
-    scope = {"torch": torch, "F": F, "math": math, "training": False, **names}
+    scope = {"torch": torch, "F": F, "math": math, "training": False, "dtype": torch.float64}
+    scope |= names  # the casts of a precision (ops.CASTS) read the call's dtype: the probes'
     made = eval(template.format(*names), scope)  # the operator table's own code, no spec text
     if not made.dtype.is_floating_point:
         return made.to(torch.float64), []
