@@ -58,6 +58,7 @@ def test_a_planted_unused_helper_is_found():
 # of softmax_values) are fixed text, not printed from steps, and are not counted.
 VIEWS = {"transpose", "flatten", "unflatten", "movedim", "permute", "view", "unsqueeze"}
 VIEWS |= {"squeeze", "expand", "expand_as", "narrow", "select", "unbind", "split", "mT"}
+VIEWS |= {"contiguous"}  # a layout: a copy only where the strides ask for one
 CASTS = {"to", "long", "int", "float", "bool"}
 BOOKKEEPING = {"dim", "size", "numel", "append", "range", "len"}
 NUMBERS = {"math", "torch", "F", "device", "dtype", "table", "training", *dir(builtins)}

@@ -240,9 +240,9 @@ class Emitter(KernelSteps, Values):
             ]
         elif step.fn == "where" and all(isinstance(x, Number) for x in step.args[1:]):
             args[1] = self.tensor_of(args[1])
-        if step.fn == "where" and isinstance(step.args[0], Number):  # a condition on sizes
-            self.needs.device = True
-            args[0] = f"torch.as_tensor({args[0]}, device=device)"
+        if step.fn == "where" and isinstance(step.args[0], Number):  # on sizes and scalars
+            self.needs.device = True  # scalar_tensor: as_tensor cannot trace a SymBool
+            args[0] = f"torch.scalar_tensor({args[0]}, dtype=torch.bool, device=device)"
         self.use(*op.imports)
         self.needs.dtype |= op.kind == "cast"  # to or from the call's dtype
         if step.into:  # lower/passes/inplace.py
