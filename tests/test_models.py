@@ -11,11 +11,21 @@ the model tests give the model a float64 rotary table, so 1e-10 holds everywhere
 import operator
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from models_common import (
+    ROOT,
+    TOL,
+    B,
+    _ascii,
+    causal_mask,
+    compare,
+    float64_rotary,
+    logits,
+    randomise,
+    rotary,
+)
 
 import indexattn
 
@@ -26,9 +36,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaAttention  # noqa: E402
 
-ROOT = Path(__file__).parent.parent
-TOL = {"atol": 1e-10, "rtol": 0}
-B, N = 2, 6
+N = 6
 
 GPT2 = indexattn.compile_spec(ROOT / "specs/models/gpt2.attn")
 LLAMA3 = indexattn.compile_spec(ROOT / "specs/models/llama3.attn")
@@ -49,33 +57,6 @@ def llama_config(**kw):
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, eos_token_id=None,
         attn_implementation="sdpa", **kw,
     )  # fmt: skip
-
-
-def randomise(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Every weight and bias random, so that no zero bias hides a layout mistake."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
-    return module
-
-
-def causal_mask(n: int, padded: dict) -> torch.Tensor:
-    """transformers' 4D additive mask [B, 1, N, N]: causal, and key t of batch b hidden for each
-    (b, t) in `padded` (never key 0, so that no query row is hidden everywhere)."""
-    mask = torch.zeros(B, 1, n, n, dtype=torch.float64)
-    mask.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
-    for b, t in padded.items():
-        mask[b, :, :, t] = torch.finfo(torch.float64).min
-    return mask
-
-
-def rotary(positions: torch.Tensor, d_k: int, theta: float):
-    """cos and sin as transformers' LlamaRotaryEmbedding makes them, but in float64."""
-    inv_freq = theta ** -(torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-    freqs = positions[..., None].double() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def run_gpt2(layer, module, x, mask, **kw):
@@ -107,28 +88,6 @@ def llama_case():
 CASES = {"gpt2": gpt2_case, "llama3": llama_case}
 
 
-def _ascii(key: str) -> str:
-    """A transformers state_dict key as the spec's parameter name: dots become underscores."""
-    return key.replace(".", "_")
-
-
-def compare(layer, module, x, extra, run, tol=TOL):
-    """Outputs, attention weights, and gradients of a random loss to the input and every
-    weight: the spec's module against the transformers layer, within `tol`."""
-    (y, a, *_), (y_hf, a_hf) = run(layer, module, x, *extra)
-    torch.testing.assert_close(y, y_hf, **tol)
-    if a_hf is not None:  # sdpa returns no weights
-        torch.testing.assert_close(a.reshape(a_hf.shape), a_hf, **tol)
-    probe = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
-    params = dict(module.named_parameters())
-    names, weights = zip(*layer.named_parameters())
-    ours = torch.autograd.grad((y * probe).sum(), [x, *(params[_ascii(n)] for n in names)])
-    theirs = torch.autograd.grad((y_hf * probe).sum(), [x, *weights])
-    assert len(ours) == len(theirs) == len(names) + 1
-    for name, g, g_hf in zip(["input", *names], ours, theirs, strict=True):
-        torch.testing.assert_close(g, g_hf, **tol, msg=lambda m, n=name: f"{n}: {m}")
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_spec_is_the_transformers_layer(name):
     layer, x, extra, run, spec = CASES[name]()
@@ -153,18 +112,6 @@ def test_one_perturbed_weight_is_caught(name):
 # --- whole models, every attention layer swapped --------------------------------------------
 
 
-def float64_rotary(model):
-    """Give a Llama model the float64 rotary table: transformers computes it in float32."""
-    config = model.config
-    d_k = config.hidden_size // config.num_attention_heads
-
-    def forward(x, position_ids):
-        return rotary(position_ids, d_k, config.rope_parameters["rope_theta"])
-
-    model.model.rotary_emb.forward = forward
-    return model
-
-
 def gpt2_model():
     torch.manual_seed(0)
     return randomise(GPT2LMHeadModel(gpt2_config())).double().eval(), GPT2
@@ -177,11 +124,6 @@ def llama_model():
 
 
 MODELS = {"gpt2": gpt2_model, "llama3": llama_model}
-
-
-def logits(model, ids, padding):
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
 
 
 @pytest.mark.parametrize("name", MODELS)

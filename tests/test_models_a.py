@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_models import (
+from models_common import (
     TOL,
     B,
     _ascii,

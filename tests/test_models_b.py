@@ -8,7 +8,7 @@ So each layer is compared twice:
 
 - at 1e-10 (`exact`) against the same layer with those upcasts removed: the softmax and
   Qwen3RMSNorm monkeypatched to keep float64, and the rotary table computed in float64 and
-  handed in as position_embeddings (test_models.rotary), as transformers' own formula;
+  handed in as position_embeddings (models_common.rotary), as transformers' own formula;
 - at `ITS_OWN` (1e-5; the outputs differ by 3e-7 to 8e-7) against the layer as it is, with the
   rotary table from the model's own RotaryEmbedding module.
 
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_models import ROOT, TOL, B, _ascii, causal_mask, randomise, rotary
+from models_common import ROOT, TOL, B, _ascii, causal_mask, logits, randomise, rotary
 
 import indexattn
 
@@ -327,11 +327,6 @@ def qwen_model(name):
     return model
 
 
-def model_logits(model, ids, padding):
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
-
-
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
 def test_swapped_qwen_gives_the_same_logits(name, float64_layers):
     """Every layer's attention swapped for the spec: the same logits from a left-padded batch
@@ -340,12 +335,12 @@ def test_swapped_qwen_gives_the_same_logits(name, float64_layers):
     ids = torch.randint(0, 40, (B, 6), generator=torch.Generator().manual_seed(2))
     padding = torch.ones(B, 6, dtype=torch.long)
     padding[1, :2] = 0
-    before = model_logits(model, ids, padding)
+    before = logits(model, ids, padding)
     hf.swap_attention(model, ROOT / f"specs/models/{name}.attn")
     assert sum(isinstance(m, hf.SpecAttention) for m in model.modules()) == 2
-    torch.testing.assert_close(model_logits(model, ids, padding), before, **TOL)
+    torch.testing.assert_close(logits(model, ids, padding), before, **TOL)
     swapped = next(m for m in model.modules() if isinstance(m, hf.SpecAttention))
     with torch.no_grad():
         swapped.spec.q_proj_weight[0, 0] += 1e-4
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(model_logits(model, ids, padding), before, **TOL)
+        torch.testing.assert_close(logits(model, ids, padding), before, **TOL)

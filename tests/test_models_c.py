@@ -15,6 +15,15 @@ import math
 
 import pytest
 import torch
+from models_common import (
+    ROOT,
+    _ascii,
+    causal_mask,
+    compare,
+    float64_rms_norm,
+    randomise,
+    rotary,
+)
 
 import indexattn
 from indexattn.views.cost import evaluate
@@ -22,14 +31,12 @@ from indexattn.views.cost import evaluate
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
-from test_models import _ascii, causal_mask, compare, randomise, rotary  # noqa: E402
 from transformers import BertConfig, DeepseekV3Config, GptOssConfig, T5Config  # noqa: E402
 from transformers.models.bert.modeling_bert import BertAttention  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss as gpt_oss  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
-ROOT = __import__("pathlib").Path(__file__).parent.parent
 B, N = 2, 6
 
 
@@ -106,19 +113,8 @@ def deepseek_config(attn_implementation="sdpa"):
     )  # fmt: skip
 
 
-def float64_rms_norm(norm):
-    """DeepseekV3RMSNorm without its float32 upcast: the same formula, in the input's dtype."""
-
-    def forward(x):
-        rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * x * rms
-
-    norm.forward = forward
-    return norm
-
-
 def run_with_rotary(layer, module, x, mask, positions, layer_mask=None, halves=2):
-    """The layer given cos and sin in float64, as position_embeddings (test_models.rotary; one
+    """The layer given cos and sin in float64, as position_embeddings (models_common.rotary; one
     half of them, `halves=1`, for GPT-OSS, whose rotary table is not repeated)."""
     ours = module(x, positions, mask[:, 0])
     d_k, theta = layer.config.head_dim, layer.config.rope_parameters["rope_theta"]

@@ -10,7 +10,7 @@ registered here with `register`, as a user would write them.
 
 import pytest
 import torch
-from test_models import ROOT, randomise
+from models_common import ROOT, randomise
 
 import indexattn
 

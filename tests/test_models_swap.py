@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from test_models import ROOT, TOL, randomise, rotary
+from models_common import ROOT, TOL, randomise, rotary
 
 import indexattn
 

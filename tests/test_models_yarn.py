@@ -14,21 +14,19 @@ float32 inside, at 1e-5.
 
 import pytest
 import torch
-from test_models import TOL, _ascii, causal_mask, compare, randomise
+from models_common import ROOT, TOL, _ascii, causal_mask, compare, float64_rms_norm, randomise
 
 import indexattn
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
-from test_models_c import float64_rms_norm  # noqa: E402
 from transformers import modeling_rope_utils  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss as gpt_oss  # noqa: E402
 from transformers.models.llama import modeling_llama as llama  # noqa: E402
 from transformers.models.qwen2 import modeling_qwen2 as qwen2  # noqa: E402
 
-ROOT = __import__("pathlib").Path(__file__).parent.parent
 B, N = 2, 10
 POSITIONS = torch.tensor([list(range(N)), list(range(20, 20 + N))])  # batch 1 starts at 20
 # d_k 8, rope_theta 100, 32 positions: the correction range is 0 to 1.41 pairs (2 rounded

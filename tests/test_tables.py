@@ -98,7 +98,8 @@ def llama_errors(dtype: torch.dtype, start: int) -> tuple[float, float]:
     in float32 cast to the call's dtype), both in `dtype`, against the layer in float64 with a
     float64 table, on the same rounded weights and inputs."""
     pytest.importorskip("transformers")
-    from test_models import LLAMA3, causal_mask, hf, llama_config, randomise, rotary
+    from models_common import causal_mask, randomise, rotary
+    from test_models import LLAMA3, hf, llama_config
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
     config = llama_config()
