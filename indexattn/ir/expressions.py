@@ -49,7 +49,8 @@ class Expressions:
             raise self.error(
                 "this value is not a real number",
                 node.span,
-                "look for a division by zero, log(0), the sqrt of a negative number or inf - inf.",
+                "look for a division by zero, log(0), the sqrt of a negative number or inf - inf;"
+                " minus infinity is written -inf.",
             )
         return result
 
