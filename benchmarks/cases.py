@@ -83,6 +83,7 @@ def _cases() -> dict[str, Case]:
         "mha_inline": "mha",
         "mha_one_product": "mha",
         "mha_one_equation": "mha",
+        "mha_masked_fill": "mha",
         "rope_halves": "rope",
         "shared_mask": None,
     }

@@ -10,7 +10,8 @@ import torch
 
 import indexattn
 from indexattn import ir
-from indexattn.lower.canonical import canonical, groups, projections
+from indexattn.lower.canonical import canonical, groups, projections, softmax_arguments
+from indexattn.lower.steps import Attention
 from indexattn.oracle.verify import compare
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,3 +93,63 @@ def test_a_projection_alone_or_with_numbers_only_stays_where_it_is():
         canonical(ir.check((ROOT / "specs" / "mha.attn").read_text(), "mha")).equations
         == ir.check((ROOT / "specs" / "mha.attn").read_text(), "mha").equations
     )
+
+
+FILLED = """
+index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+input D_<τ> : int
+S_<ττ'> = Q_<τa> K_<τ'a> / sqrt(d)
+A_<ττ'> = softmax_<τ'>(where(τ' > τ or D_<τ> != D_<τ'>, -inf, S_<ττ'>))
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+
+
+def softmax_body(spec: ir.Spec) -> ir.Node:
+    (body,) = [n.body for eq in spec.equations for n in ir.walk(eq.rhs) if isinstance(n, ir.Reduce)]
+    return body
+
+
+def kernels(text: str) -> list[bool]:
+    """Whether each attention kernel step of the final program takes a mask."""
+    steps = indexattn.compile_spec(text, name="t").program.steps
+    return [s.mask is not None for s in steps if isinstance(s, Attention)]
+
+
+def test_a_fill_of_minus_infinity_is_the_scores_plus_a_mask_and_takes_the_kernel():
+    """masked_fill as nanoGPT writes it: `where(c, -inf, S)` with S's definition read in
+    place is `Q K / √d + where(c, -inf, 0)`, a mask that reads tensors (document ids)."""
+    spec = softmax_arguments(ir.check(FILLED, "t"))
+    assert "S" not in {eq.tensor.name for eq in spec.equations}
+    scores, mask = softmax_body(spec).terms
+    assert isinstance(scores, ir.Product) and scores.summed
+    assert isinstance(mask, ir.Apply) and mask.fn == "where"
+    assert kernels(FILLED) == [True]
+    assert compare(indexattn.compile_spec(FILLED, name="t"), torch.float64, (2,)).ok
+
+
+FILLED_TWINS = {
+    # S is an output too: it stays an equation, and the fill stays a where of it
+    "scores read elsewhere too": FILLED.replace("output O", "output O, S"),
+    # filled with 0: no mask, computed as written
+    "filled with 0": FILLED.replace("-inf, S_<ττ'>", "0, S_<ττ'>"),
+    # S kept in float32 or wider: its definition stays, so its precision does
+    "scores with a precision": FILLED.replace("S_<ττ'> =", "S_<ττ'> : float32 ="),
+}
+
+
+@pytest.mark.parametrize("twin", FILLED_TWINS)
+def test_a_fill_the_kernel_cannot_take_stays_and_equals_the_literal_reading(twin):
+    text = FILLED_TWINS[twin]
+    spec = softmax_arguments(ir.check(text, "t"))
+    body = softmax_body(spec)
+    if twin == "filled with 0":
+        assert body == softmax_body(ir.check(text, "t")) and kernels(text) == []
+    else:
+        assert "S" in {eq.tensor.name for eq in spec.equations}
+        assert any(isinstance(t, ir.Ref) and t.tensor.name == "S" for t in body.terms)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok

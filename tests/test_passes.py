@@ -158,7 +158,8 @@ def test_a_wrong_pass_is_caught_and_named():
 
 
 REPHRASED = [
-    ROOT / "benchmarks" / "specs" / f"{n}.attn" for n in ("mha_one_equation", "llama_halves")
+    ROOT / "benchmarks" / "specs" / f"{n}.attn"
+    for n in ("mha_one_equation", "mha_masked_fill", "llama_halves")
 ]
 
 

@@ -85,8 +85,30 @@ Y_<τi> = W_O_<i(μa)> O_<μτa>
     ).replace("index a : d_k", "index a, b : d_k\nindex ν : h\nindex σ, σ' : N"),
 }
 
+# nanoGPT's masked_fill: the scores defined apart, the mask filled in by where
+UNMASKED = PROJECTIONS.replace("M_<ττ'> = where(τ' > τ, -inf, 0)\n", "")
+SCORES = "S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)\n"
+VALUES = "O_<μτa> = A_<μττ'> V_<μτ'a>\nY_<τi> = W_O_<i(μa)> O_<μτa>\n"
+FILLED = UNMASKED + SCORES + "A_<μττ'> = softmax_<τ'>(where(τ' > τ, -inf, S_<μττ'>))\n" + VALUES
+REPHRASED |= {
+    "the mask filled by where, as masked_fill": FILLED,
+    "the mask added to scores defined apart": PROJECTIONS
+    + SCORES
+    + "A_<μττ'> = softmax_<τ'>(S_<μττ'> + M_<ττ'>)\n"
+    + VALUES,
+    "the mask filled in an equation of its own": UNMASKED
+    + SCORES
+    + "F_<μττ'> = where(τ' > τ, -inf, S_<μττ'>)\nA_<μττ'> = softmax_<τ'>(F_<μττ'>)\n"
+    + VALUES,
+    "the scores kept where the key is seen, -inf elsewhere": FILLED.replace(
+        "where(τ' > τ, -inf, S_<μττ'>)", "where(τ' <= τ, S_<μττ'>, -inf)"
+    ),
+}
+
 # one thing changed: another computation
 TWINS = {
+    "filled with 0, not -inf": FILLED.replace("-inf, S_<μττ'>", "0, S_<μττ'>"),
+    "filled on the diagonal too": FILLED.replace("τ' > τ, -inf", "τ' >= τ, -inf"),
     "the diagonal masked too": SEPARATE.replace("τ' > τ", "τ' >= τ"),
     "scaled by d_k": SEPARATE.replace("/ sqrt(d_k)", "/ d_k"),
     "softmax over the queries": SEPARATE.replace("softmax_<τ'>", "softmax_<τ>"),
@@ -148,6 +170,11 @@ def test_phrasings_of_one_computation_plan_the_same_steps(phrasing):
 @pytest.mark.parametrize("twin", TWINS)
 def test_a_twin_that_means_something_else_plans_other_steps(twin):
     assert body(TWINS[twin]) != body(SEPARATE)
+
+
+@pytest.mark.parametrize("text", [FILLED, TWINS["filled with 0, not -inf"]])
+def test_a_mask_filled_by_where_equals_the_literal_reading(text):
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
 
 
 TWO_CORES = """

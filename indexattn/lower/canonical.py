@@ -7,6 +7,7 @@ only the planner reads the canonical one."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -16,7 +17,7 @@ from .. import ir
 from ..derive import printer
 from ..ir import Equation, Index, Spec, Tensor
 from ..notation.names import fresh
-from .fusion import linear_form
+from .fusion import contractions, linear_form, read_counts, renaming
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,118 @@ def _merged_ref(ref: ir.Ref, tensor: Tensor, own: dict[Pair, Index]) -> ir.Ref:
     return replace(merged, spans=(ref.span,) * len(merged.free))
 
 
+# -- a softmax's argument: scores plus masks
+
+
+def softmax_arguments(spec: Spec) -> Spec:
+    """A softmax's argument, or a tensor read only as one whole, becomes one sum: scores
+    plus additive masks. `where(c, -inf, x)` (masked_fill, as nanoGPT writes it) is
+    `x + where(c, -inf, 0)`, and a term that reads scores defined once and read only here
+    (`S = Q K / √d`, `A = softmax(S + M)`) is their definition, so that the matcher sees the
+    shape `S = Q K / √d + M` that the fused kernel takes. Equal wherever x is finite or -inf;
+    at a hidden key where x is +inf or NaN, the filled value is -inf and the sum NaN (the
+    fused kernel, as torch's own SDPA, reads hidden scores as the sum)."""
+    reads = read_counts(spec)
+    whole = _read_whole(spec, reads)
+    current: dict[str, Equation] = {}
+    inlined: set[str] = set()
+    for eq in spec.equations:
+        argument = _Argument(current, reads, inlined)
+        rhs = argument.rewrite(eq.rhs) if eq.tensor.name in whole else eq.rhs
+        rhs = _mapped(rhs, argument.softmax)
+        current[eq.tensor.name] = eq if rhs == eq.rhs else replace(eq, rhs=rhs)
+    if all(current[eq.tensor.name] is eq for eq in spec.equations):
+        return spec
+    return replace(
+        spec,
+        tensors=tuple(t for t in spec.tensors if t.name not in inlined),
+        equations=tuple(eq for name, eq in current.items() if name not in inlined),
+    )
+
+
+def _read_whole(spec: Spec, reads) -> set[str]:
+    """Derived tensors read once, as the whole argument of a softmax, with their own indices."""
+    found: set[str] = set()
+    for eq in spec.equations:
+        for node in ir.walk(eq.rhs):
+            body = node.body if isinstance(node, ir.Reduce) and node.fn == "softmax" else None
+            if isinstance(body, ir.Ref) and reads[body.tensor.name] == 1 and _plain(body):
+                found.add(body.tensor.name)
+    return found
+
+
+def _plain(ref: ir.Ref) -> bool:
+    """A derived tensor with no precision of its own, read with its own indices."""
+    rename = renaming(ref)
+    return (
+        ref.tensor.role == "derived"
+        and not ref.tensor.precision
+        and rename is not None
+        and all(a == b for a, b in rename.items())
+    )
+
+
+@dataclass(frozen=True)
+class _Argument:
+    """Rewrites one softmax argument; `inlined` collects the definitions it reads in place."""
+
+    current: dict[str, Equation]
+    reads: Counter
+    inlined: set[str]
+
+    def softmax(self, node: ir.Node) -> ir.Node:
+        if isinstance(node, ir.Reduce) and node.fn == "softmax":
+            body = self.rewrite(node.body)
+            return node if body == node.body else replace(node, body=body)
+        return node
+
+    def rewrite(self, node: ir.Node) -> ir.Node:
+        terms = _terms(_filled(node))
+        if len(terms) == 1:
+            return terms[0]
+        out: list[ir.Node] = []
+        for term in terms:
+            eq = self.scores(term)
+            if eq is None:
+                out.append(term)
+            else:
+                self.inlined.add(eq.tensor.name)
+                out += _terms(self.rewrite(eq.rhs))
+        return ir.Sum(tuple(out), node.span)
+
+    def scores(self, term: ir.Node) -> Equation | None:
+        """The definition a term reads, where it is scores read only here."""
+        if not isinstance(term, ir.Ref) or self.reads[term.tensor.name] != 1 or not _plain(term):
+            return None
+        eq = self.current.get(term.tensor.name)
+        if eq is None or not any(contractions(t) for t in _terms(eq.rhs)):
+            return None
+        return eq
+
+
+def _filled(node: ir.Node) -> ir.Node:
+    """`where(c, -inf, x)` as `x + where(c, -inf, 0)` (and its mirror), x filled in turn."""
+    if not isinstance(node, ir.Apply) or node.fn != "where":
+        return node
+    cond, first, second = node.args
+    for hidden, x, values in ((first, second, (-sympy.oo, 0)), (second, first, (0, -sympy.oo))):
+        if isinstance(hidden, ir.Field) and hidden.expr == -sympy.oo and x.free:
+            mask = _mask(cond, *values, node.span)
+            return ir.Sum((*_terms(_filled(x)), mask), node.span)
+    return node
+
+
+def _mask(cond: ir.Node, then: sympy.Basic, otherwise: sympy.Basic, span) -> ir.Node:
+    if isinstance(cond, ir.Field):
+        return ir.Field(sympy.Piecewise((then, cond.expr), (otherwise, True)), cond.free, span)
+    numbers = tuple(ir.Field(sympy.sympify(n), (), span) for n in (then, otherwise))
+    return ir.Apply("where", (cond, *numbers), span)
+
+
+def _terms(node: ir.Node) -> tuple[ir.Node, ...]:
+    return node.terms if isinstance(node, ir.Sum) else (node,)
+
+
 # -- walking
 
 
@@ -353,6 +466,11 @@ REWRITES = (
         "groups",
         groups,
         "two indices every use keeps side by side, read whole, are one index",
+    ),
+    Rewrite(
+        "softmax_arguments",
+        softmax_arguments,
+        "a softmax's argument is one sum of scores and additive masks",
     ),
     Rewrite(
         "projections",

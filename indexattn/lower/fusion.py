@@ -428,7 +428,7 @@ class _Matcher:
         features side by side as one axis."""
         parts, terms = [], []
         for term in node.terms if isinstance(node, ir.Sum) else (node,):
-            found = _contractions(term)
+            found = contractions(term)
             parts += found
             terms += [] if found else [term]
         if not parts or len({scale for scale, _ in parts}) != 1:
@@ -546,7 +546,7 @@ def _cores(node: ir.Node) -> Iterator[ir.Product]:
             yield ir.Product(tuple(node.factors[k] for k in pair), alone, node.span)
 
 
-def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
+def contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
     """A term of the scores as (scale, product of tensors contracted over some indices)
     pairs: `Q K / s`, or `(Q0 K0 + Q1 K1) / s` distributed; [] for any other term."""
     if not isinstance(term, ir.Product):
@@ -560,7 +560,7 @@ def _contractions(term: ir.Node) -> list[tuple[sympy.Basic, ir.Product]]:
         return [(scale, ir.Product(rest, term.summed, term.span))]
     if len(rest) != 1 or not isinstance(rest[0], ir.Sum):
         return []
-    inner = [_contractions(t) for t in rest[0].terms]
+    inner = [contractions(t) for t in rest[0].terms]
     if not all(inner):
         return []
     return [(scale * s, product) for found in inner for s, product in found]
