@@ -10,7 +10,7 @@ import torch
 
 import indexattn
 from indexattn import ir
-from indexattn.lower.canonical import canonical, groups, projections, softmax_arguments
+from indexattn.lower.canonical import canonical, groups, projections, softmax_arguments, sums
 from indexattn.lower.steps import Attention
 from indexattn.oracle.verify import compare
 
@@ -152,4 +152,33 @@ def test_a_fill_the_kernel_cannot_take_stays_and_equals_the_literal_reading(twin
     else:
         assert "S" in {eq.tensor.name for eq in spec.equations}
         assert any(isinstance(t, ir.Ref) and t.tensor.name == "S" for t in body.terms)
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+SUMMED = """
+index τ, τ' : N
+index a : d
+input A_<ττ'>
+input V_<τa>
+O_<τa> = sum_<τ'>(A_<ττ'> V_<τ'a>)
+output O
+"""
+
+
+def test_a_sum_of_a_product_is_a_contraction():
+    (eq,) = sums(ir.check(SUMMED, "t")).equations
+    assert isinstance(eq.rhs, ir.Product) and [i.glyph for i in eq.rhs.summed] == ["τ'"]
+    assert compare(indexattn.compile_spec(SUMMED, name="t"), torch.float64, (2,)).ok
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        SUMMED.replace("sum_<τ'>(A_<ττ'> V_<τ'a>)", "sum_<τ'>(A_<ττ'>) V_<τa>"),  # one tensor
+        SUMMED.replace("sum_<τ'>(A_<ττ'> V_<τ'a>)", "max_<τ'>(A_<ττ'> V_<τ'a>)"),  # not a sum
+    ],
+)
+def test_a_sum_of_one_tensor_or_another_reduction_stays(text):
+    spec = ir.check(text, "t")
+    assert sums(spec) is spec
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok

@@ -89,6 +89,11 @@ Y_<τi> = W_O_<i(μa)> O_<μτa>
 UNMASKED = PROJECTIONS.replace("M_<ττ'> = where(τ' > τ, -inf, 0)\n", "")
 SCORES = "S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k)\n"
 VALUES = "O_<μτa> = A_<μττ'> V_<μτ'a>\nY_<τi> = W_O_<i(μa)> O_<μτa>\n"
+SCALED = (
+    PROJECTIONS
+    + "S_<μττ'> = Q_<μτa> K_<μτ'a>\nA_<μττ'> = softmax_<τ'>(S_<μττ'> / sqrt(d_k) + M_<ττ'>)\n"
+    + VALUES
+)
 FILLED = UNMASKED + SCORES + "A_<μττ'> = softmax_<τ'>(where(τ' > τ, -inf, S_<μττ'>))\n" + VALUES
 REPHRASED |= {
     "the mask filled by where, as masked_fill": FILLED,
@@ -103,12 +108,23 @@ REPHRASED |= {
     "the scores kept where the key is seen, -inf elsewhere": FILLED.replace(
         "where(τ' > τ, -inf, S_<μττ'>)", "where(τ' <= τ, S_<μττ'>, -inf)"
     ),
+    "the scale applied to the scores inside the softmax": SCALED,
+    "the scale inside the fill": FILLED.replace(" / sqrt(d_k)", "").replace(
+        "-inf, S_<μττ'>)", "-inf, S_<μττ'> / sqrt(d_k))"
+    ),
+    "the values as an explicit sum over the keys": SEPARATE.replace(
+        "O_<μτa> = A_<μττ'> V_<μτ'a>", "O_<μτa> = sum_<τ'>(A_<μττ'> V_<μτ'a>)"
+    ),
 }
 
 # one thing changed: another computation
 TWINS = {
     "filled with 0, not -inf": FILLED.replace("-inf, S_<μττ'>", "0, S_<μττ'>"),
     "filled on the diagonal too": FILLED.replace("τ' > τ, -inf", "τ' >= τ, -inf"),
+    "scaled by d_k inside the softmax": SCALED.replace("/ sqrt(d_k)", "/ d_k"),
+    "the weights summed before the values": SEPARATE.replace(
+        "O_<μτa> = A_<μττ'> V_<μτ'a>", "O_<μτa> = sum_<τ'>(A_<μττ'>) V_<μτa>"
+    ),
     "the diagonal masked too": SEPARATE.replace("τ' > τ", "τ' >= τ"),
     "scaled by d_k": SEPARATE.replace("/ sqrt(d_k)", "/ d_k"),
     "softmax over the queries": SEPARATE.replace("softmax_<τ'>", "softmax_<τ>"),

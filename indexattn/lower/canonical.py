@@ -331,6 +331,28 @@ def _merged_ref(ref: ir.Ref, tensor: Tensor, own: dict[Pair, Index]) -> ir.Ref:
     return replace(merged, spans=(ref.span,) * len(merged.free))
 
 
+# -- explicit sums of products
+
+
+def sums(spec: Spec) -> Spec:
+    """`sum_<τ'>(A_<μττ'> V_<μτ'a>)` is `A_<μττ'> V_<μτ'a>` summed over τ' by Einstein's rule:
+    a sum of a product is a contraction, which the planner orders and the matcher reads as
+    attention's values. Exact: the same sum of the same products."""
+    equations = tuple(replace(eq, rhs=_mapped(eq.rhs, _contracted)) for eq in spec.equations)
+    if equations == spec.equations:
+        return spec
+    return replace(spec, equations=equations)
+
+
+def _contracted(node: ir.Node) -> ir.Node:
+    if not (isinstance(node, ir.Reduce) and node.fn == "sum"):
+        return node
+    body = node.body
+    if not isinstance(body, ir.Product):
+        return node
+    return ir.Product(body.factors, (*body.summed, *node.over), node.span, body.source)
+
+
 # -- a softmax's argument: scores plus masks
 
 
@@ -402,22 +424,38 @@ class _Argument:
             return terms[0]
         out: list[ir.Node] = []
         for term in terms:
-            eq = self.scores(term)
-            if eq is None:
+            found = self.scores(term)
+            if found is None:
                 out.append(term)
-            else:
-                self.inlined.add(eq.tensor.name)
-                out += _terms(self.rewrite(eq.rhs))
+                continue
+            eq, numbers = found
+            self.inlined.add(eq.tensor.name)
+            out += [_scaled(t, numbers) for t in _terms(self.rewrite(eq.rhs))]
         return ir.Sum(tuple(out), node.span)
 
-    def scores(self, term: ir.Node) -> Equation | None:
-        """The definition a term reads, where it is scores read only here."""
+    def scores(self, term: ir.Node) -> tuple[Equation, tuple[ir.Field, ...]] | None:
+        """The definition a term reads, where it is scores read only here, and the numbers
+        that scale it there (`S / √d`, where S is one product)."""
+        numbers: tuple[ir.Field, ...] = ()
+        if isinstance(term, ir.Product) and not term.summed:
+            numbers = tuple(f for f in term.factors if isinstance(f, ir.Field) and not f.free)
+            rest = [f for f in term.factors if not (isinstance(f, ir.Field) and not f.free)]
+            term = rest[0] if len(rest) == 1 else None
         if not isinstance(term, ir.Ref) or self.reads[term.tensor.name] != 1 or not _plain(term):
             return None
         eq = self.current.get(term.tensor.name)
         if eq is None or not any(contractions(t) for t in _terms(eq.rhs)):
             return None
-        return eq
+        return None if numbers and len(_terms(eq.rhs)) != 1 else (eq, numbers)
+
+
+def _scaled(term: ir.Node, numbers: tuple[ir.Field, ...]) -> ir.Node:
+    """A term times numbers, one product."""
+    if not numbers:
+        return term
+    if isinstance(term, ir.Product):
+        return ir.Product((*numbers, *term.factors), term.summed, term.span, term.source)
+    return ir.Product((*numbers, term), (), term.span)
 
 
 def _filled(node: ir.Node) -> ir.Node:
@@ -462,6 +500,7 @@ def _mapped(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
 
 
 REWRITES = (
+    Rewrite("sums", sums, "a sum of a product is a contraction"),
     Rewrite(
         "groups",
         groups,
