@@ -182,3 +182,22 @@ def test_a_sum_of_one_tensor_or_another_reduction_stays(text):
     spec = ir.check(text, "t")
     assert sums(spec) is spec
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
+
+
+TWO_SUMS = """
+index i : n
+input x_<i>
+input y_<i>
+z_<> = sum_<i>(x_<i> x_<i>) sum_<i>(y_<i> y_<i>)
+output z
+"""
+
+
+def test_two_sums_over_one_index_name_stay_two_sums():
+    """(Σ x²)(Σ y²) is not Σ x² y²: the first sum joins the product, the second, over the
+    same name, stays a product of its own."""
+    (eq,) = sums(ir.check(TWO_SUMS, "t")).equations
+    assert isinstance(eq.rhs, ir.Product) and [i.glyph for i in eq.rhs.summed] == ["i"]
+    inner = [f for f in eq.rhs.factors if isinstance(f, ir.Product)]
+    assert len(eq.rhs.factors) == 3 and [[i.glyph for i in f.summed] for f in inner] == [["i"]]
+    assert compare(indexattn.compile_spec(TWO_SUMS, name="t"), torch.float64, (2,)).ok

@@ -112,6 +112,9 @@ REPHRASED |= {
     "the scale inside the fill": FILLED.replace(" / sqrt(d_k)", "").replace(
         "-inf, S_<μττ'>)", "-inf, S_<μττ'> / sqrt(d_k))"
     ),
+    "the scores as an explicit sum over the width": SEPARATE.replace(
+        "Q_<μτa> K_<μτ'a> / sqrt(d_k)", "sum_<a>(Q_<μτa> K_<μτ'a>) / sqrt(d_k)"
+    ),
     "the values as an explicit sum over the keys": SEPARATE.replace(
         "O_<μτa> = A_<μττ'> V_<μτ'a>", "O_<μτa> = sum_<τ'>(A_<μττ'> V_<μτ'a>)"
     ),

@@ -337,7 +337,8 @@ def _merged_ref(ref: ir.Ref, tensor: Tensor, own: dict[Pair, Index]) -> ir.Ref:
 def sums(spec: Spec) -> Spec:
     """`sum_<τ'>(A_<μττ'> V_<μτ'a>)` is `A_<μττ'> V_<μτ'a>` summed over τ' by Einstein's rule:
     a sum of a product is a contraction, which the planner orders and the matcher reads as
-    attention's values. Exact: the same sum of the same products."""
+    attention's values; a product of such products is one. Exact: the same sum of the same
+    products."""
     equations = tuple(replace(eq, rhs=_mapped(eq.rhs, _contracted)) for eq in spec.equations)
     if equations == spec.equations:
         return spec
@@ -345,12 +346,32 @@ def sums(spec: Spec) -> Spec:
 
 
 def _contracted(node: ir.Node) -> ir.Node:
+    if isinstance(node, ir.Product):
+        return _flat(node)
     if not (isinstance(node, ir.Reduce) and node.fn == "sum"):
         return node
     body = node.body
     if not isinstance(body, ir.Product):
         return node
     return ir.Product(body.factors, (*body.summed, *node.over), node.span, body.source)
+
+
+def _flat(node: ir.Product) -> ir.Product:
+    """A product of products as one (`sum_<a>(Q K) / √d`), where no summed index of an
+    inner product is an index of another factor or summed outside too."""
+    taken = {i for f in node.factors for i in f.free} | set(node.summed)
+    factors: list[ir.Node] = []
+    summed = list(node.summed)
+    for f in node.factors:
+        if isinstance(f, ir.Product) and not set(f.summed) & taken:
+            factors += f.factors
+            summed += f.summed
+            taken |= set(f.summed)
+        else:
+            factors.append(f)
+    if len(factors) == len(node.factors):
+        return node
+    return ir.Product(tuple(factors), tuple(summed), node.span, node.source)
 
 
 # -- a softmax's argument: scores plus masks
