@@ -10,7 +10,14 @@ import torch
 
 import indexattn
 from indexattn import ir
-from indexattn.lower.canonical import canonical, groups, projections, softmax_arguments, sums
+from indexattn.lower.canonical import (
+    canonical,
+    groups,
+    projections,
+    softmax_arguments,
+    softmaxes,
+    sums,
+)
 from indexattn.lower.steps import Attention
 from indexattn.oracle.verify import compare
 
@@ -201,3 +208,44 @@ def test_two_sums_over_one_index_name_stay_two_sums():
     inner = [f for f in eq.rhs.factors if isinstance(f, ir.Product)]
     assert len(eq.rhs.factors) == 3 and [[i.glyph for i in f.summed] for f in inner] == [["i"]]
     assert compare(indexattn.compile_spec(TWO_SUMS, name="t"), torch.float64, (2,)).ok
+
+
+WRITTEN_OUT = """
+index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+S_<ττ'> = Q_<τa> K_<τ'a> / sqrt(d) + where(τ' > τ, -inf, 0)
+E_<ττ'> = exp(S_<ττ'> - max_<τ'>(S_<ττ'>))
+A_<ττ'> = E_<ττ'> / sum_<τ'>(E_<ττ'>)
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+
+
+def names(spec: ir.Spec) -> set[str]:
+    return {eq.tensor.name for eq in spec.equations}
+
+
+def test_a_softmax_written_out_is_softmax_where_every_row_sees_a_key():
+    """E / Σ E is softmax: E's equation goes and the kernel takes the causal core (the
+    causal mask keeps each query's own key, so no row is 0/0)."""
+    assert "E" not in names(softmaxes(ir.check(WRITTEN_OUT, "t")))
+    assert kernels(WRITTEN_OUT) == [False]  # is_causal, no mask tensor
+    assert compare(indexattn.compile_spec(WRITTEN_OUT, name="t"), torch.float64, (2,)).ok
+
+
+WRITTEN_TWINS = {
+    # the first query sees no key: the written form is 0/0 there, softmax's policy 0
+    "a row with no key": WRITTEN_OUT.replace("τ' > τ", "τ' >= τ"),
+    # E is an output too: computed, and A divides it by its sum as written
+    "the exponential read elsewhere too": WRITTEN_OUT.replace("output O", "output O, E"),
+}
+
+
+@pytest.mark.parametrize("twin", WRITTEN_TWINS)
+def test_a_softmax_written_out_stays_as_written_where_softmax_could_differ(twin):
+    text = WRITTEN_TWINS[twin]
+    assert "E" in names(softmaxes(ir.check(text, "t"))) and kernels(text) == []
+    assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok

@@ -56,3 +56,14 @@ def test_gradcheck_on_a_tiny_case(shipped):
 
     inputs = tuple(args[n].requires_grad_(args[n].is_floating_point()) for n in names)
     assert torch.autograd.gradcheck(run, inputs, atol=1e-8)
+
+
+def test_a_nan_where_the_literal_reading_has_one_agrees_and_only_there():
+    """A row that is 0/0 read literally (every key hidden, softmax written out) is NaN in
+    both: that is agreement; a NaN against a number, or a number against a NaN, is not."""
+    from indexattn.oracle.verify import _error
+
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    assert _error(nan, nan.clone()) == 0.0
+    assert _error(nan, torch.tensor([0.0, 1.0], dtype=torch.float64)) == float("inf")
+    assert _error(torch.tensor([0.0, 1.0], dtype=torch.float64), nan) == float("inf")

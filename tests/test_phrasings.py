@@ -115,6 +115,13 @@ REPHRASED |= {
     "the scores as an explicit sum over the width": SEPARATE.replace(
         "Q_<μτa> K_<μτ'a> / sqrt(d_k)", "sum_<a>(Q_<μτa> K_<μτ'a>) / sqrt(d_k)"
     ),
+    "softmax written out, the max subtracted": SEPARATE.replace(
+        "A_<μττ'> = softmax_<τ'>(S_<μττ'>)",
+        "E_<μττ'> = exp(S_<μττ'> - max_<τ'>(S_<μττ'>))\nA_<μττ'> = E_<μττ'> / sum_<τ'>(E_<μττ'>)",
+    ),
+    "softmax written out with logsumexp": SEPARATE.replace(
+        "softmax_<τ'>(S_<μττ'>)", "exp(S_<μττ'> - logsumexp_<τ'>(S_<μττ'>))"
+    ),
     "the values as an explicit sum over the keys": SEPARATE.replace(
         "O_<μτa> = A_<μττ'> V_<μτ'a>", "O_<μτa> = sum_<τ'>(A_<μττ'> V_<μτ'a>)"
     ),
@@ -125,6 +132,13 @@ TWINS = {
     "filled with 0, not -inf": FILLED.replace("-inf, S_<μττ'>", "0, S_<μττ'>"),
     "filled on the diagonal too": FILLED.replace("τ' > τ, -inf", "τ' >= τ, -inf"),
     "scaled by d_k inside the softmax": SCALED.replace("/ sqrt(d_k)", "/ d_k"),
+    "logsumexp over the queries": SEPARATE.replace(
+        "softmax_<τ'>(S_<μττ'>)", "exp(S_<μττ'> - logsumexp_<τ>(S_<μττ'>))"
+    ),
+    "normalised over the queries": SEPARATE.replace(
+        "A_<μττ'> = softmax_<τ'>(S_<μττ'>)",
+        "E_<μττ'> = exp(S_<μττ'>)\nA_<μττ'> = E_<μττ'> / sum_<τ>(E_<μττ'>)",
+    ),
     "the weights summed before the values": SEPARATE.replace(
         "O_<μτa> = A_<μττ'> V_<μτ'a>", "O_<μτa> = sum_<τ'>(A_<μττ'>) V_<μτa>"
     ),

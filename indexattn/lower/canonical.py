@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import sympy
 
@@ -17,6 +18,7 @@ from .. import ir
 from ..derive import printer
 from ..ir import Equation, Index, Spec, Tensor
 from ..notation.names import fresh
+from . import numerics
 from .fusion import contractions, linear_form, read_counts, renaming
 
 
@@ -374,6 +376,120 @@ def _flat(node: ir.Product) -> ir.Product:
     return ir.Product(tuple(factors), tuple(summed), node.span, node.source)
 
 
+# -- softmax written out
+
+
+def softmaxes(spec: Spec) -> Spec:
+    """A softmax written out is `softmax`: `exp(X - logsumexp_<k>(X))`, and `E / sum_<k>(E)`
+    with `E = exp(X - max_<k>(X))` or `exp(X)` (inline, or an equation read only there), is
+    `softmax_<k>(X)`, which the matcher reads as attention's weights. Equal up to rounding
+    wherever the written form is finite; where it is not, softmax's values: a row with every
+    key hidden gives zeros (the written form 0/0, NaN), and `exp(X)` that overflows does not."""
+    reads = read_counts(spec)
+    defined = {eq.tensor.name: eq for eq in spec.equations}
+    used: set[str] = set()
+
+    def written(node: ir.Node) -> ir.Node:
+        found = _exp_minus_logsumexp(node) or _normalised(node, defined, reads, used)
+        if found is None or not _sees_a_key(spec, defined, *found):
+            return node
+        return ir.Reduce("softmax", found[1], found[0], node.span)
+
+    equations = tuple(replace(eq, rhs=_mapped(eq.rhs, written)) for eq in spec.equations)
+    if equations == spec.equations:
+        return spec
+    spec = replace(spec, equations=equations)
+    left = read_counts(spec)
+    gone = {name for name in used if not left[name]}
+    return replace(
+        spec,
+        tensors=tuple(t for t in spec.tensors if t.name not in gone),
+        equations=tuple(eq for eq in spec.equations if eq.tensor.name not in gone),
+    )
+
+
+def _minus(node: ir.Node, fn: str) -> tuple[ir.Node, tuple[Index, ...]] | None:
+    """For `X - fn_<k>(X)`: X and k."""
+    if not isinstance(node, ir.Sum) or len(node.terms) != 2:
+        return None
+    x, negated = node.terms
+    if not isinstance(negated, ir.Product) or len(negated.factors) != 2 or negated.summed:
+        return None
+    reduced, minus_one = negated.factors
+    if not (isinstance(minus_one, ir.Field) and minus_one.expr == -1):
+        return None
+    if isinstance(reduced, ir.Reduce) and reduced.fn == fn and reduced.body == x:
+        return x, reduced.over
+    return None
+
+
+def _exp_minus_logsumexp(node: ir.Node) -> tuple[ir.Node, tuple[Index, ...]] | None:
+    if isinstance(node, ir.Apply) and node.fn == "exp":
+        return _minus(node.args[0], "logsumexp")
+    return None
+
+
+def _normalised(node, defined, reads, used) -> tuple[ir.Node, tuple[Index, ...]] | None:
+    """For `E / sum_<k>(E)` with E the exponential of X (or of X - max_<k>(X)): X and k."""
+    if not isinstance(node, ir.Product) or len(node.factors) != 2 or node.summed:
+        return None
+    e, inverse = node.factors
+    if not (isinstance(inverse, ir.Apply) and inverse.fn == "pow"):
+        return None
+    total, minus_one = inverse.args
+    if not (isinstance(minus_one, ir.Field) and minus_one.expr == -1):
+        return None
+    if not (isinstance(total, ir.Reduce) and total.fn == "sum" and total.body == e):
+        return None
+    eq = defined.get(e.tensor.name) if isinstance(e, ir.Ref) else None
+    if eq is not None and not (reads[e.tensor.name] == 2 and _plain(e)):
+        return None
+    exp = eq.rhs if eq is not None else e
+    if not (isinstance(exp, ir.Apply) and exp.fn == "exp"):
+        return None
+    x, over = _minus(exp.args[0], "max") or (exp.args[0], total.over)
+    if over != total.over:
+        return None
+    used.update([eq.tensor.name] if eq is not None else [])
+    return x, over
+
+
+def _sees_a_key(spec: Spec, defined: dict, x: ir.Node, over: tuple[Index, ...]) -> bool:
+    """Whether every row of x along `over` keeps a key that no mask hides, so that softmax
+    and the written form agree: x can hold -inf only through masks on positions that never
+    hide the key at the query's own position (`where(τ' > τ, -inf, 0)` keeps τ' = τ),
+    reading derived tensors under their own index names (lower/numerics.py decides -inf)."""
+    if len(over) != 1:
+        return False
+    masked = {t.name: numerics.maskable(t) for t in spec.arguments}
+    scalars = frozenset(s.symbol for s in spec.scalars)
+    seen = partial(_seen_diagonal, over[0])
+    for eq in spec.equations:
+        rhs = _mapped(eq.rhs, seen)
+        masked[eq.tensor.name] = numerics.may_be_neginf(rhs, masked, scalars)
+    reached = [r for r in ir.refs(x) if r.tensor.name in defined]
+    if not all(_plain(r) for r in reached):
+        return False
+    return not numerics.may_be_neginf(_mapped(x, seen), masked, scalars)
+
+
+def _seen_diagonal(key: Index, node: ir.Node) -> ir.Node:
+    """A mask `where(c, -inf, 0)` on positions that keeps the key at the query's position
+    (c false at key = q, q another index of the key's size) as 0; any other node as it is."""
+    if not isinstance(node, ir.Field) or key not in node.free:
+        return node
+    expr = node.expr
+    if not (isinstance(expr, sympy.Piecewise) and len(expr.args) == 2):
+        return node
+    (hidden, cond), (kept, otherwise) = expr.args
+    if not (hidden == -sympy.oo and kept == 0 and otherwise is sympy.true):
+        return node
+    for q in node.free:
+        if q != key and q.size == key.size and cond.xreplace({key.symbol: q.symbol}) is sympy.false:
+            return ir.Field(sympy.Integer(0), node.free, node.span)
+    return node
+
+
 # -- a softmax's argument: scores plus masks
 
 
@@ -522,6 +638,7 @@ def _mapped(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
 
 REWRITES = (
     Rewrite("sums", sums, "a sum of a product is a contraction"),
+    Rewrite("softmaxes", softmaxes, "a softmax written out is softmax"),
     Rewrite(
         "groups",
         groups,

@@ -81,8 +81,8 @@ def _error(got: torch.Tensor, want: torch.Tensor) -> float:
     if got.shape != want.shape:
         return float("inf")
     got, want = got.double(), want.double()
-    same_inf = (got == want) & torch.isinf(want)
-    diff = torch.where(same_inf, torch.zeros_like(got), (got - want).abs())
+    same = ((got == want) & torch.isinf(want)) | (got.isnan() & want.isnan())
+    diff = torch.where(same, torch.zeros_like(got), (got - want).abs())
     finite = want[torch.isfinite(want)]
     scale = 1 + (finite.abs().max().item() if finite.numel() else 0.0)
     return float(diff.nan_to_num(float("inf")).max().item() / scale) if diff.numel() else 0.0
