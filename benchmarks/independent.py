@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +34,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import spec_memory  # noqa: E402
 import torch  # noqa: E402
 from baselines import chunked_linear, flex, fused_qkv, retention, rotary  # noqa: E402
-from run import interleaved  # noqa: E402
+from run import interleaved, run_once  # noqa: E402
 
 import indexattn  # noqa: E402
 
@@ -98,11 +101,21 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--lengths", help="comma-separated N (default: 512,2048)")
     parser.add_argument("--device", default="cpu", help="where to run (cuda: flex's backward too)")
+    parser.add_argument(
+        "--memory", action="store_true", help="peak memory of forward+backward, not time"
+    )
+    parser.add_argument(
+        "--probe", nargs=3, help=argparse.SUPPRESS
+    )  # CASE N IMPL, in a fresh process
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.probe:
+        return print(json.dumps(peak(args.probe[0], int(args.probe[1]), args.probe[2])))
     lengths = (128,) if args.quick else (512, 2048)
     lengths = tuple(map(int, args.lengths.split(","))) if args.lengths else lengths
     names = args.cases.split(",") if args.cases else list(CASES)
+    if args.memory:
+        return memory(names, lengths)
     for name in names:
         case = CASES[name]
         for n in lengths:
@@ -141,6 +154,27 @@ def make_inputs(spec, n: int, device: torch.device) -> list[torch.Tensor]:
     ids = (torch.arange(n, device=device) * 4 // n)[None]
     x = torch.randn(1, n, 768, device=device)
     return [ids if t.dtype == "int" else x for t in spec.ir.tensors_of("input")]
+
+
+def memory(names: list[str], lengths: tuple[int, ...]) -> None:
+    """The generated module's and each eager baseline's peak, each in a fresh process with
+    glibc mapping every block above 128 kB on its own (so the peak counts tensors alive
+    together, as benchmarks/spec_memory.py does)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    for name in names:
+        for n in lengths:
+            for impl in ("generated", *CASES[name].baselines):
+                command = [sys.executable, __file__, "--probe", name, str(n), impl]
+                done = subprocess.run(command, stdout=subprocess.PIPE, check=True, env=env)
+                print(json.dumps({"case": name, "N": n, "impl": impl, **json.loads(done.stdout)}))
+
+
+def peak(name: str, n: int, impl: str) -> dict:
+    """MB that resident memory rises by at the peak of one forward+backward: the second one,
+    since the first builds per-shape tables and the gradients' storage."""
+    built = build(CASES[name], n, torch.device("cpu"), compiled=False)[impl]
+    run_once(*built, MODES[1])
+    return {"forward+backward MB": spec_memory.growth(lambda: run_once(*built, MODES[1]))}
 
 
 def summary(samples: dict[str, list[float]]) -> dict:
