@@ -1,6 +1,6 @@
 """Generated code against independent baselines (benchmarks/baselines/), in interleaved rounds.
 
-    .venv/bin/python benchmarks/independent.py            # N = 512 and 2048, about 15 minutes
+    .venv/bin/python benchmarks/independent.py            # N = 512 and 2048, about 25 minutes
     .venv/bin/python benchmarks/independent.py --quick    # N = 128, one round: a smoke run
     .venv/bin/python benchmarks/independent.py --cases rope --lengths 512 --rounds 9
 
