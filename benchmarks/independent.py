@@ -52,7 +52,7 @@ GEMMA = {**SIZES, **WINDOW, "c": 50.0, "query_pre_attn_scalar": 64}
 class Case:
     spec: Path
     baselines: dict  # name -> function(*inputs, params, sizes)
-    sizes: dict = field(default_factory=lambda: SIZES)
+    sizes: dict = field(default_factory=SIZES.copy)
     compiled: bool = True  # also time each baseline under torch.compile (flex compiles itself)
     backward: bool = True  # False: FlexAttention, whose backward runs on a GPU only
 
@@ -104,9 +104,8 @@ def main() -> None:
     parser.add_argument(
         "--memory", action="store_true", help="peak memory of forward+backward, not time"
     )
-    parser.add_argument(
-        "--probe", nargs=3, help=argparse.SUPPRESS
-    )  # CASE N IMPL, in a fresh process
+    hidden = argparse.SUPPRESS  # internal: CASE N IMPL, one memory probe in a fresh process
+    parser.add_argument("--probe", nargs=3, help=hidden)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.probe:
