@@ -191,13 +191,15 @@ def run_once(call, inputs, params, mode: str) -> None:
     if mode == "forward":
         with torch.inference_mode():
             call(*inputs)
-        return
-    for t in params:
-        t.grad = None
-    inputs = [x.detach().requires_grad_(x.dim() > 2) for x in inputs]
-    out = call(*inputs)
-    loss = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
-    loss.backward()
+    else:
+        for t in params:
+            t.grad = None
+        grads = [x.detach().requires_grad_(x.dim() > 2) for x in inputs]
+        out = call(*grads)
+        loss = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
+        loss.backward()
+    if inputs[0].is_cuda:  # a sample times the device's work, not only its launches
+        torch.cuda.synchronize()
 
 
 def interleaved(built: dict, mode: str, rounds: int) -> dict[str, list[float]]:

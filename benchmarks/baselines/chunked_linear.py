@@ -22,7 +22,8 @@ def heads(x, weight, bias, h):
     return F.linear(x, weight, bias).unflatten(-1, (h, -1)).transpose(-3, -2)
 
 
-def forward(x: torch.Tensor, p: dict, h: int, eps: float = 1e-6) -> torch.Tensor:
+def forward(x: torch.Tensor, p: dict, s: dict, eps: float = 1e-6) -> torch.Tensor:
+    h = s["h"]
     q = F.elu(heads(x, p["q_proj_weight"], p["q_proj_bias"], h)) + 1
     k = F.elu(heads(x, p["k_proj_weight"], p["k_proj_bias"], h)) + 1
     v = heads(x, p["v_proj_weight"], p["v_proj_bias"], h)

@@ -14,15 +14,20 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 
-def qkv_major(x, p: dict, h: int):
-    q, k, v = (t.unflatten(-1, (h, -1)).transpose(-3, -2) for t in F.linear(x, p["W"]).chunk(3, -1))
+def qkv_major(x, p: dict, s: dict):
+    qkv = F.linear(x, p["W"]).chunk(3, -1)
+    q, k, v = (t.unflatten(-1, (s["h"], -1)).transpose(-3, -2) for t in qkv)
     return output(F.scaled_dot_product_attention(q, k, v, is_causal=True), p)
 
 
-def head_major(x, p: dict, h: int):
+def head_major(x, p: dict, s: dict):
+    q, k, v = split_head_major(x, p, s["h"])
+    return output(F.scaled_dot_product_attention(q, k, v, is_causal=True), p)
+
+
+def split_head_major(x, p: dict, h: int):
     qkv = F.linear(x, p["W"]).unflatten(-1, (h, 3, -1)).transpose(-4, -3)  # (..., h, N, 3, d)
-    q, k, v = qkv.unbind(-2)
-    return output(F.scaled_dot_product_attention(q, k, v, is_causal=True), p)
+    return qkv.unbind(-2)
 
 
 def output(o, p: dict):

@@ -26,7 +26,8 @@ def heads(x, weight, h):
     return F.linear(x, weight).unflatten(-1, (h, -1)).transpose(-3, -2)
 
 
-def forward(x: torch.Tensor, p: dict, h: int) -> torch.Tensor:
+def forward(x: torch.Tensor, p: dict, s: dict) -> torch.Tensor:
+    h = s["h"]
     q, k, v = (heads(x, p[name], h) for name in ("W_Q", "W_K", "W_V"))
     o = attend(q / math.sqrt(q.shape[-1]), k, v, p["lambda_"], CHUNK)
     return F.linear(o.transpose(-3, -2).flatten(-2), p["W_O"])
