@@ -29,6 +29,9 @@ class CompiledSpec(Protocol):
     def backward(self, *, training: bool = True) -> CompiledSpec:
         """The derived backward, compiled like any spec."""
 
+    def keeping(self, *, training: bool = True) -> CompiledSpec:
+        """The forward that also returns the values the derived backward reads."""
+
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict:
         """The sizes of a call."""
 
@@ -43,6 +46,27 @@ def compiled(spec: CompiledSpec, training: bool) -> tuple[Derived, CompiledSpec]
     return derived, spec.backward(training=training)
 
 
+@functools.lru_cache(maxsize=64)
+def keeping(spec: CompiledSpec, training: bool) -> CompiledSpec:
+    """The forward that also returns the values its derived backward reads, compiled once."""
+    return spec.keeping(training=training)
+
+
+def forward(spec: CompiledSpec, training: bool, tensors, given: dict, scalars: dict):
+    """The outputs of the forward, and the values the derived backward keeps."""
+    derived, _ = compiled(spec, training)
+    out = keeping(spec, training)._run(tensors, given, scalars, training)
+    out = out if isinstance(out, tuple) else (out,)
+    found = dict(
+        zip(
+            [t.name for t in spec.ir.outputs]
+            + [t.name for t in derived.kept if t not in spec.ir.outputs],
+            out,
+        )
+    )
+    return out[: len(spec.ir.outputs)], [found[t.name] for t in derived.kept]
+
+
 def gradients(
     spec: CompiledSpec, cotangents: tuple[torch.Tensor, ...], /, *, training=True, **kwargs
 ) -> dict[str, torch.Tensor]:
@@ -53,10 +77,11 @@ def gradients(
     scalars = {s.ascii: kwargs[s.ascii] for s in spec.ir.scalars if s.ascii in kwargs}
     tensors = [kwargs[name] for name in spec.arguments]
     given = {k: v for k, v in kwargs.items() if k in spec.size_names}
-    return _backward(spec, training, tensors, cotangents, given, scalars)
+    kept = forward(spec, training, tensors, given, scalars)[1]
+    return _backward(spec, training, tensors, kept, cotangents, given, scalars)
 
 
-def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: dict) -> dict:
+def _backward(spec, training: bool, tensors, kept, cotangents, given: dict, scalars: dict) -> dict:
     """The derived cotangents of the arguments, each summed to its argument's shape."""
     derived, backward = compiled(spec, training)
     inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
@@ -64,6 +89,7 @@ def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: d
     arguments = dict(zip(spec.arguments, tensors))
     out = backward(
         **arguments,
+        **dict(zip((t.ascii for t in derived.kept), kept)),
         **dict(zip((t.ascii for t in inputs), cotangents)),
         **{k: v for k, v in sizes.items() if k in backward.required},
         **scalars,
@@ -95,19 +121,21 @@ class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
         ctx.spec, ctx.given, ctx.scalars, ctx.training = spec, given, scalars, training
-        ctx.save_for_backward(*tensors)
-        out = spec._run(tensors, given, scalars, training)
-        out = out if isinstance(out, tuple) else (out,)
+        out, kept = forward(spec, training, tensors, given, scalars)
+        ctx.save_for_backward(*tensors, *kept)
         ctx.mark_non_differentiable(*(o for o in out if not o.is_floating_point()))
         return out
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
-        spec, tensors = ctx.spec, ctx.saved_tensors
+        spec, saved = ctx.spec, ctx.saved_tensors
+        tensors, kept = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
+        if torch.is_grad_enabled():  # a double backward: what was kept, with its history
+            kept = forward(spec, ctx.training, tensors, ctx.given, ctx.scalars)[1]
         derived, _ = compiled(spec, ctx.training)
         outputs = list(spec.ir.outputs)
         cots = [cotangents[outputs.index(t)] for t in derived.given]
-        found = _backward(spec, ctx.training, tensors, cots, ctx.given, ctx.scalars)
+        found = _backward(spec, ctx.training, tensors, kept, cots, ctx.given, ctx.scalars)
         wanted = ctx.needs_input_grad[4:]
         grads = [found.get(name) if w else None for name, w in zip(spec.arguments, wanted)]
         return (None, None, None, None, *grads)
