@@ -52,19 +52,40 @@ def keeping(spec: CompiledSpec, training: bool) -> CompiledSpec:
     return spec.keeping(training=training)
 
 
-def forward(spec: CompiledSpec, training: bool, tensors, given: dict, scalars: dict):
+def forward(spec: CompiledSpec, training: bool, tensors, masks, given: dict, scalars: dict):
     """The outputs of the forward, and the values the derived backward keeps."""
     derived, _ = compiled(spec, training)
-    out = keeping(spec, training)._run(tensors, given, scalars, training)
+    out = keeping(spec, training)._run([*tensors, *masks], given, scalars, training)
     out = out if isinstance(out, tuple) else (out,)
-    found = dict(
-        zip(
-            [t.name for t in spec.ir.outputs]
-            + [t.name for t in derived.kept if t not in spec.ir.outputs],
-            out,
+    outputs = spec.ir.outputs
+    names = [t.name for t in (*outputs, *(t for t in derived.kept if t not in outputs))]
+    found = dict(zip(names, out))
+    return out[: len(outputs)], [found[t.name] for t in derived.kept]
+
+
+def drawn(spec: CompiledSpec, training: bool, tensors, given: dict, scalars: dict) -> list:
+    """Dropout's masks for a call in training, in the order the forward draws them, drawn as
+    it draws them: F.dropout of ones of its argument's shape (0, or 1 / (1 - p))."""
+    derived, _ = compiled(spec, training)
+    if not derived.masks:
+        return []
+    sizes = spec.solve(tensors, given)
+    ir = spec.ir
+    values = {s: sizes[ir.size_ascii(s)] for s in ir.sizes if ir.size_ascii(s) in sizes}
+    values |= {s.symbol: scalars.get(s.ascii, s.value) for s in ir.scalars}
+    leading = [
+        t.shape[: t.dim() - len(a.layout)] for t, a in zip(tensors, ir.arguments) if a.batched
+    ]
+    batch = torch.broadcast_shapes(*leading)
+    like = next(t for t, a in zip(tensors, ir.arguments) if a.dtype == "float")
+    masks = []
+    for mask, rate in zip(derived.masks, derived.rates):
+        shape = [int(size.subs(values)) for size in mask.shape]
+        ones = torch.ones(
+            (*(batch if mask.batched else ()), *shape), dtype=like.dtype, device=like.device
         )
-    )
-    return out[: len(spec.ir.outputs)], [found[t.name] for t in derived.kept]
+        masks.append(torch.nn.functional.dropout(ones, float(rate.subs(values)), training=True))
+    return masks
 
 
 def gradients(
@@ -77,11 +98,12 @@ def gradients(
     scalars = {s.ascii: kwargs[s.ascii] for s in spec.ir.scalars if s.ascii in kwargs}
     tensors = [kwargs[name] for name in spec.arguments]
     given = {k: v for k, v in kwargs.items() if k in spec.size_names}
-    kept = forward(spec, training, tensors, given, scalars)[1]
-    return _backward(spec, training, tensors, kept, cotangents, given, scalars)
+    masks = drawn(spec, training, tensors, given, scalars)
+    kept = forward(spec, training, tensors, masks, given, scalars)[1]
+    return _backward(spec, training, tensors, kept + masks, cotangents, given, scalars)
 
 
-def _backward(spec, training: bool, tensors, kept, cotangents, given: dict, scalars: dict) -> dict:
+def _backward(spec, training: bool, tensors, held, cotangents, given: dict, scalars: dict) -> dict:
     """The derived cotangents of the arguments, each summed to its argument's shape."""
     derived, backward = compiled(spec, training)
     inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
@@ -89,7 +111,7 @@ def _backward(spec, training: bool, tensors, kept, cotangents, given: dict, scal
     arguments = dict(zip(spec.arguments, tensors))
     out = backward(
         **arguments,
-        **dict(zip((t.ascii for t in derived.kept), kept)),
+        **dict(zip((t.ascii for t in (*derived.kept, *derived.masks)), held)),
         **dict(zip((t.ascii for t in inputs), cotangents)),
         **{k: v for k, v in sizes.items() if k in backward.required},
         **scalars,
@@ -121,21 +143,25 @@ class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
         ctx.spec, ctx.given, ctx.scalars, ctx.training = spec, given, scalars, training
-        out, kept = forward(spec, training, tensors, given, scalars)
-        ctx.save_for_backward(*tensors, *kept)
+        masks = drawn(spec, training, tensors, given, scalars)
+        out, kept = forward(spec, training, tensors, masks, given, scalars)
+        ctx.save_for_backward(*tensors, *kept, *masks)
         ctx.mark_non_differentiable(*(o for o in out if not o.is_floating_point()))
         return out
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
         spec, saved = ctx.spec, ctx.saved_tensors
-        tensors, kept = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
-        if torch.is_grad_enabled():  # a double backward: what was kept, with its history
-            kept = forward(spec, ctx.training, tensors, ctx.given, ctx.scalars)[1]
         derived, _ = compiled(spec, ctx.training)
+        tensors, held = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
+        if torch.is_grad_enabled():  # a double backward: what was kept, with its history
+            masks = held[len(derived.kept) :]
+            held = forward(spec, ctx.training, tensors, masks, ctx.given, ctx.scalars)[1] + list(
+                masks
+            )
         outputs = list(spec.ir.outputs)
         cots = [cotangents[outputs.index(t)] for t in derived.given]
-        found = _backward(spec, ctx.training, tensors, kept, cots, ctx.given, ctx.scalars)
+        found = _backward(spec, ctx.training, tensors, held, cots, ctx.given, ctx.scalars)
         wanted = ctx.needs_input_grad[4:]
         grads = [found.get(name) if w else None for name, w in zip(spec.arguments, wanted)]
         return (None, None, None, None, *grads)
