@@ -1,6 +1,7 @@
 """The derived backward (indexattn/derive): its rules against sympy, its gradients against
 autograd on the generated forward and on the literal interpreter for every shipped spec it
-covers, the refusals of those it does not, and FlashAttention's identity in mha's."""
+covers (dropout in training with the forward's masks), the refusals, and FlashAttention's
+identity in mha's."""
 
 import re
 from functools import partial
@@ -19,30 +20,32 @@ import indexattn
 from indexattn import cli, ir, ops
 from indexattn.derive import backward_text, defaults, derive, function
 from indexattn.derive.function import gradients
-from indexattn.derive.reverse import Derivation
+from indexattn.derive.reverse import Derivation, dropouts
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.views import markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(ROOT.glob("specs/*.attn")) + sorted(ROOT.glob("specs/*/*.attn"))
-DROPOUT = "no derived backward for dropout"
-REFUSED = {
-    "alibi": DROPOUT,
-    "causal_head": DROPOUT,
-    "gpt2": DROPOUT,
-    "gqa_core": DROPOUT,
-    "mha_separate": DROPOUT,
-    "sliding_window": DROPOUT,
-    "torch_mha": DROPOUT,
-    "models/bloom": DROPOUT,
-}
+# with dropout: derived in training with the forward's masks, compared with autograd's at one
+# seed; against the oracle, in eval mode
+DROPOUT = [
+    "alibi",
+    "causal_head",
+    "gpt2",
+    "gqa_core",
+    "mha_separate",
+    "sliding_window",
+    "torch_mha",
+    "models/bloom",
+]
 
 
 def key(path: Path) -> str:
     return path.stem if path.parent.name == "specs" else f"{path.parent.name}/{path.stem}"
 
 
-DERIVED = [p for p in SPECS if key(p) not in REFUSED]
+DERIVED = [p for p in SPECS if key(p) not in DROPOUT]
 
 
 # -- the rules beside the operators
@@ -168,14 +171,39 @@ def test_with_batch_axes_a_params_gradient_sums_them(name):
     assert autograd < 1e-10 and oracle < 1e-10
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_refused_specs_say_which_construct(name):
+def trained(spec, args: dict, given: dict, mode: str, seed: int) -> dict:
+    """The gradients of one training step (dropout at 0.3) after `torch.manual_seed(seed)`."""
+    rates = {n.args[1].expr for _, n in dropouts(spec.ir)}
+    rates = {s.ascii: 0.3 for s in spec.ir.scalars if s.symbol in rates}
+    leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
+    torch.manual_seed(seed)
+    out = spec(**leaves, **given, **rates, training=True, backward=mode)
+    generator = torch.Generator().manual_seed(2)
+    out = out if isinstance(out, tuple) else (out,)
+    sum(
+        (o * torch.randn(o.shape, generator=generator, dtype=o.dtype)).sum() for o in out
+    ).backward()
+    return {k: v.grad for k, v in leaves.items() if v.grad is not None}
+
+
+@pytest.mark.parametrize("name", DROPOUT)
+def test_in_training_the_derived_backward_reads_the_forwards_masks(name):
+    """Dropout's masks are drawn by the forward in its own order, as autograd's forward draws
+    them, and handed to the derived backward: at one seed, in float64, its gradients in
+    training are autograd's. The twin: masks drawn at another seed give other gradients."""
     spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
-    with pytest.raises(indexattn.SpecError, match=REFUSED[name]):
-        spec.backward_text()
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, (2,))
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    autograd = trained(spec, args, given, "autograd", 5)
+    for seed, same in ((5, True), (6, False)):
+        derived = trained(spec, args, given, "derived", seed)
+        assert set(derived) == set(autograd)
+        worst = max((derived[k] - g).abs().max().item() for k, g in autograd.items())
+        assert worst < 1e-10 if same else worst > 1e-3
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
+@pytest.mark.parametrize("name", DROPOUT)
 def test_in_eval_mode_dropout_is_the_identity(name):
     autograd, oracle = errors(ROOT / "specs" / f"{name}.attn", training=False)  # calls in eval
     assert autograd < 1e-10 and oracle < 1e-10
@@ -327,11 +355,14 @@ def test_cli_grad_prints_the_backward(capsys):
     assert "output dQ, dK, dV" in text
 
 
-def test_cli_grad_refusal_is_a_spec_error(capsys):
-    assert cli.main(["grad", str(ROOT / "specs" / "gpt2.attn")]) == 1
-    assert DROPOUT in capsys.readouterr().err
+def test_cli_grad_writes_dropouts_masks_and_refusals(capsys, tmp_path):
+    assert cli.main(["grad", str(ROOT / "specs" / "gpt2.attn")]) == 0
+    assert "dA_<μττ'> = dÃ_2_<μττ'> Ξ_<μττ'>" in capsys.readouterr().out
     assert cli.main(["grad", "--eval", str(ROOT / "specs" / "gpt2.attn")]) == 0
-    assert "dropout" not in capsys.readouterr().out.split("\n\n")[-2]
+    assert "Ξ" not in capsys.readouterr().out
+    (tmp_path / "flat.attn").write_text(FLAT, encoding="utf-8")
+    assert cli.main(["grad", str(tmp_path / "flat.attn")]) == 1
+    assert "no cotangent reaches" in capsys.readouterr().err
 
 
 def test_docs_show_what_the_derivation_writes():
@@ -400,15 +431,13 @@ def test_backward_derived_passes_gradcheck_and_gradgradcheck():
 
 
 def test_backward_derived_of_a_refused_spec_is_a_spec_error():
-    spec = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn")
-    sizes = sample_sizes(spec.ir)
-    args = sample_arguments(spec.ir, sizes) | {k: v for k, v in sizes.items() if k in spec.required}
-    spec(**args, training=True, backward="derived")  # no gradient asked for: the forward
-    args["X"].requires_grad_()
-    with pytest.raises(indexattn.SpecError, match=DROPOUT):
-        spec(**args, training=True, backward="derived")
+    spec = indexattn.compile_spec(FLAT, name="flat")
+    x = torch.randn(3)
+    spec(x=x, backward="derived")  # no gradient asked for: the forward
+    with pytest.raises(indexattn.SpecError, match="no cotangent reaches"):
+        spec(x=x.requires_grad_(), backward="derived")
     with pytest.raises(ValueError, match="autograd"):
-        spec(**args, backward="symbolic")
+        spec(x=x, backward="symbolic")
 
 
 def test_spec_pages_show_the_backward_or_why_not():
@@ -419,7 +448,9 @@ def test_spec_pages_show_the_backward_or_why_not():
         in (backward)
     )
     gpt2 = (ROOT / "docs" / "specs" / "gpt2.md").read_text(encoding="utf-8")
-    assert "## Backward\n\nNot derived: no derived backward for dropout" in gpt2
+    assert "`O`, `Ξ`, `Ξ_2`, kept by the forward)" in gpt2
+    why = markdown.backward(ir.check(FLAT, "flat"))
+    assert why.startswith("## Backward\n\nNot derived: no derived backward: no cotangent reaches")
 
 
 EMBEDDING = """# Token embedding, then a projection
@@ -447,8 +478,11 @@ def test_a_cotangent_constant_along_an_index_is_refused():
         spec.backward_text()
 
 
+FLAT = "index i : n\ninput x_<i>\ny_<i> = floor(x_<i>)\n"
+
+
 def test_a_spec_whose_gradient_is_zero_everywhere_is_refused():
-    spec = indexattn.compile_spec("index i : n\ninput x_<i>\ny_<i> = floor(x_<i>)\n", name="flat")
+    spec = indexattn.compile_spec(FLAT, name="flat")
     with pytest.raises(indexattn.SpecError, match="no cotangent reaches"):
         spec.backward_text()
 

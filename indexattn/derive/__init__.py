@@ -120,15 +120,21 @@ def named(eq) -> set[str]:
     return {r.tensor.name for r in refs(eq.rhs)}
 
 
-def own(spec: Spec) -> tuple[Spec, tuple[Tensor, ...]]:
+def own(spec: Spec) -> tuple[Spec, tuple[Tensor, ...], tuple[Tensor, ...]]:
     """The derived backward (training mode) checked as a spec, with its own equations only
-    (not the forward's, which it repeats in part), and its cotangent inputs: what a spec's
-    page and its PDF show. SpecError where it is not derived."""
+    (not the forward's, which it repeats in part), its cotangent inputs, and the inputs the
+    forward keeps for it (values and dropout's masks): what a spec's page and its PDF show.
+    SpecError where it is not derived."""
     derived = derive(spec)
     full = check(derived.text, f"{spec.name}_backward")
     inputs = full.tensors_of("input")
+    given = len(derived.given)
+    held = inputs[
+        len(inputs) - given - len(derived.kept) - len(derived.masks) : len(inputs) - given
+    ]
     made = {t.name for t in spec.tensors}
     return (
         replace(full, equations=tuple(e for e in full.equations if e.tensor.name not in made)),
-        inputs[len(inputs) - len(derived.given) :],
+        inputs[len(inputs) - given :],
+        held,
     )
