@@ -253,14 +253,23 @@ class Derivation:
             self.back(arg, self.into(arg, product([cot, slope], frozenset(arg.free))))
 
     def slope(self, node: Apply, k: int) -> Cot:
-        """∂ fn / ∂ argument k, at the forward's arguments."""
-        values = [self.value(a) for a in node.args]
+        """∂ fn / ∂ argument k, at the forward's arguments. Where the rule reads the function's
+        own value (tanh's 1 - tanh(x)^2), that value is named once, as the forward's."""
         exponent = node.args[1] if node.fn == "pow" else None
         if k == 0 and isinstance(exponent, Field):
+            values = [self.value(node.args[0])]
             text = power_slope(values[0].text, exponent.expr)
         else:
-            names = dict(zip("xyz", values))
-            text = re.sub(r"\b[xyz]\b", lambda m: names[m.group()].text, DERIVATIVES[node.fn][k])
+            rule, names = DERIVATIVES[node.fn][k], {}
+            itself = f"{node.fn}({', '.join('xyz'[: len(node.args)])})"
+            if itself in rule:
+                names["@"] = self.value(node)
+                rule = rule.replace(itself, "@")
+            for name, arg in zip("xyz", node.args):
+                if re.search(rf"\b{name}\b", rule):
+                    names[name] = self.value(arg)
+            text = re.sub(r"\b[xyz]\b|@", lambda m: names[m.group()].text, rule)
+            values = list(names.values())
         free = frozenset(node.free)
         return Cot(f"({text})", free, frozenset().union(*(v.all for v in values)))
 
