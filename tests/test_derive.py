@@ -613,6 +613,26 @@ def test_a_training_step_holds_no_tensor_of_every_score(budget, monkeypatch):
     assert (widest.most < every) == (budget is not None)
 
 
+@pytest.mark.parametrize("budget", [4, None])
+@pytest.mark.parametrize(
+    "name, heads", [("softcap_window", {"h": 2}), ("attention_sinks", {"h_kv": 1, "n_rep": 2})]
+)
+def test_the_forward_that_keeps_runs_by_blocks_as_the_forward(name, heads, budget, monkeypatch):
+    """What the derived backward keeps (Q, K, V, O) is returned by a forward that still
+    runs by blocks of query rows: with four rows per block, at 2 heads and N = 32, no tensor
+    it makes has every score (sinks' row statistic L, which only the scores read, is not
+    kept: returning it would take it out of the blocks). The twin: one block makes one."""
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    sizes = sample_sizes(spec.ir) | heads | {"N": 32}
+    args = sample_arguments(spec.ir, sizes)
+    keeping = function.keeping(spec, True)
+    monkeypatch.setitem(keeping.function.__globals__, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    with Widest() as widest:
+        keeping(**args, **given, w=8)
+    assert (widest.most < 2 * 32 * 32) == (budget is not None)
+
+
 # -- the default backward, chosen by the benchmark
 
 

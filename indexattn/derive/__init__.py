@@ -89,11 +89,23 @@ def masked(eq: Equation, masks: dict[int, Tensor]) -> str:
 
 
 def keeping(spec: Spec, backward) -> tuple[tuple[Tensor, ...], list]:
-    """The forward values the backward's equations read that the forward keeps (float, with
-    the call's batch axes, over at most one sequence index), and the forward equations it
-    computes again (those of the rest it reads, and what they read in turn)."""
+    """The forward values the backward's equations read that the forward keeps, and the
+    forward equations it computes again (those of the rest it reads, and what they read in
+    turn). Kept: a float with the call's batch axes over at most one sequence index, unless
+    it is made from values over two and read only by such values (a row statistic inside the
+    scores, as sinks' L: the forward computes it in its blocks of rows, and returning it
+    would keep the forward from running by blocks)."""
     sequence = sequence_indices(spec)
     made = {eq.tensor.name: eq for eq in spec.equations}
+
+    def wide(name: str) -> bool:
+        return len(sequence & set(made[name].tensor.indices)) >= 2
+
+    def inside(eq: Equation) -> bool:
+        readers = [e.tensor.name for e in spec.equations if eq.tensor.name in named(e)]
+        made_of = any(wide(n) for n in named(eq) if n in made)
+        return made_of and eq.tensor not in spec.outputs and all(wide(r) for r in readers)
+
     kept, again = set(), set()
     todo = [name for eq in backward for name in named(eq) if name in made]
     while todo:
@@ -103,7 +115,8 @@ def keeping(spec: Spec, backward) -> tuple[tuple[Tensor, ...], list]:
             t.batched
             and t.dtype == "float"
             and not t.precision
-            and len(sequence & set(t.indices)) < 2
+            and not wide(t.name)
+            and not inside(eq)
         ):
             kept.add(t.name)
         elif t.name not in again:
