@@ -430,6 +430,24 @@ def test_backward_derived_passes_gradcheck_and_gradgradcheck():
     assert torch.autograd.gradgradcheck(call, (q, k, v))
 
 
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_double_backward_goes_through_what_the_forward_kept(kept, monkeypatch):
+    """mha's backward reads Q, K, V and O as the forward kept them, without a record; under
+    a double backward it computes them again with one, and gradgradcheck passes. The twin:
+    reading them as kept, the second derivative misses their dependence on the weights."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "mha.attn")
+    sizes = sample_sizes(spec.ir) | {"N": 3, "d_m": 4, "h": 2, "d_k": 2}
+    args = sample_arguments(spec.ir, sizes)
+    if not kept:
+        monkeypatch.setattr(function, "again", lambda spec, ctx, tensors, held: list(held))
+
+    def call(w):
+        return spec(**(args | {"W": w}), h=2, backward="derived")
+
+    leaves = (args["W"].clone().requires_grad_(),)
+    assert torch.autograd.gradgradcheck(call, leaves, raise_exception=False) == kept
+
+
 def test_backward_derived_of_a_refused_spec_is_a_spec_error():
     spec = indexattn.compile_spec(FLAT, name="flat")
     x = torch.randn(3)

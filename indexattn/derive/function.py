@@ -1,7 +1,9 @@
 """The derived backward on tensors: `gradients()` runs it once; `DerivedBackward` is a
-torch.autograd.Function whose forward is the spec's generated function and whose backward is
-the derived backward, compiled like any spec. `spec(..., backward="derived")` selects it;
-autograd's own backward is the default."""
+torch.autograd.Function whose forward is the spec's keeping forward (its outputs, and the
+values the backward reads rather than computing them again; in training, dropout's masks
+drawn first) and whose backward is the derived backward, compiled like any spec.
+`spec(..., backward="derived")` selects it; indexattn/derive/defaults.json says which
+backward a call that names none runs."""
 
 from __future__ import annotations
 
@@ -139,6 +141,13 @@ def _transformed() -> bool:
     return torch._C._are_functorch_transforms_active()
 
 
+def again(spec: CompiledSpec, ctx, tensors, held) -> list:
+    """What the forward kept, computed again from the inputs with autograd's record (a double
+    backward differentiates through it), and the masks the forward drew, as they were."""
+    masks = list(held[len(compiled(spec, ctx.training)[0].kept) :])
+    return forward(spec, ctx.training, tensors, masks, ctx.given, ctx.scalars)[1] + masks
+
+
 class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
@@ -155,10 +164,7 @@ class DerivedBackward(torch.autograd.Function):
         derived, _ = compiled(spec, ctx.training)
         tensors, held = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
         if torch.is_grad_enabled():  # a double backward: what was kept, with its history
-            masks = held[len(derived.kept) :]
-            held = forward(spec, ctx.training, tensors, masks, ctx.given, ctx.scalars)[1] + list(
-                masks
-            )
+            held = again(spec, ctx, tensors, held)
         outputs = list(spec.ir.outputs)
         cots = [cotangents[outputs.index(t)] for t in derived.given]
         found = _backward(spec, ctx.training, tensors, held, cots, ctx.given, ctx.scalars)
