@@ -91,10 +91,10 @@ def masked(eq: Equation, masks: dict[int, Tensor]) -> str:
 def keeping(spec: Spec, backward) -> tuple[tuple[Tensor, ...], list]:
     """The forward values the backward's equations read that the forward keeps, and the
     forward equations it computes again (those of the rest it reads, and what they read in
-    turn). Kept: a float with the call's batch axes over at most one sequence index, unless
-    it is made from values over two and read only by such values (a row statistic inside the
-    scores, as sinks' L: the forward computes it in its blocks of rows, and returning it
-    would keep the forward from running by blocks)."""
+    turn). Kept: a float (not whole numbers, which positions read) with the call's batch axes
+    over at most one sequence index, unless it is made from values over two and read only by
+    such values (a row statistic inside the scores, as sinks' L: the forward computes it in
+    its blocks of rows, and returning it would keep the forward from running by blocks)."""
     sequence = sequence_indices(spec)
     made = {eq.tensor.name: eq for eq in spec.equations}
 
@@ -114,6 +114,7 @@ def keeping(spec: Spec, backward) -> tuple[tuple[Tensor, ...], list]:
         if (
             t.batched
             and t.dtype == "float"
+            and not t.whole
             and not t.precision
             and not wide(t.name)
             and not inside(eq)
