@@ -279,8 +279,8 @@ def lookup(name: str) -> Op:
 # language's own notation: the arguments are x, y, z in order; "0": no gradient flows (integer
 # rounding is flat almost everywhere). indexattn/derive reads these to write a spec's
 # backward; a test compares each with sympy's derivative of the `sympy` form above.
-# Reductions, `where` (the chosen branch gets the cotangent) and `dropout` (refused: its mask
-# has no name) are derived structurally there.
+# Reductions, `where` (the chosen branch gets the cotangent) and `dropout` (times its mask,
+# drawn by the forward and handed to the backward) are derived structurally there.
 DERIVATIVES: dict[str, tuple[str, ...]] = {
     "exp": ("exp(x)",),
     "log": ("1 / x",),

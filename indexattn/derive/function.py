@@ -1,7 +1,9 @@
 """The derived backward on tensors: `gradients()` runs it once; `DerivedBackward` is a
-torch.autograd.Function whose forward is the spec's generated function and whose backward is
-the derived backward, compiled like any spec. `spec(..., backward="derived")` selects it;
-autograd's own backward is the default."""
+torch.autograd.Function whose forward is the spec's keeping forward (its outputs, and the
+values the backward reads rather than computing them again; in training, dropout's masks
+drawn first) and whose backward is the derived backward, compiled like any spec.
+`spec(..., backward="derived")` selects it; indexattn/derive/defaults.json says which
+backward a call that names none runs."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ class CompiledSpec(Protocol):
     def backward(self, *, training: bool = True) -> CompiledSpec:
         """The derived backward, compiled like any spec."""
 
+    def keeping(self, *, training: bool = True) -> CompiledSpec:
+        """The forward that also returns the values the derived backward reads."""
+
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict:
         """The sizes of a call."""
 
@@ -43,6 +48,48 @@ def compiled(spec: CompiledSpec, training: bool) -> tuple[Derived, CompiledSpec]
     return derived, spec.backward(training=training)
 
 
+@functools.lru_cache(maxsize=64)
+def keeping(spec: CompiledSpec, training: bool) -> CompiledSpec:
+    """The forward that also returns the values its derived backward reads, compiled once."""
+    return spec.keeping(training=training)
+
+
+def forward(spec: CompiledSpec, training: bool, tensors, masks, given: dict, scalars: dict):
+    """The outputs of the forward, and the values the derived backward keeps."""
+    derived, _ = compiled(spec, training)
+    out = keeping(spec, training)._run([*tensors, *masks], given, scalars, training)
+    out = out if isinstance(out, tuple) else (out,)
+    outputs = spec.ir.outputs
+    names = [t.name for t in (*outputs, *(t for t in derived.kept if t not in outputs))]
+    found = dict(zip(names, out))
+    return out[: len(outputs)], [found[t.name] for t in derived.kept]
+
+
+def drawn(spec: CompiledSpec, training: bool, tensors, given: dict, scalars: dict) -> list:
+    """Dropout's masks for a call in training, in the order the forward draws them, drawn as
+    it draws them: F.dropout of ones of its argument's shape (0, or 1 / (1 - p))."""
+    derived, _ = compiled(spec, training)
+    if not derived.masks:
+        return []
+    sizes = spec.solve(tensors, given)
+    ir = spec.ir
+    values = {s: sizes[ir.size_ascii(s)] for s in ir.sizes if ir.size_ascii(s) in sizes}
+    values |= {s.symbol: scalars.get(s.ascii, s.value) for s in ir.scalars}
+    leading = [
+        t.shape[: t.dim() - len(a.layout)] for t, a in zip(tensors, ir.arguments) if a.batched
+    ]
+    batch = torch.broadcast_shapes(*leading)
+    like = next(t for t, a in zip(tensors, ir.arguments) if a.dtype == "float")
+    masks = []
+    for mask, rate in zip(derived.masks, derived.rates):
+        shape = [int(size.subs(values)) for size in mask.shape]
+        ones = torch.ones(
+            (*(batch if mask.batched else ()), *shape), dtype=like.dtype, device=like.device
+        )
+        masks.append(torch.nn.functional.dropout(ones, float(rate.subs(values)), training=True))
+    return masks
+
+
 def gradients(
     spec: CompiledSpec, cotangents: tuple[torch.Tensor, ...], /, *, training=True, **kwargs
 ) -> dict[str, torch.Tensor]:
@@ -53,10 +100,12 @@ def gradients(
     scalars = {s.ascii: kwargs[s.ascii] for s in spec.ir.scalars if s.ascii in kwargs}
     tensors = [kwargs[name] for name in spec.arguments]
     given = {k: v for k, v in kwargs.items() if k in spec.size_names}
-    return _backward(spec, training, tensors, cotangents, given, scalars)
+    masks = drawn(spec, training, tensors, given, scalars)
+    kept = forward(spec, training, tensors, masks, given, scalars)[1]
+    return _backward(spec, training, tensors, kept + masks, cotangents, given, scalars)
 
 
-def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: dict) -> dict:
+def _backward(spec, training: bool, tensors, held, cotangents, given: dict, scalars: dict) -> dict:
     """The derived cotangents of the arguments, each summed to its argument's shape."""
     derived, backward = compiled(spec, training)
     inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
@@ -64,6 +113,7 @@ def _backward(spec, training: bool, tensors, cotangents, given: dict, scalars: d
     arguments = dict(zip(spec.arguments, tensors))
     out = backward(
         **arguments,
+        **dict(zip((t.ascii for t in (*derived.kept, *derived.masks)), held)),
         **dict(zip((t.ascii for t in inputs), cotangents)),
         **{k: v for k, v in sizes.items() if k in backward.required},
         **scalars,
@@ -91,23 +141,33 @@ def _transformed() -> bool:
     return torch._C._are_functorch_transforms_active()
 
 
+def again(spec: CompiledSpec, ctx, tensors, held) -> list:
+    """What the forward kept, computed again from the inputs with autograd's record (a double
+    backward differentiates through it), and the masks the forward drew, as they were."""
+    masks = list(held[len(compiled(spec, ctx.training)[0].kept) :])
+    return forward(spec, ctx.training, tensors, masks, ctx.given, ctx.scalars)[1] + masks
+
+
 class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
         ctx.spec, ctx.given, ctx.scalars, ctx.training = spec, given, scalars, training
-        ctx.save_for_backward(*tensors)
-        out = spec._run(tensors, given, scalars, training)
-        out = out if isinstance(out, tuple) else (out,)
+        masks = drawn(spec, training, tensors, given, scalars)
+        out, kept = forward(spec, training, tensors, masks, given, scalars)
+        ctx.save_for_backward(*tensors, *kept, *masks)
         ctx.mark_non_differentiable(*(o for o in out if not o.is_floating_point()))
         return out
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
-        spec, tensors = ctx.spec, ctx.saved_tensors
+        spec, saved = ctx.spec, ctx.saved_tensors
         derived, _ = compiled(spec, ctx.training)
+        tensors, held = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
+        if torch.is_grad_enabled():  # a double backward: what was kept, with its history
+            held = again(spec, ctx, tensors, held)
         outputs = list(spec.ir.outputs)
         cots = [cotangents[outputs.index(t)] for t in derived.given]
-        found = _backward(spec, ctx.training, tensors, cots, ctx.given, ctx.scalars)
+        found = _backward(spec, ctx.training, tensors, held, cots, ctx.given, ctx.scalars)
         wanted = ctx.needs_input_grad[4:]
         grads = [found.get(name) if w else None for name, w in zip(spec.arguments, wanted)]
         return (None, None, None, None, *grads)

@@ -7,7 +7,7 @@ index it selects."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import sympy
 
@@ -26,10 +26,12 @@ from ..ir import (
     Spec,
     Sum,
     Tensor,
+    batched,
     children,
     is_condition,
+    walk,
 )
-from ..notation.names import fresh
+from ..notation.names import ascii_name, fresh
 from ..ops import DERIVATIVES
 from . import printer
 
@@ -68,6 +70,7 @@ class Backward:
     outputs: list[str] = field(default_factory=list)
     given: list[Tensor] = field(default_factory=list)  # the outputs with a cotangent input
     reached: list[Tensor] = field(default_factory=list)  # the arguments with a cotangent
+    masks: dict[int, Tensor] = field(default_factory=dict)  # id of a dropout -> its mask
 
 
 class Derivation:
@@ -88,6 +91,18 @@ class Derivation:
         # any other value the backward reads is named once.
         self.defined = {eq.rhs: eq.tensor for eq in spec.equations}
         self.values: dict[Node, Cot] = {}
+        if training:
+            self.out.masks = {id(n): self.mask(n, eq) for eq, n in dropouts(spec)}
+
+    def mask(self, node: Apply, eq: Equation) -> Tensor:
+        """`dropout(E, p)` is `E Ξ` in training: Ξ, over E's indices, is what F.dropout makes
+        of ones (0, or 1 / (1 - p)), drawn by the forward and read by the backward. Its axes
+        are in the order the forward lays E out (a reference's own, else the equation's left
+        side's first), so that both draw the same mask."""
+        name, arg = self.fresh("Ξ"), node.args[0]
+        free = arg.free if isinstance(arg, Ref) else (*eq.indices, *arg.free)
+        layout = tuple((i,) for i in dict.fromkeys(free) if i in arg.free)
+        return Tensor(name, ascii_name(name), "input", layout, batched(arg), span=node.span)
 
     # -- names
 
@@ -205,7 +220,8 @@ class Derivation:
         if isinstance(node, (Ref, Field)):
             return Cot(printer.factor(node, {}), free, mentioned(node))
         if node not in self.values:
-            text, base = printer.text(node), self.eq.tensor.name + "_v"
+            text = printer.text(unmasked(node, self.out.masks))
+            base = self.eq.tensor.name + "_v"
             self.values[node] = self.materialize(Cot(text, free, mentioned(node)), base, node.free)
         return self.values[node]
 
@@ -222,13 +238,9 @@ class Derivation:
             return
         if node.fn == "dropout":
             if self.training:
-                raise self.refuse(
-                    "dropout",
-                    node,
-                    "its backward needs the forward's mask, which no equation names; the "
-                    "backward in eval mode, where dropout is the identity, is derived with "
-                    "training=False.",
-                )
+                mask = self.out.masks[id(node)]
+                free = frozenset(mask.indices)
+                cot = product([cot, Cot(printer.ref(mask.name, mask.layout), free, free)], free)
             self.back(node.args[0], self.into(node.args[0], cot))
             return
         rules = DERIVATIVES.get(node.fn)
@@ -241,14 +253,23 @@ class Derivation:
             self.back(arg, self.into(arg, product([cot, slope], frozenset(arg.free))))
 
     def slope(self, node: Apply, k: int) -> Cot:
-        """∂ fn / ∂ argument k, at the forward's arguments."""
-        values = [self.value(a) for a in node.args]
+        """∂ fn / ∂ argument k, at the forward's arguments. Where the rule reads the function's
+        own value (tanh's 1 - tanh(x)^2), that value is named once, as the forward's."""
         exponent = node.args[1] if node.fn == "pow" else None
         if k == 0 and isinstance(exponent, Field):
+            values = [self.value(node.args[0])]
             text = power_slope(values[0].text, exponent.expr)
         else:
-            names = dict(zip("xyz", values))
-            text = re.sub(r"\b[xyz]\b", lambda m: names[m.group()].text, DERIVATIVES[node.fn][k])
+            rule, names = DERIVATIVES[node.fn][k], {}
+            itself = f"{node.fn}({', '.join('xyz'[: len(node.args)])})"
+            if itself in rule:
+                names["@"] = self.value(node)
+                rule = rule.replace(itself, "@")
+            for name, arg in zip("xyz", node.args):
+                if re.search(rf"\b{name}\b", rule):
+                    names[name] = self.value(arg)
+            text = re.sub(r"\b[xyz]\b|@", lambda m: names[m.group()].text, rule)
+            values = list(names.values())
         free = frozenset(node.free)
         return Cot(f"({text})", free, frozenset().union(*(v.all for v in values)))
 
@@ -490,3 +511,27 @@ def mentioned(node: Node) -> frozenset[Index]:
     for c in children(node):
         found |= mentioned(c)
     return frozenset(found)
+
+
+def dropouts(spec: Spec) -> list[tuple[Equation, Apply]]:
+    """The calls of dropout in the forward's order (the order a call draws their masks), each
+    with its equation."""
+    found = [(eq, n) for eq in spec.equations for n in walk(eq.rhs) if isinstance(n, Apply)]
+    return [(eq, n) for eq, n in found if n.fn == "dropout"]
+
+
+def unmasked(node: Node, masks: dict[int, Tensor]) -> Node:
+    """The node with each dropout of `masks` written as its argument times its mask."""
+    if isinstance(node, Apply) and id(node) in masks:
+        mask = masks[id(node)]
+        held = Ref(mask, mask.layout, node.span)
+        return Product((unmasked(node.args[0], masks), held), (), node.span)
+    if isinstance(node, Ref) or not children(node):
+        return node
+    inner = [unmasked(c, masks) for c in children(node)]
+    if all(a is b for a, b in zip(inner, children(node))):
+        return node
+    name = next(
+        f.name for f in fields(node) if f.name in ("factors", "terms", "args", "body", "parts")
+    )
+    return replace(node, **{name: inner[0] if name == "body" else tuple(inner)})

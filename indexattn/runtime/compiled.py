@@ -381,6 +381,14 @@ class CompiledSpec:
         text = self.backward_text(training=training)
         return compile_spec(text, name=f"{self.name}_backward", kind=type(self))
 
+    def keeping(self, *, training: bool = True) -> CompiledSpec:
+        """The forward that also returns, after its outputs, the values its derived backward
+        reads instead of computing them again (`backward="derived"` runs it)."""
+        from ..derive import derive
+
+        text = derive(self.ir, self.text, self.file, training=training).forward
+        return compile_spec(text, name=f"{self.name}_keeping", kind=type(self))
+
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
         are replicated, and which need a relayout first: see indexattn/shard.py."""

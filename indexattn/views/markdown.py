@@ -101,12 +101,14 @@ def backward(spec: Spec) -> str:
     from ..errors import SpecError
 
     try:
-        equations_of, inputs = own(spec)
+        equations_of, inputs, held = own(spec)
     except SpecError as error:
         return f"## Backward\n\nNot derived: {md(error.message)}.\n"
     given = ", ".join(code_span(t.name) for t in inputs)
+    kept = ", ".join(code_span(t.name) for t in held)
+    kept = f" (and {kept}, kept by the forward)" if held else ""
     intro = (
-        f"Derived by `indexattn grad`, given {given}: the cotangent of every tensor "
+        f"Derived by `indexattn grad`, given {given}{kept}: the cotangent of every tensor "
         "that a cotangent reaches.\n\n"
     )
     return "## Backward\n\n" + intro + equations(equations_of)

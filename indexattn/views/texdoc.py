@@ -100,11 +100,13 @@ def _backward(spec, first: int, raised: bool, sums: bool) -> list[Part]:
 
     head = "\\section*{Backward}\n"
     try:
-        backward, inputs = own(spec)
+        backward, inputs, held = own(spec)
     except SpecError as error:
         return [Part(f"{head}Not derived: {text(error.message)}.\n", "the backward")]
     given = ", ".join(f"${math_name(t.name)}$" for t in inputs)
-    intro = f"Given {given}: the cotangent of every tensor that a cotangent reaches.\n"
+    kept = ", ".join(f"${math_name(t.name)}$" for t in held)
+    kept = f" (and {kept}, kept by the forward)" if held else ""
+    intro = f"Given {given}{kept}: the cotangent of every tensor that a cotangent reaches.\n"
     parts = [Part(head + intro, "the backward")]
     return parts + _equations_of(backward, first, raised, sums, "backward equation")
 
