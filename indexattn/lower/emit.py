@@ -318,13 +318,15 @@ class Emitter(KernelSteps, Values):
     def step_PrefixProduct(self, step: PrefixProduct) -> list[str]:
         """The positions padded with zeros to whole chunks (they add nothing to the sums; their
         rows are cut off): per chunk, the causal scores within it times G, plus H times the
-        prefix sum at the chunk's start, an exclusive cumsum over the chunks' sums. The number
-        of chunks is a ceiling and the rows are cut off by a copy (`index_select` of the first
-        rows: torch.export with a dynamic N needs no guard at a multiple of the chunk, which a
-        view or its clone would, and unlike `narrow_copy` it has a derivative on every torch
-        the requirement admits)."""
+        sum at the chunk's start (an exclusive cumsum over the chunks' sums; with a decay, the
+        chunks' states each decayed to the chunk that reads it). The number of chunks is a
+        ceiling and the rows are cut off by a copy (`index_select` of the first rows:
+        torch.export with a dynamic N needs no guard at a multiple of the chunk, which a view
+        or its clone would, and unlike `narrow_copy` it has a derivative on every torch the
+        requirement admits)."""
         self.use("torch", "F")
-        knob = self.knob("CHUNK", step.chunk, "positions per chunk of the prefix sums")
+        hint, note = ("DECAY_CHUNK", "decayed") if step.rate is not None else ("CHUNK", "prefix")
+        knob = self.knob(hint, step.chunk, f"positions per chunk of the {note} sums")
         chunks, pad = self.names.fresh("chunks"), self.names.fresh("pad")
         size, common = self.size(step.over), step.out.dims[:-2]
         glyphs = ["…"] * step.out.batched + [i.glyph for i in common] + [f"{step.over.glyph}/c"]
@@ -335,26 +337,79 @@ class Emitter(KernelSteps, Values):
         ]
         h, f, g = (self.names.fresh(self.var(x) + "_chunks") for x, _ in ends)
         for name, (x, width) in zip((h, f, g), ends):
-            code = relayout(self.ref(x), x.dims, (*common, step.over, width))
+            (at,) = (i for i in x.dims if i not in (*common, width))  # its positions
+            code = relayout(self.ref(x), x.dims, (*common, at, width))
             axes = ", ".join([*glyphs, "c", width.glyph])
             padded = f"F.pad({code}, (0, 0, 0, {pad}))"
             lines.append(f"{name} = {padded}.unflatten(-2, ({chunks}, {knob}))  # ({axes})")
-        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
-        scores = self.names.fresh(f"{step.name}_scores")
-        whole, rows = self.names.fresh(f"{step.name}_chunked"), self.names.fresh("rows")
         outer = ", ".join([*glyphs, step.inner.glyph, step.out.dims[-1].glyph])
+        square = ", ".join([*glyphs, "c", "c"])
+        chunked = self.decayed if step.rate is not None else self.summed
+        inside, whole = chunked(step, (h, f, g), (knob, chunks), (outer, square))
+        rows = self.names.fresh("rows")
         return [
             *lines,
+            *inside,
+            f"{rows} = torch.arange({size}, device={whole}.device)",
+            f"{self.var(step.out)} = {whole}.index_select(-2, {rows})",
+        ]
+
+    def summed(self, step: PrefixProduct, chunked, sizes, axes) -> tuple[list[str], str]:
+        """A prefix sum's chunks: the lines, and the name of the result by chunks."""
+        (h, f, g), (outer, square) = chunked, axes
+        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
+        scores = self.names.fresh(f"{step.name}_scores")
+        whole = self.names.fresh(f"{step.name}_chunked")
+        return [
             f"{state} = {f}.transpose(-2, -1) @ {g}  # ({outer}): each chunk's sum",
             f"{start} = torch.cumsum({state}, dim=-3)",
             f"{start} = F.pad({start}[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  "
             f"# ({outer}): {step.name} before each chunk",
             f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
-            f"# ({', '.join([*glyphs, 'c', 'c'])}): within the chunk, up to the query",
+            f"# ({square}): within the chunk, up to the query",
             f"{whole} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)",
-            f"{rows} = torch.arange({size}, device={whole}.device)",
-            f"{self.var(step.out)} = {whole}.index_select(-2, {rows})",
-        ]
+        ], whole
+
+    def decayed(self, step: PrefixProduct, chunked, sizes, axes) -> tuple[list[str], str]:
+        """A decay's chunks: within a chunk the scores times γ^(t - s) (t ≥ s, 0 above);
+        each chunk's state Σ_s γ^(C - 1 - s) F_sᵀ G_s; chunk c reads the states of the chunks
+        c' before it, decayed by γ^(C (c - 1 - c')), at its row t times γ^(t + 1). Every
+        power has an exponent ≥ 0 (clamped where the other side of a `where` is unused), so
+        none overflows."""
+        (h, f, g), (knob, chunks), (outer, square) = chunked, sizes, axes
+        common = step.out.dims[:-2]
+        if isinstance(step.rate, Number):
+            rate = wrap(self.scalar(step.rate.expr))
+        else:
+            target = (*common, step.over, step.inner)
+            rate = expand(self.ref(step.rate), step.rate.dims, target, step.rate.batched)
+
+        def power(exponent: str) -> str:
+            return f"({rate} ** ({exponent}))" if step.power else f"torch.exp({exponent} * {rate})"
+
+        t, gap, within, into, hops, carry = (
+            self.names.fresh(f"{step.name}_{w}")
+            for w in ("steps", "gap", "within", "into", "hops", "carry")
+        )
+        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
+        whole = self.names.fresh(f"{step.name}_chunked")
+        made = f"device={f}.device, dtype={f}.dtype"
+        return [
+            f"{t} = torch.arange({knob}, {made})  # positions within a chunk",
+            f"{gap} = {t}[:, None] - {t}[None, :]",
+            f"{within} = torch.where({gap} >= 0, {power(f'{gap}.clamp(min=0)')}, 0).unsqueeze(-3)"
+            "  # the decay within a chunk, 0 after the query",
+            f"{into} = {power(f'({knob} - 1 - {t})[:, None]')}.unsqueeze(-3)",
+            f"{state} = ({f} * {into}).transpose(-2, -1) @ {g}  # ({outer}): each chunk's state",
+            f"{hops} = torch.arange({chunks}, {made})",
+            f"{hops} = {hops}[:, None] - 1 - {hops}[None, :]",
+            f"{carry} = torch.where({hops} >= 0, {power(f'{hops}.clamp(min=0) * {knob}')}, 0)"
+            "  # each state, decayed to the chunks after its own",
+            f"{start} = ({carry} @ {state}.flatten(-2)).unflatten(-1, {state}.shape[-2:])  "
+            f"# ({outer}): {step.name} before each chunk",
+            f"{whole} = (({h} @ {f}.transpose(-2, -1)) * {within} @ {g} + ({h} * "
+            f"{power(f'({t} + 1)[:, None]')}.unsqueeze(-3)) @ {start}).flatten(-3, -2)",
+        ], whole
 
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)
