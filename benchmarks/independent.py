@@ -39,7 +39,7 @@ CASES = {  # name: (spec file, {baseline name: function(x, params, h)})
         ROOT / "specs" / "linear_attention_causal.attn",
         {"chunked": chunked_linear.forward},
     ),
-    "retention": (HERE / "specs" / "retention.attn", {"chunkwise": retention.forward}),
+    "retention": (ROOT / "specs" / "retention.attn", {"chunkwise": retention.forward}),
     "mha (head-major weight)": (
         ROOT / "specs" / "mha.attn",
         {"head_major": fused_qkv.head_major},

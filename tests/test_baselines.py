@@ -19,7 +19,7 @@ from baselines import chunked_linear, fused_qkv, retention  # noqa: E402
 SIZES = {"d_m": 24, "h": 3, "d_k": 8}
 CASES = {
     "chunked_linear": (ROOT / "specs" / "linear_attention_causal.attn", chunked_linear.forward),
-    "retention": (ROOT / "benchmarks" / "specs" / "retention.attn", retention.forward),
+    "retention": (ROOT / "specs" / "retention.attn", retention.forward),
     "head_major": (ROOT / "specs" / "mha.attn", fused_qkv.head_major),
     "qkv_major": (ROOT / "benchmarks" / "specs" / "mha_qkv_major.attn", fused_qkv.qkv_major),
 }

@@ -517,7 +517,7 @@ def test_a_twin_of_mha_in_one_equation_plans_otherwise_and_equals_the_literal_re
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
 
 
-RETENTION = shipped("benchmarks/specs/retention.attn")
+RETENTION = shipped("specs/retention.attn")
 DECAY_LINE = "D_<μττ'> = where(τ' > τ, 0, exp((τ - τ') λ_<μ>))"
 FACTOR = "C_<ττ'> = where(τ' > τ, 0, 1)\nD_<μττ'> = C_<ττ'> exp((τ - τ') λ_<μ>)"
 DECAYS = {  # RetNet's decay, 0 above the diagonal, and whether the rows skip those keys

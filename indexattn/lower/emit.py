@@ -331,10 +331,12 @@ class Emitter(KernelSteps, Values):
         size, common = self.size(step.over), step.out.dims[:-2]
         glyphs = ["…"] * step.out.batched + [i.glyph for i in common] + [f"{step.over.glyph}/c"]
         ends = [(step.h, step.inner), (step.f, step.inner), (step.g, step.out.dims[-1])]
-        lines = [
-            f"{chunks} = ({size} + {knob} - 1) // {knob}",
-            f"{pad} = {chunks} * {knob} - {wrap(size)}",
-        ]
+        lines = [f"{chunks} = ({size} + {knob} - 1) // {knob}"]
+        if step.rate is not None:  # one chunk: the sequence's length, so that no power of the
+            chunk = self.names.fresh("chunk")  # decay goes beyond the sequence's (it may grow)
+            lines.append(f"{chunk} = {knob} if {chunks} > 1 else {size}")
+            knob = chunk
+        lines.append(f"{pad} = {chunks} * {knob} - {wrap(size)}")
         h, f, g = (self.names.fresh(self.var(x) + "_chunks") for x, _ in ends)
         for name, (x, width) in zip((h, f, g), ends):
             (at,) = (i for i in x.dims if i not in (*common, width))  # its positions
