@@ -387,11 +387,13 @@ class Emitter(KernelSteps, Values):
             rate = expand(self.ref(step.rate), step.rate.dims, target, step.rate.batched)
 
         def power(exponent: str) -> str:
-            return f"({rate} ** ({exponent}))" if step.power else f"torch.exp({exponent} * {rate})"
+            if step.power:
+                return f"{rate} ** {wrap(exponent)}"
+            return f"torch.exp({exponent} * {rate})"
 
-        t, gap, within, into, hops, carry = (
-            self.names.fresh(f"{step.name}_{w}")
-            for w in ("steps", "gap", "within", "into", "hops", "carry")
+        words = ("steps", "gap", "ahead", "within", "into", "hops", "back", "carry", "scores")
+        t, gap, ahead, within, into, hops, back, carry, scores, rows = (
+            self.names.fresh(f"{step.name}_{w}") for w in (*words, "rows")
         )
         state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
         whole = self.names.fresh(f"{step.name}_chunked")
@@ -399,18 +401,24 @@ class Emitter(KernelSteps, Values):
         return [
             f"{t} = torch.arange({knob}, {made})  # positions within a chunk",
             f"{gap} = {t}[:, None] - {t}[None, :]",
-            f"{within} = torch.where({gap} >= 0, {power(f'{gap}.clamp(min=0)')}, 0).unsqueeze(-3)"
-            "  # the decay within a chunk, 0 after the query",
-            f"{into} = {power(f'({knob} - 1 - {t})[:, None]')}.unsqueeze(-3)",
-            f"{state} = ({f} * {into}).transpose(-2, -1) @ {g}  # ({outer}): each chunk's state",
+            f"{ahead} = {gap}.clamp(min=0)  # the other side of the where: never a negative power",
+            f"{within} = {power(ahead)}",
+            f"{within} = torch.where({gap} >= 0, {within}, 0)  # the decay within a chunk",
+            f"{into} = {power(f'({knob} - 1 - {t})[:, None]')}  # from each key to its chunk's end",
+            f"{state} = ({f} * {into}.unsqueeze(-3)).transpose(-2, -1) @ {g}  "
+            f"# ({outer}): each chunk's state",
             f"{hops} = torch.arange({chunks}, {made})",
             f"{hops} = {hops}[:, None] - 1 - {hops}[None, :]",
-            f"{carry} = torch.where({hops} >= 0, {power(f'{hops}.clamp(min=0) * {knob}')}, 0)"
-            "  # each state, decayed to the chunks after its own",
+            f"{back} = {hops}.clamp(min=0)",
+            f"{carry} = {power(f'{back} * {knob}')}",
+            f"{carry} = torch.where({hops} >= 0, {carry}, 0)  # each state to the chunks after it",
             f"{start} = ({carry} @ {state}.flatten(-2)).unflatten(-1, {state}.shape[-2:])  "
             f"# ({outer}): {step.name} before each chunk",
-            f"{whole} = (({h} @ {f}.transpose(-2, -1)) * {within} @ {g} + ({h} * "
-            f"{power(f'({t} + 1)[:, None]')}.unsqueeze(-3)) @ {start}).flatten(-3, -2)",
+            f"{scores} = {h} @ {f}.transpose(-2, -1)",
+            f"{scores} = {scores} * {within}.unsqueeze(-3)  # ({square}): within the chunk",
+            f"{rows} = {power(f'({t} + 1)[:, None]')}  # from each chunk's start to each query",
+            f"{whole} = {scores} @ {g} + ({h} * {rows}.unsqueeze(-3)) @ {start}",
+            f"{whole} = {whole}.flatten(-3, -2)",
         ], whole
 
     def step_Fuse(self, step: Fuse) -> str:

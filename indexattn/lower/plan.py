@@ -16,12 +16,11 @@ from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
-from . import numerics
+from . import decay, numerics, prefix
 from .canonical import canonical
 from .fusion import LinearForm, declared_outer, direct, linear_form, shift
 from .kernels import Kernels
 from .order import planning_count
-from . import decay, prefix
 from .prefix import PrefixProducts
 from .products import Products
 from .program import Block, Program

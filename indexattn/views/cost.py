@@ -260,8 +260,9 @@ def _(step: SoftmaxValues) -> Cost:
 @step_cost.register
 def _(step: PrefixProduct) -> Cost:
     """The chunked algorithm as it runs, padding included (prefix.py); with a decay, the
-    states carried by a product over the chunks and the decays multiplied in."""
-    chunk = step.chunk
+    states carried by a product over the chunks and the decays multiplied in (its one chunk
+    the whole sequence where that is shorter)."""
+    chunk = step.chunk if step.rate is None else sympy.Min(step.chunk, step.over.size)
     chunks = sympy.ceiling(step.over.size / chunk)
     a, b = step.inner.size, step.out.dims[-1].size
     heads = elements(step.out.dims[:-2])
