@@ -18,7 +18,7 @@ from ..ir.einstein import denominator
 from .steps import Arg, Operand, PrefixProduct
 
 CHUNK = 64  # positions per chunk of a prefix sum: fastest of 32, 64, 128 (docs/decisions.md)
-DECAY_CHUNK = 128  # positions per chunk of a decay: fastest of 64, 128, 256 (docs/decisions.md)
+DECAY_CHUNK = 64  # positions per chunk of a decay: fastest of 32 to 256 (docs/decisions.md)
 
 
 @dataclass(frozen=True)

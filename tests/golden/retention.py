@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 
-DECAY_CHUNK = 128  # positions per chunk of the decayed sums
+DECAY_CHUNK = 64  # positions per chunk of the decayed sums
 
 
 def retention(X, W_Q, W_K, W_V, W_O, lambda_, *, training=False):
