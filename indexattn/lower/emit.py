@@ -341,6 +341,8 @@ class Emitter(KernelSteps, Values):
         for name, (x, width) in zip((h, f, g), ends):
             (at,) = (i for i in x.dims if i not in (*common, width))  # its positions
             code = relayout(self.ref(x), x.dims, (*common, at, width))
+            if step.rate is not None:  # read by two products each: laid out once, not per product
+                code += ".contiguous()"
             axes = ", ".join([*glyphs, "c", width.glyph])
             padded = f"F.pad({code}, (0, 0, 0, {pad}))"
             lines.append(f"{name} = {padded}.unflatten(-2, ({chunks}, {knob}))  # ({axes})")

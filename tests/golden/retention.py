@@ -30,9 +30,9 @@ def retention(X, W_Q, W_K, W_V, W_O, lambda_, *, training=False):
     chunks = (N + DECAY_CHUNK - 1) // DECAY_CHUNK
     chunk = DECAY_CHUNK if chunks > 1 else N
     pad = chunks * chunk - N
-    Q_scaled_chunks = F.pad(Q_scaled, (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, a)
-    K_chunks = F.pad(K, (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, a)
-    V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, b)
+    Q_scaled_chunks = F.pad(Q_scaled.contiguous(), (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, a)
+    K_chunks = F.pad(K.contiguous(), (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, a)
+    V_chunks = F.pad(V.contiguous(), (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, b)
     R_steps = torch.arange(chunk, device=K_chunks.device, dtype=K_chunks.dtype)  # positions within a chunk
     R_gap = R_steps[:, None] - R_steps[None, :]
     R_ahead = R_gap.clamp(min=0)  # the other side of the where: never a negative power
