@@ -42,6 +42,7 @@ UNCHUNKED = {
     "the diagonal hidden too": CORE.replace("where(τ' > τ, 0", "where(τ' >= τ, 0"),
     "a decay per query": CORE.replace("exp((τ - τ') λ_<μ>)", "exp(τ λ_<μ>)"),
     "the decay read by another output": CORE + "output O, D\n",
+    "the scores in a precision of their own": CORE.replace("R_<μττ'> =", "R_<μττ'> : float32 ="),
 }
 
 

@@ -12,7 +12,7 @@ import sympy
 
 from .. import ir
 from ..ir import Index, Spec
-from .prefix import Chunked, Readers, numerator, readers
+from .prefix import Chunked, numerator, readers
 
 
 def find(spec: Spec) -> dict[str, Chunked]:
@@ -20,23 +20,21 @@ def find(spec: Spec) -> dict[str, Chunked]:
     outputs = {t.name for t in spec.outputs}
     read = readers(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
-    # tensors read once, by one product's factors, that no output is: a decay may take them
+    # tensors read once, no output, in the call's dtype: the chunks may take them
     private = {
         name: eq
         for name, eq in defined.items()
-        if name not in outputs and len(read.get(name, [])) == 1
+        if name not in outputs and len(read.get(name, [])) == 1 and not eq.tensor.precision
     }
     found = {}
     for name, eq in private.items():
-        match = _match(eq, *read[name][0], private, read)
+        match = _match(eq, *read[name][0], private)
         if match is not None:
             found[name] = match
     return found
 
 
-def _match(
-    eq: ir.Equation, parent: ir.Node, ref: ir.Ref, private: dict, read: Readers
-) -> Chunked | None:
+def _match(eq: ir.Equation, parent: ir.Node, ref: ir.Ref, private: dict) -> Chunked | None:
     """The decayed scores, when `eq` is `Q K D` (numbers aside) summed over the width of Q
     and K, and `parent` sums it with values over the keys."""
     rhs, reader = eq.rhs, numerator(parent)
@@ -61,7 +59,7 @@ def _match(
     shapes = [(q, over, inner), (k, key, inner), (g, key, width)]
     if not all(set(x.free) == common | {a, b} for x, a, b in shapes):
         return None
-    decay = _decay(rest, over, key, private, read)
+    decay = _decay(rest, over, key, private)
     if decay is None or not set(decay[1].free) <= common:
         return None
     hidden, rate, power = decay
@@ -69,14 +67,14 @@ def _match(
     return Chunked((*hidden, eq), h, k, g, over, inner, width, rate, power)
 
 
-def _decay(factors: list[ir.Node], over: Index, key: Index, private: dict, read: Readers):
+def _decay(factors: list[ir.Node], over: Index, key: Index, private: dict):
     """The equations the decay reads that only it reads, its rate and whether it is a power,
     when the factors are a causal 0-mask times one decay; else None."""
     hidden, values, masked = [], [], False
     pending = list(factors)
     while pending:
         node = pending.pop(0)
-        opened = _opened(node, over, key, private, read)
+        opened = _opened(node, over, key, private)
         if opened is not None:
             equations, inside, mask = opened
             hidden += equations
@@ -91,7 +89,7 @@ def _decay(factors: list[ir.Node], over: Index, key: Index, private: dict, read:
     return None if found is None else (tuple(dict.fromkeys(hidden)), *found)
 
 
-def _opened(node: ir.Node, over: Index, key: Index, private: dict, read: Readers):
+def _opened(node: ir.Node, over: Index, key: Index, private: dict):
     """What a factor of the decay is made of: (equations it reads, its factors, whether it
     hides the keys after the query), or None for a factor that is one value."""
     if isinstance(node, ir.Ref) and node.tensor.name in private:
