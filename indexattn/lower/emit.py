@@ -3,6 +3,7 @@ kernels' in `kernels_emit`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import sympy
@@ -374,6 +375,18 @@ class Emitter(KernelSteps, Values):
             f"{whole} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)",
         ], whole
 
+    def powers(self, step: PrefixProduct) -> Callable[[str], str]:
+        """The decay's power of an exponent's code: `exp(k * λ)` of a rate, `γ ** k` of a
+        base, the rate aligned to (heads, 1, 1) against the chunks' (positions, positions)."""
+        if isinstance(step.rate, Number):
+            rate = wrap(self.scalar(step.rate.expr))
+        else:
+            target = (*step.out.dims[:-2], step.over, step.inner)
+            rate = expand(self.ref(step.rate), step.rate.dims, target, step.rate.batched)
+        if step.power:
+            return lambda exponent: f"{rate} ** {wrap(exponent)}"
+        return lambda exponent: f"torch.exp({exponent} * {rate})"
+
     def decayed(self, step: PrefixProduct, chunked, sizes, axes) -> tuple[list[str], str]:
         """A decay's chunks: within a chunk the scores times γ^(t - s) (t ≥ s, 0 above);
         each chunk's state Σ_s γ^(C - 1 - s) F_sᵀ G_s; chunk c reads the states of the chunks
@@ -381,18 +394,7 @@ class Emitter(KernelSteps, Values):
         power has an exponent ≥ 0 (clamped where the other side of a `where` is unused), so
         none overflows."""
         (h, f, g), (knob, chunks), (outer, square) = chunked, sizes, axes
-        common = step.out.dims[:-2]
-        if isinstance(step.rate, Number):
-            rate = wrap(self.scalar(step.rate.expr))
-        else:
-            target = (*common, step.over, step.inner)
-            rate = expand(self.ref(step.rate), step.rate.dims, target, step.rate.batched)
-
-        def power(exponent: str) -> str:
-            if step.power:
-                return f"{rate} ** {wrap(exponent)}"
-            return f"torch.exp({exponent} * {rate})"
-
+        power = self.powers(step)
         words = ("steps", "gap", "ahead", "within", "into", "hops", "back", "carry", "scores")
         t, gap, ahead, within, into, hops, back, carry, scores, rows = (
             self.names.fresh(f"{step.name}_{w}") for w in (*words, "rows")
