@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.reference: the hand-written modules' parameters
 
 import handwritten  # noqa: E402
+from baselines import retention  # noqa: E402
 
 import indexattn  # noqa: E402
 import indexattn.oracle.verify  # noqa: E402
@@ -75,6 +76,7 @@ def _cases() -> dict[str, Case]:
     reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES)}
     mha = next(c for c in CLASSIC if c.spec == "mha_math")
     reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
+    reference["retention"] = RETENTION
     out = {
         path.stem: Case(path.stem, path, reference[path.stem])
         for path in sorted((ROOT / "specs").glob("*.attn"))
@@ -115,6 +117,31 @@ class SharedMask(torch.nn.Module):
 SHARED_MASK = type(CLASSIC[0])(
     "shared_mask",
     lambda s: SharedMask(s["d_m"], s["h"], s["d_k"]),
+    None,
+    {"d_m": 768, "h": 12, "d_k": 64},
+    mapping=lambda state: dict(state),
+)
+
+
+class Retention(torch.nn.Module):
+    """specs/retention.attn by hand: RetNet's chunkwise form (benchmarks/baselines/retention.py),
+    its weights named as the spec's parameters."""
+
+    def __init__(self, d_m, h, d_k):
+        super().__init__()
+        self.h = h
+        for name in ("W_Q", "W_K", "W_V"):
+            setattr(self, name, torch.nn.Parameter(torch.randn(h * d_k, d_m) * 0.02))
+        self.W_O = torch.nn.Parameter(torch.randn(d_m, h * d_k) * 0.02)
+        self.lambda_ = torch.nn.Parameter(torch.empty(h).uniform_(-0.1, -0.01))
+
+    def forward(self, x):
+        return retention.forward(x, dict(self.named_parameters()), self.h)
+
+
+RETENTION = type(CLASSIC[0])(
+    "retention",
+    lambda s: Retention(s["d_m"], s["h"], s["d_k"]),
     None,
     {"d_m": 768, "h": 12, "d_k": 64},
     mapping=lambda state: dict(state),

@@ -66,7 +66,7 @@ CASES = {
     "linear_attention_causal": Case(
         ROOT / "specs" / "linear_attention_causal.attn", {"chunked": chunked_linear.forward}
     ),
-    "retention": Case(HERE / "specs" / "retention.attn", {"chunkwise": retention.forward}),
+    "retention": Case(ROOT / "specs" / "retention.attn", {"chunkwise": retention.forward}),
     "mha (head-major weight)": Case(
         ROOT / "specs" / "mha.attn", {"head_major": fused_qkv.head_major}
     ),

@@ -25,7 +25,7 @@ ROTARY = {"d_m": 24, "h": 3, "d_r": 4}
 SPECS, BENCH = ROOT / "specs", ROOT / "benchmarks" / "specs"
 CASES = {  # name: (spec, baseline, sizes)
     "chunked_linear": (SPECS / "linear_attention_causal.attn", chunked_linear.forward, SIZES),
-    "retention": (BENCH / "retention.attn", retention.forward, SIZES),
+    "retention": (SPECS / "retention.attn", retention.forward, SIZES),
     "head_major": (SPECS / "mha.attn", fused_qkv.head_major, SIZES),
     "qkv_major": (BENCH / "mha_qkv_major.attn", fused_qkv.qkv_major, SIZES),
     "rotary_llama": (SPECS / "rope.attn", rotary.llama, ROTARY),

@@ -15,7 +15,8 @@ import indexattn
 from indexattn import ir
 from indexattn.lower import passes
 from indexattn.lower.plan import plan
-from indexattn.lower.steps import Attention, Elementwise, Reduction
+from indexattn.lower.steps import Attention, Elementwise, PrefixProduct, Reduction
+from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import compare, sample_arguments
 from indexattn.views import cost
 
@@ -577,32 +578,77 @@ def test_a_twin_of_mha_in_one_equation_plans_otherwise_and_equals_the_literal_re
     assert compare(indexattn.compile_spec(text, name="t"), torch.float64, (2,)).ok
 
 
-RETENTION = shipped("benchmarks/specs/retention.attn")
+RETENTION = shipped("specs/retention.attn")
 DECAY_LINE = "D_<μττ'> = where(τ' > τ, 0, exp((τ - τ') λ_<μ>))"
 FACTOR = "C_<ττ'> = where(τ' > τ, 0, 1)\nD_<μττ'> = C_<ττ'> exp((τ - τ') λ_<μ>)"
-DECAYS = {  # RetNet's decay, 0 above the diagonal, and whether the rows skip those keys
-    "where puts 0 above the diagonal": (RETENTION, True),
-    "a factor of 0s and 1s": (RETENTION.replace(DECAY_LINE, FACTOR), True),
-    # the twins: not 0 above the diagonal, so every key counts
-    "where puts 1 above the diagonal": (RETENTION.replace("τ, 0, exp", "τ, 1, exp"), False),
+KEPT = "D_<μττ'> = where(τ >= τ', exp((τ - τ') λ_<μ>), 0)"
+POWER = RETENTION.replace(
+    "param  λ_<μ> ~ uniform(-0.1, -0.01)   # log of each head's decay γ",
+    "param  γ_<μ> ~ uniform(0.9, 0.99)   # each head's decay",
+).replace("exp((τ - τ') λ_<μ>)", "γ_<μ>^(τ - τ')")
+DECAYS = {  # RetNet's decay times the scores: by chunks, or by rows (skipping the 0 keys)
+    "where puts 0 above the diagonal": (RETENTION, "chunks"),
+    "a factor of 0s and 1s": (RETENTION.replace(DECAY_LINE, FACTOR), "chunks"),
+    "where keeps the decay at and below": (RETENTION.replace(DECAY_LINE, KEPT), "chunks"),
+    "a power of a parameter γ": (POWER, "chunks"),
+    # the twins: no causal 0-mask times γ^(τ - τ')
+    "where puts 1 above the diagonal": (RETENTION.replace("τ, 0, exp", "τ, 1, exp"), "rows"),
     "a factor of halves and 1s": (
         RETENTION.replace(DECAY_LINE, FACTOR.replace("τ, 0, 1", "τ, 1 / 2, 1")),
-        False,
+        "rows",
     ),
+    "exp of the distance squared": (
+        RETENTION.replace("exp((τ - τ') λ_<μ>)", "exp((τ - τ')^2 λ_<μ>)"),
+        "spans",
+    ),
+    "a power of the distance squared": (POWER.replace("^(τ - τ')", "^((τ - τ')^2)"), "rows"),
+    "a power of the distance the other way": (POWER.replace("^(τ - τ')", "^(τ' - τ)"), "rows"),
 }
 
 
 @pytest.mark.parametrize("phrasing", DECAYS)
-def test_a_decay_that_multiplies_skips_the_keys_it_zeroes(phrasing):
-    """Retention (no softmax): the rows by blocks of queries go over the keys at or before
-    the block's last query only where the decay is 0 above the diagonal, however the 0 is
-    written; every stage equals the literal reading in values and gradients, in blocks of one
-    row and spans of two queries (tests/test_passes.py)."""
-    text, skips = DECAYS[phrasing]
+def test_a_decay_that_multiplies_the_scores_runs_by_chunks_or_skips_the_keys_it_zeroes(phrasing):
+    """Retention (no softmax): a causal 0-mask times γ^(τ - τ'), however written, is computed
+    by chunks of positions (lower/decay.py); other decays by blocks of queries, which go over
+    the keys at or before the block's last query only where the decay is 0 above the
+    diagonal. Every stage equals the literal reading in values and gradients, in blocks of one
+    row, spans of two queries and chunks of two positions (tests/test_passes.py)."""
+    text, path = DECAYS[phrasing]
     spec = ir.check(text, "retention")
     program = passes.lower(plan(spec))
-    assert program.rows is not None and (program.spans is not None) == skips
+    chunked = [s for s in program.steps if isinstance(s, PrefixProduct)]
+    assert len(chunked) == (path == "chunks")
+    if path != "chunks":
+        assert program.rows is not None and (program.spans is not None) == (path == "spans")
     assert first_wrong(spec) is None
+
+
+def test_the_phrasings_of_retention_plan_the_same_steps():
+    """where's 0 above the diagonal, a factor of 0s and 1s, where's decay at and below it:
+    one program."""
+    for phrasing in ("a factor of 0s and 1s", "where keeps the decay at and below"):
+        assert body(DECAYS[phrasing][0]) == body(RETENTION)
+
+
+def test_twin_a_faster_decay_is_chunked_by_other_steps_and_equals_the_literal_reading():
+    faster = RETENTION.replace("exp((τ - τ') λ_<μ>)", "exp(2 (τ - τ') λ_<μ>)")
+    assert body(faster) != body(RETENTION)
+    spec = indexattn.compile_spec(faster, name="t")
+    assert [type(s) for s in spec.program.steps].count(PrefixProduct) == 1
+    assert compare(spec, torch.float64, (2,)).ok
+
+
+def test_a_power_of_a_parameter_is_the_decay_itself_not_its_log():
+    """γ^(τ - τ') is chunked with the powers of γ (its log would be NaN for γ ≤ 0, where the
+    literal reading is not): a γ of 0 and one below 0 equal the literal reading."""
+    spec = indexattn.compile_spec(POWER, name="t")
+    (step,) = [s for s in spec.program.steps if isinstance(s, PrefixProduct)]
+    assert step.power
+    sizes = {"N": 5, "d_m": 4, "h": 3, "d_k": 2}
+    args = sample_arguments(spec.ir, sizes, (2,), torch.float64)
+    args["gamma"] = torch.tensor([0.0, -0.5, 0.9], dtype=torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    torch.testing.assert_close(spec(**args, **given), evaluate(spec.ir, **args, **given)[0])
 
 
 LLAMA = shipped("specs/layers/llama.attn")

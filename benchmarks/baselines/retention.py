@@ -8,7 +8,7 @@ Within a chunk the decay matrix D[t, s] = γ^(t - s) (t ≥ s) is built once per
 chunks the state of chunk c is Σ_s γ^(C - 1 - s) K_sᵀ V_s, and chunk c reads
 Σ_(c' < c) γ^(C (c - 1 - c')) state_c' scaled by γ^(t + 1) at its row t — computed here for
 all chunks at once by a decayed prefix sum (a small matrix of γ powers over the chunks).
-specs: benchmarks/specs/retention.attn (λ = log γ per head, scores scaled by 1/sqrt(d_k), no
+specs: specs/retention.attn (λ = log γ per head, scores scaled by 1/sqrt(d_k), no
 GroupNorm).
 """
 

@@ -3,6 +3,7 @@ kernels' in `kernels_emit`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import sympy
@@ -318,43 +319,111 @@ class Emitter(KernelSteps, Values):
     def step_PrefixProduct(self, step: PrefixProduct) -> list[str]:
         """The positions padded with zeros to whole chunks (they add nothing to the sums; their
         rows are cut off): per chunk, the causal scores within it times G, plus H times the
-        prefix sum at the chunk's start, an exclusive cumsum over the chunks' sums. The number
-        of chunks is a ceiling and the rows are cut off by a copy (`index_select` of the first
-        rows: torch.export with a dynamic N needs no guard at a multiple of the chunk, which a
-        view or its clone would, and unlike `narrow_copy` it has a derivative on every torch
-        the requirement admits)."""
+        sum at the chunk's start (an exclusive cumsum over the chunks' sums; with a decay, the
+        chunks' states each decayed to the chunk that reads it). The number of chunks is a
+        ceiling and the rows are cut off by a copy (`index_select` of the first rows:
+        torch.export with a dynamic N needs no guard at a multiple of the chunk, which a view
+        or its clone would, and unlike `narrow_copy` it has a derivative on every torch the
+        requirement admits)."""
         self.use("torch", "F")
-        knob = self.knob("CHUNK", step.chunk, "positions per chunk of the prefix sums")
+        hint, note = ("DECAY_CHUNK", "decayed") if step.rate is not None else ("CHUNK", "prefix")
+        knob = self.knob(hint, step.chunk, f"positions per chunk of the {note} sums")
         chunks, pad = self.names.fresh("chunks"), self.names.fresh("pad")
         size, common = self.size(step.over), step.out.dims[:-2]
         glyphs = ["…"] * step.out.batched + [i.glyph for i in common] + [f"{step.over.glyph}/c"]
         ends = [(step.h, step.inner), (step.f, step.inner), (step.g, step.out.dims[-1])]
-        lines = [
-            f"{chunks} = ({size} + {knob} - 1) // {knob}",
-            f"{pad} = {chunks} * {knob} - {wrap(size)}",
-        ]
+        lines = [f"{chunks} = ({size} + {knob} - 1) // {knob}"]
+        if step.rate is not None:  # one chunk: the sequence's length, so that no power of the
+            chunk = self.names.fresh("chunk")  # decay goes beyond the sequence's (it may grow)
+            lines.append(f"{chunk} = {knob} if {chunks} > 1 else {size}")
+            knob = chunk
+        lines.append(f"{pad} = {chunks} * {knob} - {wrap(size)}")
         h, f, g = (self.names.fresh(self.var(x) + "_chunks") for x, _ in ends)
         for name, (x, width) in zip((h, f, g), ends):
-            code = relayout(self.ref(x), x.dims, (*common, step.over, width))
+            (at,) = (i for i in x.dims if i not in (*common, width))  # its positions
+            code = relayout(self.ref(x), x.dims, (*common, at, width))
+            if step.rate is not None:  # read by two products each: laid out once, not per product
+                code += ".contiguous()"
             axes = ", ".join([*glyphs, "c", width.glyph])
             padded = f"F.pad({code}, (0, 0, 0, {pad}))"
             lines.append(f"{name} = {padded}.unflatten(-2, ({chunks}, {knob}))  # ({axes})")
-        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
-        scores = self.names.fresh(f"{step.name}_scores")
-        whole, rows = self.names.fresh(f"{step.name}_chunked"), self.names.fresh("rows")
         outer = ", ".join([*glyphs, step.inner.glyph, step.out.dims[-1].glyph])
+        square = ", ".join([*glyphs, "c", "c"])
+        chunked = self.decayed if step.rate is not None else self.summed
+        inside, whole = chunked(step, (h, f, g), (knob, chunks), (outer, square))
+        rows = self.names.fresh("rows")
         return [
             *lines,
+            *inside,
+            f"{rows} = torch.arange({size}, device={whole}.device)",
+            f"{self.var(step.out)} = {whole}.index_select(-2, {rows})",
+        ]
+
+    def summed(self, step: PrefixProduct, chunked, sizes, axes) -> tuple[list[str], str]:
+        """A prefix sum's chunks: the lines, and the name of the result by chunks."""
+        (h, f, g), (outer, square) = chunked, axes
+        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
+        scores = self.names.fresh(f"{step.name}_scores")
+        whole = self.names.fresh(f"{step.name}_chunked")
+        return [
             f"{state} = {f}.transpose(-2, -1) @ {g}  # ({outer}): each chunk's sum",
             f"{start} = torch.cumsum({state}, dim=-3)",
             f"{start} = F.pad({start}[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  "
             f"# ({outer}): {step.name} before each chunk",
             f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
-            f"# ({', '.join([*glyphs, 'c', 'c'])}): within the chunk, up to the query",
+            f"# ({square}): within the chunk, up to the query",
             f"{whole} = ({scores} @ {g} + {h} @ {start}).flatten(-3, -2)",
-            f"{rows} = torch.arange({size}, device={whole}.device)",
-            f"{self.var(step.out)} = {whole}.index_select(-2, {rows})",
-        ]
+        ], whole
+
+    def powers(self, step: PrefixProduct) -> Callable[[str], str]:
+        """The decay's power of an exponent's code: `exp(k * λ)` of a rate, `γ ** k` of a
+        base, the rate aligned to (heads, 1, 1) against the chunks' (positions, positions)."""
+        if isinstance(step.rate, Number):
+            rate = wrap(self.scalar(step.rate.expr))
+        else:
+            target = (*step.out.dims[:-2], step.over, step.inner)
+            rate = expand(self.ref(step.rate), step.rate.dims, target, step.rate.batched)
+        if step.power:
+            return lambda exponent: f"{rate} ** {wrap(exponent)}"
+        return lambda exponent: f"torch.exp({exponent} * {rate})"
+
+    def decayed(self, step: PrefixProduct, chunked, sizes, axes) -> tuple[list[str], str]:
+        """A decay's chunks: within a chunk the scores times γ^(t - s) (t ≥ s, 0 above);
+        each chunk's state Σ_s γ^(C - 1 - s) F_sᵀ G_s; chunk c reads the states of the chunks
+        c' before it, decayed by γ^(C (c - 1 - c')), at its row t times γ^(t + 1). Every
+        power has an exponent ≥ 0 (clamped where the other side of a `where` is unused), so
+        none overflows."""
+        (h, f, g), (knob, chunks), (outer, square) = chunked, sizes, axes
+        power = self.powers(step)
+        words = ("steps", "gap", "ahead", "within", "into", "hops", "back", "carry", "scores")
+        t, gap, ahead, within, into, hops, back, carry, scores, rows = (
+            self.names.fresh(f"{step.name}_{w}") for w in (*words, "rows")
+        )
+        state, start = (self.names.fresh(f"{step.name}_{w}") for w in ("chunk", "start"))
+        whole = self.names.fresh(f"{step.name}_chunked")
+        made = f"device={f}.device, dtype={f}.dtype"
+        return [
+            f"{t} = torch.arange({knob}, {made})  # positions within a chunk",
+            f"{gap} = {t}[:, None] - {t}[None, :]",
+            f"{ahead} = {gap}.clamp(min=0)  # the other side of the where: never a negative power",
+            f"{within} = {power(ahead)}",
+            f"{within} = torch.where({gap} >= 0, {within}, 0)  # the decay within a chunk",
+            f"{into} = {power(f'({knob} - 1 - {t})[:, None]')}  # from each key to its chunk's end",
+            f"{state} = ({f} * {into}.unsqueeze(-3)).transpose(-2, -1) @ {g}  "
+            f"# ({outer}): each chunk's state",
+            f"{hops} = torch.arange({chunks}, {made})",
+            f"{hops} = {hops}[:, None] - 1 - {hops}[None, :]",
+            f"{back} = {hops}.clamp(min=0)",
+            f"{carry} = {power(f'{back} * {knob}')}",
+            f"{carry} = torch.where({hops} >= 0, {carry}, 0)  # each state to the chunks after it",
+            f"{start} = ({carry} @ {state}.flatten(-2)).unflatten(-1, {state}.shape[-2:])  "
+            f"# ({outer}): {step.name} before each chunk",
+            f"{scores} = {h} @ {f}.transpose(-2, -1)",
+            f"{scores} = {scores} * {within}.unsqueeze(-3)  # ({square}): within the chunk",
+            f"{rows} = {power(f'({t} + 1)[:, None]')}  # from each chunk's start to each query",
+            f"{whole} = {scores} @ {g} + ({h} * {rows}.unsqueeze(-3)) @ {start}",
+            f"{whole} = {whole}.flatten(-3, -2)",
+        ], whole
 
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)

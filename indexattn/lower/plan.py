@@ -16,12 +16,12 @@ from ..ir import Index, Spec, Tensor
 from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
-from . import numerics
+from . import decay, numerics, prefix
 from .canonical import canonical
 from .fusion import LinearForm, declared_outer, direct, linear_form, shift
 from .kernels import Kernels
 from .order import planning_count
-from .prefix import PrefixProducts, find
+from .prefix import PrefixProducts
 from .products import Products
 from .program import Block, Program
 from .sinks import Sink, absorbed
@@ -72,10 +72,12 @@ class Planner(Products, PrefixProducts):
         self.order: tuple[Index, ...] = ()
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
         self.kernels = Kernels(self, spec)
-        self.prefix = find(spec)  # prefix sums computed by chunks where they are read
+        # prefix sums and decayed scores computed by chunks where they are read
+        self.prefix = {**prefix.find(spec), **decay.find(spec)}
         self.defined = {eq.tensor.name: eq for eq in spec.equations}
+        hidden = {eq.tensor.name for match in self.prefix.values() for eq in match.hidden}
         # planned in the block that reads them; logsumexps only sinks read, never
-        self.later = self.unread | set(self.prefix) | absorbed(spec, self.defined)
+        self.later = self.unread | hidden | absorbed(spec, self.defined)
 
     def may_be_masked(self, node: ir.Node) -> bool:
         """Whether a value can hold -inf (lower/numerics.py)."""
@@ -116,15 +118,20 @@ class Planner(Products, PrefixProducts):
         return (*(s for block in self.blocks for s in block.steps), *self.steps)
 
     def inlined(self, equations: tuple[ir.Equation, ...]) -> tuple[ir.Equation, ...]:
-        """The equations of position-only tensors and of prefix sums by chunks these read:
-        they head the block too."""
+        """The equations of position-only tensors and of products by chunks these read (with
+        the equations only those read): they head the block too."""
         names = [
             ref.tensor.name
             for eq in equations
             for ref in ir.refs(eq.rhs)
             if ref.tensor.name in self.later
         ]
-        return tuple(self.defined[name] for name in dict.fromkeys(names))
+        found = [
+            eq
+            for name in dict.fromkeys(names)
+            for eq in (self.prefix[name].hidden if name in self.prefix else (self.defined[name],))
+        ]
+        return tuple(dict.fromkeys(found))
 
     def ordered(self, dims: tuple[Index, ...]) -> tuple[Index, ...]:
         """Axes in the order of the left-hand side, so results need no transposes."""

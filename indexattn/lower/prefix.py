@@ -1,54 +1,83 @@
-"""Prefix sums of outer products read only through a contraction: `S_<τab> =
-cumsum_<τ>(F_<τa> G_<τb>)` whose one reader is `H_<τa> S_<τab>` (causal linear attention's
-state) is computed by chunks of τ, never held whole: within a chunk, the causal scores
-`H Fᵀ` times G; across chunks, H times the sum of the chunks before. Memory falls from
-N·d_a·d_b per head to (N/C)·d_a·d_b; exact, the sums regrouped."""
+"""Products computed by chunks of positions, never held whole: `H_<τa> Σ_(τ' ≤ τ) w F_<τ'a>
+G_<τ'b>`, with w = 1 (a prefix sum, causal linear attention's state: `S_<τab> =
+cumsum_<τ>(F_<τa> G_<τb>)` whose one reader is `H_<τa> S_<τab>`) or a decay γ^(τ - τ')
+(retention, lower/decay.py). Within a chunk, the causal scores `H Fᵀ` (times the decay
+between its positions) times G; across chunks, H times the sum of the chunks before (each
+decayed by γ^C per chunk). Memory falls from N·d_a·d_b (or N²) per head to (N/C)·d_a·d_b;
+exact, the sums regrouped."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import sympy
 
 from .. import ir
 from ..ir import Index, Spec
 from ..ir.einstein import denominator
 from .steps import Arg, Operand, PrefixProduct
 
-CHUNK = 64  # positions per chunk: measured fastest of 32, 64, 128 (docs/decisions.md)
+CHUNK = 64  # positions per chunk of a prefix sum: fastest of 32, 64, 128 (docs/decisions.md)
+DECAY_CHUNK = 64  # positions per chunk of a decay: fastest of 32 to 256 (docs/decisions.md)
 
 
 @dataclass(frozen=True)
-class PrefixSum:
-    """The prefix sum's equation, its factors (F carries `inner`, G `width`) and indices."""
+class Chunked:
+    """A product to compute by chunks: H (carries `inner` and the position `over`), F
+    (`inner` and its own position), G (`width` and F's position), the equations only it
+    reads (`hidden`, the last the one it stands for) and, for a decay, its `rate` per step
+    of τ - τ': the decay's log (`exp((τ - τ') λ)`), or its base γ where `power`."""
 
-    equation: ir.Equation
+    hidden: tuple[ir.Equation, ...]
+    h: ir.Node
     f: ir.Node
     g: ir.Node
-    over: Index  # τ, summed in prefixes
-    inner: Index  # a, contracted by the reader
-    width: Index  # b, kept
+    over: Index
+    inner: Index
+    width: Index
+    rate: ir.Node | None = None
+    power: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.hidden[-1].tensor.ascii
+
+    @property
+    def common(self) -> tuple[Index, ...]:
+        """The axes all three share besides the positions (heads)."""
+        return tuple(i for i in self.h.free if i not in (self.over, self.inner))
 
 
-def find(spec: Spec) -> dict[str, PrefixSum]:
+Readers = dict[str, list[tuple[ir.Node, ir.Ref]]]
+
+
+def readers(spec: Spec) -> Readers:
+    """Each tensor's references, with the node each is a factor (or argument) of."""
+    found: Readers = {}
+    for eq in spec.equations:
+        for parent in ir.walk(eq.rhs):
+            for ref in ir.children(parent):
+                if isinstance(ref, ir.Ref):
+                    found.setdefault(ref.tensor.name, []).append((parent, ref))
+    return found
+
+
+def find(spec: Spec) -> dict[str, Chunked]:
     """The prefix sums to compute by chunks, by their tensors' names."""
     outputs = {t.name for t in spec.outputs}
+    read = readers(spec)
     found = {}
     for eq in spec.equations:
-        readers = [
-            (parent, ref)
-            for other in spec.equations
-            for parent in ir.walk(other.rhs)
-            for ref in ir.children(parent)
-            if isinstance(ref, ir.Ref) and ref.tensor.name == eq.tensor.name
-        ]
-        if eq.tensor.name in outputs or len(readers) != 1:
+        uses = read.get(eq.tensor.name, [])
+        if eq.tensor.name in outputs or len(uses) != 1:
             continue
-        match = _match(eq, *readers[0])
+        match = _match(eq, *uses[0])
         if match is not None:
             found[eq.tensor.name] = match
     return found
 
 
-def _match(eq: ir.Equation, parent: ir.Node, ref: ir.Ref) -> PrefixSum | None:
+def _match(eq: ir.Equation, parent: ir.Node, ref: ir.Ref) -> Chunked | None:
     """The prefix sum, when `eq` is one of an outer product and `parent` contracts it with
     one factor over the first factor's own index, as the planner will see it."""
     rhs = eq.rhs
@@ -71,7 +100,7 @@ def _match(eq: ir.Equation, parent: ir.Node, ref: ir.Ref) -> PrefixSum | None:
     shapes = [(f, inner), (g, width), (h, inner)]
     if not all(set(x.free) == common | {over, i} for x, i in shapes):
         return None
-    return PrefixSum(eq, f, g, over, inner, width)
+    return Chunked((eq,), h, f, g, over, inner, width)
 
 
 def numerator(node: ir.Node) -> ir.Product | None:
@@ -87,18 +116,30 @@ def numerator(node: ir.Node) -> ir.Product | None:
 
 
 class PrefixProducts:
-    """Mixed into the Planner, which supplies var, add, node, as_tensor, ordered, prefix."""
+    """Mixed into the Planner, which supplies var, add, node, as_tensor, ordered, prefix
+    and prescale."""
 
     def prefix_product(self, node: ir.Product, hint: str) -> Arg | None:
-        """`H_<τa> S_<τab>` for a prefix sum S found above: its chunked step; else None."""
+        """The reader of a product found above (`H_<τa> S_<τab>`, `R_<ττ'> V_<τ'b>`): its
+        chunked step; else None."""
         read = [f for f in node.factors if isinstance(f, ir.Ref) and f.tensor.name in self.prefix]
         if not read or len(node.factors) != 2:  # with a denominator: its numerator comes here
             return None
         match = self.prefix[read[0].tensor.name]
-        h = next(f for f in node.factors if f is not read[0])
-        args = [self.as_tensor(self.node(f, hint), hint) for f in (h, match.f, match.g)]
-        free = set(node.free) - {match.over, match.width}
-        dims = (*self.ordered(tuple(free)), match.over, match.width)
+        args = [self.as_tensor(self.node(x, hint), hint) for x in (match.f, match.g)]
+        args.insert(0, self.scaled(match.h, hint))
+        rate = None if match.rate is None else self.node(match.rate, hint + "_rate")
+        dims = (*self.ordered(match.common), match.over, match.width)
         out = Operand(self.var(hint + "_prod"), dims, any(a.batched for a in args))
-        name = match.equation.tensor.ascii
-        return self.add(PrefixProduct(out, *args, match.over, match.inner, name, CHUNK))
+        chunk = CHUNK if rate is None else DECAY_CHUNK
+        where = (match.over, match.inner, match.name, chunk, rate, match.power)
+        return self.add(PrefixProduct(out, *args, *where))
+
+    def scaled(self, h: ir.Node, hint: str) -> Operand:
+        """H, or H times numbers (a decay's `Q / sqrt(d_k)`) as the scaled H."""
+        numbers = [f for f in getattr(h, "factors", ()) if isinstance(f, ir.Field)]
+        if not numbers:
+            return self.as_tensor(self.node(h, hint), hint)
+        (tensor,) = (f for f in h.factors if not isinstance(f, ir.Field))
+        scale = sympy.Mul(*(f.expr for f in numbers))
+        return self.prescale([self.as_tensor(self.node(tensor, hint), hint)], scale)[0]

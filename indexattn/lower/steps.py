@@ -306,8 +306,10 @@ class SoftmaxValues:
 class PrefixProduct:
     """`H_<τa> cumsum_<τ>(F_<τa> G_<τb>)_<τab>` summed over a, by chunks of `chunk` positions
     of τ (the same other axes on all three): within a chunk the causal scores H Fᵀ times G,
-    plus H times the sum of F_<τa> G_<τb> over the chunks before. `out` is (…, τ, b) after
-    those other axes; `name` is the prefix sum's, which is never held."""
+    plus H times the sum of F_<τa> G_<τb> over the chunks before. With a `rate`, each term
+    is decayed by γ^(τ - τ') (retention, lower/decay.py): γ = exp(rate), or rate itself
+    where `power`; its axes are among the other axes. `out` is (…, τ, b) after those other
+    axes; `name` is the prefix sum's (or the decayed scores'), which is never held."""
 
     out: Operand
     h: Operand
@@ -317,6 +319,8 @@ class PrefixProduct:
     inner: Index
     name: str
     chunk: int
+    rate: Arg | None = None
+    power: bool = False
 
 
 @dataclass(frozen=True)

@@ -259,14 +259,20 @@ def _(step: SoftmaxValues) -> Cost:
 
 @step_cost.register
 def _(step: PrefixProduct) -> Cost:
-    """The chunked algorithm as it runs, padding included (prefix.py)."""
-    chunk = step.chunk
+    """The chunked algorithm as it runs, padding included (prefix.py); with a decay, the
+    states carried by a product over the chunks and the decays multiplied in (its one chunk
+    the whole sequence where that is shorter)."""
+    chunk = step.chunk if step.rate is None else sympy.Min(step.chunk, step.over.size)
     chunks = sympy.ceiling(step.over.size / chunk)
     a, b = step.inner.size, step.out.dims[-1].size
     heads = elements(step.out.dims[:-2])
     matmul = 2 * heads * chunks * chunk * (2 * a * b + chunk * (a + b))
-    other = heads * chunks * (chunk * b + REDUCTIONS["cumsum"].flops * a * b)
-    return Cost(matmul=matmul, other=other)
+    if step.rate is None:
+        other = heads * chunks * (chunk * b + REDUCTIONS["cumsum"].flops * a * b)
+        return Cost(matmul=matmul, other=other)
+    carry = 2 * heads * chunks * chunks * a * b
+    other = heads * chunks * chunk * (chunk + 2 * a + b)
+    return Cost(matmul=matmul + carry, other=other)
 
 
 # -- sizes for numbers
