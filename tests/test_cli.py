@@ -201,7 +201,7 @@ def test_sigint_in_a_real_process_exits_130_without_a_traceback():
     try:
         assert process.stdout.readline() == "ready\n"
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=20)
+        _, err = process.communicate(timeout=120)  # a loaded machine can take its time
     finally:
         process.kill()
     assert process.returncode == 130
