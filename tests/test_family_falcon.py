@@ -1,0 +1,58 @@
+"""specs/models/falcon.attn against transformers' FalconAttention (models_common.LayerTests).
+
+A tiny Falcon-7B-like config built here (multi-query, a fused query_key_value, rotary, no
+biases), every weight random, float64, eval, nothing downloaded. Falcon's eager path keeps
+float64; only its rotary table is float32 (FalconRotaryEmbedding): the 1e-10 tests hand the
+layer cos and sin computed in float64, the layer with its own table agrees within OWN_ATOL.
+"""
+
+from typing import ClassVar
+
+import pytest
+import torch
+from models_common import (
+    B,
+    LayerTests,
+    OwnPrecisionTests,
+    causal_mask,
+    randomise,
+    rotary,
+    rotary_case,
+    shifted,
+)
+
+pytest.importorskip("transformers")
+pytest.importorskip("indexattn.transformers")
+
+from transformers import FalconConfig
+from transformers.models.falcon import modeling_falcon as falcon
+
+N = 7
+POSITIONS = shifted(N)  # batch 1 starts at 3
+
+
+class TestFalcon(OwnPrecisionTests, LayerTests):
+    CASES = OWN = ("falcon",)
+    OWN_ATOL = 1e-4  # float32 rounding (1.2e-7) of gradients up to ~120
+    # transformers' config defaults are Falcon-7B's sizes: 4544, 71 heads, multi-query
+    REAL: ClassVar = {
+        "falcon": ("falcon", falcon.FalconAttention, FalconConfig(), {"layer_idx": 0})
+    }
+
+    def case(self, name, exact=True):
+        config = FalconConfig(
+            vocab_size=40, hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+            multi_query=True, new_decoder_architecture=False, alibi=False, bias=False,
+            max_position_embeddings=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 3000.0},
+            attn_implementation="eager",
+        )  # fmt: skip
+        layer = randomise(falcon.FalconAttention(config, layer_idx=0)).double().eval()
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(B, N, 32, dtype=torch.float64, generator=gen).requires_grad_()
+        mask = causal_mask(N, {1: 4})
+        if exact:
+            cos_sin = rotary(POSITIONS, layer.head_dim, 3000.0)
+        else:
+            cos_sin = falcon.FalconRotaryEmbedding(config).double()(x, POSITIONS)
+        return rotary_case(layer, name, x, mask[:, 0], cos_sin, mask, alibi=None)
