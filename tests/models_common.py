@@ -42,6 +42,15 @@ def causal_mask(n: int, padded: dict) -> torch.Tensor:
     return mask
 
 
+def padding_mask(n: int, padded: dict) -> torch.Tensor:
+    """An extended additive padding mask [B, 1, 1, N]: key t of batch b hidden for each (b, t)
+    in `padded`, by the dtype's minimum, as BERT's and T5's models build it."""
+    mask = torch.zeros(B, 1, 1, n, dtype=torch.float64)
+    for b, t in padded.items():
+        mask[b, ..., t] = torch.finfo(torch.float64).min
+    return mask
+
+
 def rotary(positions: torch.Tensor, d_k: int, theta: float):
     """cos and sin as transformers' LlamaRotaryEmbedding makes them, but in float64."""
     inv_freq = theta ** -(torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
@@ -53,7 +62,7 @@ def rotary(positions: torch.Tensor, d_k: int, theta: float):
 def float64_rotary(model):
     """Give a Llama-like model the float64 rotary table: transformers computes it in float32."""
     config = model.config
-    d_k = config.hidden_size // config.num_attention_heads
+    d_k = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     def forward(x, position_ids):
         return rotary(position_ids, d_k, config.rope_parameters["rope_theta"])
@@ -138,11 +147,21 @@ def shifted(n: int) -> torch.Tensor:
     return torch.tensor([list(range(n)), list(range(3, 3 + n))])
 
 
-def rotary_case(layer, name: str, x, mask, cos_sin, layer_mask=None, **keywords) -> Case:
+def rotary_case(
+    layer, name: str, x, mask, embedding, exact=True, d_r=None, layer_mask=None, **keywords
+) -> Case:
     """A layer handed its rotary table, as Llama's and most families since: the spec given x,
-    the positions (`shifted`) and the additive mask `mask` (no head axis); the layer x, `cos_sin`
-    as position_embeddings, `layer_mask` (by default `mask` with its head axis) and `keywords`."""
+    the positions (`shifted`) and the additive mask `mask` (no head axis); the layer x, cos and
+    sin as position_embeddings, `layer_mask` (by default `mask` with its head axis) and
+    `keywords`. cos and sin: exact, computed in float64 (`rotary`) at the config's rope_theta
+    over d_r features (by default the head's), as wide as the model's own rotary module class
+    `embedding` makes them; else by that module (its table in float32)."""
     positions = shifted(x.shape[-2])
+    cos_sin = embedding(layer.config)(x, positions)
+    if exact:
+        theta = layer.config.rope_parameters["rope_theta"]
+        width = cos_sin[0].shape[-1]  # GPT-OSS's table is half of rotary's: one of its halves
+        cos_sin = [t[..., :width] for t in rotary(positions, d_r or layer.head_dim, theta)]
     layer_mask = mask[:, None] if layer_mask is None else layer_mask
 
     def theirs(**kw):

@@ -16,9 +16,7 @@ from models_common import (
     OwnPrecisionTests,
     causal_mask,
     randomise,
-    rotary,
     rotary_case,
-    shifted,
 )
 
 pytest.importorskip("transformers")
@@ -28,7 +26,6 @@ from transformers import FalconConfig
 from transformers.models.falcon import modeling_falcon as falcon
 
 N = 7
-POSITIONS = shifted(N)  # batch 1 starts at 3
 
 
 class TestFalcon(OwnPrecisionTests, LayerTests):
@@ -50,9 +47,6 @@ class TestFalcon(OwnPrecisionTests, LayerTests):
         layer = randomise(falcon.FalconAttention(config, layer_idx=0)).double().eval()
         gen = torch.Generator().manual_seed(5)
         x = torch.randn(B, N, 32, dtype=torch.float64, generator=gen).requires_grad_()
-        mask = causal_mask(N, {1: 4})
-        if exact:
-            cos_sin = rotary(POSITIONS, layer.head_dim, 3000.0)
-        else:
-            cos_sin = falcon.FalconRotaryEmbedding(config).double()(x, POSITIONS)
-        return rotary_case(layer, name, x, mask[:, 0], cos_sin, mask, alibi=None)
+        mask = causal_mask(N, {1: 4})[:, 0]
+        rotary_embedding = falcon.FalconRotaryEmbedding
+        return rotary_case(layer, name, x, mask, rotary_embedding, exact, alibi=None)

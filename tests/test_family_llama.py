@@ -24,7 +24,6 @@ from models_common import (
     causal_mask,
     compare,
     randomise,
-    rotary,
     rotary_case,
     shifted,
 )
@@ -109,12 +108,8 @@ class TestLlama(OwnPrecisionTests, CachedKeysAndValuesTests, LayerTests):
         n, config = LENGTH[name], config_of(name, exact)
         layer = randomise(LAYERS[name](config, layer_idx=0)).double().eval()
         x = torch.randn(B, n, 32, dtype=torch.float64, requires_grad=True)
-        if exact:
-            cos_sin = rotary(shifted(n), layer.head_dim, config.rope_parameters["rope_theta"])
-        else:
-            cos_sin = ROTARY[name](config).double()(x, shifted(n))
-        ours_mask, layer_mask = masks(name, config, x, n)
-        return rotary_case(layer, name, x, ours_mask, cos_sin, layer_mask)
+        mask, layer_mask = masks(name, config, x, n)
+        return rotary_case(layer, name, x, mask, ROTARY[name], exact, layer_mask=layer_mask)
 
     def test_mistral_window_is_the_spec_s_own(self):
         """The spec's window is what hides the far keys: without it (a window as long as the

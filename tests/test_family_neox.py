@@ -21,7 +21,6 @@ from models_common import (
     OwnPrecisionTests,
     causal_mask,
     randomise,
-    rotary,
     rotary_case,
     shifted,
 )
@@ -51,12 +50,11 @@ def neox_case(exact: bool) -> Case:
         rotary_emb_base=20000, attn_implementation="sdpa" if exact else "eager",
     )  # fmt: skip
     layer = randomise(gpt_neox.GPTNeoXAttention(config, layer_idx=0)).double().eval()
-    x, mask = hidden(64), causal_mask(N, {1: 4})
-    if exact:
-        cos_sin = rotary(POSITIONS, layer.rotary_ndims, 20000.0)
-    else:
-        cos_sin = gpt_neox.GPTNeoXRotaryEmbedding(config).double()(x, POSITIONS)
-    return rotary_case(layer, "gpt_neox", x, mask[:, 0], cos_sin, mask)
+    mask = causal_mask(N, {1: 4})[:, 0]
+    rotary_embedding = gpt_neox.GPTNeoXRotaryEmbedding
+    return rotary_case(
+        layer, "gpt_neox", hidden(64), mask, rotary_embedding, exact, layer.rotary_ndims
+    )
 
 
 def gptj_case(exact: bool) -> Case:
