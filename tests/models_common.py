@@ -1,8 +1,12 @@
-"""What the model tests share (tests/test_models*.py): random weights, transformers' masks and
-rotary tables in float64, the spec-against-layer comparison, a whole model's logits.
+"""What the model tests share (tests/test_family_*.py, tests/test_models*.py): random weights,
+transformers' masks and rotary tables in float64, the spec-against-layer comparison (`Case`,
+`compare`), a whole model's logits, and the tests every family's attention layers take
+(`LayerTests`, `OwnPrecisionTests`, `CachedKeysAndValuesTests`: docs/testing.md, "Model
+families").
 
 Not a test file: pytest puts tests/ on the path (rootdir-relative imports), so the test files
-import it as `models_common`. Nothing here imports transformers.
+import it as `models_common`. Nothing here imports transformers at import time: the tests
+that need it import it when they run, after their file's importorskip.
 """
 
 from collections.abc import Callable
