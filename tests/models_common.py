@@ -36,6 +36,13 @@ def randomise(module: nn.Module, seed: int = 0) -> nn.Module:
     return module
 
 
+def hidden(n: int, width: int, seed: int = 5) -> torch.Tensor:
+    """A batch of B random inputs of n tokens, float64, taking gradients; the same on every run
+    whatever ran before (a generator of its own)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(B, n, width, dtype=torch.float64, generator=gen).requires_grad_()
+
+
 def causal_mask(n: int, padded: dict) -> torch.Tensor:
     """transformers' 4D additive mask [B, 1, N, N]: causal, and key t of batch b hidden for each
     (b, t) in `padded` (never key 0, so that no query row is hidden everywhere)."""
@@ -265,7 +272,7 @@ class OwnPrecisionTests:
     1e-3 is caught at OWN_ATOL."""
 
     OWN: tuple = ()
-    OWN_ATOL = 1e-5
+    OWN_ATOL = 1e-4  # measured: 3e-7 to 1.6e-5 (gradients up to ~120 rounded at float32's 1.2e-7)
 
     def test_spec_is_the_layer_at_its_own_precision(self, own):
         case = self.case(own, exact=False)

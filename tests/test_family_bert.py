@@ -9,8 +9,7 @@ given it without its two middle axes.
 from typing import ClassVar
 
 import pytest
-import torch
-from models_common import B, Case, LayerTests, padding_mask, randomise
+from models_common import Case, LayerTests, hidden, padding_mask, randomise
 from models_common import spec as compiled
 
 pytest.importorskip("transformers")
@@ -34,7 +33,7 @@ class TestBert(LayerTests):
             attn_implementation="eager",
         )  # fmt: skip
         layer = randomise(BertAttention(config)).double().eval()
-        x = torch.randn(B, N, 16, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 16)
         mask = padding_mask(N, {1: 4})
         return Case(
             layer, compiled(name), (x,), mask[:, 0, 0],

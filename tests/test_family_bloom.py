@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from models_common import B, Case, LayerTests, OwnPrecisionTests, causal_mask, randomise
+from models_common import B, Case, LayerTests, OwnPrecisionTests, causal_mask, hidden, randomise
 from models_common import spec as compiled
 
 pytest.importorskip("transformers")
@@ -42,7 +42,7 @@ class TestBloom(OwnPrecisionTests, LayerTests):
         over unpadded tokens) are not their indices; exact: the float64_softmax fixture."""
         config = config_of(HEADS[name])
         layer = randomise(bloom.BloomAttention(config, layer_idx=0)).double().eval()
-        x, residual = (torch.randn(B, N, 24, dtype=torch.float64, requires_grad=True) for _ in "xr")
+        x, residual = hidden(N, 24), hidden(N, 24, seed=6)
         padding = torch.ones(B, N, dtype=torch.long)
         padding[1, 2] = 0
         mask = causal_mask(N, {1: 2})[:, 0]

@@ -11,13 +11,12 @@ eval. DeepSeek-V3 computes in float32 in three places: the eager softmax
 from typing import ClassVar
 
 import pytest
-import torch
 from models_common import (
-    B,
     LayerTests,
     OwnPrecisionTests,
     causal_mask,
     float64_rms_norm,
+    hidden,
     randomise,
     rotary_case,
 )
@@ -58,7 +57,7 @@ class TestDeepSeek(OwnPrecisionTests, LayerTests):
         layer = randomise(deepseek.DeepseekV3Attention(config, layer_idx=0)).double().eval()
         if exact:
             float64_rms_norm(layer.q_a_layernorm), float64_rms_norm(layer.kv_a_layernorm)
-        x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 32)
         mask = causal_mask(N, {1: 4})[:, 0]
         embedding = deepseek.DeepseekV3RotaryEmbedding
         return rotary_case(layer, name, x, mask, embedding, exact, config.head_dim)

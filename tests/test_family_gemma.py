@@ -15,11 +15,11 @@ import pytest
 import torch
 from models_common import (
     ROOT,
-    B,
     LayerTests,
     OwnPrecisionTests,
     causal_mask,
     compare,
+    hidden,
     randomise,
     rotary_case,
 )
@@ -63,7 +63,7 @@ class TestGemma2(OwnPrecisionTests, LayerTests):
         layer = gemma2.Gemma2Attention(gemma2_config(), layer_idx=0 if sliding else 1)
         layer = randomise(layer).double().eval()
         assert (layer.sliding_window is not None) == sliding, "layer_types"
-        x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 32)
         mask = causal_mask(N, {1: 4})[:, 0]
         theirs = (window(mask) if sliding else mask)[:, None]
         embedding = gemma2.Gemma2RotaryEmbedding

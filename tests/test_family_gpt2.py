@@ -7,8 +7,14 @@ GPT-2's eager attention computes in float64 throughout, so the layer as it is ag
 from typing import ClassVar
 
 import pytest
-import torch
-from models_common import B, CachedKeysAndValuesTests, Case, LayerTests, causal_mask, randomise
+from models_common import (
+    CachedKeysAndValuesTests,
+    Case,
+    LayerTests,
+    causal_mask,
+    hidden,
+    randomise,
+)
 from models_common import spec as compiled
 
 pytest.importorskip("transformers")
@@ -30,7 +36,7 @@ class TestGPT2(CachedKeysAndValuesTests, LayerTests):
     def case(self, name, exact=True):
         config = GPT2Config(n_embd=16, n_head=4, attn_implementation="eager")
         layer = randomise(GPT2Attention(config, layer_idx=0)).double().eval()
-        x = torch.randn(B, N, 16, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 16)
         mask = causal_mask(N, {1: 2})
         return Case(
             layer, compiled(name), (x,), mask[:, 0],

@@ -14,11 +14,11 @@ from typing import ClassVar
 import pytest
 import torch
 from models_common import (
-    B,
     LayerTests,
     OwnPrecisionTests,
     causal_mask,
     compare,
+    hidden,
     randomise,
     rotary_case,
 )
@@ -54,7 +54,7 @@ class TestGptOss(OwnPrecisionTests, LayerTests):
     def case(self, name, exact=True):
         layer = gpt_oss.GptOssAttention(gpt_oss_config(), layer_idx=LAYER[name])
         layer = randomise(layer).double().eval()
-        x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 32)
         mask = causal_mask(N, {1: 4})
         outside = torch.ones(N, N, dtype=torch.bool).tril(-(layer.sliding_window or N))
         windowed = mask.masked_fill(outside, -torch.inf)

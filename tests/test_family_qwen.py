@@ -12,13 +12,12 @@ float64); the layers as they are agree within OWN_ATOL (the outputs differ by 3e
 from typing import ClassVar
 
 import pytest
-import torch
 from models_common import (
-    B,
     LayerTests,
     OwnPrecisionTests,
     causal_mask,
     float64_rms_norm,
+    hidden,
     randomise,
     rotary_case,
 )
@@ -78,6 +77,6 @@ class TestQwen(OwnPrecisionTests, LayerTests):
         layer = randomise(layer_class(config(), layer_idx=0)).double().eval()
         if exact and name == "qwen3":
             float64_rms_norm(layer.q_norm), float64_rms_norm(layer.k_norm)
-        x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 32)
         mask = causal_mask(N, {1: 4})[:, 0]
         return rotary_case(layer, name, x, mask, embedding, exact)

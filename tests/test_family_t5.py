@@ -10,8 +10,7 @@ as it is agrees to 1e-10. The mask is T5's model's: an extended additive padding
 from typing import ClassVar
 
 import pytest
-import torch
-from models_common import B, Case, LayerTests, compare, padding_mask, randomise
+from models_common import Case, LayerTests, compare, hidden, padding_mask, randomise
 from models_common import spec as compiled
 
 pytest.importorskip("transformers")
@@ -36,7 +35,7 @@ class TestT5(LayerTests):
             relative_attention_max_distance=128, dropout_rate=0.0, attn_implementation="eager",
         )  # fmt: skip
         layer = randomise(T5Attention(config, layer_idx=0, **WITH_BIAS)).double().eval()
-        x = torch.randn(B, N, 16, dtype=torch.float64, requires_grad=True)
+        x = hidden(N, 16)
         mask = padding_mask(N, {1: 100})
 
         def theirs():
