@@ -14,7 +14,17 @@ float32 inside, at 1e-5.
 
 import pytest
 import torch
-from models_common import ROOT, TOL, _ascii, causal_mask, compare, float64_rms_norm, randomise
+from models_common import (
+    ROOT,
+    TOL,
+    Case,
+    _ascii,
+    causal_mask,
+    compare,
+    float64_rms_norm,
+    hidden,
+    randomise,
+)
 
 import indexattn
 
@@ -69,11 +79,17 @@ def yarn_rotary(config, positions: torch.Tensor, halves: int = 2):
     return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
-def run(layer, module, x, mask, positions, *, halves=2, layer_mask=None):
-    ours = module(x, positions, mask[:, 0])
-    cos_sin = yarn_rotary(layer.config, positions, halves)
-    layer_mask = mask if layer_mask is None else layer_mask
-    return ours, layer(x, position_embeddings=cos_sin, attention_mask=layer_mask)
+def yarn_case(layer, spec, mask, *, halves=2, layer_mask=None) -> Case:
+    """The layer given cos and sin from its YaRN table in float64, and `layer_mask` (by default
+    `mask` with its head axis); the spec given `mask`."""
+    x = hidden(N, 32)  # the same on every run, whatever ran before
+    cos_sin = yarn_rotary(layer.config, POSITIONS, halves)
+    layer_mask = mask[:, None] if layer_mask is None else layer_mask
+    return Case(
+        layer, spec, (x,), mask,
+        ours=lambda module, m: module(x, POSITIONS, m),
+        theirs=lambda: layer(x, position_embeddings=cos_sin, attention_mask=layer_mask),
+    )  # fmt: skip
 
 
 def windowed(layer, mask: torch.Tensor) -> torch.Tensor:
@@ -82,10 +98,9 @@ def windowed(layer, mask: torch.Tensor) -> torch.Tensor:
     return mask.masked_fill(outside, -torch.inf)
 
 
-def run_gpt_oss(layer, module, x, mask, positions):
+def gpt_oss_case(layer, spec, mask) -> Case:
     """The window of a sliding layer in the layer's mask, the spec's own in the spec."""
-    layer_mask = windowed(layer, mask)
-    return run(layer, module, x, mask, positions, halves=1, layer_mask=layer_mask)
+    return yarn_case(layer, spec, mask, halves=1, layer_mask=windowed(layer, mask[:, None]))
 
 
 def deepseek_layer(config, layer_idx):
@@ -104,36 +119,36 @@ GPT_OSS = {
     "num_experts_per_tok": 1, "sliding_window": 3, "attn_implementation": "eager",
 }  # fmt: skip
 
-CASES = {  # config, layer, spec, run, the twin (a scalar that makes the spec differ)
+CASES = {  # config, layer, spec, how to call both, the twin (a scalar that makes the spec differ)
     "llama_attention_factor": (
         transformers.LlamaConfig(**SMALL, rope_parameters={**YARN, "attention_factor": 1.7}),
-        llama.LlamaAttention, "llama3_yarn", run, {"attention_factor": 0.0},
+        llama.LlamaAttention, "llama3_yarn", yarn_case, {"attention_factor": 0.0},
     ),
     "llama_mscale": (
         transformers.LlamaConfig(
             **SMALL, rope_parameters={**YARN, "mscale": 1.3, "mscale_all_dim": 0.6}
         ),
-        llama.LlamaAttention, "llama3_yarn", run, {"mscale": 0.0},
+        llama.LlamaAttention, "llama3_yarn", yarn_case, {"mscale": 0.0},
     ),
     "qwen2": (
         transformers.Qwen2Config(**SMALL, rope_parameters={**YARN, "beta_fast": 16.0}),
-        qwen2.Qwen2Attention, "qwen2_yarn", run, {"factor": 1.0},
+        qwen2.Qwen2Attention, "qwen2_yarn", yarn_case, {"factor": 1.0},
     ),
     "gpt_oss_sliding": (  # GptOssConfig's own rope_parameters but for rope_theta and the context
         transformers.GptOssConfig(**GPT_OSS, rope_parameters={**YARN, "truncate": False}),
-        gpt_oss.GptOssAttention, "gpt_oss_yarn", run_gpt_oss, {"truncate": 1.0},
+        gpt_oss.GptOssAttention, "gpt_oss_yarn", gpt_oss_case, {"truncate": 1.0},
     ),
     "deepseek_v3": (  # DeepSeek-V3's mscale = mscale_all_dim = 1: attention factor 1
         transformers.DeepseekV3Config(
             **DEEPSEEK, rope_parameters={**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}
         ),
-        deepseek_layer, "deepseek_v3_yarn", run, {"mscale": 0.0, "mscale_all_dim": 0.0},
+        deepseek_layer, "deepseek_v3_yarn", yarn_case, {"mscale": 0.0, "mscale_all_dim": 0.0},
     ),
     "deepseek_v3_mscales": (
         transformers.DeepseekV3Config(
             **DEEPSEEK, rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.5}
         ),
-        deepseek_layer, "deepseek_v3_yarn", run, {"mscale_all_dim": 0.0},
+        deepseek_layer, "deepseek_v3_yarn", yarn_case, {"mscale_all_dim": 0.0},
     ),
 }  # fmt: skip
 SPECS = {
@@ -143,25 +158,24 @@ SPECS = {
 
 
 def case(name):
-    config, layer_class, spec, run_case, twin = CASES[name]
-    layer = randomise(layer_class(config, 0))
-    x = torch.randn(B, N, 32, dtype=torch.float64, requires_grad=True)
-    extra = (causal_mask(N, {1: 4}), POSITIONS)
-    return layer.double().eval(), x, extra, run_case, SPECS[spec], twin
+    """The case's layer, float64, random weights, its inputs and the twin's scalars."""
+    config, layer_class, spec, make, twin = CASES[name]
+    layer = randomise(layer_class(config, 0)).double().eval()
+    return make(layer, SPECS[spec], causal_mask(N, {1: 4})[:, 0]), twin
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_yarn_spec_is_the_transformers_layer(name):
     """Outputs, weights and gradients at 1e-10; the twin: the one scalar the case is about set
     as if the config did not give it, and the spec differs."""
-    layer, x, extra, run_case, spec, twin = case(name)
-    module = hf.from_transformers(layer, spec)
+    yarn, twin = case(name)
+    module = yarn.module()
     assert sorted(dict(module.named_parameters())) == sorted(
-        _ascii(k) for k, _ in layer.named_parameters()
+        _ascii(k) for k, _ in yarn.layer.named_parameters()
     )
-    compare(layer, module, x, extra, run_case)
+    compare(yarn, module)
     with pytest.raises(AssertionError):
-        compare(layer, hf.from_transformers(layer, spec, **twin), x, extra, run_case)
+        compare(yarn, yarn.module(**twin))
 
 
 def test_float64_yarn_is_transformers_table():
@@ -188,11 +202,13 @@ ROTARY = {  # the model's own rotary embedding, float32 inside, by spec
 def test_yarn_spec_is_the_layer_with_its_own_rotary(name):
     """The layer given its model's rotary embedding as it is (the table in float32): outputs
     within 1e-5, and not within 1e-10 (the float32 is real)."""
-    layer, x, (mask, positions), _, spec, _ = case(name)
-    ours = hf.from_transformers(layer, spec)(x, positions, mask[:, 0])[0]
-    rotary = ROTARY[spec.name](layer.config)
-    mask = windowed(layer, mask) if spec.name == "gpt_oss_yarn" else mask
-    theirs = layer(x, position_embeddings=rotary(x, positions), attention_mask=mask)[0]
+    yarn, _ = case(name)
+    (x,), positions = yarn.leaves, POSITIONS
+    ours = yarn.module()(x, positions, yarn.mask)[0]
+    rotary = ROTARY[yarn.spec.name](yarn.layer.config)
+    mask = yarn.mask[:, None]
+    mask = windowed(yarn.layer, mask) if yarn.spec.name == "gpt_oss_yarn" else mask
+    theirs = yarn.layer(x, position_embeddings=rotary(x, positions), attention_mask=mask)[0]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
     assert (ours - theirs).abs().max() > TOL["atol"]
 

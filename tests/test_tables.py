@@ -98,8 +98,8 @@ def llama_errors(dtype: torch.dtype, start: int) -> tuple[float, float]:
     in float32 cast to the call's dtype), both in `dtype`, against the layer in float64 with a
     float64 table, on the same rounded weights and inputs."""
     pytest.importorskip("transformers")
-    from models_common import causal_mask, randomise, rotary
-    from test_models import LLAMA3, hf, llama_config
+    from models_common import causal_mask, randomise, rotary, spec
+    from test_family_llama import hf, llama_config
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
     config = llama_config()
@@ -109,7 +109,7 @@ def llama_errors(dtype: torch.dtype, start: int) -> tuple[float, float]:
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(p.to(dtype).double())
-    module = hf.from_transformers(layer, LLAMA3).eval()
+    module = hf.from_transformers(layer, spec("llama3")).eval()
     n = 32
     x = torch.randn(2, n, 32, dtype=torch.float64).to(dtype).double()
     positions = torch.arange(start, start + n).expand(2, n)
