@@ -4,12 +4,15 @@ GPTJAttention (models_common.LayerTests).
 Tiny configs built here, every weight and bias random, float64, eval, nothing downloaded.
 The 1e-10 tests take the float32 steps out: GPT-NeoX runs "sdpa" (its eager path takes
 softmax(..., dtype=torch.float32)) with its rotary table computed in float64 and handed in as
-position_embeddings; GPT-J gets its embed_positions buffer rebuilt in float64 and its _attn
-without its cast of the queries and keys to float32 (`gptj_attn_in_float64`). As transformers
+position_embeddings; GPT-J gets its sin and cos in float64, handed in as position_embeddings
+and through "sdpa" from transformers 5.24 on, before that its embed_positions buffer rebuilt in
+float64 and its _attn without its cast of the queries and keys to float32
+(`gptj_attn_in_float64`). As transformers
 ships them (GPTNeoXRotaryEmbedding's float32 table and the float32 softmax; GPT-J's float32
 embed_positions and scores) they agree within OWN_ATOL, a float32 tolerance.
 """
 
+import inspect
 from typing import ClassVar
 
 import pytest
@@ -53,21 +56,31 @@ def neox_case(exact: bool) -> Case:
 
 
 def gptj_case(exact: bool) -> Case:
-    """Separate projections, interleaved rotary over rotary_dim, no biases."""
+    """Separate projections, interleaved rotary over rotary_dim, no biases. transformers 5.24
+    hands the layer its (sin, cos) as position_embeddings, as Llama's; before, the layer
+    looked them up in its own embed_positions."""
+    handed = "position_embeddings" in inspect.signature(gptj.GPTJAttention.forward).parameters
     config = GPTJConfig(
         vocab_size=40, n_embd=32, n_head=2, n_layer=1, n_positions=32, rotary_dim=8,
         attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=None,
-        attn_implementation="eager",
+        attn_implementation="sdpa" if exact and handed else "eager",
     )  # fmt: skip
     layer = randomise(gptj.GPTJAttention(config, layer_idx=0)).double().eval()
-    if exact:
-        layer.embed_positions = sinusoids_in_float64(32, config.rotary_dim)
-        layer._attn = gptj_attn_in_float64(layer)
     x, mask = hidden(N, 32), causal_mask(N, {1: 4})
+    if handed:
+        table = gptj.GPTJRotaryEmbedding(config).embed_positions  # float32, as shipped
+        table = sinusoids_in_float64(32, config.rotary_dim) if exact else table
+        sin, cos = table[POSITIONS].to(x.dtype).chunk(2, dim=-1)
+        keywords = {"position_embeddings": (sin, cos)}
+    else:
+        if exact:
+            layer.embed_positions = sinusoids_in_float64(32, config.rotary_dim)
+            layer._attn = gptj_attn_in_float64(layer)
+        keywords = {"position_ids": POSITIONS}
     return Case(
         layer, compiled("gptj"), (x,), mask[:, 0],
         ours=lambda module, m: module(x, POSITIONS, m),
-        theirs=lambda: layer(x, attention_mask=mask, position_ids=POSITIONS),
+        theirs=lambda: layer(x, attention_mask=mask, **keywords),
     )  # fmt: skip
 
 
