@@ -136,7 +136,7 @@ class Retention(torch.nn.Module):
         self.lambda_ = torch.nn.Parameter(torch.empty(h).uniform_(-0.1, -0.01))
 
     def forward(self, x):
-        return retention.forward(x, dict(self.named_parameters()), self.h)
+        return retention.forward(x, dict(self.named_parameters()), {"h": self.h})
 
 
 RETENTION = type(CLASSIC[0])(

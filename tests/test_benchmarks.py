@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,3 +28,25 @@ def test_quick_run_reports_every_case_shape_and_mode():
 
 def test_an_unknown_case_fails():
     assert quick("no_such_spec").returncode != 0
+
+
+def built(name: str) -> dict:
+    """The generated module and the eager hand-written one of a case, at (1, 16)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import cases
+
+    return {impl: cases.build(cases.CASES[name], impl, (1, 16)) for impl in ("generated", "eager")}
+
+
+@pytest.mark.parametrize("name", ["retention", "mha_masked_fill", "shared_mask"])
+def test_a_case_with_a_hand_module_of_its_own_agrees_with_the_spec(name):
+    """The cases whose hand-written module lives in benchmarks/cases.py, not tests/reference/:
+    run.py's own agreement check, and its twin (one hand-written weight nudged) fails."""
+    both = built(name)
+    from run import agree
+
+    agree(both)
+    with torch.no_grad():
+        both["eager"][2][0].view(-1)[0] += 1.0
+    with pytest.raises(AssertionError):
+        agree(both)
