@@ -1,5 +1,7 @@
 """benchmarks/run.py --quick on two cases: every implementation agrees with the generated
-module (run.py checks it before timing) and the report has a line per case, shape and mode."""
+module (run.py checks it before timing) and the report has a line per case, shape and mode;
+and run.py's agreement check on the cases whose hand-written module is benchmarks/cases.py's
+own (the others' are tests/reference/'s, tested there)."""
 
 import os
 import subprocess
