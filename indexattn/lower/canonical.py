@@ -382,9 +382,10 @@ def _flat(node: ir.Product) -> ir.Product:
 def softmaxes(spec: Spec) -> Spec:
     """A softmax written out is `softmax`: `exp(X - logsumexp_<k>(X))`, and `E / sum_<k>(E)`
     with `E = exp(X - max_<k>(X))` or `exp(X)` (inline, or an equation read only there), is
-    `softmax_<k>(X)`, which the matcher reads as attention's weights. Equal up to rounding
-    wherever the written form is finite; where it is not, softmax's values: a row with every
-    key hidden gives zeros (the written form 0/0, NaN), and `exp(X)` that overflows does not."""
+    `softmax_<k>(X)`, which the matcher reads as attention's weights, where every row keeps a
+    key (`_sees_a_key`): there the two agree up to rounding (and softmax does not overflow
+    where `exp(X)` would). A row that could lose every key is 0/0 written out, NaN, and zeros
+    by softmax's policy: that form stays as written."""
     reads = read_counts(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
     used: set[str] = set()
