@@ -114,13 +114,18 @@ class SharedMask(torch.nn.Module):
         return torch.nn.functional.linear(classic.merge_heads(out), self.W_O)
 
 
-SHARED_MASK = type(CLASSIC[0])(
-    "shared_mask",
-    lambda s: SharedMask(s["d_m"], s["h"], s["d_k"]),
-    None,
-    {"d_m": 768, "h": 12, "d_k": 64},
-    mapping=lambda state: dict(state),
-)
+def own_reference(name: str, module: type[torch.nn.Module]):
+    """A reference whose hand-written module is here, its weights named as the spec's."""
+    return type(CLASSIC[0])(
+        name,
+        lambda s: module(s["d_m"], s["h"], s["d_k"]),
+        None,
+        {"d_m": 768, "h": 12, "d_k": 64},
+        mapping=lambda state: dict(state),
+    )
+
+
+SHARED_MASK = own_reference("shared_mask", SharedMask)
 
 
 class Retention(torch.nn.Module):
@@ -139,13 +144,7 @@ class Retention(torch.nn.Module):
         return retention.forward(x, dict(self.named_parameters()), {"h": self.h})
 
 
-RETENTION = type(CLASSIC[0])(
-    "retention",
-    lambda s: Retention(s["d_m"], s["h"], s["d_k"]),
-    None,
-    {"d_m": 768, "h": 12, "d_k": 64},
-    mapping=lambda state: dict(state),
-)
+RETENTION = own_reference("retention", Retention)
 CASES = _cases()
 
 
