@@ -329,6 +329,49 @@ def test_fused_weights_get_one_cotangent():
     assert [str(i) for i in dw.tensor.layout[0]] == ["μ", "B", "a"]
 
 
+def products(eq: ir.Equation) -> list[ir.Product]:
+    return [n for n in ir.walk(eq.rhs) if isinstance(n, ir.Product)]
+
+
+def test_a_fused_projections_cotangents_are_one_product_each():
+    """dX and dW of mha's fused W: one contraction over B each, the cotangents stacked along
+    B (the plan makes one matmul of each); with three weights (mha_separate) they stay three
+    products, and the values equal autograd's either way."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "mha.attn")
+    text = derive(spec.ir, spec.text, spec.file).text
+    for name in ("dX", "dW"):
+        eq = equation(text, name)
+        assert len(products(eq)) == 1, eq.text
+        assert "B" in {i.glyph for i in products(eq)[0].summed} or name == "dW"
+    separate = indexattn.compile_spec(ROOT / "specs" / "mha_separate.attn")
+    dx = equation(derive(separate.ir, separate.text, separate.file).text, "dX")
+    assert len(products(dx)) == 3  # the twin: nothing to stack
+    assert "B ==" not in dx.text
+
+
+SLICES = """index τ : N
+index i : d
+index B : 3
+index a : d
+input X_<τi>
+param W_<(Ba)i>
+Y_<τa> = W_<(0a)i> X_<τi> + tanh(W_<(2a)i> X_<τi>)
+"""
+
+
+def test_slices_that_miss_a_constant_stack_with_zeros(tmp_path):
+    """W read at B = 0 and B = 2 of three: the stack is 0 at B = 1, so dW_<(1a)i> is zero,
+    and the gradients equal autograd's and the literal interpreter's."""
+    path = tmp_path / "slices.attn"
+    path.write_text(SLICES, encoding="utf-8")
+    text = indexattn.compile_spec(path).backward_text()
+    assert re.search(r"= where\(B == 0, dY\S*, where\(B == 2, \S+, 0\)\)", text), text
+    assert len(products(equation(text, "dW"))) == 1
+    assert len(products(equation(text, "dX"))) == 1
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
 # -- the backward is a spec: it prints, typesets, counts, and runs from the command line
 
 
@@ -629,6 +672,31 @@ def test_a_training_step_holds_no_tensor_of_every_score(budget, monkeypatch):
             out.sum().backward()
     assert saved["autograd"] >= every > saved["derived"]
     assert (widest.most < every) == (budget is not None)
+
+
+@pytest.mark.parametrize("budget", [4, None])
+def test_a_block_holds_as_many_rows_as_its_scores_allow(budget, monkeypatch):
+    """rope's backward at h = 2, N = 32 with a budget of four rows of scores (2 · 32 · 4):
+    eight blocks of four rows. Its blocks also make dKr_<μτ'cj>, larger than the scores at
+    planning sizes; sizing the blocks by that (h · N · 2 · d_r per row) ran one row per
+    block (1024 calls at N = 1024, 6× autograd's time). The twin: one block of every row."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "rope.attn")
+    sizes = sample_sizes(spec.ir) | {"h": 2, "N": 32}
+    args = sample_arguments(spec.ir, sizes)
+    _, backward = function.compiled(spec, True)
+    namespace, calls = backward.function.__globals__, []
+    rows = namespace[f"{backward.name}_rows"]
+    monkeypatch.setitem(
+        namespace, f"{backward.name}_rows", lambda *a, **k: calls.append(1) or rows(*a, **k)
+    )
+    monkeypatch.setitem(namespace, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+    leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    out = spec(**leaves, **given, backward="derived")
+    with Widest() as widest:
+        out.sum().backward()
+    assert len(calls) == (8 if budget else 1)
+    assert (widest.most < 2 * 32 * 32) == (budget is not None)
 
 
 @pytest.mark.parametrize("budget", [4, None])

@@ -45,6 +45,8 @@ class Cot:
     free: frozenset[Index]
     mentions: frozenset[Index] = frozenset()
     layout: tuple[tuple[Index, ...], ...] = ()  # a reference's axes, when it is one
+    factors: tuple[Cot, ...] = ()  # a product's factors, when it sums nothing explicitly
+    ref: Ref | None = None  # the forward's reference, when the factor is one
 
     @property
     def all(self) -> frozenset[Index]:
@@ -91,6 +93,7 @@ class Derivation:
         # any other value the backward reads is named once.
         self.defined = {eq.rhs: eq.tensor for eq in spec.equations}
         self.values: dict[Node, Cot] = {}
+        self.stacks: dict[tuple, Cot] = {}  # cotangents stacked along an index, by their text
         if training:
             self.out.masks = {id(n): self.mask(n, eq) for eq, n in dropouts(spec)}
 
@@ -218,7 +221,8 @@ class Derivation:
             tensor = self.defined[node]
             return Cot(printer.ref(tensor.name, tensor.layout), free, free, tensor.layout)
         if isinstance(node, (Ref, Field)):
-            return Cot(printer.factor(node, {}), free, mentioned(node))
+            ref = node if isinstance(node, Ref) else None
+            return Cot(printer.factor(node, {}), free, mentioned(node), ref=ref)
         if node not in self.values:
             text = printer.text(unmasked(node, self.out.masks))
             base = self.eq.tensor.name + "_v"
@@ -380,7 +384,7 @@ class Derivation:
         plain = next((p for p in parts if all(isinstance(i, Index) for i in p.ref.written)), None)
         glyphs = [i.glyph for i in (plain.ref.written if plain else tensor.indices)]
         name = self.names[tensor] = self.fresh("d" + tensor.name)  # before its parts' names
-        terms = [self.term(p, glyphs, tensor) for p in parts]
+        terms = [self.term(p, glyphs, tensor) for p in self.regroup(parts, glyphs, tensor)]
         axes, flat = [], iter(glyphs)
         for axis in tensor.layout:
             axes.append(tuple(next(flat) for _ in axis))
@@ -395,6 +399,100 @@ class Derivation:
         self.uncovered(tensor, parts, glyphs)
         self.out.equations.append(f"{name}{lhs} = {' + '.join(terms)}")
         return Cot(printer.ref(name, tensor.layout), free, free, tensor.layout)
+
+    def regroup(self, parts: list[Part], glyphs: list[str], tensor: Tensor) -> list[Part]:
+        """Parts that differ only in their cotangent and in one constant along one index,
+        summed as one product over that index, the cotangents stacked along it by a `where`
+        chain: Σ_c where(B == c, dP_c X, 0) is (stack_B dP) X, and Σ_c dP_c W_<(μca)i> is
+        (stack_B dP) W_<(μBa)i>; the plan then makes one contraction of what were several
+        (mha's dW and dX: one matmul each, not three and their sum)."""
+        groups: dict[tuple, list[tuple[int, Part]]] = {}
+        for p in parts:
+            found = self.stackable(p, glyphs, tensor)
+            if found:
+                key, const = found
+                groups.setdefault(key, []).append((const, p))
+        merged: dict[int, Part] = {}
+        for key, members in groups.items():
+            if len(members) > 1 and len({c for c, _ in members}) == len(members):
+                merged[id(members[0][1])] = self.stacked(key, members, tensor)
+                merged |= {id(p): None for _, p in members[1:]}
+        return [merged.get(id(p), p) for p in parts if merged.get(id(p), p) is not None]
+
+    def stackable(self, part: Part, glyphs: list[str], tensor: Tensor):
+        """(what the parts of one stack share, this part's constant), or None: the part's
+        cotangent is a product whose first factor is a named cotangent, and either the part
+        writes one constant where the tensor has an index (dW's B) or, written plainly, the
+        part's product reads one tensor at one constant (dX's W_<(μ0a)i>)."""
+        cot = part.cot
+        if len(cot.factors) < 2 or not cot.factors[0].layout:
+            return None
+        head, rest = cot.factors[0], cot.factors[1:]
+        mentions = {i.glyph for i in cot.all}
+        written = part.ref.written
+        slots = [k for k, (g, w) in enumerate(zip(glyphs, written)) if not isinstance(w, Index)]
+        if any(isinstance(w, Index) and w.glyph != g for g, w in zip(glyphs, written)):
+            return None
+        if len(slots) == 1 and isinstance(written[slots[0]], int):
+            k = slots[0]
+            index = next(
+                (w for w in written if isinstance(w, Index) and w.glyph == glyphs[k]), None
+            )
+            index = index or tensor.indices[k]
+            if glyphs[k] in mentions:
+                return None
+            key = ("slot", index, glyphs[k], tuple(f.text for f in rest), head.free)
+            return key, written[k]
+        read = [(n, f) for n, f in enumerate(rest) if f.ref and constants(f.ref) == 1]
+        if slots or len(read) != 1:
+            return None
+        n, f = read[0]
+        k = next(k for k, w in enumerate(f.ref.written) if isinstance(w, int))
+        index = f.ref.tensor.indices[k]
+        if index.glyph in mentions:
+            return None
+        others = tuple(g.text for g in rest if g is not f)
+        key = ("read", index, n, f.ref.tensor, k, others, head.free, cot.free)
+        return key, f.ref.written[k]
+
+    def stacked(self, key: tuple, members: list[tuple[int, Part]], tensor: Tensor) -> Part:
+        """One part for a group of `stackable` ones: their cotangents stacked along the index
+        (an equation of its own), times what they share."""
+        index, glyph = key[1], key[1].glyph if key[0] == "read" else key[2]
+        members = sorted(members, key=lambda m: m[0])
+        heads = [p.cot.factors[0] for _, p in members]
+        consts = [c for c, _ in members]
+        whole = index.size == len(consts) and consts == list(range(len(consts)))
+        text = heads[-1].text if whole else "0"
+        for c, head in reversed(list(zip(consts, heads))[: -1 if whole else None]):
+            text = f"where({glyph} == {c}, {head.text}, {text})"
+        stems = [h.text.split("_<")[0].removeprefix("d") for h in heads]
+        plain = all(s.isalpha() for s in stems) and len("".join(stems)) <= 8
+        base = "d" + ("".join(stems) if plain else tensor.name + "_stack")  # dQKV
+        order = [i for axis in heads[0].layout for i in axis]
+        order.insert(1, index)
+        free = heads[0].free | {index}
+        if (text, tuple(order)) not in self.stacks:  # dX and dW stack the same cotangents
+            self.stacks[text, tuple(order)] = self.materialize(Cot(text, free, free), base, order)
+        stack = self.stacks[text, tuple(order)]
+        first = members[0][1]
+        if key[0] == "slot":
+            axes = tuple(
+                tuple(index if isinstance(w, int) else w for w in axis) for axis in first.ref.axes
+            )
+            whole_ref = Ref(first.ref.tensor, axes, first.ref.span)
+            target = first.cot.free | {index}
+            rest = list(first.cot.factors[1:])
+            return Part(whole_ref, product([stack, *rest], frozenset(target)))
+        rest = []
+        for f in first.cot.factors[1:]:
+            if f.ref is not None and constants(f.ref) == 1 and f.ref.tensor == key[3]:
+                axes = tuple(
+                    tuple(index if isinstance(w, int) else w for w in axis) for axis in f.ref.axes
+                )
+                f = Cot(printer.ref(f.ref.tensor.name, axes), f.free | {index}, f.all | {index})
+            rest.append(f)
+        return Part(first.ref, product([stack, *rest], first.cot.free))
 
     def uncovered(self, tensor: Tensor, parts: list[Part], glyphs: list[str]) -> None:
         """Every index of a cotangent must vary in some part (a cotangent constant along an
@@ -479,7 +577,13 @@ def product(parts: list[Cot], target: frozenset[Index]) -> Cot:
     if once:
         text = f"sum_<{''.join(i.glyph for i in once)}>({text})"
     mentions = frozenset().union(*(p.all for p in parts))
-    return Cot(text, frozenset(counts) & target, mentions)
+    factors = tuple(parts) if not once and not signs else ()
+    return Cot(text, frozenset(counts) & target, mentions, factors=factors)
+
+
+def constants(ref: Ref) -> int:
+    """How many constants (literal positions) a reference writes."""
+    return sum(isinstance(w, int) for w in ref.written)
 
 
 def power_slope(base: str, exponent: sympy.Expr) -> str:

@@ -67,7 +67,7 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
         return None
     read = [v for s in steps for v in (*(o.var for o in reads(s)), *tensors(s))]
     inputs = tuple(dict.fromkeys(v for v in read if v not in inside))
-    scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
+    scores = widest((s.out for s in steps), sequence)
     where = frozenset(flat[n][1].out.var for n in chosen)
     return Rows(row, where, last, inputs, sliced, (exits[0],), scores)
 
@@ -82,7 +82,7 @@ def find_summed(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: 
     wide = {n for n, (_, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2}
     if not wide:
         return None
-    scores = max((flat[n][1].out for n in wide), key=lambda o: planning_count(o.dims))
+    scores = widest((flat[n][1].out for n in wide), sequence)
     for row in (i for i in scores.dims if i in sequence):
         found = _summing(flat, wide, row, sequence, read_after)
         if found is not None:
@@ -120,10 +120,18 @@ def _summing(flat: list, wide: set[int], row: Index, sequence: set[Index], read_
         return None
     read = [v for s in steps for v in (*(o.var for o in reads(s)), *tensors(s))]
     inputs = tuple(dict.fromkeys(v for v in read if v not in inside | summed))
-    scores = max((s.out for s in steps), key=lambda o: planning_count(o.dims))
+    scores = widest((s.out for s in steps), sequence)
     where = frozenset(s.out.var for s in steps)
     rows = Rows(row, where, last, inputs, sliced, exits, scores, frozenset(summed))
     return rows, deferred
+
+
+def widest(outs, sequence: set[Index]) -> Operand:
+    """The value whose axes but the row's count the elements of one row: of those over the
+    most sequence indices (the scores), the largest. A value over one sequence index and
+    several others (rope's dKr_<μτ'cj> in a backward) is larger at planning sizes, but holds
+    no row of scores."""
+    return max(outs, key=lambda o: (len(sequence & set(o.dims)), planning_count(o.dims)))
 
 
 def _sums(step: Step, row: Index) -> bool:
