@@ -128,6 +128,21 @@ def test_options_follow_einstein_summation_in_nested_products(equation, expected
         assert printed == expected
 
 
+@pytest.mark.parametrize("nested", ["else", "then"])
+def test_a_chain_of_where_is_one_cases_environment(nested):
+    """`where(c0, a, where(c1, b, d))` (a derived backward's stacked cotangents): one cases
+    environment of three rows. The twin: a where in the taken branch stays a cases of its
+    own inside the row."""
+    inner = "where(i == 1, D_<ik>, C_<k>)"
+    body = (
+        f"where(i == 0, x_<i>, {inner})" if nested == "else" else f"where(i == 0, {inner}, x_<i>)"
+    )
+    (printed,) = text_spec(f"Y_<ik> = {body}", "input D_<ik>\n")
+    assert printed.count(r"\begin{cases}") == (1 if nested == "else" else 2)
+    if nested == "else":
+        assert printed.count(r"\text{if }") == 2 and printed.count(r"\text{otherwise}") == 1
+
+
 def test_a_product_with_a_negated_factor():
     (printed,) = lines(check("index i : n\ninput x_<i>\ny_<i> = x_<i> * -x_<i>", "t"))
     assert printed == r"y_{i} = x_{i} \left(-x_{i}\right)"

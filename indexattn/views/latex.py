@@ -349,6 +349,8 @@ class SpecPrinter(LatexPrinter):
         return OPERATORS["^"].latex.format(base, self._print(node.right))
 
     def _print_Call(self, node: ast.Call) -> str:
+        if node.func == "where" and _chained(node.args[2]):
+            return self._cases(node)
         if not node.over:
             infix = node.func in INFIX  # `a \bmod b` needs its operands bracketed like a product's
             args = [self.wrapped(a, TIMES) if infix else self._print(a) for a in node.args]
@@ -358,6 +360,21 @@ class SpecPrinter(LatexPrinter):
         if node.func == "sum":
             return head + " " + self.wrapped(node.args[0], TIMES)
         return head + rf"\left({', '.join(map(self._print, node.args))}\right)"
+
+    def _cases(self, node: ast.Expr) -> str:
+        """A `where` whose otherwise is a `where` again: one cases environment, a row per
+        condition (`dQKV = where(B == 0, dQ, where(B == 1, dK, dV))` has three rows), not
+        cases nested in cases."""
+        rows = []
+        while _chained(node):
+            condition, value, node = node.args
+            rows.append(rf"{self._print(value)} & \text{{if }} {self._print(condition)}")
+        rows.append(rf"{self._print(node)} & \text{{otherwise}}")
+        return r"\begin{cases} " + r" \\ ".join(rows) + r" \end{cases}"
+
+
+def _chained(node: ast.Expr) -> bool:
+    return isinstance(node, ast.Call) and node.func == "where" and not node.over
 
 
 UNARY = {"-": "neg", "not": "not"}  # a unary operator's entry in the operator table
