@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from indexattn.catalog import shipped_specs  # noqa: E402
 from indexattn.derive.defaults import TABLE, choose, digest  # noqa: E402
 
 SIZES = {"h": 8, "h_kv": 2, "n_rep": 4, "d_m": 512}
@@ -38,7 +39,7 @@ KEYS = ("autograd median ms", "derived median ms", "autograd MB", "derived MB")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--specs", default=DEFAULT)
+    parser.add_argument("--specs", default=DEFAULT, help="comma-separated, or `all` shipped")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="write the defaults' table")
     parser.add_argument("--probe", nargs=2, metavar=("SPEC", "MODE"), help=argparse.SUPPRESS)
@@ -46,7 +47,7 @@ def main() -> None:
     if args.probe:
         print(json.dumps(probe(*args.probe, args.n)))
         return
-    names = args.specs.split(",")
+    names = sorted(shipped_specs()) if args.specs == "all" else args.specs.split(",")
     found = measure(names, args.n, args.rounds)
     rows = [summary(name, args.n, found[name]) for name in names]
     print("| spec | N | autograd ms | derived ms | derived / autograd | autograd MB | derived MB |")
