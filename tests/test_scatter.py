@@ -22,7 +22,7 @@ input E_<τa>
 Y_<va> = sum_<τ>(where(v == P_<τ>, E_<τa>, {other}))
 """
 
-BUCKETS = """# T5's relative-position buckets' backward: E read through a renaming, two summed indices
+BUCKETS = """# as T5's buckets' backward: E read through a renaming, two summed indices
 index τ, τ' : N
 index b : 5
 index μ : h
