@@ -9,7 +9,7 @@ import torch
 
 import indexattn
 from indexattn.lower import plan
-from indexattn.lower.steps import Elementwise, Rename, Scatter
+from indexattn.lower.steps import Elementwise, Flip, Rename, Scatter
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare
 
@@ -133,16 +133,18 @@ def test_a_sum_over_more_indices_than_the_positions_sums_the_rest_first():
     assert error(spec, {"E": torch.randn(3, 6, 6, 2, dtype=torch.float64)}) < 1e-12
 
 
-def test_a_field_of_indices_alone_is_a_scatter():
-    text = """index c, c' : 2
-index j : d
-input E_<c'j>
-Y_<cj> = sum_<c'>(where(c == 1 - c', E_<c'j>, 0))
-"""
+def test_positions_that_reverse_a_whole_axis_are_a_flip():
+    """Rotary's `sum_<c'>(where(c == 1 - c', dK_<μτc'j>, 0))`: each slot gets one value."""
+    text = "index c, c' : 2\nindex j : d\ninput E_<c'j>\n"
+    text += "Y_<cj> = sum_<c'>(where(c == 1 - c', E_<c'j>, 0))\n"
     spec = compiled(text, "halves")
-    assert len(scatters(spec)) == 1
+    assert any(isinstance(s, Flip) for s in spec.program.steps) and not wheres(spec)
     e = torch.randn(2, 3, dtype=torch.float64)
     assert torch.equal(spec(E=e), e.flip(0))
+    # the twin: onto an axis of 3, the same positions are a scatter, slot 2 left 0
+    wider = compiled(text.replace("index c, c' : 2", "index c : 3\nindex c' : 2"), "onto_three")
+    assert len(scatters(wider)) == 1
+    assert torch.equal(wider(E=e), torch.cat([e.flip(0), torch.zeros(1, 3, dtype=e.dtype)]))
 
 
 def test_the_reduction_rules_are_a_table_the_planner_follows(monkeypatch):

@@ -18,7 +18,7 @@ from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import decay, numerics, prefix
 from .canonical import canonical
-from .fusion import LinearForm, declared_outer, direct, linear_form, shift
+from .fusion import LinearForm, declared_outer, direct, linear_form, reversal, shift
 from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts
@@ -245,7 +245,7 @@ class Planner(Products, PrefixProducts, Scatters):
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
         field = self.fields.get(at.value, at.value)
-        flipped, start = _reversal(field, axis), shift(field, axis)
+        flipped, start = reversal(field, axis), shift(field, axis)
         if flipped is not None or start is not None:
             index = flipped or field.free[0]
             dims = tuple(index if d == axis else d for d in value.dims)
@@ -347,17 +347,6 @@ REDUCTION_RULES = (
     Rule("scatter", Scatters.scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
     Rule("reduce", Planner.reduce_rule),  # the reduction over its axes
 )
-
-
-def _reversal(position: ir.Node, axis: Index) -> Index | None:
-    """The index i when `position` is size - 1 - i along an axis of that size (a flip,
-    `[1 - c]` on halves), else None."""
-    if not isinstance(position, ir.Field) or len(position.free) != 1:
-        return None
-    index = position.free[0]
-    if sympy.expand(index.size - axis.size) != 0:
-        return None
-    return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
 
 
 def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:

@@ -15,7 +15,8 @@ import sympy
 from .. import ir
 from ..ir import Index
 from ..ir.kinds import kind
-from .steps import Arg, Operand, Rename, Scatter
+from .fusion import reversal
+from .steps import Arg, Flip, Operand, Rename, Scatter
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,18 @@ class Scatters:
     the steps `planned`."""
 
     def scatter_rule(self, node: ir.Reduce, hint: str) -> Arg | None:
-        """One scatter-add where the sum is a scatter (`scatter_form`)."""
+        """One scatter-add where the sum is a scatter (`scatter_form`); a flip where the
+        positions reverse a whole axis (`[1 - c']` on halves: each slot gets one value)."""
         form = scatter_form(node)
         if form is None:
             return None
-        value = self.viewed(self.as_tensor(self.node(form.value, hint), hint))
+        value = self.as_tensor(self.node(form.value, hint), hint)
+        flipped = reversal(form.positions, form.axis)
+        if flipped is not None:  # each slot from one position: the values reversed
+            dims = tuple(form.axis if i == flipped else i for i in value.dims)
+            out = Operand(self.var(hint + "_flip"), dims, value.batched)
+            return self.add(Flip(out, value, flipped))
+        value = self.viewed(value)
         positions = self.whole_positions(ir.At(form.positions, node.span), hint)
         first = min(value.dims.index(i) for i in positions.dims)
         rest = [i for i in value.dims if i not in positions.dims]
