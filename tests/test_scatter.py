@@ -157,12 +157,20 @@ def test_the_reduction_rules_are_a_table_the_planner_follows(monkeypatch):
     assert error(spec, one_hot([0, 2, 3, 7, 1, -2]), V=4) < 1e-12
 
 
-def test_torch_compile_traces_the_scatter():
+def test_torch_compile_traces_the_scatter_and_its_backward():
     torch._dynamo.reset()
     spec = compiled(ONE_HOT.format(other=0), "one_hot")
-    args = one_hot([0, 2, 5, 2, 1, -1])
-    traced = torch.compile(spec.module(V=4), fullgraph=True, dynamic=True, backend="eager")
-    assert torch.equal(traced(args["P"], args["E"]), spec(**args, V=4))
+    module = spec.module(V=4)
+    traced = torch.compile(module, fullgraph=True, dynamic=True, backend="aot_eager")
+    for positions in ([0, 2, 5, 2, 1, -1], [3, 3, 0, -4, 1, 2, 2, 9]):
+        args = one_hot(positions)
+        found = []
+        for run in (traced, module):
+            leaf = args["E"].clone().requires_grad_()
+            out = run(args["P"], leaf)
+            found.append((out, *torch.autograd.grad((out * out).sum(), leaf)))
+        (y, dy), (y_want, dy_want) = found
+        assert torch.allclose(y, y_want) and torch.allclose(dy, dy_want)
 
 
 def test_a_sum_of_a_reference_keeps_its_axes_order_then_renames():
