@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower import plan
+from indexattn.lower import kinds, plan
 from indexattn.lower.steps import Elementwise, Flip, Rename, Scatter
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare
@@ -189,3 +189,10 @@ def test_a_mod_of_a_sum_of_indices_is_printed_whole():
     got = compiled(text, "mod_sum")(X=torch.zeros(6, dtype=torch.float64))
     assert torch.equal(got, ((tau + 2 * sigma) % 5).double())
     assert not torch.equal(got, (tau + (2 * sigma) % 5).double())  # as Python read it before
+
+
+def test_a_scatter_is_row_wise_along_its_other_axes_only():
+    (step,) = scatters(compiled(BUCKETS, "buckets"))
+    heads, buckets = step.out.dims
+    assert kinds.row_wise(step, heads) and kinds.pure(step) and not kinds.view(step)
+    assert not kinds.row_wise(step, buckets)  # the twin: a slot reads every position
