@@ -1,11 +1,11 @@
 """docs/architecture.md states the code's own lists: the passes in order (with their modules
-and guarantees), the planner's product rules in order, and the step kinds."""
+and guarantees), the planner's product and reduction rules in order, and the step kinds."""
 
 import re
 import typing
 from pathlib import Path
 
-from indexattn.lower import canonical, passes, products, steps
+from indexattn.lower import canonical, passes, plan, products, steps
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -39,6 +39,10 @@ def test_the_pass_list_is_the_code_s():
 
 def test_the_product_rules_are_the_code_s():
     assert [r[0] for r in rows("product rules")] == [r.name for r in products.PRODUCT_RULES]
+
+
+def test_the_reduction_rules_are_the_code_s():
+    assert [r[0] for r in rows("reduction rules")] == [r.name for r in plan.REDUCTION_RULES]
 
 
 def test_the_canonical_rewrites_are_the_code_s():

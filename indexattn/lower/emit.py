@@ -30,6 +30,7 @@ from .steps import (
     PrefixProduct,
     Reduction,
     Rename,
+    Scatter,
     Slice,
     SoftmaxValues,
     Spans,
@@ -133,6 +134,54 @@ class Emitter(KernelSteps, Values):
             return f"{self.var(step.out)} = {code}"
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
+
+    def step_Scatter(self, step: Scatter) -> list[str]:
+        """`arg`, the positions' axes flattened into one, added into zeros at the slots the
+        positions name (`scatter_add_`); a position outside the axis adds into one more slot,
+        cut off after."""
+        out, size, batched = step.out, self.size(step.axis), step.positions.batched
+        name, k = self.var(out), out.dims.index(step.axis)
+        slot, src = (self.names.fresh(f"{name}_{w}") for w in ("slot", "source"))
+        note = f"a position outside {step.axis.glyph} adds into one slot more"
+        lines = [f"{slot} = {self.slots(step)}  # {note}"]
+        source = self.scatter_source(step)
+        if source != self.var(step.arg):
+            lines.append(f"{src} = {source}")
+        else:
+            src = source
+        shape, dim = f"{src}.shape", k - len(out.dims)
+        index = _aligned(slot, batched, k, len(out.dims) - k - 1)
+        if batched:  # batched positions: the source broadcast to their batch
+            shape = self.names.fresh(f"{name}_shape")
+            lines.append(f"{shape} = torch.broadcast_shapes({index}.shape, {src}.shape)")
+        added = f"{src}.expand({shape})" if batched else src
+        zeros = f"{shape}[:{dim}] + ({self.scalar(step.axis.size + 1)},)"
+        zeros += f" + {shape}[{dim + 1}:]" if dim < -1 else ""
+        scatter = f"scatter_add_({dim}, {index}.expand({shape}), {added})"
+        self.use("torch")
+        return [*lines, f"{name} = {src}.new_zeros({zeros}).{scatter}.narrow({dim}, 0, {size})"]
+
+    def scatter_source(self, step: Scatter) -> str:
+        """`arg` with the positions' axes side by side in the place of the result's axis,
+        flattened into one."""
+        arg, out = step.arg, step.out
+        k = out.dims.index(step.axis)
+        held = tuple(i for i in arg.dims if i in step.positions.dims)
+        want = (*out.dims[:k], *held, *out.dims[k + 1 :])
+        source = relayout(self.ref(arg), arg.dims, want)
+        if len(held) == 1:
+            return source
+        start, end = k - len(want), k - len(want) + len(held) - 1
+        return source + (f".flatten({start})" if end == -1 else f".flatten({start}, {end})")
+
+    def slots(self, step: Scatter) -> str:
+        """The positions in the order `arg` has their axes, flat, int64; one out of range
+        made the size of the axis (the slot cut off)."""
+        p, size = self.ref(step.positions), self.size(step.axis)
+        held = tuple(i for i in step.arg.dims if i in step.positions.dims)
+        code = f"torch.where(({p} >= 0) & ({p} < {size}), {p}, {size})"
+        code = relayout(code, step.positions.dims, held)
+        return code + (f".flatten({-len(held)})" if len(held) > 1 else "") + ".long()"
 
     def step_Flip(self, step: Flip) -> str:
         dim = step.arg.dims.index(step.axis) - len(step.arg.dims)
@@ -466,6 +515,15 @@ def _layout(tensor, batched: bool) -> str:
     axes = ["".join(i.glyph for i in axis) for axis in tensor.layout]
     axes = [f"({a})" if len(axis) > 1 else a for a, axis in zip(axes, tensor.layout)]
     return "(" + ", ".join((["…"] if batched else []) + axes) + ")"
+
+
+def _aligned(index: str, batched: bool, before: int, after: int) -> str:
+    """Flat positions with unit axes before and after theirs, to expand against a source with
+    `before` axes before the flattened ones and `after` after (batch axes lead)."""
+    slots = ["None"] * (before if batched else 0) + [":"] + ["None"] * after
+    if slots == [":"]:
+        return index
+    return f"{index}[{'..., ' if batched else ''}{', '.join(slots)}]"
 
 
 def _selected(table: str, dim: int, positions: str, computed: bool) -> str:

@@ -216,6 +216,17 @@ def shift(position: ir.Node, axis: Index) -> sympy.Basic | None:
     return start if all(fits) else None
 
 
+def reversal(position: ir.Node, axis: Index) -> Index | None:
+    """The index i when `position` is size - 1 - i along an axis of that size (a flip,
+    `[1 - c]` on halves), else None."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    if sympy.expand(index.size - axis.size) != 0:
+        return None
+    return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
+
+
 def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
     """The weight's declared indices at the positions of the out block."""
     declared = form.weight.tensor.layout

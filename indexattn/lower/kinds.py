@@ -32,6 +32,7 @@ from .steps import (
     PrefixProduct,
     Reduction,
     Rename,
+    Scatter,
     Slice,
     SoftmaxValues,
     Spans,
@@ -87,6 +88,8 @@ KINDS: dict[type, Kind] = {
     Unfuse: Kind(pure=False, view=False, fresh=False),
     Grid: Kind(pure=True, view=False, fresh=False),
     Gather: Kind(pure=True, view=False, fresh=False, row_wise=_always),
+    # its result is a view of the slots it added into, the last one cut off
+    Scatter: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: row != s.axis),
     Flip: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: _not_flipped(s, row)),
     Slice: Kind(pure=True, view=True, fresh=False),
     Whole: Kind(pure=True, view=False, fresh=False),

@@ -18,12 +18,13 @@ from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import decay, numerics, prefix
 from .canonical import canonical
-from .fusion import LinearForm, declared_outer, direct, linear_form, shift
+from .fusion import LinearForm, declared_outer, direct, linear_form, reversal, shift
 from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts
-from .products import Products
+from .products import Products, Rule
 from .program import Block, Program
+from .scatter import Scatters, scatter_positions
 from .sinks import Sink, absorbed
 from .steps import (
     Add,
@@ -55,7 +56,7 @@ def plan(spec: Spec) -> Program:
     return Planner(canonical(spec)).plan()
 
 
-class Planner(Products, PrefixProducts):
+class Planner(Products, PrefixProducts, Scatters):
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec) -> None:
@@ -244,7 +245,7 @@ class Planner(Products, PrefixProducts):
 
     def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
         field = self.fields.get(at.value, at.value)
-        flipped, start = _reversal(field, axis), shift(field, axis)
+        flipped, start = reversal(field, axis), shift(field, axis)
         if flipped is not None or start is not None:
             index = flipped or field.free[0]
             dims = tuple(index if d == axis else d for d in value.dims)
@@ -253,11 +254,8 @@ class Planner(Products, PrefixProducts):
                 return self.add(Flip(out, value, axis))
             out = Operand(self.var(f"{node.tensor.ascii}_part"), dims, value.batched)
             return self.add(Slice(out, value, axis, start))
-        positions = self.positions(at, hint)
+        positions = self.whole_positions(at, hint)
         integer = at.value in self.fields or isinstance(at.value, ir.Field)
-        if not (integer or integer_tensors(at.value)):
-            out = Operand(self.var(positions.var.hint + "_pos"), positions.dims, positions.batched)
-            positions = self.add(Whole(out, positions))
         where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
         dims = _gathered(value, axis, positions, self.ordered)
         out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
@@ -266,6 +264,15 @@ class Planner(Products, PrefixProducts):
             equations = {eq.tensor.name: eq.rhs for eq in self.spec.equations}
             bounds = whole_form(at.value, equations)
         return self.add(Gather(out, value, axis, positions, where, bounds))
+
+    def whole_positions(self, at: ir.At, hint: str) -> Operand:
+        """Positions as integers: whole numbers computed in the call's float dtype made so."""
+        positions = self.positions(at, hint)
+        integer = at.value in self.fields or isinstance(at.value, ir.Field)
+        if integer or integer_tensors(at.value):
+            return positions
+        out = Operand(self.var(positions.var.hint + "_pos"), positions.dims, positions.batched)
+        return self.add(Whole(out, positions))
 
     def positions(self, at: ir.At, hint: str) -> Operand:
         """Whole numbers to gather at: a grid of positions, or integer data."""
@@ -312,9 +319,18 @@ class Planner(Products, PrefixProducts):
         return self.add(Cat(out, parts, node.over, node.along))
 
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
+        """The first rule of REDUCTION_RULES that plans the reduction."""
+        for rule in REDUCTION_RULES:
+            found = rule.plan(self, node, hint)
+            if found is not None:
+                return found
+        raise AssertionError("the last rule, reduce, plans every reduction")
+
+    def reduce_rule(self, node: ir.Reduce, hint: str) -> Arg:
         body = self.as_tensor(self.node(node.body, hint), hint)
         safe = node.fn == "softmax" and self.may_be_masked(node.body)
-        dims = body.dims if node.keeps else self.ordered(node.free)
+        # what the reduction leaves, in the body's order (`X.sum(dim=-1)` moves no axis)
+        dims = body.dims if node.keeps else tuple(i for i in body.dims if i not in node.over)
         out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
         return self.add(Reduction(out, node.fn, body, node.over, safe))
 
@@ -326,15 +342,11 @@ class Planner(Products, PrefixProducts):
         return self.add(Reduction(out, "softmax", body, (found.over,), sink=logit))
 
 
-def _reversal(position: ir.Node, axis: Index) -> Index | None:
-    """The index i when `position` is size - 1 - i along an axis of that size (a flip,
-    `[1 - c]` on halves), else None."""
-    if not isinstance(position, ir.Field) or len(position.free) != 1:
-        return None
-    index = position.free[0]
-    if sympy.expand(index.size - axis.size) != 0:
-        return None
-    return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
+# The planner's rules for a reduction, in order: the first that applies plans it.
+REDUCTION_RULES = (
+    Rule("scatter", Scatters.scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
+    Rule("reduce", Planner.reduce_rule),  # the reduction over its axes
+)
 
 
 def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:
@@ -411,10 +423,13 @@ def _field_references(spec: Spec) -> dict[ir.Ref, ir.Field]:
 
 
 def _position_refs(spec: Spec):
+    """References read as whole numbers only: in computed positions, a scatter's positions."""
     for eq in spec.equations:
         for ref in ir.refs(eq.rhs):
             for at in (i for i in ref.written if isinstance(i, ir.At)):
                 yield from ir.refs(at.value)
+        for positions in scatter_positions(eq.rhs):
+            yield from ir.refs(positions)
 
 
 def _unread(spec: Spec, fields: dict[ir.Ref, ir.Field]) -> set[str]:

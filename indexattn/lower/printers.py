@@ -89,8 +89,9 @@ class ScalarPrinter(PythonCodePrinter):
         return f"{self._module_format('math.' + name)}({self._print(expr.args[0])})"
 
     def _print_Mod(self, expr) -> str:
-        # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3
-        return f"({self._print(expr.args[0])} % {wrap(self._print(expr.args[1]))})"
+        # sympy writes -2*Mod(r, 3) as -2*r % 3, which Python reads as (-2*r) % 3; and
+        # Mod(τ + 2σ, 5) as τ + 2*σ % 5, which Python reads as τ + (2*σ % 5)
+        return f"({wrap(self._print(expr.args[0]))} % {wrap(self._print(expr.args[1]))})"
 
     def _print_Infinity(self, expr) -> str:
         self.module_imports["math"].add("inf")
@@ -139,7 +140,7 @@ class GridPrinter(TorchPrinter):
         return self.scalar._print_Float(expr)
 
     def _print_Mod(self, expr) -> str:
-        return f"({self._print(expr.args[0])} % {wrap(self._print(expr.args[1]))})"
+        return f"({wrap(self._print(expr.args[0]))} % {wrap(self._print(expr.args[1]))})"
 
     def _print_Pow(self, expr) -> str:
         return self._hprint_Pow(expr, sqrt="torch.sqrt")

@@ -125,11 +125,11 @@ class Products:
 
 @dataclass(frozen=True)
 class Rule:
-    """One way to plan a product: `plan(planner, node, hint)` gives its value, or None where
-    the rule does not apply."""
+    """One way to plan a product (or a reduction, plan.py): `plan(planner, node, hint)` gives
+    its value, or None where the rule does not apply."""
 
     name: str
-    plan: Callable[[Products, ir.Product, str], Arg | None]
+    plan: Callable[[Products, ir.Node, str], Arg | None]
 
 
 # The planner's rules for a product, in order: the first that applies plans it.

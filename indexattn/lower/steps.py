@@ -81,6 +81,20 @@ class Gather:
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """`zeros.scatter_add_(...)`: `arg` summed over the axes of `positions` into the slots
+    the positions name along `axis`, `sum_<J>(where(b == P_<J>, E, 0))` without the b × J
+    tensor of the `where` (lower/scatter.py). `out` has `axis` in the place of the first of
+    the positions' axes in `arg`. A position outside `axis` adds into one more slot, cut off
+    after: it adds nothing, as `b == P` is false for every b there."""
+
+    out: Operand
+    arg: Operand
+    axis: Index  # the index the positions name slots of
+    positions: Operand  # whole numbers (int64) over indices of `arg`, all summed
+
+
+@dataclass(frozen=True)
 class Flip:
     """`arg.flip(dim)`: along `axis`, the values in reverse order, which a gather at the
     positions size - 1 - i reads; `out` has i in the axis's place. Needs no positions."""
@@ -339,6 +353,7 @@ Step = (
     | Unfuse
     | Grid
     | Gather
+    | Scatter
     | Flip
     | Slice
     | Whole

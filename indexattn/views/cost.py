@@ -9,6 +9,8 @@ leading batch axes), as sympy expressions in the size symbols:
   (`/ sqrt(d_k)`): 1 per element of the result;
 - softmax: 5 per element (max, subtract, exp, sum, divide), also when masked rows are guarded;
   logsumexp: 4 per element; sum, max, min, mean: 1 per element reduced;
+- a scatter-add (`sum_<J>(where(b == P, E, 0))`): 1 per element of E and 3 per position (the
+  test that it is in range);
 - sums of terms: 1 per addition and element; elementwise functions, comparisons, `where`:
   1 per element; dropout: 0 (the identity in eval mode);
 - masks and other index-variable fields: sympy's `count_ops` of the expression (at least 1)
@@ -49,6 +51,7 @@ from ..lower.steps import (
     PrefixProduct,
     Reduction,
     Rename,
+    Scatter,
     Slice,
     SoftmaxValues,
     Spans,
@@ -207,6 +210,12 @@ def _(step: Spans) -> Cost:
     """One pass over the mask (`any` per block of queries); `Attention` counts every score,
     also those a block skips: how many it skips depends on the mask's values."""
     return Cost(other=_size(step.mask))
+
+
+@step_cost.register
+def _(step: Scatter) -> Cost:
+    """An addition per element of what it adds, three comparisons per position (the range)."""
+    return Cost(other=_size(step.arg) + 3 * _size(step.positions))
 
 
 @step_cost.register
