@@ -16,7 +16,7 @@ from test_hidden import spec_text
 from test_robustness import valid_specs
 
 import indexattn
-from indexattn import ir
+from indexattn import derive, ir
 from indexattn.ir.shapes import recipe, rules
 from indexattn.lower import canonical, passes
 from indexattn.lower.codegen import generate
@@ -353,7 +353,36 @@ def test_rows_that_sum_the_rows_away_add_up_the_blocks(weights, monkeypatch):
     assert first_wrong(spec) == ("spans" if "+ 1" in weights else None)
 
 
+BIASED = """index τ, τ' : N
+index a : 4
+input Q_<τa>
+input K_<τa>
+input V_<τa>
+input B_<ττ'>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+A_<ττ'> = softmax_<τ'>(Q_<τa> K_<τ'a> + B_<ττ'> + M_<ττ'>)
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+
+
+def test_rows_that_give_a_value_over_the_keys_go_over_every_key(monkeypatch):
+    """The backward of attention with an input bias under a causal mask: its rows give dB_<ττ'>
+    (joined over the blocks, a row over every key) besides dK and dV (added up), so the
+    blocks go over every key. The twin: blocks over the keys the mask lets them see (the
+    scores' key taken for the spans) give part of dB's rows, and the spans pass is wrong."""
+    text = derive.backward_text(ir.check(BIASED, "biased"), BIASED)
+    spec = ir.check(text, "biased_backward")
+    program = passes.lower(plan(spec))
+    assert program.rows is not None and program.rows.summed and program.spans is None
+    assert first_wrong(spec) is None
+    key = next(i for i in program.rows.scores.dims if i != program.rows.row)
+    monkeypatch.setattr(spans, "_key", lambda spec, rows: key)
+    assert first_wrong(spec) == "spans"
+
+
 BACKWARDS = ["softcap_window", "attention_sinks", "differential", "talking_heads"]
+BACKWARDS += ["layers/gemma2", "layers/llama"]  # a whole layer's, and the mask's dM by rows
 
 
 @pytest.mark.parametrize("name", BACKWARDS)

@@ -104,14 +104,16 @@ def _summing(flat: list, wide: set[int], row: Index, sequence: set[Index], read_
             chosen.append(n)
             (summed if _sums(step, row) else inside).add(step.out.var)
     chosen = _needed(flat, chosen, held)
-    inside &= {flat[n][1].out.var for n in chosen}
     steps = [flat[n][1] for n in chosen]
+    inside &= {s.out.var for s in steps}
+    summed &= {s.out.var for s in steps}
     outside = {o.var for n, (_, s) in enumerate(flat) if n not in chosen for o in reads(s)}
     exits = tuple(s.out for s in steps if s.out.var in outside | read_after)
     joined = [e for e in exits if e.var not in summed]
-    if not summed or not joined or any(sequence & set(e.dims) != {row} for e in joined):
-        return None
-    if any(not row_wise(s, row) for s in steps if s.out.var not in summed):
+    # what does not sum the rows away is joined over them, each row its own (an exit may
+    # keep another sequence index: a mask's cotangent dM_<ττ'>, made whole anyway)
+    by_row = all(row_wise(s, row) for s in steps if s.out.var not in summed)
+    if not summed or not joined or not by_row:
         return None
     last = flat[chosen[-1]][0]
     deferred = _deferred(flat, chosen, last, {e.var for e in exits})

@@ -150,9 +150,10 @@ def _zero_at_hidden(proof: Proof, summed: list[Var]) -> bool:
 
 
 def _key(spec: Spec, rows: Rows) -> Index | None:
-    """The scores' other sequence index, summed before the rows' exit."""
-    joined = next(e for e in rows.exits if e.var not in rows.summed)
-    sequence = sequence_indices(spec) - set(joined.dims)
+    """The scores' other sequence index, summed before the rows' exits: none where an exit
+    joined over the rows keeps it (a block over some keys would give part of its rows)."""
+    joined = (i for e in rows.exits if e.var not in rows.summed for i in e.dims)
+    sequence = sequence_indices(spec) - set(joined)
     others = [i for i in rows.scores.dims if i in sequence]
     return others[0] if len(others) == 1 else None
 
