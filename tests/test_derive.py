@@ -444,8 +444,13 @@ def both_modes(name: str, batch=(2,)) -> tuple[dict, dict]:
     return found[0], found[1]
 
 
-@pytest.mark.parametrize("name", ["mha", "kv_decode", "linear_attention_causal"])
+@pytest.mark.parametrize(
+    "name", ["mha", "kv_decode", "linear_attention_causal", "rope_partial", "models/gptj"]
+)
 def test_backward_derived_is_what_autograd_runs(name):
+    """Called with the sizes the spec needs only (rope_partial and GPT-J need d_r; their
+    keeping forwards, which return the unrotated part too, need d_p: the call's sizes are
+    solved and handed on)."""
     autograd, derived = both_modes(name)
     assert set(autograd) == set(derived)
     for k, g in autograd.items():

@@ -57,7 +57,8 @@ def keeping(spec: CompiledSpec, training: bool) -> CompiledSpec:
 def forward(spec: CompiledSpec, training: bool, tensors, masks, given: dict, scalars: dict):
     """The outputs of the forward, and the values the derived backward keeps."""
     derived, _ = compiled(spec, training)
-    out = keeping(spec, training)._run([*tensors, *masks], given, scalars, training)
+    kept = keeping(spec, training)
+    out = kept._run([*tensors, *masks], wanted(spec, kept, tensors, given), scalars, training)
     out = out if isinstance(out, tuple) else (out,)
     outputs = spec.ir.outputs
     names = [t.name for t in (*outputs, *(t for t in derived.kept if t not in outputs))]
@@ -109,19 +110,27 @@ def _backward(spec, training: bool, tensors, held, cotangents, given: dict, scal
     """The derived cotangents of the arguments, each summed to its argument's shape."""
     derived, backward = compiled(spec, training)
     inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
-    sizes = spec.solve(tensors, given)
     arguments = dict(zip(spec.arguments, tensors))
     out = backward(
         **arguments,
         **dict(zip((t.ascii for t in (*derived.kept, *derived.masks)), held)),
         **dict(zip((t.ascii for t in inputs), cotangents)),
-        **{k: v for k, v in sizes.items() if k in backward.required},
+        **wanted(spec, backward, tensors, given),
         **scalars,
     )
     out = out if isinstance(out, tuple) else (out,)
     return {
         t.ascii: grad.sum_to_size(arguments[t.ascii].shape) for t, grad in zip(derived.reached, out)
     }
+
+
+def wanted(spec: CompiledSpec, other: CompiledSpec, tensors, given: dict) -> dict:
+    """The sizes `other` (the keeping forward, the backward) cannot read off its arguments,
+    from the call's: its equations may read other sizes than the spec's (rope_partial's
+    forward reads d_p off the weights and needs d_r; its keeping forward, which also returns
+    Qp, reads d_r and needs d_p)."""
+    sizes = spec.solve(tensors, given)
+    return {k: v for k, v in sizes.items() if k in other.required}
 
 
 def run(spec: CompiledSpec, tensors: list, given: dict, scalars: dict, training: bool):
