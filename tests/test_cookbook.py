@@ -27,3 +27,22 @@ def test_section_quotes_the_shipped_spec_and_its_code(name):
     stale = [line for line in blocks["python"].splitlines() if line.strip() not in source]
     assert not stale, f"regenerate these lines of docs/cookbook.md: {stale}"
     assert "math" in blocks
+
+
+def test_mha_shows_its_derived_backward():
+    """mha's section quotes the equations `indexattn grad specs/mha.attn` writes (after the
+    scores and weights it computes again), next to FlashAttention's."""
+    shown = dict(re.findall(r"```(\w+)\n(.*?)```", SECTIONS["mha"], re.S))["attn"]
+    written = indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text()
+    assert shown == written.split("\n\n")[-2] + "\n"
+    assert "dS_<μττ'> = A_<μττ'> (dA_<μττ'> - dO_<μτa> O_<μτa>)" in shown  # D = rowsum(dO ∘ O)
+
+
+def test_twin_without_flashattentions_identity_the_block_differs(monkeypatch):
+    from indexattn.derive.reverse import Derivation
+
+    monkeypatch.setattr(Derivation, "flash", lambda self, node: None)
+    shown = dict(re.findall(r"```(\w+)\n(.*?)```", SECTIONS["mha"], re.S))["attn"]
+    written = indexattn.compile_spec(ROOT / "specs" / "mha.attn").backward_text()
+    assert shown != written.split("\n\n")[-2] + "\n"
+    assert "sum_<τ'>(A_<μττ'> dA_<μττ'>)" in written
