@@ -372,6 +372,30 @@ def test_slices_that_miss_a_constant_stack_with_zeros(tmp_path):
     assert autograd < 1e-10 and oracle < 1e-10
 
 
+RENAMED = """index τ : N
+index i : d
+index B : 2
+index C : 2
+index a : d
+input X_<τi>
+param W_<(Ba)i>
+Z_<Cτa> = W_<(Ca)i> X_<τi>
+Y_<τa> = Z_<0τa> Z_<1τa> + W_<(0a)i> X_<τi> + tanh(W_<(1a)i> X_<τi>)
+"""
+
+
+def test_a_stack_takes_the_index_the_cotangent_is_written_with(tmp_path):
+    """W is also read plainly as W_<(Ca)i>, so dW is written over C: its slices' cotangents
+    stack along C, not along W's declared B (which once gave `dW_stack_<τBa> = where(C == 0,
+    ...)`, a SpecError); the gradients equal autograd's and the oracle's."""
+    path = tmp_path / "renamed.attn"
+    path.write_text(RENAMED, encoding="utf-8")
+    text = indexattn.compile_spec(path).backward_text()
+    assert re.search(r"_<τCa> = where\(C == 0, ", text), text
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
 # -- the backward is a spec: it prints, typesets, counts, and runs from the command line
 
 

@@ -434,11 +434,8 @@ class Derivation:
         if any(isinstance(w, Index) and w.glyph != g for g, w in zip(glyphs, written)):
             return None
         if len(slots) == 1 and isinstance(written[slots[0]], int):
-            k = slots[0]
-            index = next(
-                (w for w in written if isinstance(w, Index) and w.glyph == glyphs[k]), None
-            )
-            index = index or tensor.indices[k]
+            k = slots[0]  # the index the tensor's cotangent is written with there
+            index = next(i for i in self.spec.indices if i.glyph == glyphs[k])
             if glyphs[k] in mentions:
                 return None
             key = ("slot", index, glyphs[k], tuple(f.text for f in rest), head.free)
