@@ -1,0 +1,226 @@
+"""Context parallelism: the sequence plan read off the notation, and, on 2 and 4 CPU processes
+(gloo), a spec module split over its sequence (Ulysses) against the same module in one
+process (tests/context_worker.py runs every check of one world size in one launch)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+from test_distributed import _free_port
+
+import indexattn
+from indexattn.sequence import LSE, PREFIX, RANKS, SUM, ulysses_sent
+
+WORKER = Path(__file__).resolve().parent / "context_worker.py"
+TIMEOUT = 180
+EXACT, MOVED = 1e-10, 1e-8  # float64: equal to rounding; a block moved by 1e-3 differs by more
+SPECS = [
+    "mha",
+    "gqa",
+    "sliding_window",
+    "doc_mask",
+    "softcap_window",
+    "attention_sinks",
+    "rope",
+    "cross",
+    "linear_attention_causal",
+    "retention",
+    "core",  # the attention core alone: Q, K, V and O traded by all-to-all
+]
+
+
+def plan(name: str, **where):
+    return indexattn.compile_spec(name).sequence_plan(**where)
+
+
+# -- the plan
+
+
+def test_mha_merges_by_log_sum_exp_then_sums_and_reads_global_positions():
+    p = plan("mha")
+    assert p.indices == ("τ", "τ'") and p.splittable and p.heads == "μ"
+    assert [(m.reduction, m.merge) for m in p.merges] == [
+        ("softmax_<τ'>", LSE),
+        ("sum over τ'", SUM),
+    ]
+    assert [(q.equation, q.reads) for q in p.positions] == [
+        ("M_<ττ'> = where(τ' > τ, -inf, 0)", ("τ", "τ'"))
+    ]
+    assert p.split == (("X_<τi>", 0),)
+
+
+def test_sinks_join_the_log_sum_exp_merge():
+    merges = {m.reduction: m.merge for m in plan("attention_sinks").merges}
+    assert merges == {"logsumexp_<τ'>": LSE, "softmax_<τ'>": LSE, "sum over τ'": SUM}
+
+
+def test_a_cumsum_is_an_exclusive_scan_across_ranks():
+    p = plan("linear_attention_causal")
+    assert p.indices == ("τ",) and {m.merge for m in p.merges} == {PREFIX}
+    assert not p.positions  # no position read as a number
+
+
+def test_positions_read_as_numbers_are_global():
+    reads = {q.equation.split(" =")[0]: q.reads for q in plan("rope").positions}
+    assert reads["θ_<τj>"] == ("τ",)
+    t5 = {q.equation.split(" =")[0] for q in plan("t5_bias").positions}
+    assert {"ρ_<ττ'>", "β_<ττ'>"} <= t5
+    assert "S_<μττ'>" in {q.equation.split(" =")[0] for q in plan("alibi").positions}
+
+
+def test_cross_attention_takes_its_context_as_the_key_index():
+    p = plan("cross", keys=("σ",))
+    assert p.indices == ("τ", "σ") and p.sizes == ("N", "L")
+    assert p.split == (("X_<τi>", 0), ("C_<σj>", 0))
+    assert plan("cross").indices == ("τ", "σ")  # found anyway: the softmax runs over σ
+
+
+def test_a_concat_along_the_sequence_is_named():
+    assert plan("kv_decode").blockers == (
+        "K_<μσa> = concat_<σ>(Kc_<μca>, Kn_<μτa>): concat along σ, the sequence",
+        "V_<μσa> = concat_<σ>(Vc_<μca>, Vn_<μτa>): concat along σ, the sequence",
+    )
+
+
+def test_a_row_read_at_a_shifted_position_is_named():
+    text = (
+        "index τ, τ' : N\nindex i : d\ninput X_<τi>\n"
+        "Y_<τi> = X_<τi> - X_<[τ - 1]i>\nZ_<i> = X_<0i>\noutput Y, Z"
+    )
+    blockers = indexattn.compile_spec(text, name="shift").sequence_plan().blockers
+    assert blockers == (
+        "Y_<τi> = X_<τi> - X_<[τ - 1]i>: X is read at a computed position along τ, a row "
+        "another rank may hold",
+        "Z_<i> = X_<0i>: X is read at 0 along τ, a row another rank may hold",
+    )
+    # its twin: the same spec without the shifted reads splits
+    plain = "index τ : N\nindex i : d\ninput X_<τi>\nY_<τi> = 2 X_<τi>\noutput Y"
+    assert indexattn.compile_spec(plain, name="plain").sequence_plan().splittable
+
+
+def test_alibi_has_no_head_index_for_ulysses_and_says_why():
+    p = plan("alibi")
+    assert p.splittable and not p.ulysses
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in p.head_blockers[0]
+
+
+def test_the_plan_prints():
+    text = str(plan("mha"))
+    assert text.splitlines()[0] == (
+        "Sequence plan of mha over τ, τ' (N positions, blocks of N/w per rank)"
+    )
+    assert "Ulysses: all-to-all from sequence blocks to head blocks over μ" in text
+
+
+# -- bytes, counted
+
+
+def test_ulysses_sends_of_mha():
+    spec = indexattn.compile_spec("mha").ir
+    sent = {(s.tensor, s.collective, s.phase): s.elements for s in ulysses_sent(spec, plan("mha"))}
+    n, d, h, a = sympy.symbols("N d_m h d_k", positive=True, integer=True)
+    w = RANKS
+    share = (w - 1) / w
+    expected = {
+        ("X_<τi>", "all-gather", "forward"): n * d * share,
+        ("X_<τi>", "reduce-scatter", "backward"): n * d * share,
+        ("Y_<τi>", "reduce-scatter", "forward"): n * d * share,
+        ("Y_<τi>", "all-gather", "backward"): n * d * share,
+        ("W_<(μBa)i>", "all-gather", "gradient"): 3 * h * a * d * share,
+        ("W_O_<i(μa)>", "all-gather", "gradient"): h * a * d * share,
+        ("b_O_<i>", "all-reduce", "gradient"): 2 * d * share,
+    }
+    names = {str(s): s for e in sent.values() for s in e.free_symbols}
+    mine = {
+        k: v.subs({s: names.get(str(s), s) for s in v.free_symbols}) for k, v in expected.items()
+    }
+    assert set(sent) == set(mine)
+    assert all(sympy.simplify(sent[k] - mine[k]) == 0 for k in mine), sent
+
+
+# -- on 2 and 4 processes
+
+
+def _launch(world: int, out: Path) -> list[dict]:
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), str(world), port, str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"the {world} ranks did not finish in {TIMEOUT} s")
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def ranks(request, tmp_path_factory) -> list[dict]:
+    return _launch(request.param, tmp_path_factory.mktemp(f"cp{request.param}"))
+
+
+def _result(ranks, name):
+    found = [r[name] for r in ranks]
+    for value in found:
+        if isinstance(value, dict) and "error" in value:
+            pytest.fail(f"{name}:\n{value['error']}")
+    return found
+
+
+def _largest(ranks, name) -> dict:
+    found = _result(ranks, name)
+    return {k: max(f[k] for f in found) for k in found[0]}
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_ulysses_equals_one_process(ranks, name):
+    gaps = _largest(ranks, name)  # this rank's output block, every gradient made whole
+    assert all(g < EXACT for g in gaps.values()), gaps
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_twin_one_rank_block_moved_changes_the_result(ranks, name):
+    gaps = _largest(ranks, name + "_twin")
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
+
+
+@pytest.mark.parametrize("name", ["mha", "doc_mask", "cross", "core"])
+def test_elements_sent_are_the_count(ranks, name):
+    for found in _result(ranks, "sent_" + name):
+        assert found["ran"] == found["counted"] and found["ran"], found
+    if name == "core":  # inputs with heads: traded by all-to-all
+        assert "all-to-all" in found["ran"]
+
+
+def test_alibi_is_refused_by_name(ranks):
+    message = _result(ranks, "alibi_refused")[0]
+    assert "Ulysses: no head index to trade the sequence for" in message
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in message
+
+
+def test_heads_that_do_not_divide_are_an_error(ranks):
+    world = len(ranks)
+    assert _result(ranks, "heads_indivisible")[0].startswith(
+        f"mha: h = {world - 1} heads (μ) do not divide among {world} ranks"
+    )
+
+
+def test_a_sequence_that_does_not_divide_is_an_error(ranks):
+    world = len(ranks)
+    assert _result(ranks, "indivisible")[0].startswith(
+        f"a sequence of 9 positions (dim 1) does not split into {world} equal blocks"
+    )
