@@ -3,6 +3,7 @@
 process (tests/context_worker.py runs every check of one world size in one launch)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,11 @@ import sympy
 from test_distributed import _free_port
 
 import indexattn
+from indexattn.cli import main
 from indexattn.sequence import LSE, PREFIX, RANKS, SUM, ulysses_sent
 
-WORKER = Path(__file__).resolve().parent / "context_worker.py"
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "context_worker.py"
 TIMEOUT = 180
 EXACT, MOVED = 1e-10, 1e-8  # float64: equal to rounding; a block moved by 1e-3 differs by more
 SPECS = [
@@ -139,6 +142,46 @@ def test_ulysses_sends_of_mha():
     }
     assert set(sent) == set(mine)
     assert all(sympy.simplify(sent[k] - mine[k]) == 0 for k in mine), sent
+
+
+COUNT = ["count", "specs/mha.attn", "--context", "2"]
+COUNT += ["--size", "N=8192", "--size", "d_m=64", "--size", "h=2", "--size", "d_k=32"]
+
+
+def test_count_shows_what_each_rank_sends(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(COUNT) == 0
+    text = capsys.readouterr().out
+    assert "  X_<τi>       all-gather      forward   N*d_m*(w - 1)/w        262,144" in text
+    assert "total: 1,048,576 per batch element (4.19 MB in float32), and 8,256 per step" in text
+    # to accept a change, paste the output into docs/distributed.md
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert "\n".join(text.splitlines()[-9:]) in page
+    assert main([*COUNT[:2], "--context", "4"]) == 0  # the twin: 4 ranks send another share
+    assert "total: 1,048,576 per batch element" not in capsys.readouterr().out
+
+
+def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["count", "specs/alibi.attn", "--context", "2"]) == 1
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in capsys.readouterr().err
+
+
+def test_docs_print_the_current_sequence_plans():
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    for name in ("mha", "linear_attention_causal"):
+        assert f"```text\n{plan(f'specs/{name}.attn')}\n```" in page, name
+
+
+def test_the_example_runs_under_torchrun():
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["--master-port", str(_free_port()), str(ROOT / "examples" / "context_parallel.py")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent, counted = re.search(r"sent by rank 0: (\d+) \(counted: (\d+)\)", done.stdout).groups()
+    assert sent == counted
+    gap = float(re.search(r"values and gradients: (\S+)", done.stdout).group(1))
+    assert gap < EXACT
 
 
 # -- on 2 and 4 processes
