@@ -14,7 +14,8 @@ from test_distributed import _free_port
 
 import indexattn
 from indexattn.cli import main
-from indexattn.sequence import LSE, PREFIX, RANKS, SUM, ulysses_sent
+from indexattn.ir import check
+from indexattn.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "context_worker.py"
@@ -102,6 +103,20 @@ def test_a_row_read_at_a_shifted_position_is_named():
     # its twin: the same spec without the shifted reads splits
     plain = "index τ : N\nindex i : d\ninput X_<τi>\nY_<τi> = 2 X_<τi>\noutput Y"
     assert indexattn.compile_spec(plain, name="plain").sequence_plan().splittable
+
+
+def test_every_shipped_spec_has_a_plan_and_only_a_kv_cache_blocks_it():
+    blocked = {}
+    for name in indexattn.shipped_specs():
+        path = indexattn.shipped(name)
+        spec = check(path.read_text(encoding="utf-8"), name, str(path))  # no code generated
+        found = sequence_plan(spec)
+        texts = {eq.text for eq in spec.equations}
+        assert all(b.split(": ")[0] in texts for b in found.blockers), found.blockers
+        if found.blockers:
+            blocked[name] = all("concat along" in b for b in found.blockers)
+    assert blocked and all(blocked.values()), blocked
+    assert all(name.endswith("decode") for name in blocked), sorted(blocked)
 
 
 def test_alibi_has_no_head_index_for_ulysses_and_says_why():
