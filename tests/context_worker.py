@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import indexattn
@@ -151,6 +152,36 @@ def sent(mesh, build, **where) -> dict:
     return {"ran": counter.elements, "counted": {k: float(v) for k, v in counted.items()}}
 
 
+def fsdp_and_sequence(twin: bool) -> float:
+    """3 SGD steps of mha on a 2 × 2 mesh, FSDP2 over the batch (dp) and the sequence split
+    over cp, against one process: the largest difference in the state after them. The twin
+    moves rank 1's block of the first batch by 1e-3."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+    torch.manual_seed(0)
+    base = spec("mha").module(d_m=8, h=4, d_k=3)
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn(4, N, 8, generator=g), torch.randn(4, N, 8, generator=g)) for _ in "abc"]
+
+    def train(module, split, scale: float) -> None:
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for step, (x, target) in enumerate(data):
+            xs, ts = split(x), split(target)
+            if twin and step == 0 and dist.get_rank() == 1:
+                xs = xs + 1e-3
+            loss = (module(xs) - ts).pow(2).sum() / x.numel() * scale
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    single = copy.deepcopy(base)
+    train(single, lambda v: v, 1.0)
+    dp = mesh["dp"].get_local_rank()
+    split = fully_shard(context_parallel(copy.deepcopy(base), mesh["cp"]), mesh=mesh["dp"])
+    # FSDP2 averages gradients over dp; each cp group's gradient is its whole block's
+    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1), 2.0)
+    return gap(list(single.state_dict().values()), list(split.state_dict().values()))
+
+
 def refused(mesh, name: str, **sizes) -> str:
     try:
         context_parallel(spec(name).module(**sizes), mesh)
@@ -184,6 +215,9 @@ def main() -> None:
     checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
     checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))
     checks["sent_core"] = lambda: sent(mesh, cases()["core"])
+    if world == 4:
+        checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
+        checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
     checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)
     checks["heads_indivisible"] = lambda: refused(mesh, "mha", d_m=6, h=world - 1, d_k=2)
     checks["indivisible"] = lambda: indivisible(mesh)

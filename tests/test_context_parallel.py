@@ -264,6 +264,13 @@ def test_elements_sent_are_the_count(ranks, name):
         assert "all-to-all" in found["ran"]
 
 
+def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(ranks):
+    if len(ranks) != 4:
+        pytest.skip("a 2 × 2 mesh: dp × cp")
+    assert max(_result(ranks, "fsdp_and_sequence")) < EXACT
+    assert max(_result(ranks, "fsdp_and_sequence_twin")) > MOVED
+
+
 def test_alibi_is_refused_by_name(ranks):
     message = _result(ranks, "alibi_refused")[0]
     assert "Ulysses: no head index to trade the sequence for" in message
