@@ -330,9 +330,13 @@ def ulysses_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
             add(t, _BACKWARD[collective], "backward")
 
     for t in spec.tensors_of("input"):
+        row, grad = rows[t.ascii], t.dtype != "int"
         if seq & {i.glyph for i in t.indices}:
-            row = rows[t.ascii]
-            both(t, "all-to-all" if row.placement == "split" else "all-gather", t.dtype != "int")
+            both(t, "all-to-all" if row.placement == "split" else "all-gather", grad)
+        elif grad and row.placement == "split":  # passed whole, used by heads
+            add(t, "all-gather", "backward")
+        elif grad and (row.shared or row.placement == "added once"):  # passed whole
+            add(t, "all-reduce", "backward")
     for t in spec.outputs:
         row = rows[t.ascii]
         along = bool(seq & {i.glyph for i in t.indices})

@@ -8,14 +8,12 @@ rank 1's block of one input by 1e-3 and must differ."""
 from __future__ import annotations
 
 import copy
-import json
-import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from distributed_worker import run_checks  # this folder is on the path of a script run
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -58,10 +56,19 @@ def inputs(module, context: int = 12) -> dict:
     return found
 
 
-def run(module, xs: dict, block):
-    """Output and gradients of a weighted sum: params whole, then this rank's block of each
-    input's. `block` is the identity in one process, this rank's block on the mesh."""
-    leaves = {k: block(v).clone().requires_grad_(v.is_floating_point()) for k, v in xs.items()}
+def along(module, **where) -> set[str]:
+    """The inputs split along the sequence; the others are passed whole on every rank."""
+    split = dict(module.spec.sequence_plan(**where).split)
+    return {t.ascii for t in module.spec.ir.tensors_of("input") if repr(t) in split}
+
+
+def run(module, xs: dict, block, split: set[str]):
+    """Output and gradients of a weighted sum: params whole, then each input's (this rank's
+    block of those in `split`). `block` is the identity in one process."""
+    leaves = {
+        k: (block(v) if k in split else v).clone().requires_grad_(v.is_floating_point())
+        for k, v in xs.items()
+    }
     out = module(**leaves)
     out = out[0] if isinstance(out, tuple) else out  # sdpa returns its weights too
     weight = torch.randn(B, N, *out.shape[2:], generator=torch.Generator().manual_seed(7))
@@ -74,22 +81,23 @@ def run(module, xs: dict, block):
 def check(mesh, build, twin: bool = False, **where) -> dict:
     torch.manual_seed(0)
     module = build().eval()
-    xs = inputs(module)
-    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v)
-    split = context_parallel(copy.deepcopy(module), mesh, **where)
+    xs, split = inputs(module), along(module, **where)
+
+    def block(v):
+        return sequence_block(v, mesh, dim=1)
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
+    count = len(list(module.parameters()))  # then the float inputs' gradients
+    floats = [k for k, v in xs.items() if v.is_floating_point()]
+    grads1[count:] = [block(g) if k in split else g for k, g in zip(floats, grads1[count:])]
+    parallel = context_parallel(copy.deepcopy(module), mesh, **where)
     if twin and dist.get_rank() == 1:
         xs = dict(xs)
         rows = N // mesh.size()
         first = next(iter(xs))  # X, or the core's Q
         xs[first] = xs[first].clone()
         xs[first][:, rows : 2 * rows] += 1e-3  # rank 1's block only
-
-    def block(v):
-        return sequence_block(v, mesh, dim=1)
-
-    out2, grads2 = run(split, xs, block)
-    count = len(list(split.parameters()))  # inputs' gradients: this rank's block of each
-    grads1 = grads1[:count] + [block(g) for g in grads1[count:]]
+    out2, grads2 = run(parallel, xs, block, split)
     return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
 
 
@@ -106,6 +114,26 @@ A_<μττ'> = softmax_<τ'>(S_<μττ'>)
 O_<τμa> = A_<μττ'> V_<τ'μa>
 output O
 """  # the attention core alone, heads on the inputs: Ulysses' all-to-all proper
+
+
+WHOLE = """
+index τ, τ' : N
+index μ : h
+index a : d_k
+index i : d_m
+input X_<τi>
+input g_<μ>
+input c_<i>
+param W_<(μa)i>
+param W_O_<i(μa)>
+Z_<τi> = X_<τi> + c_<i>
+Q_<μτa> = W_<(μa)i> Z_<τi>
+S_<μττ'> = Q_<μτa> Q_<μτ'a> g_<μ> + where(τ' > τ, -inf, 0)
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> Q_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+output Y
+"""  # inputs passed whole beside the split one: a gain per head, a shift read by every head
 
 
 def cases() -> dict:
@@ -128,6 +156,7 @@ def cases() -> dict:
         ),
         "retention": lambda: spec("retention").module(d_m=8, h=4, d_k=3),
         "core": lambda: indexattn.compile_spec(CORE, name="core").module(h=4, d_k=3),
+        "whole": lambda: indexattn.compile_spec(WHOLE, name="whole").module(d_m=8, h=4, d_k=3),
     }
 
 
@@ -136,15 +165,15 @@ def sent(mesh, build, **where) -> dict:
     and as indexattn.sequence.ulysses_sent counts them at the same sizes."""
     torch.manual_seed(0)
     module = build().eval()
-    xs = inputs(module)
-    split = context_parallel(module, mesh, **where)
+    xs, split = inputs(module), along(module, **where)
+    parallel = context_parallel(module, mesh, **where)
     with CountSent(mesh.size()) as counter:
-        run(split, xs, lambda v: sequence_block(v, mesh, dim=1))
+        run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1), split)
     ir_spec = module.spec.ir
     given = {**module.sizes, "N": N, "N_q": N, "L": 12, "N_kv": 12}
     sizes = {s: given[a] for s, a in ir_spec.size_names.items() if a in given}
     counted: dict[str, float] = {}
-    for item in ulysses_sent(ir_spec, split.spec.sequence_plan(**where)):
+    for item in ulysses_sent(ir_spec, parallel.spec.sequence_plan(**where)):
         times = 1 if item.phase == "gradient" else B
         counted[item.collective] = counted.get(item.collective, 0) + times * item.at(
             sizes, mesh.size()
@@ -215,25 +244,14 @@ def main() -> None:
     checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
     checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))
     checks["sent_core"] = lambda: sent(mesh, cases()["core"])
+    checks["sent_whole"] = lambda: sent(mesh, cases()["whole"])
     if world == 4:
         checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
         checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
     checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)
     checks["heads_indivisible"] = lambda: refused(mesh, "mha", d_m=6, h=world - 1, d_k=2)
     checks["indivisible"] = lambda: indivisible(mesh)
-    found: dict = {}
-    for name, run_check in checks.items():
-        try:
-            found[name] = run_check()
-        except Exception:  # reported by the test that reads it, with the traceback
-            found[name] = {"error": traceback.format_exc()}
-        dist.barrier()
-    (out / f"rank{rank}.json").write_text(json.dumps(found, indent=1))
-    dist.barrier()
-    sys.stdout.flush()
-    # No teardown: rank 0 holds the store, and a rank still destroying its group when rank 0
-    # has left waits on it for ever (seen with 4 ranks); every result is written by now.
-    os._exit(0)
+    run_checks(checks, rank, out)
 
 
 if __name__ == "__main__":

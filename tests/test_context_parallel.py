@@ -2,7 +2,6 @@
 (gloo), a spec module split over its sequence (Ulysses) against the same module in one
 process (tests/context_worker.py runs every check of one world size in one launch)."""
 
-import json
 import re
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from test_distributed import _free_port
+from test_distributed import _free_port, _largest, _result, launch
 
 import indexattn
 from indexattn.cli import main
@@ -33,6 +32,7 @@ SPECS = [
     "linear_attention_causal",
     "retention",
     "core",  # the attention core alone: Q, K, V and O traded by all-to-all
+    "whole",  # inputs passed whole beside the split one
 ]
 
 
@@ -202,46 +202,9 @@ def test_the_example_runs_under_torchrun():
 # -- on 2 and 4 processes
 
 
-def _launch(world: int, out: Path) -> list[dict]:
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(world), port, str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=TIMEOUT)[0])
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail(f"the {world} ranks did not finish in {TIMEOUT} s")
-    for rank, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
-
-
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def ranks(request, tmp_path_factory) -> list[dict]:
-    return _launch(request.param, tmp_path_factory.mktemp(f"cp{request.param}"))
-
-
-def _result(ranks, name):
-    found = [r[name] for r in ranks]
-    for value in found:
-        if isinstance(value, dict) and "error" in value:
-            pytest.fail(f"{name}:\n{value['error']}")
-    return found
-
-
-def _largest(ranks, name) -> dict:
-    found = _result(ranks, name)
-    return {k: max(f[k] for f in found) for k in found[0]}
+    return launch(WORKER, request.param, tmp_path_factory.mktemp(f"cp{request.param}"), TIMEOUT)
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -256,7 +219,7 @@ def test_twin_one_rank_block_moved_changes_the_result(ranks, name):
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
-@pytest.mark.parametrize("name", ["mha", "doc_mask", "cross", "core"])
+@pytest.mark.parametrize("name", ["mha", "doc_mask", "cross", "core", "whole"])
 def test_elements_sent_are_the_count(ranks, name):
     for found in _result(ranks, "sent_" + name):
         assert found["ran"] == found["counted"] and found["ran"], found
