@@ -122,6 +122,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     _spec_argument(count)
     _size_option(count)
+    count.add_argument(
+        "--context",
+        type=int,
+        metavar="W",
+        help="also the elements and bytes each of W ranks sends per training step when the "
+        "sequence is split over them (Ulysses; docs/distributed.md)",
+    )
+    count.add_argument(
+        "--over", default="τ", help="the sequence index to split (default: τ)", metavar="INDEX"
+    )
+    count.add_argument(
+        "--keys",
+        action="append",
+        default=[],
+        metavar="INDEX",
+        help="a key index of another range (cross-attention's context σ)",
+    )
     count.set_defaults(run=run_count)
 
     grad = commands.add_parser("grad", help="print or write the derived backward, as a spec")
@@ -467,7 +484,16 @@ def _tex_and_pdf(output: Path) -> tuple[Path, Path]:
 
 
 def run_count(args: argparse.Namespace) -> int:
-    sys.stdout.write(str(_report(_checked(args.spec), args.size)))
+    spec = _checked(args.spec)
+    report = _report(spec, args.size)
+    sys.stdout.write(str(report))
+    if args.context is not None:
+        from .sequence import sent_table, sequence_plan
+
+        if args.context < 1:
+            raise UsageError(f"--context takes a number of ranks, 1 or more: {args.context}")
+        plan = sequence_plan(spec, args.over, tuple(args.keys))
+        sys.stdout.write("\n" + sent_table(spec, plan, report.sizes, args.context))
     return 0
 
 

@@ -2,11 +2,17 @@
 head-split tensor (Shard) and the rest whole (Replicate), runs the spec's own generated code at
 h = h/w, and finishes each sum over heads with one all-reduce.
 
+Context parallelism over its sequence index (Ulysses): each rank passes its block of the
+sequence; an all-to-all trades it for a block of heads over the whole sequence (an all-gather
+for an input without heads), the same generated code runs at h = h/w, and the outputs go back
+to sequence blocks (an all-to-all, or a reduce-scatter of a sum over heads).
+
 Imported only when used (`import indexattn.distributed`): it imports torch.distributed."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -18,12 +24,21 @@ from torch.distributed.tensor import (
     distribute_tensor,
 )
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import SpecError
 from .runtime.module import SpecModule
+from .sequence import SequencePlan
 from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
-__all__ = ["HeadParallel", "parallelize"]
+__all__ = [
+    "ContextParallel",
+    "CountSent",
+    "HeadParallel",
+    "context_parallel",
+    "parallelize",
+    "sequence_block",
+]
 
 
 def parallelize(module: SpecModule, mesh: DeviceMesh, over: str = "μ") -> SpecModule:
@@ -81,7 +96,81 @@ class HeadParallel(ParallelStyle):
 
         distribute_module(module, device_mesh, partition)
         # As fully_shard does: the module's class gains a forward that runs on the local shards.
-        module.__class__ = _parallel_class(type(module))
+        module.__class__ = _parallel_class(type(module), HeadParallelModule)
+        module._head_parallel = shards
+        return module
+
+
+def context_parallel(
+    module: SpecModule,
+    mesh: DeviceMesh,
+    over: str = "τ",
+    *,
+    keys: tuple[str, ...] = (),
+    heads: str | None = None,
+) -> SpecModule:
+    """The module, in place, with its sequence split over a 1-D device mesh (Ulysses).
+
+    >>> mesh = dist.device_mesh.init_device_mesh("cpu", (2,))  # doctest: +SKIP
+    >>> layer = indexattn.distributed.context_parallel(layer, mesh, over="τ")  # doctest: +SKIP
+    >>> y = layer(indexattn.distributed.sequence_block(x, mesh, dim=1))  # doctest: +SKIP
+
+    Every rank passes its block of every input that has the sequence index `over` (or a key
+    index: `module.spec.sequence_plan(over, keys)` lists them) and gets its block of each
+    output back; inputs without the sequence, whole. Parameters become replicated DTensors
+    (whole on every rank, gradients whole on every rank); each rank computes with the heads
+    `heads` (by default the plan's choice) that are its own.
+
+    Raises SpecError when no head index can be split (the head plan's blockers are named),
+    ValueError when the heads do not divide by the mesh size.
+    """
+    return parallelize_module(module, mesh, ContextParallel(over, keys=keys, heads=heads))
+
+
+def sequence_block(value: torch.Tensor, mesh: DeviceMesh, dim: int) -> torch.Tensor:
+    """This rank's contiguous block of `value` along `dim` (the sequence): ValueError when the
+    length does not divide by the mesh size."""
+    world, length = mesh.size(), value.shape[dim]
+    if length % world:
+        raise ValueError(
+            f"a sequence of {length} positions (dim {dim}) does not split into {world} equal "
+            f"blocks: pad it to a multiple of {world}"
+        )
+    return value.chunk(world, dim)[mesh.get_local_rank()]
+
+
+class ContextParallel(ParallelStyle):
+    """The ParallelStyle of a spec module split over its sequence (see context_parallel)."""
+
+    def __init__(
+        self, over: str = "τ", *, keys: tuple[str, ...] = (), heads: str | None = None
+    ) -> None:
+        self.over, self.keys, self.heads = over, keys, heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, SpecModule):
+            raise TypeError(
+                f"ContextParallel splits a module built by spec.module(), not "
+                f"{type(module).__name__}"
+            )
+        if device_mesh.ndim != 1:
+            raise ValueError(f"ContextParallel needs a 1-D device mesh, got {device_mesh.ndim}-D")
+        plan = module.spec.sequence_plan(self.over, self.keys, self.heads)
+        if not plan.ulysses:
+            raise SpecError(plan.verdict(), file=module.spec.file)
+        shards = _Sequence(module, plan, device_mesh)
+
+        def partition(name: str, sub: nn.Module, mesh: DeviceMesh) -> None:
+            if sub is not module:
+                return
+            for key, param in list(sub._parameters.items()):
+                placed = distribute_tensor(param.data, mesh, [Replicate()])
+                sub.register_parameter(key, nn.Parameter(placed, param.requires_grad))
+            for key, buffer in list(sub._buffers.items()):
+                sub._buffers[key] = distribute_tensor(buffer, mesh, [Replicate()])
+
+        distribute_module(module, device_mesh, partition)
+        module.__class__ = _parallel_class(type(module), ContextParallelModule)
         module._head_parallel = shards
         return module
 
@@ -125,11 +214,15 @@ class _Shards:
         if row.placement == ONCE:
             # Rank 0 adds it, the others add zeros (DTensor's Partial, exactly, and -inf stays
             # -inf): the all-reduce adds it once. Its gradient, rank 0's, is summed back.
-            local = _replicated(value, mesh).to_local(grad_placements=[Partial()])
-            return torch.where(self.first, local, torch.zeros((), dtype=local.dtype))
+            return self.once(_replicated(value, mesh))
         if name in self.shared:  # every rank's heads read it: sum its gradient over ranks
             return _replicated(value, mesh).to_local(grad_placements=[Partial()])
         return value.to_local() if isinstance(value, DTensor) else value
+
+    def once(self, whole: DTensor) -> torch.Tensor:
+        """Rank 0's copy of a replicated value, zeros on the others: added once in all."""
+        local = whole.to_local(grad_placements=[Partial()])
+        return torch.where(self.first, local, torch.zeros((), dtype=local.dtype))
 
     def gather(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """An output made whole: summed over ranks (partial) or gathered along its heads."""
@@ -140,6 +233,65 @@ class _Shards:
             dim = value.ndim - self.layouts[name] + row.axis
             return DTensor.from_local(value, mesh, [Shard(dim)], run_check=False).full_tensor()
         return value
+
+
+class _Sequence(_Shards):
+    """A head split that receives sequence blocks: inputs along the sequence are traded for
+    head blocks (all-to-all) or gathered whole (all-gather); outputs go back to blocks."""
+
+    def __init__(self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh) -> None:
+        super().__init__(module, module.spec.shard_plan(plan.heads), mesh)
+        self.sequence = plan
+        ir_spec, seq = module.spec.ir, set(plan.indices)
+        self.axes = {  # a tensor's first axis along the sequence
+            t.ascii: next(k for k, group in enumerate(t.layout) if seq & {i.glyph for i in group})
+            for t in ir_spec.tensors
+            if seq & {i.glyph for i in t.indices}
+        }
+
+    def dim(self, name: str, value: torch.Tensor, axis: int) -> int:
+        return value.ndim - self.layouts[name] + axis
+
+    def axes_dim(self, name: str, value: torch.Tensor) -> int:
+        return self.dim(name, value, self.axes[name])
+
+    def local(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        row, mesh = self.rows[name], self.mesh
+        if row.role != "input" or name not in self.axes:
+            return super().local(name, value)
+        if row.placement == SPLIT:  # a block of positions for a block of heads
+            return _all_to_all(
+                value, self.dim(name, value, row.axis), self.axes_dim(name, value), mesh
+            )
+        block = DTensor.from_local(
+            value, mesh, [Shard(self.axes_dim(name, value))], run_check=False
+        )
+        whole = block.redistribute(mesh, [Replicate()])  # all-gather
+        if row.placement == ONCE:
+            return self.once(whole)
+        placement = Partial() if name in self.shared else Replicate()
+        return whole.to_local(grad_placements=[placement])
+
+    def gather(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        row, mesh = self.rows[name], self.mesh
+        if name not in self.axes:
+            return super().gather(name, value)
+        along = self.axes_dim(name, value)
+        if row.placement == SPLIT:  # a block of heads for a block of positions
+            return _all_to_all(value, along, self.dim(name, value, row.axis), mesh)
+        placement = Partial() if row.placement == PARTIAL else Replicate()
+        held = DTensor.from_local(value, mesh, [placement], run_check=False)
+        return held.redistribute(mesh, [Shard(along)]).to_local()  # a reduce-scatter
+
+
+def _all_to_all(value: torch.Tensor, scatter: int, gather: int, mesh: DeviceMesh) -> torch.Tensor:
+    """Rank r's block j along `scatter` goes to rank j, and the blocks received are joined
+    along `gather` in rank order: one all_to_all_single, differentiable (its backward is the
+    reverse exchange). DTensor's Shard-to-Shard falls back to an all-gather on gloo."""
+    world = mesh.size()
+    parts = torch.stack(value.chunk(world, scatter)).contiguous()
+    received = funcol.all_to_all_single_autograd(parts, None, None, mesh)
+    return torch.cat(received.unbind(0), gather)
 
 
 def _replicated(value: torch.Tensor, mesh: DeviceMesh) -> DTensor:
@@ -210,14 +362,59 @@ class HeadParallelModule(SpecModule):
         )
 
 
-_CLASSES: dict[type, type] = {}
+class ContextParallelModule(HeadParallelModule):
+    """A SpecModule whose forward takes and returns blocks of the sequence (Ulysses)."""
+
+    def extra_repr(self) -> str:
+        shards = self._head_parallel
+        return (
+            SpecModule.extra_repr(self)
+            + f", over={', '.join(shards.sequence.indices)}, heads={shards.plan.over}"
+            + f", {shards.plan.size}/rank={shards.heads // shards.world}"
+        )
 
 
-def _parallel_class(cls: type) -> type:
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _parallel_class(cls: type, base: type) -> type:
     if issubclass(cls, HeadParallelModule):
-        raise ValueError("this module is already split over heads")
+        raise ValueError("this module is already split over heads or its sequence")
     if cls is SpecModule:
-        return HeadParallelModule
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"HeadParallel{cls.__name__}", (HeadParallelModule, cls), {})
-    return _CLASSES[cls]
+        return base
+    if (cls, base) not in _CLASSES:
+        name = base.__name__.removesuffix("Module") + cls.__name__
+        _CLASSES[cls, base] = type(name, (base, cls), {})
+    return _CLASSES[cls, base]
+
+
+_SHARES = {  # the functional collective, its name, and the share of its input sent
+    "all_gather_into_tensor": ("all-gather", lambda w: w - 1),
+    "reduce_scatter_tensor": ("reduce-scatter", lambda w: (w - 1) / w),
+    "all_reduce": ("all-reduce", lambda w: 2 * (w - 1) / w),
+    "all_to_all_single": ("all-to-all", lambda w: (w - 1) / w),
+}
+
+
+class CountSent(TorchDispatchMode):
+    """Counts the elements this rank sends in the collectives run inside `with CountSent(w):`,
+    by the share each one's usual algorithm sends (indexattn.sequence.Sent says which).
+
+    >>> with indexattn.distributed.CountSent(2) as sent:  # doctest: +SKIP
+    ...     layer(x_block).sum().backward()  # mha, d_m=8, h=4, d_k=3, x of (2, 8, 8)
+    >>> sent.elements  # doctest: +SKIP
+    {'all-gather': 320, 'reduce-scatter': 128.0, 'all-reduce': 8.0}
+    """
+
+    def __init__(self, world: int) -> None:
+        super().__init__()
+        self.world = world
+        self.elements: dict[str, float] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if func.namespace.startswith("_c10d_functional") and name in _SHARES:
+            what, share = _SHARES[name]
+            sent = args[0].numel() * share(self.world)
+            self.elements[what] = self.elements.get(what, 0) + sent
+        return func(*args, **(kwargs or {}))

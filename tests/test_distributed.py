@@ -121,30 +121,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dist")
+def launch(worker: Path, world: int, out: Path, timeout: int = TIMEOUT) -> list[dict]:
+    """`world` processes of `worker` on 127.0.0.1, each bounded in time; each rank's JSON."""
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(WORLD), port, str(out)],
+            [sys.executable, str(worker), str(rank), str(world), port, str(out)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for rank in range(WORLD)
+        for rank in range(world)
     ]
     logs = []
     try:
         for proc in procs:
-            logs.append(proc.communicate(timeout=TIMEOUT)[0])
+            logs.append(proc.communicate(timeout=timeout)[0])
     except subprocess.TimeoutExpired:
         for proc in procs:
             proc.kill()
-        pytest.fail(f"the {WORLD} ranks did not finish in {TIMEOUT} s")
+        pytest.fail(f"the {world} ranks did not finish in {timeout} s")
     for rank, (proc, log) in enumerate(zip(procs, logs)):
         assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    return launch(WORKER, WORLD, tmp_path_factory.mktemp("dist"))
 
 
 def _result(ranks, name):

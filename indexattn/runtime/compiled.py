@@ -420,6 +420,14 @@ class CompiledSpec:
 
         return shard_plan(self.ir, over)
 
+    def sequence_plan(self, over: str = "τ", keys: tuple[str, ...] = (), heads: str | None = None):
+        """How the sequence index `over` splits over ranks: which reductions merge by
+        log-sum-exp, plain sums or a prefix scan, which positions must be global, and the
+        head index Ulysses trades it for: see indexattn/sequence.py."""
+        from ..sequence import sequence_plan
+
+        return sequence_plan(self.ir, over, keys, heads)
+
     def module(self, /, **kwargs):
         """An nn.Module whose parameters are the spec's params, built at the given sizes."""
         from .module import SpecModule

@@ -1,0 +1,258 @@
+"""One rank of tests/test_context_parallel.py: `python context_worker.py RANK WORLD PORT OUT`.
+
+Every check runs a spec module split over its sequence (Ulysses, gloo, CPU, float64) against
+the same module in this one process, and writes the largest difference in outputs and in every
+gradient (parameters and inputs) under the check's name to OUT/rank{RANK}.json; each twin moves
+rank 1's block of one input by 1e-3 and must differ."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from distributed_worker import run_checks  # this folder is on the path of a script run
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+import indexattn
+import indexattn.distributed
+from indexattn.distributed import CountSent, context_parallel, sequence_block
+from indexattn.sequence import ulysses_sent
+
+torch.set_default_dtype(torch.float64)
+B, N = 2, 8  # N divides into blocks for 2 and 4 ranks
+
+
+def spec(name: str):
+    return indexattn.compile_spec(name)
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def gap(a, b) -> float:
+    return max([(whole(x) - whole(y)).abs().max().item() for x, y in zip(a, b)] + [0.0])
+
+
+def inputs(module, context: int = 12) -> dict:
+    """Random inputs by name at the module's sizes, the queries' sequence N long and a
+    context (cross-attention's L) `context` long; integer inputs are document ids."""
+    g = torch.Generator().manual_seed(3)
+    sizes = {**module.sizes, "N": N, "N_q": N, "L": context, "N_kv": context}
+    ir_spec = module.spec.ir
+    values = {s: sizes[a] for s, a in ir_spec.size_names.items() if a in sizes}
+    found = {}
+    for t in ir_spec.tensors_of("input"):
+        if t.dtype == "int":  # three documents, one row fully alone
+            found[t.ascii] = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2]).expand(B, N).contiguous()
+            continue
+        shape = [int(d.subs(values)) for d in t.shape]
+        found[t.ascii] = torch.randn(B, *shape, generator=g)
+    return found
+
+
+def along(module, **where) -> set[str]:
+    """The inputs split along the sequence; the others are passed whole on every rank."""
+    split = dict(module.spec.sequence_plan(**where).split)
+    return {t.ascii for t in module.spec.ir.tensors_of("input") if repr(t) in split}
+
+
+def run(module, xs: dict, block, split: set[str]):
+    """Output and gradients of a weighted sum: params whole, then each input's (this rank's
+    block of those in `split`). `block` is the identity in one process."""
+    leaves = {
+        k: (block(v) if k in split else v).clone().requires_grad_(v.is_floating_point())
+        for k, v in xs.items()
+    }
+    out = module(**leaves)
+    out = out[0] if isinstance(out, tuple) else out  # sdpa returns its weights too
+    weight = torch.randn(B, N, *out.shape[2:], generator=torch.Generator().manual_seed(7))
+    (out * block(weight)).sum().backward()
+    grads = [p.grad for p in module.parameters()]
+    grads += [v.grad for v in leaves.values() if v.requires_grad]
+    return out, grads
+
+
+def check(mesh, build, twin: bool = False, **where) -> dict:
+    torch.manual_seed(0)
+    module = build().eval()
+    xs, split = inputs(module), along(module, **where)
+
+    def block(v):
+        return sequence_block(v, mesh, dim=1)
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
+    count = len(list(module.parameters()))  # then the float inputs' gradients
+    floats = [k for k, v in xs.items() if v.is_floating_point()]
+    grads1[count:] = [block(g) if k in split else g for k, g in zip(floats, grads1[count:])]
+    parallel = context_parallel(copy.deepcopy(module), mesh, **where)
+    if twin and dist.get_rank() == 1:
+        xs = dict(xs)
+        rows = N // mesh.size()
+        first = next(iter(xs))  # X, or the core's Q
+        xs[first] = xs[first].clone()
+        xs[first][:, rows : 2 * rows] += 1e-3  # rank 1's block only
+    out2, grads2 = run(parallel, xs, block, split)
+    return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+
+
+CORE = """
+index τ, τ' : N
+index μ : h
+index a : d_k
+input Q_<τμa>
+input K_<τμa>
+input V_<τμa>
+M_<ττ'> = where(τ' > τ, -inf, 0)
+S_<μττ'> = Q_<τμa> K_<τ'μa> / sqrt(d_k) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<τμa> = A_<μττ'> V_<τ'μa>
+output O
+"""  # the attention core alone, heads on the inputs: Ulysses' all-to-all proper
+
+
+WHOLE = """
+index τ, τ' : N
+index μ : h
+index a : d_k
+index i : d_m
+input X_<τi>
+input g_<μ>
+input c_<i>
+param W_<(μa)i>
+param W_O_<i(μa)>
+Z_<τi> = X_<τi> + c_<i>
+Q_<μτa> = W_<(μa)i> Z_<τi>
+S_<μττ'> = Q_<μτa> Q_<μτ'a> g_<μ> + where(τ' > τ, -inf, 0)
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> Q_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+output Y
+"""  # inputs passed whole beside the split one: a gain per head, a shift read by every head
+
+
+def cases() -> dict:
+    """Each spec at small sizes, heads divisible by 4 ranks."""
+    return {
+        "mha": lambda: spec("mha").module(d_m=8, h=4, d_k=3),
+        "gqa": lambda: spec("gqa").module(d_m=8, h_kv=4, n_rep=2, d_k=3),
+        "sliding_window": lambda: spec("sliding_window").module(d_in=8, d_out=12, h=4, d_k=3, w=3),
+        "doc_mask": lambda: spec("doc_mask").module(d_m=8, h=4, d_k=3),
+        "softcap_window": lambda: spec("softcap_window").module(
+            d_m=8, h=4, d_k=3, c=1.0, w=3, query_pre_attn_scalar=3
+        ),
+        "attention_sinks": lambda: spec("attention_sinks").module(
+            d_m=8, h_kv=4, n_rep=2, d_k=3, w=3
+        ),
+        "rope": lambda: spec("rope").module(d_m=8, h=4, d_r=2),
+        "cross": lambda: spec("cross").module(d_q=8, d_c=6, h=4, d_k=3),
+        "linear_attention_causal": lambda: spec("linear_attention_causal").module(
+            d_m=8, h=4, d_k=3
+        ),
+        "retention": lambda: spec("retention").module(d_m=8, h=4, d_k=3),
+        "core": lambda: indexattn.compile_spec(CORE, name="core").module(h=4, d_k=3),
+        "whole": lambda: indexattn.compile_spec(WHOLE, name="whole").module(d_m=8, h=4, d_k=3),
+    }
+
+
+def sent(mesh, build, **where) -> dict:
+    """Elements this rank sent in one step, by collective: counted as they ran (CountSent)
+    and as indexattn.sequence.ulysses_sent counts them at the same sizes."""
+    torch.manual_seed(0)
+    module = build().eval()
+    xs, split = inputs(module), along(module, **where)
+    parallel = context_parallel(module, mesh, **where)
+    with CountSent(mesh.size()) as counter:
+        run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1), split)
+    ir_spec = module.spec.ir
+    given = {**module.sizes, "N": N, "N_q": N, "L": 12, "N_kv": 12}
+    sizes = {s: given[a] for s, a in ir_spec.size_names.items() if a in given}
+    counted: dict[str, float] = {}
+    for item in ulysses_sent(ir_spec, parallel.spec.sequence_plan(**where)):
+        times = 1 if item.phase == "gradient" else B
+        counted[item.collective] = counted.get(item.collective, 0) + times * item.at(
+            sizes, mesh.size()
+        )
+    return {"ran": counter.elements, "counted": {k: float(v) for k, v in counted.items()}}
+
+
+def fsdp_and_sequence(twin: bool) -> float:
+    """3 SGD steps of mha on a 2 × 2 mesh, FSDP2 over the batch (dp) and the sequence split
+    over cp, against one process: the largest difference in the state after them. The twin
+    moves rank 1's block of the first batch by 1e-3."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+    torch.manual_seed(0)
+    base = spec("mha").module(d_m=8, h=4, d_k=3)
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn(4, N, 8, generator=g), torch.randn(4, N, 8, generator=g)) for _ in "abc"]
+
+    def train(module, split, scale: float) -> None:
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for step, (x, target) in enumerate(data):
+            xs, ts = split(x), split(target)
+            if twin and step == 0 and dist.get_rank() == 1:
+                xs = xs + 1e-3
+            loss = (module(xs) - ts).pow(2).sum() / x.numel() * scale
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    single = copy.deepcopy(base)
+    train(single, lambda v: v, 1.0)
+    dp = mesh["dp"].get_local_rank()
+    split = fully_shard(context_parallel(copy.deepcopy(base), mesh["cp"]), mesh=mesh["dp"])
+    # FSDP2 averages gradients over dp; each cp group's gradient is its whole block's
+    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1), 2.0)
+    return gap(list(single.state_dict().values()), list(split.state_dict().values()))
+
+
+def refused(mesh, name: str, **sizes) -> str:
+    try:
+        context_parallel(spec(name).module(**sizes), mesh)
+    except (indexattn.SpecError, ValueError) as error:
+        return str(error)
+    return "no error"
+
+
+def indivisible(mesh) -> str:
+    try:
+        sequence_block(torch.zeros(B, N + 1, 8), mesh, dim=1)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def main() -> None:
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    mesh = init_device_mesh("cpu", (world,))
+    checks = {}
+    for name, build in cases().items():
+        where = {"keys": ("σ",)} if name == "cross" else {}
+        checks[name] = lambda build=build, where=where: check(mesh, build, **where)
+        checks[name + "_twin"] = lambda build=build, where=where: check(
+            mesh, build, twin=True, **where
+        )
+    checks["sent_mha"] = lambda: sent(mesh, cases()["mha"])
+    checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
+    checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))
+    checks["sent_core"] = lambda: sent(mesh, cases()["core"])
+    checks["sent_whole"] = lambda: sent(mesh, cases()["whole"])
+    if world == 4:
+        checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
+        checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
+    checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)
+    checks["heads_indivisible"] = lambda: refused(mesh, "mha", d_m=6, h=world - 1, d_k=2)
+    checks["indivisible"] = lambda: indivisible(mesh)
+    run_checks(checks, rank, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Context parallelism: the sequence plan read off the notation, and, on 2 and 4 CPU processes
+(gloo), a spec module split over its sequence (Ulysses) against the same module in one
+process (tests/context_worker.py runs every check of one world size in one launch)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+from test_distributed import _free_port, _largest, _result, launch
+
+import indexattn
+from indexattn.cli import main
+from indexattn.ir import check
+from indexattn.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "context_worker.py"
+TIMEOUT = 420  # a bound on a hang: 4 ranks took 2.5 min on the loaded 2-core machine
+EXACT, MOVED = 1e-10, 1e-8  # float64: equal to rounding; a block moved by 1e-3 differs by more
+SPECS = [
+    "mha",
+    "gqa",
+    "sliding_window",
+    "doc_mask",
+    "softcap_window",
+    "attention_sinks",
+    "rope",
+    "cross",
+    "linear_attention_causal",
+    "retention",
+    "core",  # the attention core alone: Q, K, V and O traded by all-to-all
+    "whole",  # inputs passed whole beside the split one
+]
+
+
+def plan(name: str, **where):
+    return indexattn.compile_spec(name).sequence_plan(**where)
+
+
+# -- the plan
+
+
+def test_mha_merges_by_log_sum_exp_then_sums_and_reads_global_positions():
+    p = plan("mha")
+    assert p.indices == ("τ", "τ'") and p.splittable and p.heads == "μ"
+    assert [(m.reduction, m.merge) for m in p.merges] == [
+        ("softmax_<τ'>", LSE),
+        ("sum over τ'", SUM),
+    ]
+    assert [(q.equation, q.reads) for q in p.positions] == [
+        ("M_<ττ'> = where(τ' > τ, -inf, 0)", ("τ", "τ'"))
+    ]
+    assert p.split == (("X_<τi>", 0),)
+
+
+def test_sinks_join_the_log_sum_exp_merge():
+    merges = {m.reduction: m.merge for m in plan("attention_sinks").merges}
+    assert merges == {"logsumexp_<τ'>": LSE, "softmax_<τ'>": LSE, "sum over τ'": SUM}
+
+
+def test_a_cumsum_is_an_exclusive_scan_across_ranks():
+    p = plan("linear_attention_causal")
+    assert p.indices == ("τ",) and {m.merge for m in p.merges} == {PREFIX}
+    assert not p.positions  # no position read as a number
+
+
+def test_positions_read_as_numbers_are_global():
+    reads = {q.equation.split(" =")[0]: q.reads for q in plan("rope").positions}
+    assert reads["θ_<τj>"] == ("τ",)
+    t5 = {q.equation.split(" =")[0] for q in plan("t5_bias").positions}
+    assert {"ρ_<ττ'>", "β_<ττ'>"} <= t5
+    assert "S_<μττ'>" in {q.equation.split(" =")[0] for q in plan("alibi").positions}
+
+
+def test_cross_attention_takes_its_context_as_the_key_index():
+    p = plan("cross", keys=("σ",))
+    assert p.indices == ("τ", "σ") and p.sizes == ("N", "L")
+    assert p.split == (("X_<τi>", 0), ("C_<σj>", 0))
+    assert plan("cross").indices == ("τ", "σ")  # found anyway: the softmax runs over σ
+
+
+def test_a_concat_along_the_sequence_is_named():
+    assert plan("kv_decode").blockers == (
+        "K_<μσa> = concat_<σ>(Kc_<μca>, Kn_<μτa>): concat along σ, the sequence",
+        "V_<μσa> = concat_<σ>(Vc_<μca>, Vn_<μτa>): concat along σ, the sequence",
+    )
+
+
+def test_a_row_read_at_a_shifted_position_is_named():
+    text = (
+        "index τ, τ' : N\nindex i : d\ninput X_<τi>\n"
+        "Y_<τi> = X_<τi> - X_<[τ - 1]i>\nZ_<i> = X_<0i>\noutput Y, Z"
+    )
+    blockers = indexattn.compile_spec(text, name="shift").sequence_plan().blockers
+    assert blockers == (
+        "Y_<τi> = X_<τi> - X_<[τ - 1]i>: X is read at a computed position along τ, a row "
+        "another rank may hold",
+        "Z_<i> = X_<0i>: X is read at 0 along τ, a row another rank may hold",
+    )
+    # its twin: the same spec without the shifted reads splits
+    plain = "index τ : N\nindex i : d\ninput X_<τi>\nY_<τi> = 2 X_<τi>\noutput Y"
+    assert indexattn.compile_spec(plain, name="plain").sequence_plan().splittable
+
+
+def test_every_shipped_spec_has_a_plan_and_only_a_kv_cache_blocks_it():
+    blocked = {}
+    for name in indexattn.shipped_specs():
+        path = indexattn.shipped(name)
+        spec = check(path.read_text(encoding="utf-8"), name, str(path))  # no code generated
+        found = sequence_plan(spec)
+        texts = {eq.text for eq in spec.equations}
+        assert all(b.split(": ")[0] in texts for b in found.blockers), found.blockers
+        if found.blockers:
+            blocked[name] = all("concat along" in b for b in found.blockers)
+    assert blocked and all(blocked.values()), blocked
+    assert all(name.endswith("decode") for name in blocked), sorted(blocked)
+
+
+def test_alibi_has_no_head_index_for_ulysses_and_says_why():
+    p = plan("alibi")
+    assert p.splittable and not p.ulysses
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in p.head_blockers[0]
+
+
+def test_the_plan_prints():
+    text = str(plan("mha"))
+    assert text.splitlines()[0] == (
+        "Sequence plan of mha over τ, τ' (N positions, blocks of N/w per rank)"
+    )
+    assert "Ulysses: all-to-all from sequence blocks to head blocks over μ" in text
+
+
+# -- bytes, counted
+
+
+def test_ulysses_sends_of_mha():
+    spec = indexattn.compile_spec("mha").ir
+    sent = {(s.tensor, s.collective, s.phase): s.elements for s in ulysses_sent(spec, plan("mha"))}
+    n, d, h, a = sympy.symbols("N d_m h d_k", positive=True, integer=True)
+    w = RANKS
+    share = (w - 1) / w
+    expected = {
+        ("X_<τi>", "all-gather", "forward"): n * d * share,
+        ("X_<τi>", "reduce-scatter", "backward"): n * d * share,
+        ("Y_<τi>", "reduce-scatter", "forward"): n * d * share,
+        ("Y_<τi>", "all-gather", "backward"): n * d * share,
+        ("W_<(μBa)i>", "all-gather", "gradient"): 3 * h * a * d * share,
+        ("W_O_<i(μa)>", "all-gather", "gradient"): h * a * d * share,
+        ("b_O_<i>", "all-reduce", "gradient"): 2 * d * share,
+    }
+    names = {str(s): s for e in sent.values() for s in e.free_symbols}
+    mine = {
+        k: v.subs({s: names.get(str(s), s) for s in v.free_symbols}) for k, v in expected.items()
+    }
+    assert set(sent) == set(mine)
+    assert all(sympy.simplify(sent[k] - mine[k]) == 0 for k in mine), sent
+
+
+COUNT = ["count", "specs/mha.attn", "--context", "2"]
+COUNT += ["--size", "N=8192", "--size", "d_m=64", "--size", "h=2", "--size", "d_k=32"]
+
+
+def test_count_shows_what_each_rank_sends(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(COUNT) == 0
+    text = capsys.readouterr().out
+    assert "  X_<τi>       all-gather      forward   N*d_m*(w - 1)/w        262,144" in text
+    assert "total: 1,048,576 per batch element (4.19 MB in float32), and 8,256 per step" in text
+    # to accept a change, paste the output into docs/distributed.md
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert "\n".join(text.splitlines()[-9:]) in page
+    assert main([*COUNT[:2], "--context", "4"]) == 0  # the twin: 4 ranks send another share
+    assert "total: 1,048,576 per batch element" not in capsys.readouterr().out
+
+
+def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["count", "specs/alibi.attn", "--context", "2"]) == 1
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in capsys.readouterr().err
+
+
+def test_docs_print_the_current_sequence_plans():
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    for name in ("mha", "linear_attention_causal"):
+        assert f"```text\n{plan(f'specs/{name}.attn')}\n```" in page, name
+
+
+def test_the_example_runs_under_torchrun():
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["--master-port", str(_free_port()), str(ROOT / "examples" / "context_parallel.py")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent, counted = re.search(r"sent by rank 0: (\d+) \(counted: (\d+)\)", done.stdout).groups()
+    assert sent == counted
+    gap = float(re.search(r"values and gradients: (\S+)", done.stdout).group(1))
+    assert gap < EXACT
+
+
+# -- on 2 and 4 processes
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def ranks(request, tmp_path_factory) -> list[dict]:
+    return launch(WORKER, request.param, tmp_path_factory.mktemp(f"cp{request.param}"), TIMEOUT)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_ulysses_equals_one_process(ranks, name):
+    gaps = _largest(ranks, name)  # this rank's output block, every gradient made whole
+    assert all(g < EXACT for g in gaps.values()), gaps
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_twin_one_rank_block_moved_changes_the_result(ranks, name):
+    gaps = _largest(ranks, name + "_twin")
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
+
+
+@pytest.mark.parametrize("name", ["mha", "doc_mask", "cross", "core", "whole"])
+def test_elements_sent_are_the_count(ranks, name):
+    for found in _result(ranks, "sent_" + name):
+        assert found["ran"] == found["counted"] and found["ran"], found
+    if name == "core":  # inputs with heads: traded by all-to-all
+        assert "all-to-all" in found["ran"]
+
+
+def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(ranks):
+    if len(ranks) != 4:
+        pytest.skip("a 2 × 2 mesh: dp × cp")
+    assert max(_result(ranks, "fsdp_and_sequence")) < EXACT
+    assert max(_result(ranks, "fsdp_and_sequence_twin")) > MOVED
+
+
+def test_alibi_is_refused_by_name(ranks):
+    message = _result(ranks, "alibi_refused")[0]
+    assert "Ulysses: no head index to trade the sequence for" in message
+    assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in message
+
+
+def test_heads_that_do_not_divide_are_an_error(ranks):
+    world = len(ranks)
+    assert _result(ranks, "heads_indivisible")[0].startswith(
+        f"mha: h = {world - 1} heads (μ) do not divide among {world} ranks"
+    )
+
+
+def test_a_sequence_that_does_not_divide_is_an_error(ranks):
+    world = len(ranks)
+    assert _result(ranks, "indivisible")[0].startswith(
+        f"a sequence of 9 positions (dim 1) does not split into {world} equal blocks"
+    )
