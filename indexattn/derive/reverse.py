@@ -31,6 +31,7 @@ from ..ir import (
     is_condition,
     walk,
 )
+from ..lower.numerics import guarded
 from ..notation.names import ascii_name, fresh
 from ..ops import DERIVATIVES
 from . import printer
@@ -234,7 +235,13 @@ class Derivation:
     def back_apply(self, node: Apply, cot: Cot) -> None:
         if node.fn == "where":
             condition = printer.text(node.args[0])
-            for arg, form in zip(node.args[1:], ("where({0}, {1}, 0)", "where({0}, 0, {1})")):
+            # the branches as the forward evaluates them (numerics.guarded): a function that
+            # can overflow reads a finite value where its branch is not chosen, so that its
+            # slope there is finite and the zero cotangent gives zero, not 0 × inf = NaN
+            branches = guarded(node).args[1:]
+            for arg, form in zip(branches, ("where({0}, {1}, 0)", "where({0}, 0, {1})")):
+                if not self.needs(arg):
+                    continue
                 text = form.format(condition, cot.text)
                 mentions = cot.all | mentioned(node.args[0])
                 free = cot.free | frozenset(node.args[0].free)
@@ -346,19 +353,40 @@ class Derivation:
         self.scaled(node.body, cot, weights.text, weights.all)
 
     def reduce_max(self, node: Reduce, cot: Cot) -> None:
+        """The cotangent where the argument equals the result, split evenly among the tied
+        entries (as autograd's amax and the literal interpreter split it)."""
         body, top = self.value(node.body), self.value(node)
-        chosen = f"where({body.text} == {top.text}, 1, 0)"
-        self.scaled(node.body, cot, chosen, body.all | top.all)
+        over = "".join(i.glyph for i in node.over)
+        chosen = self.materialize(
+            Cot(f"where({body.text} == {top.text}, 1, 0)", body.free, body.all | top.all),
+            self.eq.tensor.name + "_tie",
+            node.body.free,
+        )
+        share = f"({chosen.text} / sum_<{over}>({chosen.text}))"
+        self.scaled(node.body, cot, share, chosen.all)
 
     reduce_min = reduce_max
 
     def reduce_cumsum(self, node: Reduce, cot: Cot) -> None:
-        """The reverse running sum, Σ over j' ≥ j: the total, less the running sum, plus the
-        term itself."""
+        """The reverse running sum, Σ over j' ≥ j, as autograd computes it: the running sum of
+        the cotangent read backwards along j, read backwards (flip, cumsum, flip; the total
+        less the running sum would cancel in the tail: 2.7 relative error in bfloat16 at
+        N = 1024 where this gives autograd's 0.004)."""
         over = "".join(i.glyph for i in node.over)
         g = self.named(cot, node)
-        text = f"(sum_<{over}>({g.text}) - cumsum_<{over}>({g.text}) + {g.text})"
+        flip = {i: At(self.reversed(i, node.span), node.span) for i in node.over}
+        axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in g.layout)
+        name = g.text.split("_<")[0]
+        running = Cot(f"cumsum_<{over}>({printer.ref(name, axes)})", g.free, g.all)
+        back = self.materialize(running, "d" + self.eq.tensor.name + "_rev", node.body.free)
+        axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in back.layout)
+        text = printer.ref(back.text.split("_<")[0], axes)
         self.back(node.body, self.into(node.body, Cot(text, g.free, g.all)))
+
+    @staticmethod
+    def reversed(index: Index, span) -> Node:
+        """The position `size - 1 - index`: a whole axis read backwards (a flip)."""
+        return Field(index.size - 1 - index.symbol, (index,), span)
 
     def back_concat(self, node: Concat, cot: Cot) -> None:
         """Each part's cotangent is the whole's, read where the part was written: at
