@@ -8,6 +8,7 @@ import torch
 
 import indexattn
 from indexattn.oracle import reference
+from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 torch.set_num_threads(1)
 
@@ -172,3 +173,44 @@ def test_twin_the_total_less_the_running_sum_cancels_at_these_figures():
     g = dy.bfloat16()
     cancelled = g.sum(0) - g.cumsum(0) + g
     assert relative(cancelled, want) > 0.5
+
+
+# -- 4. a scalar passed as a tensor
+
+
+def softcap() -> tuple:
+    spec = indexattn.compile_spec("softcap_window")
+    sizes = sample_sizes(spec.ir)
+    return spec, sample_arguments(spec.ir, sizes), {"h": sizes["h"], "w": 2}
+
+
+def cap_gradient(mode: str, value: float) -> torch.Tensor:
+    """The gradient of a learnable soft cap c (a 0-dim tensor that requires grad)."""
+    spec, args, given = softcap()
+    leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
+    c = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    spec(**leaves, **given, c=c, backward=mode).sum().backward()
+    return c.grad
+
+
+def test_a_tensor_scalar_that_requires_grad_gets_its_gradient_under_both_backwards():
+    autograd = cap_gradient("autograd", 0.5)
+    derived = cap_gradient("derived", 0.5)
+    assert derived is not None and autograd.abs() > 1e-6
+    assert torch.allclose(derived, autograd, rtol=1e-10, atol=1e-12)
+
+
+def test_twin_another_cap_gives_another_gradient():
+    assert not torch.allclose(cap_gradient("derived", 0.6), cap_gradient("autograd", 0.5))
+
+
+def test_a_tensor_scalar_written_in_place_rebuilds_the_constants_it_feeds():
+    """The window w builds the mask once per shape; `w.fill_(100)` (an optimizer's step
+    does the same) must give the call with 100, not the mask of the old value."""
+    spec, args, given = softcap()
+    given.pop("w")
+    w = torch.tensor(1.0, dtype=torch.float64)
+    before = spec(**args, **given, w=w)
+    w.fill_(100)
+    assert torch.equal(spec(**args, **given, w=w), spec(**args, **given, w=100.0))
+    assert not torch.allclose(before, spec(**args, **given, w=100.0))  # the twin

@@ -57,6 +57,9 @@ class FieldPrinter(StrPrinter):
     def _print_Max(self, expr) -> str:
         return self._call("max", expr)
 
+    def _print_Pow(self, expr, rational=False) -> str:
+        return super()._print_Pow(expr, rational).replace("**", "^")
+
     def _print_Mod(self, expr) -> str:
         return self._call("mod", expr)
 

@@ -23,6 +23,7 @@ from ..ir import (
     Product,
     Reduce,
     Ref,
+    Scalar,
     Spec,
     Sum,
     Tensor,
@@ -73,15 +74,22 @@ class Backward:
     outputs: list[str] = field(default_factory=list)
     given: list[Tensor] = field(default_factory=list)  # the outputs with a cotangent input
     reached: list[Tensor] = field(default_factory=list)  # the arguments with a cotangent
+    scalars: list[Scalar] = field(default_factory=list)  # the scalars with one, after them
     masks: dict[int, Tensor] = field(default_factory=dict)  # id of a dropout -> its mask
 
 
 class Derivation:
     """The backward of one checked spec."""
 
-    def __init__(self, spec: Spec, source: str, file: str, training: bool = True) -> None:
+    def __init__(
+        self, spec: Spec, source: str, file: str, training: bool = True, scalars=frozenset()
+    ) -> None:
         self.spec, self.source, self.file = spec, source, file
         self.training = training  # False: dropout is the identity, as in eval mode
+        # the scalars (ASCII names) whose cotangent is asked for: a tensor scalar that
+        # requires grad (a learnable soft cap), reached through the fields that read it
+        self.symbols = {s.symbol: s for s in spec.scalars if s.ascii in scalars}
+        self.scalar_parts: dict[Scalar, list[str]] = {}
         self.out = Backward()
         self.taken = {t.name for t in spec.tensors} | {s.name for s in spec.scalars}
         self.taken |= {str(s) for s in spec.sizes} | {i.glyph for i in spec.indices}
@@ -145,8 +153,10 @@ class Derivation:
         among = self.differentiable if among is None else among
         if isinstance(node, Ref):
             return node.tensor in among
-        if is_condition(node) or isinstance(node, Field):
+        if is_condition(node):
             return False
+        if isinstance(node, Field):
+            return bool(node.expr.free_symbols & self.symbols.keys())
         args = node.args[1:] if isinstance(node, Apply) and node.fn == "where" else children(node)
         return any(self.needs(a, among) for a in args)
 
@@ -171,6 +181,12 @@ class Derivation:
                 self.accumulate(t)
                 self.out.reached.append(t)
                 self.out.outputs.append(self.names[t])
+        for scalar in self.spec.scalars:
+            if scalar in self.scalar_parts:
+                name = self.fresh("d" + scalar.name)
+                self.out.equations.append(f"{name}_<> = {' + '.join(self.scalar_parts[scalar])}")
+                self.out.scalars.append(scalar)
+                self.out.outputs.append(name)
         if not self.out.outputs:
             raise SpecError(
                 "no derived backward: no cotangent reaches an input, param or buffer",
@@ -190,6 +206,18 @@ class Derivation:
 
     def back_ref(self, node: Ref, cot: Cot) -> None:
         self.parts.setdefault(node.tensor, []).append(Part(node, restrict(cot, node.free)))
+
+    def back_field(self, node: Field, cot: Cot) -> None:
+        """A field that reads a scalar sends the cotangent times its derivative in that
+        scalar, summed over every index, to the scalar."""
+        for symbol, scalar in self.symbols.items():
+            slope = sympy.diff(node.expr, symbol)
+            if slope != 0:
+                free = frozenset(node.free)
+                factor = Cot(f"({printer.field(slope)})", free, mentioned(node))
+                self.scalar_parts.setdefault(scalar, []).append(
+                    product([cot, factor], frozenset()).text
+                )
 
     def back_sum(self, node: Sum, cot: Cot) -> None:
         for term in node.terms:
