@@ -205,7 +205,21 @@ class Derivation:
             getattr(self, "back_" + type(node).__name__.lower())(node, cot)
 
     def back_ref(self, node: Ref, cot: Cot) -> None:
-        self.parts.setdefault(node.tensor, []).append(Part(node, restrict(cot, node.free)))
+        cot = restrict(cot, node.free)
+        if self.precision() and not is_reference(cot.text):  # computed in it, then read
+            cot = self.materialize(cot, "d" + node.tensor.name, node.free)
+        self.parts.setdefault(node.tensor, []).append(Part(node, cot))
+
+    def precision(self) -> str:
+        """The precision of the equation being differentiated (`ρ_<μτ> : float32 = ...`):
+        what its backward computes is declared in it too, as autograd differentiates the
+        widened steps in their own dtype (differential's rsqrt slope overflows float16)."""
+        return self.eq.tensor.precision if self.eq else ""
+
+    def declared(self, name: str, axes) -> str:
+        """A left side, with the precision of the equation being differentiated."""
+        precision = self.precision()
+        return printer.ref(name, axes) + (f" : {precision}" if precision else "")
 
     def back_field(self, node: Field, cot: Cot) -> None:
         """A field that reads a scalar sends the cotangent times its derivative in that
@@ -240,7 +254,7 @@ class Derivation:
     def materialize(self, cot: Cot, base: str, order) -> Cot:
         name = self.fresh(base)
         axes = tuple((i,) for i in order if i in cot.free)
-        self.out.equations.append(f"{printer.ref(name, axes)} = {cot.text}")
+        self.out.equations.append(f"{self.declared(name, axes)} = {cot.text}")
         return Cot(printer.ref(name, axes), cot.free, cot.free, axes)
 
     def value(self, node: Node) -> Cot:
