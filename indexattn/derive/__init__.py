@@ -14,7 +14,8 @@ import sympy
 from ..ir import Equation, Scalar, Spec, Tensor, check, refs
 from ..lower.passes.rows import sequence_indices
 from . import printer
-from .reverse import Backward, Derivation, dropouts, unmasked
+from . import rewrites as rewritten
+from .reverse import Backward, Derivation, Rewrite, dropouts, unmasked
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,14 @@ def derive(
     *,
     training: bool = True,
     scalars: frozenset[str] = frozenset(),
+    rewrites: tuple[Rewrite, ...] | None = None,
 ) -> Derived:
     """The backward of a checked spec; SpecError where a construct has no derivative yet.
     `training=False`: the backward in eval mode, where dropout is the identity. `scalars`:
     the ASCII names of scalars whose cotangents it also returns (tensor scalars that require
-    grad), after the arguments'."""
-    out = Derivation(spec, source, file, training, frozenset(scalars)).run()
+    grad), after the arguments'. `rewrites`: those applied, BACKWARD_REWRITES by default."""
+    rewrites = rewritten.BACKWARD_REWRITES if rewrites is None else rewrites
+    out = Derivation(spec, source, file, training, frozenset(scalars), rewrites).run()
     equations = [masked(eq, out.masks) for eq in spec.equations]
     whole = check(written(spec, out, equations, ()), f"{spec.name}_backward")
     kept, again = keeping(spec, whole.equations[len(spec.equations) :])

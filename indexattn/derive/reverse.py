@@ -39,6 +39,18 @@ from . import printer
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """One rewrite of the derived backward (derive/rewrites.py, BACKWARD_REWRITES): the step of
+    reverse mode it writes otherwise (`hook`), the Derivation method that writes it, and what
+    it keeps true."""
+
+    name: str
+    hook: str  # "branches", "rows", "sums" or "running"
+    method: str
+    guarantee: str
+
+
+@dataclass(frozen=True)
 class Cot:
     """A cotangent (or a value) as a factor of a product: its text, the indices it carries
     and every index it mentions (those it sums inside included)."""
@@ -82,9 +94,16 @@ class Derivation:
     """The backward of one checked spec."""
 
     def __init__(
-        self, spec: Spec, source: str, file: str, training: bool = True, scalars=frozenset()
+        self,
+        spec: Spec,
+        source: str,
+        file: str,
+        training: bool = True,
+        scalars=frozenset(),
+        rewrites: tuple[Rewrite, ...] = (),
     ) -> None:
         self.spec, self.source, self.file = spec, source, file
+        self.hooks = {r.hook: r.method for r in rewrites}  # a later one for a hook wins
         self.training = training  # False: dropout is the identity, as in eval mode
         # the scalars (ASCII names) whose cotangent is asked for: a tensor scalar that
         # requires grad (a learnable soft cap), reached through the fields that read it
@@ -115,6 +134,12 @@ class Derivation:
         free = arg.free if isinstance(arg, Ref) else (*eq.indices, *arg.free)
         layout = tuple((i,) for i in dict.fromkeys(free) if i in arg.free)
         return Tensor(name, ascii_name(name), "input", layout, batched(arg), span=node.span)
+
+    def rewritten(self, hook: str, *args):
+        """What the rewrite for `hook` writes (None where none is on, or it does not
+        apply): reverse mode proper is written with none."""
+        method = self.hooks.get(hook)
+        return getattr(self, method)(*args) if method else None
 
     # -- names
 
@@ -277,10 +302,7 @@ class Derivation:
     def back_apply(self, node: Apply, cot: Cot) -> None:
         if node.fn == "where":
             condition = printer.text(node.args[0])
-            # the branches as the forward evaluates them (numerics.guarded): a function that
-            # can overflow reads a finite value where its branch is not chosen, so that its
-            # slope there is finite and the zero cotangent gives zero, not 0 × inf = NaN
-            branches = guarded(node).args[1:]
+            branches = self.rewritten("branches", node) or node.args[1:]
             for arg, form in zip(branches, ("where({0}, {1}, 0)", "where({0}, 0, {1})")):
                 if not self.needs(arg):
                     continue
@@ -343,10 +365,18 @@ class Derivation:
         over = "".join(i.glyph for i in node.over)
         a = self.value(node)
         cot = self.named(cot, node)
-        rows = self.flash(node) or Cot(f"sum_<{over}>({a.text} {cot.text})", frozenset())
+        rows = self.rewritten("rows", node) or Cot(
+            f"sum_<{over}>({a.text} {cot.text})", frozenset()
+        )
         text = f"{a.text} ({cot.text} - {rows.text})"
         free = frozenset(node.free)
         self.back(node.body, self.into(node.body, Cot(text, free, free | a.all | rows.all)))
+
+    def guarded_branches(self, node: Apply) -> tuple[Node, Node]:
+        """A where's branches as the forward evaluates them (numerics.guarded): a function
+        that can overflow reads a finite value where its branch is not chosen, so that its
+        slope there is finite and the zero cotangent gives zero, not 0 × inf = NaN."""
+        return guarded(node).args[1:]
 
     def flash(self, node: Reduce) -> Cot | None:
         """Σ_j A dA as Σ dO O (FlashAttention's D = rowsum(dO ∘ O)), where A = softmax_<j>(S)
@@ -410,20 +440,29 @@ class Derivation:
     reduce_min = reduce_max
 
     def reduce_cumsum(self, node: Reduce, cot: Cot) -> None:
-        """The reverse running sum, Σ over j' ≥ j, as autograd computes it: the running sum of
-        the cotangent read backwards along j, read backwards (flip, cumsum, flip; the total
-        less the running sum would cancel in the tail: 2.7 relative error in bfloat16 at
-        N = 1024 where this gives autograd's 0.004)."""
-        over = "".join(i.glyph for i in node.over)
+        """The reverse running sum, Σ over j' ≥ j: the total, less the running sum, plus the
+        term itself (or as a rewrite of BACKWARD_REWRITES writes it)."""
         g = self.named(cot, node)
+        over = "".join(i.glyph for i in node.over)
+        text = f"(sum_<{over}>({g.text}) - cumsum_<{over}>({g.text}) + {g.text})"
+        plain = Cot(text, g.free, g.all)
+        self.back(node.body, self.into(node.body, self.rewritten("running", node, g) or plain))
+
+    def flipped(self, node: Reduce, g: Cot) -> Cot:
+        """The reverse running sum as autograd computes it: the running sum of the cotangent
+        read backwards along j, read backwards (flip, cumsum, flip; the total less the
+        running sum cancels in the tail: 2.7 relative error in bfloat16 at N = 1024 where this
+        gives autograd's 0.004)."""
+        over = "".join(i.glyph for i in node.over)
+        if not g.layout:  # a reference with a sign: named first
+            g = self.materialize(g, "d" + self.eq.tensor.name, node.free)
         flip = {i: At(self.reversed(i, node.span), node.span) for i in node.over}
         axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in g.layout)
         name = g.text.split("_<")[0]
         running = Cot(f"cumsum_<{over}>({printer.ref(name, axes)})", g.free, g.all)
         back = self.materialize(running, "d" + self.eq.tensor.name + "_rev", node.body.free)
         axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in back.layout)
-        text = printer.ref(back.text.split("_<")[0], axes)
-        self.back(node.body, self.into(node.body, Cot(text, g.free, g.all)))
+        return Cot(printer.ref(back.text.split("_<")[0], axes), g.free, g.all)
 
     @staticmethod
     def reversed(index: Index, span) -> Node:
@@ -454,7 +493,8 @@ class Derivation:
         plain = next((p for p in parts if all(isinstance(i, Index) for i in p.ref.written)), None)
         glyphs = [i.glyph for i in (plain.ref.written if plain else tensor.indices)]
         name = self.names[tensor] = self.fresh("d" + tensor.name)  # before its parts' names
-        terms = [self.term(p, glyphs, tensor) for p in self.regroup(parts, glyphs, tensor)]
+        grouped = self.rewritten("sums", parts, glyphs, tensor) or parts
+        terms = [self.term(p, glyphs, tensor) for p in grouped]
         axes, flat = [], iter(glyphs)
         for axis in tensor.layout:
             axes.append(tuple(next(flat) for _ in axis))
