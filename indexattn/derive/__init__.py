@@ -11,9 +11,7 @@ from dataclasses import dataclass, replace
 
 import sympy
 
-from ..ir import Equation, Scalar, Spec, Tensor, check, refs
-from ..lower.passes.rows import sequence_indices
-from . import printer
+from ..ir import Equation, Scalar, Spec, Tensor, check, printer, refs, sequence_indices
 from . import rewrites as rewritten
 from .reverse import Backward, Derivation, Rewrite, dropouts, unmasked
 

@@ -30,12 +30,12 @@ from ..ir import (
     batched,
     children,
     is_condition,
+    printer,
     walk,
 )
 from ..lower.numerics import guarded
 from ..notation.names import ascii_name, fresh
 from ..ops import DERIVATIVES
-from . import printer
 
 
 @dataclass(frozen=True)

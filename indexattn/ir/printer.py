@@ -7,9 +7,9 @@ from __future__ import annotations
 import sympy
 from sympy.printing.str import StrPrinter
 
-from ..ir import Apply, At, Concat, Field, Index, Node, Product, Reduce, Ref, Sum
-from ..ir.einstein import denominator, signed
 from ..ops import lookup
+from .einstein import denominator, signed
+from .nodes import Apply, At, Concat, Field, Index, Node, Product, Reduce, Ref, Sum
 
 Rename = dict[Index, str]  # an index -> the glyph it is written with
 
