@@ -94,13 +94,13 @@ def test_every_rewrite_keeps_each_shipped_specs_gradients(path):
     assert first_wrong(indexattn.compile_spec(path)) is None
 
 
-@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=5, suppress_health_check=[HealthCheck.too_slow])
 @given(chains())
 def test_every_rewrite_keeps_random_chains_gradients(text):
     assert first_wrong(indexattn.compile_spec(text, name="chain")) is None, text
 
 
-@settings(deadline=None, max_examples=6, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=4, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_specs())
 def test_every_rewrite_keeps_random_specs_gradients(text):
     assert first_wrong(indexattn.compile_spec(text, name="random")) is None, text
