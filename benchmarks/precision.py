@@ -11,6 +11,8 @@ module's error and the spec's on the module's own weights, at the same N and pos
     PYTHONPATH=. .venv/bin/python benchmarks/precision.py --write    # into docs/precision.md
     PYTHONPATH=. .venv/bin/python benchmarks/precision.py --spec rope --spec models/llama3 --write
                                          # only those rows, measured and put in the table
+
+Whatever follows the marker `HAND` in docs/precision.md is written by hand and kept as it is.
 """
 
 from __future__ import annotations
@@ -154,6 +156,20 @@ def merged(selected: list[str], old: str) -> str:
     return head + "\n".join([COLUMNS, RULE, *lines, "", *notes]) + "\n"
 
 
+HAND = "<!-- written by hand from here on: benchmarks/precision.py keeps it as it is -->"
+
+
+def generated_part(page: str) -> str:
+    """The part of docs/precision.md that this script writes: all before the marker `HAND`."""
+    return page.partition(HAND)[0]
+
+
+def with_hand_part(text: str, page: str) -> str:
+    """`text`, newly generated, followed by the hand-written part of `page` (if it has one)."""
+    _, marker, hand = page.partition(HAND)
+    return f"{text}\n{marker}{hand}" if marker else text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write docs/precision.md")
@@ -162,7 +178,9 @@ def main() -> None:
     )
     arguments = parser.parse_args()
     path = ROOT / "docs" / "precision.md"
-    text = merged(arguments.spec, path.read_text(encoding="utf-8")) if arguments.spec else table()
+    page = path.read_text(encoding="utf-8")
+    text = merged(arguments.spec, generated_part(page)) if arguments.spec else table()
+    text = with_hand_part(text, page)
     if arguments.write:
         path.write_text(text, encoding="utf-8")
     print(text)

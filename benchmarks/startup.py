@@ -6,6 +6,7 @@ spread (least to most) over several processes per case, the cases interleaved.
 
     .venv/bin/python benchmarks/startup.py [--processes 7] [--specs mha gpt2]
     .venv/bin/python benchmarks/startup.py --profile cold.prof   # cProfile of one cold start
+    .venv/bin/python benchmarks/startup.py --lengths 100 1000 10000  # compile time by length
 
 Python may write the package's bytecode, as an installed package has it: with
 PYTHONDONTWRITEBYTECODE set (as on the CI machines) an editable install compiles every module
@@ -80,6 +81,43 @@ def summary(times: list[float]) -> dict:
     }
 
 
+LENGTH = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from startup import chain
+import indexattn
+indexattn.compile_spec(chain(2), name="warm")  # the compiler's imports (sympy) done first
+text = chain(int(sys.argv[1]))
+start = time.perf_counter()
+indexattn.compile_spec(text, name="chain")
+print(time.perf_counter() - start)
+"""
+
+
+def chain(n: int) -> str:
+    """A spec of n equations, each reading the one before and an input: what a long spec
+    costs the compiler per equation (docs/performance.md, "Compile time")."""
+    lines = ["index τ : N", "index a : d", "input X_<τa>", "param w_<a>", "Y0_<τa> = X_<τa>"]
+    lines += [f"Y{k}_<τa> = tanh(Y{k - 1}_<τa>) w_<a> + X_<τa>" for k in range(1, n)]
+    return "\n".join(lines) + "\n"
+
+
+def lengths(ns: list[int], processes: int) -> dict[int, dict]:
+    """Per length, seconds of one compile_spec (cache off, after one of a two-equation spec
+    has imported the compiler) and per equation, over fresh processes, lengths interleaved."""
+    samples: dict[int, list[float]] = {n: [] for n in ns}
+    env = {**os.environ, "INDEXATTN_CACHE": "0"}
+    for _ in range(processes):
+        for n in ns:
+            command = [sys.executable, "-c", LENGTH, str(n), str(Path(__file__).parent)]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+            samples[n].append(float(done.stdout))
+    return {
+        n: {**summary(t), "ms per equation": round(1000 * statistics.median(t) / n, 2)}
+        for n, t in samples.items()
+    }
+
+
 def profile(name: str, out: str) -> None:
     """cProfile of one cold start (an empty cache directory) into `out`."""
     with tempfile.TemporaryDirectory(prefix="indexattn-startup-") as directory:
@@ -92,7 +130,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=7)
     parser.add_argument("--specs", nargs="+", default=["mha", "gpt2", "softcap_window"])
     parser.add_argument("--profile", metavar="OUT", help="profile one cold start of the first")
+    parser.add_argument("--lengths", type=int, nargs="+", help="compile chains of these lengths")
     args = parser.parse_args()
+    if args.lengths:
+        print(json.dumps(lengths(args.lengths, args.processes), indent=1))
+        return
     if args.profile:
         profile(args.specs[0], args.profile)
         return

@@ -56,6 +56,14 @@ def _gelu(x):
     return x * (1 + sympy.erf(x / sympy.sqrt(2))) / 2
 
 
+def _gelu_tanh(x):
+    """GELU's tanh approximation (Gemma, GPT-2's `gelu_new`), as torch's approximate="tanh"."""
+    return x * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + GELU_TANH_CUBIC * x**3))) / 2
+
+
+GELU_TANH_CUBIC = sympy.Rational(44715, 1000000)  # the approximation's coefficient of x³
+
+
 def _rsqrt(x):
     return 1 / sympy.sqrt(x)
 
@@ -124,6 +132,13 @@ FUNCTIONS: dict[str, Op] = {
         _function("sigmoid", "torch.sigmoid({0})", _named("sigmoid"), _sigmoid),
         _function("relu", "torch.relu({0})", _named("ReLU"), lambda x: sympy.Max(x, 0)),
         _function("gelu", "F.gelu({0})", _named("GELU"), _gelu, ("F",)),
+        _function(
+            "gelu_tanh",
+            'F.gelu({0}, approximate="tanh")',
+            r"\operatorname{{GELU}}_{{\tanh}}\left({0}\right)",
+            _gelu_tanh,
+            ("F",),
+        ),
         _function("silu", "F.silu({0})", _named("SiLU"), lambda x: x * _sigmoid(x), ("F",)),
         _function("abs", "torch.abs({0})", r"\left|{0}\right|", sympy.Abs),
         _function("cos", "torch.cos({0})", r"\cos\left({0}\right)", sympy.cos),
@@ -291,6 +306,11 @@ DERIVATIVES: dict[str, tuple[str, ...]] = {
     "relu": ("where(x > 0, 1, 0)",),
     # gelu(x) = x Φ(x), Φ(x) = (1 + erf(x / √2)) / 2, Φ'(x) = exp(-x² / 2) / √(2π)
     "gelu": ("(1 + erf(x / sqrt(2))) / 2 + x exp(-x^2 / 2) / sqrt(2 π)",),
+    # gelu_tanh(x) = x (1 + tanh(u)) / 2, u = √(2/π) (x + 0.044715 x³)
+    "gelu_tanh": (
+        "(1 + tanh(sqrt(2 / π) (x + 0.044715 x^3))) / 2 + x (1 - tanh(sqrt(2 / π) (x + 0.044715"
+        " x^3))^2) sqrt(2 / π) (1 + 0.134145 x^2) / 2",
+    ),
     "silu": ("sigmoid(x) (1 + x (1 - sigmoid(x)))",),
     "elu": ("where(x > 0, 1, exp(x))",),
     "softplus": ("sigmoid(x)",),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import sympy
 
@@ -40,7 +41,7 @@ class Tensor:
     whole: bool = False  # derived, and its values are whole numbers (positions may read it)
     precision: str = ""  # derived: computed in float32 or float64 at least (`A_<ττ'> : float32`)
 
-    @property
+    @cached_property
     def indices(self) -> tuple[Index, ...]:
         return tuple(i for axis in self.layout for i in axis)
 
@@ -85,7 +86,7 @@ class At:
     value: Node
     span: Span = field(compare=False)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return self.value.free
 
@@ -101,14 +102,14 @@ class Ref:
     spans: tuple[Span, ...] = field(compare=False, default=())  # one per index in `free`
     source: ast.Ref | None = field(compare=False, default=None)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         found: list[Index] = []
         for item in self.written:
             found += [item] if isinstance(item, Index) else list(getattr(item, "free", ()))
         return tuple(dict.fromkeys(found))
 
-    @property
+    @cached_property
     def written(self) -> tuple[Index | int | At, ...]:
         """The items of every axis, flat, as written."""
         return tuple(i for axis in self.axes for i in axis)
@@ -123,7 +124,7 @@ class Product:
     span: Span = field(compare=False)
     source: ast.Expr | None = field(compare=False, default=None)  # the `*`, `/` or `-` written
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return union(*(f.free for f in self.factors), minus=self.summed)
 
@@ -133,7 +134,7 @@ class Sum:
     terms: tuple[Node, ...]
     span: Span = field(compare=False)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return union(*(t.free for t in self.terms))
 
@@ -147,7 +148,7 @@ class Apply:
     args: tuple[Node, ...]
     span: Span = field(compare=False)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return union(*(a.free for a in self.args))
 
@@ -165,7 +166,7 @@ class Reduce:
     body: Node
     span: Span = field(compare=False)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return self.body.free if self.keeps else union(self.body.free, minus=self.over)
 
@@ -185,7 +186,7 @@ class Concat:
     along: tuple[Index, ...]
     span: Span = field(compare=False)
 
-    @property
+    @cached_property
     def free(self) -> tuple[Index, ...]:
         return (self.over, *union(self.parts[0].free, minus=self.along))
 
@@ -201,7 +202,7 @@ class Equation:
     doc: str = ""
     source: ast.Equation | None = field(compare=False, default=None)
 
-    @property
+    @cached_property
     def indices(self) -> tuple[Index, ...]:
         """The left-hand side's indices, flat, as written."""
         return self.tensor.indices

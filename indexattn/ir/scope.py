@@ -19,6 +19,7 @@ class Scope:
 
     def __init__(self, doc: ast.Document) -> None:
         self.doc = doc
+        self.lines = doc.source.split("\n")
         self.indices: dict[str, Index] = {}
         self.sizes: dict[str, sympy.Symbol] = {}
         self.size_asciis: dict[str, str] = {}
@@ -64,7 +65,7 @@ class Scope:
 
     def spelled(self, name: str, span: Span) -> None:
         """NFKC makes µ (micro sign) and μ (mu) one letter; a spec that mixes them is told."""
-        line = self.doc.source.split("\n")[span.line - 1]
+        line = self.lines[span.line - 1]
         key = line[span.col - 1 : span.col - 1 + span.length]
         if key.startswith("\\"):  # \mu names μ whichever way μ is written elsewhere
             return

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..sizes import Check, Rank, Read, Rules, Tree
-from .nodes import Spec, Tensor
+from .nodes import At, Field, Spec, Tensor, refs
 
 
 @dataclass(frozen=True)
@@ -140,3 +140,49 @@ def _where(tensor: Tensor, position: int) -> str:
 def _axis_text(spec: Spec, tensor: Tensor, position: int) -> str:
     where = _where(tensor, position)
     return f"{spec.name}: {where}: expected size {tensor.shape[position]}"
+
+
+def relations(spec: Spec) -> tuple[sympy.Expr, ...]:
+    """What the spec declares of its sizes, each an expression that must be at least 1: every
+    index's range (`M - N` asks M > N), and every range past a slice the spec reads (`X_<5a>`
+    asks N > 5, `W_<([h + 1]a)i>` asks J > h + 1)."""
+    found = dict.fromkeys(sympy.expand(i.size) for i in spec.indices)
+    for eq in spec.equations:
+        for ref in refs(eq.rhs):
+            for index, item in zip(ref.tensor.indices, ref.written):
+                at = item if isinstance(item, int) else _fixed(item)
+                if at is not None:
+                    found[sympy.expand(index.size - at)] = None
+    return tuple(e for e in found if not e.is_number)
+
+
+def _fixed(item) -> sympy.Expr | None:
+    """The position a computed position with no index selects (`[h + 1]`), else None."""
+    if isinstance(item, At) and not item.free and isinstance(item.value, Field):
+        return item.value.expr
+    return None
+
+
+def honouring(
+    spec: Spec, sizes: dict[sympy.Symbol, int], fixed: set[str] = frozenset()
+) -> dict[sympy.Symbol, int]:
+    """`sizes` with the sizes not named in `fixed` (ASCII names) raised until every relation
+    holds; a ValueError names the relation the fixed ones break."""
+    sizes = dict(sizes)
+    for relation in relations(spec):
+        growing = [
+            s
+            for s in sorted(relation.free_symbols, key=str)
+            if spec.size_ascii(s) not in fixed and sympy.diff(relation, s).is_positive is not False
+        ]
+        for _ in range(64):
+            short = 1 - relation.subs(sizes)
+            if short <= 0 or not growing:
+                break
+            for symbol in growing:
+                sizes[symbol] += max(1, int(sympy.ceiling(short)))
+        if 1 - relation.subs(sizes) > 0:
+            named = (s for s in spec.sizes if spec.size_ascii(s) in fixed)
+            given = ", ".join(f"{s} = {sizes[s]}" for s in named)
+            raise ValueError(f"the sizes {given} leave {relation} < 1: it is the range of an index")
+    return sizes

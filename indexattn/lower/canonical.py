@@ -181,12 +181,16 @@ def _merges(spec: Spec, slots: set[Slot]) -> dict[int, dict[Pair, frozenset[Slot
     """Per equation, the pairs it merges and the slots each touches: the fixpoint where every
     slot kept is merged by every equation that reads or defines its tensor."""
     uses = [_uses(eq) for eq in spec.equations]
+    users: dict[str, list[int]] = {}  # each tensor's equations: a slot is checked by those
+    for k, used in enumerate(uses):
+        for name in dict.fromkeys(name for name, _ in used):
+            users.setdefault(name, []).append(k)
     while True:
         merges = {k: _pairs(eq, uses[k], slots) for k, eq in enumerate(spec.equations)}
         keep = {
             slot
             for slot in slots
-            if all(_covered(uses[k], slot, merges[k]) for k in range(len(uses)))
+            if all(_covered(uses[k], slot, merges[k]) for k in users.get(slot[0], ()))
         }
         keep -= {(name, p + 1) for name, p in keep if (name, p) in keep}  # overlaps
         if keep == slots:

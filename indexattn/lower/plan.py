@@ -180,8 +180,11 @@ class Planner(Products, PrefixProducts, Scatters):
         if mine and value.dims == eq.indices and not value.var.argument:
             renamed = replace(value, var=own)
             self.steps[-1] = replace(last, out=renamed)
-            # a later equal step reuses the value under the name it now has
-            self.seen = {k: renamed if v == value else v for k, v in self.seen.items()}
+            # a later equal step reuses the value under the name it now has: the last step's
+            # own entry, the one that can hold it (each step makes a value of its own)
+            key = _signature(last)
+            if key is not None and self.seen.get(key) == value:
+                self.seen[key] = renamed
             value = renamed
         if value.dims != eq.indices or value.var != own:
             value = self.add(

@@ -105,8 +105,9 @@ class Program:
 
     def with_steps(self, steps: dict[Var, Step | None]) -> Program:
         """The program with the steps that make the given values replaced (None: removed)."""
+        changed = set(steps)
         blocks = tuple(
-            replace(b, steps=tuple(_swap(b.steps, steps))) if set(steps) & _outs(b) else b
+            replace(b, steps=tuple(_swap(b.steps, steps))) if changed & _outs(b) else b
             for b in self.blocks
         )
         return replace(self, blocks=blocks)

@@ -447,9 +447,10 @@ class StatementParser:
             return self.call(ref.name, over, tok.span)
         if ref.name in FUNCTIONS and self.at("("):
             raise self.error(f"{ref.name} takes no subscript", tok.span, f"write {ref.name}(...).")
-        typo = _suggest(ref.name, REDUCTIONS)
-        if typo and self.at("(") and not self.tok.spaced:
-            raise self.error(f"unknown function '{ref.name}'", tok.span, typo.strip())
+        if self.at("(") and not self.tok.spaced:  # `sofmax_<j>(`: asked only where it reads so
+            typo = _suggest(ref.name, REDUCTIONS)
+            if typo:
+                raise self.error(f"unknown function '{ref.name}'", tok.span, typo.strip())
         return ref
 
     def reduction_index(self, axis: ast.Axis, ref: ast.Ref) -> ast.IndexName:

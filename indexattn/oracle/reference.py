@@ -9,6 +9,7 @@ own numpy printer on a float64 grid.
 
 from __future__ import annotations
 
+import math
 import string
 
 import numpy as np
@@ -223,6 +224,10 @@ ELEMENTWISE = {
     "sigmoid": lambda self, x: torch.sigmoid(x),
     "relu": lambda self, x: torch.relu(x),
     "gelu": lambda self, x: F.gelu(x),
+    # as written: x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2, not torch's approximate="tanh"
+    "gelu_tanh": lambda self, x: (
+        x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))) / 2
+    ),
     "silu": lambda self, x: x * torch.sigmoid(x),
     "cos": lambda self, x: torch.cos(x),
     "sin": lambda self, x: torch.sin(x),

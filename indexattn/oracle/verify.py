@@ -9,19 +9,26 @@ import sympy
 import torch
 
 from ..ir import Spec
+from ..ir.shapes import honouring
 from ..runtime import CompiledSpec
 from . import reference
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 
 
-def sample_sizes(spec: Spec, seed: int = 0) -> dict[str, int]:
-    """Small, pairwise different sizes, so that a swapped axis cannot go unnoticed."""
+def sample_sizes(spec: Spec, seed: int = 0, fixed: dict[str, int] | None = None) -> dict[str, int]:
+    """Small, pairwise different sizes, so that a swapped axis cannot go unnoticed, that honour
+    what the spec declares of them (`index c : M - N` asks M > N; ir.shapes.relations); the
+    sizes in `fixed` (by ASCII name) as given. A ValueError says which relation they break."""
     values = [3, 4, 5, 2, 6, 7, 8, 9] if seed % 2 == 0 else [5, 2, 3, 4, 7, 6, 9, 8]
-    return {
+    sizes = {
         name: values[k % len(values)] + 8 * (k // len(values))
         for k, name in enumerate(spec.size_asciis)
     }
+    sizes.update(fixed or {})
+    by_symbol = dict(zip(spec.sizes, spec.size_asciis))
+    chosen = honouring(spec, {s: sizes[a] for s, a in by_symbol.items()}, set(fixed or ()))
+    return {by_symbol[s]: v for s, v in chosen.items()}
 
 
 def sample_arguments(
@@ -63,9 +70,11 @@ def compare(
     dtype: torch.dtype = torch.float64,
     batch: tuple[int, ...] = (),
     seed: int = 0,
+    fixed: dict[str, int] | None = None,
 ) -> Comparison:
-    """Runs the generated function and the literal interpreter on the same random data."""
-    sizes = sample_sizes(spec.ir, seed)
+    """Runs the generated function and the literal interpreter on the same random data, at
+    sample sizes (those in `fixed` as given)."""
+    sizes = sample_sizes(spec.ir, seed, fixed)
     args = sample_arguments(spec.ir, sizes, batch, dtype, seed)
     given = {k: v for k, v in sizes.items() if k in spec.required}
     generated = _tuple(spec(**args, **given))

@@ -74,7 +74,7 @@ def store(text: str, name: str, file: str, plain: Plain) -> None:
         return
     temporary = None
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _private_folders(path.parent)
         if not _private(path.parent):
             return
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
@@ -85,6 +85,15 @@ def store(text: str, name: str, file: str, plain: Plain) -> None:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+
+
+def _private_folders(folder: Path) -> None:
+    """Makes the folder and every missing folder above it 0700, whatever the umask (0 would
+    leave Path.mkdir's parents 0777: anyone could swap the cache folder inside them)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            os.mkdir(path, 0o700)
 
 
 def _private(*paths: Path) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import linecache
 import math
+import os
 import threading
 from collections.abc import Sequence
 from functools import cached_property, partial
@@ -18,6 +19,7 @@ import torch
 
 from .. import catalog
 from ..errors import ShapeError
+from ..notation.names import ascii_name, normalise
 from . import cache
 from .cache import Plain
 
@@ -48,9 +50,15 @@ def compile_spec(
     >>> compile_spec("gqa").name
     'gqa'
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(
+            'compile_spec takes a spec\'s text (str), the name of a shipped spec ("mha") or '
+            f"a path (pathlib.Path, or a str ending in .attn), not {type(spec).__name__}"
+            + (": decode bytes first, text.decode()" if isinstance(spec, bytes) else "")
+        )
     if isinstance(spec, str) and catalog.looks_like_a_name(spec):
         spec = _shipped(spec)
-    if isinstance(spec, Path) or (isinstance(spec, str) and _is_path(spec)):
+    if isinstance(spec, os.PathLike) or _is_path(spec):
         path = Path(spec)
         text, name, file = _read(path), name or path.stem, str(path)
     else:
@@ -202,6 +210,7 @@ class CompiledSpec:
         backward = self.default_backward if backward is None else backward
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
+        kwargs = self._spelled(kwargs)
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -281,6 +290,21 @@ class CompiledSpec:
             with self._lock:
                 _bounded(self._checked)[checked] = True
         return found
+
+    def _spelled(self, kwargs: dict) -> dict:
+        """Keywords by ASCII name: one that names an argument, size or scalar by the spec's
+        own glyphs (`θ=` for the param θ) is that name's ASCII spelling (`theta=`), which
+        is what ir/scope.py gave it; both at once is a TypeError."""
+        known = {*self.arguments, *self.size_names, *(s for s, _ in self.plain.scalars)}
+        out = {}
+        for key, value in kwargs.items():
+            spelled = key if key.isascii() else ascii_name(normalise(key))
+            if spelled != key and spelled not in known:
+                spelled = key  # not the spec's: said as an unexpected keyword
+            if spelled in out:
+                raise TypeError(f"{self.name}(): {key} and {spelled} name one argument")
+            out[spelled] = value
+        return out
 
     def _tensors(self, kwargs: dict) -> dict[str, torch.Tensor]:
         missing = [name for name in self.arguments if name not in kwargs]

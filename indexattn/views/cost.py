@@ -32,6 +32,7 @@ from functools import singledispatch
 import sympy
 
 from ..ir import Index, Spec, Tensor
+from ..ir.shapes import honouring
 from ..lower.program import Block, Program
 from ..lower.steps import (
     Add,
@@ -289,7 +290,8 @@ def _(step: PrefixProduct) -> Cost:
 
 def sizes_for(spec: Spec, given: dict[str, int] | None = None) -> dict[sympy.Symbol, int]:
     """A value for every size of the spec: the given ones (by spec or ASCII name), else the
-    defaults above. Unknown names raise KeyError."""
+    defaults above, raised where the spec's ranges ask (ir.shapes.honouring). Unknown names
+    raise KeyError; given sizes that break a range, ValueError."""
     given = dict(given or {})
     by_name = size_names(spec)
     unknown = sorted(set(given) - set(by_name))
@@ -299,7 +301,8 @@ def sizes_for(spec: Spec, given: dict[str, int] | None = None) -> dict[sympy.Sym
             + ", ".join(str(s) for s in spec.sizes)
         )
     values = {by_name[name]: int(value) for name, value in given.items()}
-    return {s: values.get(s, DEFAULT_SIZES.get(str(s), FALLBACK_SIZE)) for s in spec.sizes}
+    chosen = {s: values.get(s, DEFAULT_SIZES.get(str(s), FALLBACK_SIZE)) for s in spec.sizes}
+    return honouring(spec, chosen, {spec.size_ascii(s) for s in values})
 
 
 def size_names(spec: Spec) -> dict[str, sympy.Symbol]:

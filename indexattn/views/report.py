@@ -104,6 +104,8 @@ def _wrapped(formula: str, width: int) -> list[str]:
     then the rest two columns further in, where they read as its continuation."""
     lines = textwrap.wrap(formula, width, break_long_words=False, break_on_hyphens=False)
     first, *rest = lines or [""]
+    if not rest:  # fits: a column of "0" and "1" is narrower than the indent below
+        return [first]
     return [first, *textwrap.wrap(" ".join(rest), width - 2, break_long_words=False)]
 
 
@@ -208,10 +210,27 @@ def _tensor_row(tensor: ir.Tensor, spec: ir.Spec, sizes: dict) -> TensorRow:
 def flop_rows(spec: ir.Spec, plan: Program, sizes: dict) -> tuple[CountRow, ...]:
     """One row per block of the plan that computes something: the equations it implements."""
     rows = []
+    written = _written(spec, plan.spec)
     for block, spent in cost.block_costs(plan):
-        eqs = block.equations
+        eqs = tuple(dict.fromkeys(written[eq.tensor.name] for eq in block.equations))
         if not eqs and spent.total == 0:
             continue
         value = cost.evaluate(spent.total, sizes)
         rows.append(CountRow(spent.total, value, equations=eqs, note=block.note))
     return tuple(rows)
+
+
+def _written(spec: ir.Spec, planned: ir.Spec) -> dict[str, ir.Equation]:
+    """Each equation the plan computes (of the canonical form, lower/canonical.py), as the
+    spec's own equation it comes from: a rewritten equation is the one of its tensor, an
+    equation the canonical form made is the written one that reads it (counted there)."""
+    own = {eq.tensor.name: eq for eq in spec.equations}
+    later = reversed(planned.equations)  # the first reader wins
+    readers = {ref.tensor.name: eq.tensor.name for eq in later for ref in ir.refs(eq.rhs)}
+    found = {}
+    for eq in planned.equations:
+        name = eq.tensor.name
+        while name not in own:
+            name = readers[name]
+        found[eq.tensor.name] = own[name]
+    return found

@@ -55,13 +55,17 @@ def run(program: Program) -> Program:
     whole = _integers(program)
     marked: dict[Var, Step] = {}
     free: set[Var] = set()
+    free_wide: set[Var] = set()  # free & wide, kept as free grows (linear in the steps)
     rows: set[Var] = set()
     for step in steps:
-        new = _into(step, free if _shift(step) else free & wide, rows, reads_of)
+        new = _into(step, free if _shift(step) else free_wide, rows, reads_of)
         if new is not step:
             marked[step.out.var] = new
-        if fresh(new) and new.out.var not in whole | kept:
-            free.add(new.out.var)
+        out = new.out.var
+        if fresh(new) and out not in whole and out not in kept:
+            free.add(out)
+            if out in wide:
+                free_wide.add(out)
         if _contiguous(new, rows):
             rows.add(new.out.var)
     return program.with_steps(marked)

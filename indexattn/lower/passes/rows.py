@@ -48,14 +48,16 @@ def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var
         return None
     for starts in (set(wide), {wide[0]}):  # every wide step (one core's several score
         chosen, inside = _chain(flat, starts, readers[-1])  # products), else the first core
-        outside = {o.var for n, (_, s) in enumerate(flat) if n not in chosen for o in reads(s)}
-        exits = [flat[n][1].out for n in chosen if flat[n][1].out.var in outside | read_after]
+        mine = set(chosen)
+        outside = {o.var for n, (_, s) in enumerate(flat) if n not in mine for o in reads(s)}
+        outside |= read_after
+        exits = [flat[n][1].out for n in chosen if flat[n][1].out.var in outside]
         if len(exits) == 1:
             break
     if len(exits) != 1 or len(sequence & set(exits[0].dims)) != 1:
         return None
     last = flat[chosen[-1]][0]  # the rows are computed after this block: none may read them before
-    early = [s for n, (b, s) in enumerate(flat) if n not in chosen and b <= last]
+    early = [s for n, (b, s) in enumerate(flat) if n not in mine and b <= last]
     if any(o.var == exits[0].var for s in early for o in reads(s)):
         return None
     steps = [flat[n][1] for n in chosen]
@@ -107,8 +109,10 @@ def _summing(flat: list, wide: set[int], row: Index, sequence: set[Index], read_
     steps = [flat[n][1] for n in chosen]
     inside &= {s.out.var for s in steps}
     summed &= {s.out.var for s in steps}
-    outside = {o.var for n, (_, s) in enumerate(flat) if n not in chosen for o in reads(s)}
-    exits = tuple(s.out for s in steps if s.out.var in outside | read_after)
+    mine = set(chosen)
+    outside = {o.var for n, (_, s) in enumerate(flat) if n not in mine for o in reads(s)}
+    outside |= read_after
+    exits = tuple(s.out for s in steps if s.out.var in outside)
     joined = [e for e in exits if e.var not in summed]
     # what does not sum the rows away is joined over them, each row its own (an exit may
     # keep another sequence index: a mask's cotangent dM_<ττ'>, made whole anyway)
@@ -156,7 +160,8 @@ def _needed(flat: list, chosen: list[int], held: set[Var]) -> list[int]:
         for n in reversed(chosen):
             step, block = flat[n][1], flat[n][0]
             read = {o.var for o in reads(step)}
-            if n not in kept and (step.out.var in held | needed or read & held or block in blocks):
+            out = step.out.var
+            if n not in kept and (out in held or out in needed or read & held or block in blocks):
                 more.add(n)
                 needed |= read
                 blocks.add(block)
@@ -168,10 +173,14 @@ def _needed(flat: list, chosen: list[int], held: set[Var]) -> list[int]:
 def _deferred(flat: list, chosen: list[int], last: int, late: set[Var]) -> list[int] | None:
     """The blocks up to `last` that read what the rows give (or what such a block made):
     they can run after the rows where no step of the rows, nor of their blocks, reads them."""
-    mine = {flat[n][0] for n in chosen}
+    mine, taken = {flat[n][0] for n in chosen}, set(chosen)
+    others: dict[int, list[Step]] = {}  # each block's steps the rows do not take
+    for n, (c, s) in enumerate(flat):
+        if n not in taken:
+            others.setdefault(c, []).append(s)
     deferred: list[int] = []
     for b in range(flat[chosen[0]][0], last + 1):
-        steps = [s for n, (c, s) in enumerate(flat) if c == b and n not in chosen]
+        steps = others.get(b, [])
         if not any({o.var for o in reads(s)} & late for s in steps):
             continue
         if b in mine:
