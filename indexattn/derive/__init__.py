@@ -11,10 +11,9 @@ from dataclasses import dataclass, replace
 
 import sympy
 
-from ..ir import Equation, Spec, Tensor, check, refs
-from ..lower.passes.rows import sequence_indices
-from . import printer
-from .reverse import Backward, Derivation, dropouts, unmasked
+from ..ir import Equation, Scalar, Spec, Tensor, check, printer, refs, sequence_indices
+from . import rewrites as rewritten
+from .reverse import Backward, Derivation, Rewrite, dropouts, unmasked
 
 
 @dataclass(frozen=True)
@@ -29,10 +28,16 @@ class Derived:
     forward: str = ""  # the forward, its outputs followed by the kept values it does not return
     masks: tuple[Tensor, ...] = ()  # dropout's in training, inputs of both, in drawing order
     rates: tuple[sympy.Basic, ...] = ()  # each mask's dropout probability
+    scalars: tuple[Scalar, ...] = ()  # the scalars whose cotangents it returns, after `reached`
 
 
 def backward_text(
-    spec: Spec, source: str = "", file: str = "<spec>", *, training: bool = True
+    spec: Spec,
+    source: str = "",
+    file: str = "<spec>",
+    *,
+    training: bool = True,
+    scalars: frozenset[str] = frozenset(),
 ) -> str:
     """The derived backward of a checked spec, as spec text.
 
@@ -41,13 +46,24 @@ def backward_text(
     >>> print(backward_text(check(text, "e"), text).splitlines()[-2])
     dx_<i> = dy_<i> (exp(x_<i>))
     """
-    return derive(spec, source, file, training=training).text
+    return derive(spec, source, file, training=training, scalars=scalars).text
 
 
-def derive(spec: Spec, source: str = "", file: str = "<spec>", *, training: bool = True) -> Derived:
+def derive(
+    spec: Spec,
+    source: str = "",
+    file: str = "<spec>",
+    *,
+    training: bool = True,
+    scalars: frozenset[str] = frozenset(),
+    rewrites: tuple[Rewrite, ...] | None = None,
+) -> Derived:
     """The backward of a checked spec; SpecError where a construct has no derivative yet.
-    `training=False`: the backward in eval mode, where dropout is the identity."""
-    out = Derivation(spec, source, file, training).run()
+    `training=False`: the backward in eval mode, where dropout is the identity. `scalars`:
+    the ASCII names of scalars whose cotangents it also returns (tensor scalars that require
+    grad), after the arguments'. `rewrites`: those applied, BACKWARD_REWRITES by default."""
+    rewrites = rewritten.BACKWARD_REWRITES if rewrites is None else rewrites
+    out = Derivation(spec, source, file, training, frozenset(scalars), rewrites).run()
     equations = [masked(eq, out.masks) for eq in spec.equations]
     whole = check(written(spec, out, equations, ()), f"{spec.name}_backward")
     kept, again = keeping(spec, whole.equations[len(spec.equations) :])
@@ -56,7 +72,9 @@ def derive(spec: Spec, source: str = "", file: str = "<spec>", *, training: bool
     text = written(spec, out, [e for e, eq in zip(equations, spec.equations) if eq in again], kept)
     rates = tuple(n.args[1].expr for _, n in dropouts(spec) if id(n) in out.masks)
     masks = tuple(out.masks.values())
-    return Derived(text, tuple(out.given), tuple(out.reached), kept, forward, masks, rates)
+    return Derived(
+        text, tuple(out.given), tuple(out.reached), kept, forward, masks, rates, tuple(out.scalars)
+    )
 
 
 def written(spec: Spec, out: Backward | None, equations: list[str], kept, masks=()) -> str:

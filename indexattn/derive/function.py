@@ -28,10 +28,10 @@ class CompiledSpec(Protocol):
     arguments: tuple[str, ...]
     size_names: frozenset[str]
 
-    def backward(self, *, training: bool = True) -> CompiledSpec:
+    def backward(self, *, training: bool = True, scalars: frozenset = frozenset()) -> CompiledSpec:
         """The derived backward, compiled like any spec."""
 
-    def keeping(self, *, training: bool = True) -> CompiledSpec:
+    def keeping(self, *, training: bool = True, scalars: frozenset = frozenset()) -> CompiledSpec:
         """The forward that also returns the values the derived backward reads."""
 
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict:
@@ -42,22 +42,32 @@ class CompiledSpec(Protocol):
 
 
 @functools.lru_cache(maxsize=64)
-def compiled(spec: CompiledSpec, training: bool) -> tuple[Derived, CompiledSpec]:
-    """The derivation of a spec and its backward, compiled once (SpecError where refused)."""
-    derived = derive(spec.ir, spec.text, spec.file, training=training)
-    return derived, spec.backward(training=training)
+def compiled(
+    spec: CompiledSpec, training: bool, learnt: frozenset = frozenset()
+) -> tuple[Derived, CompiledSpec]:
+    """The derivation of a spec and its backward, compiled once (SpecError where refused);
+    `learnt`: the scalars whose gradients it also returns (tensor scalars that require grad)."""
+    derived = derive(spec.ir, spec.text, spec.file, training=training, scalars=learnt)
+    return derived, spec.backward(training=training, scalars=learnt)
 
 
 @functools.lru_cache(maxsize=64)
-def keeping(spec: CompiledSpec, training: bool) -> CompiledSpec:
+def keeping(spec: CompiledSpec, training: bool, learnt: frozenset = frozenset()) -> CompiledSpec:
     """The forward that also returns the values its derived backward reads, compiled once."""
-    return spec.keeping(training=training)
+    return spec.keeping(training=training, scalars=learnt)
+
+
+def learnt(scalars: dict) -> frozenset[str]:
+    """The scalars of a call that are tensors requiring grad: their gradients are derived."""
+    return frozenset(
+        k for k, v in scalars.items() if isinstance(v, torch.Tensor) and v.requires_grad
+    )
 
 
 def forward(spec: CompiledSpec, training: bool, tensors, masks, given: dict, scalars: dict):
     """The outputs of the forward, and the values the derived backward keeps."""
-    derived, _ = compiled(spec, training)
-    kept = keeping(spec, training)
+    derived, _ = compiled(spec, training, learnt(scalars))
+    kept = keeping(spec, training, learnt(scalars))
     out = kept._run([*tensors, *masks], wanted(spec, kept, tensors, given), scalars, training)
     out = out if isinstance(out, tuple) else (out,)
     outputs = spec.ir.outputs
@@ -69,7 +79,7 @@ def forward(spec: CompiledSpec, training: bool, tensors, masks, given: dict, sca
 def drawn(spec: CompiledSpec, training: bool, tensors, given: dict, scalars: dict) -> list:
     """Dropout's masks for a call in training, in the order the forward draws them, drawn as
     it draws them: F.dropout of ones of its argument's shape (0, or 1 / (1 - p))."""
-    derived, _ = compiled(spec, training)
+    derived, _ = compiled(spec, training, learnt(scalars))
     if not derived.masks:
         return []
     sizes = spec.solve(tensors, given)
@@ -96,8 +106,9 @@ def gradients(
 ) -> dict[str, torch.Tensor]:
     """`gradients(spec, (dy,), X=x, W=w, ...)` -> {"X": dX, "W": dW, ...}: the derived
     backward of `spec` at the forward's arguments (keywords, as a call takes them), one
-    cotangent per float output in `output` order. Arguments no cotangent reaches are absent
-    (autograd's None). `training=False`: in eval mode (dropout is the identity)."""
+    cotangent per float output in `output` order, and of each scalar passed as a tensor that
+    requires grad. Arguments no cotangent reaches are absent (autograd's None).
+    `training=False`: in eval mode (dropout is the identity)."""
     scalars = {s.ascii: kwargs[s.ascii] for s in spec.ir.scalars if s.ascii in kwargs}
     tensors = [kwargs[name] for name in spec.arguments]
     given = {k: v for k, v in kwargs.items() if k in spec.size_names}
@@ -107,8 +118,9 @@ def gradients(
 
 
 def _backward(spec, training: bool, tensors, held, cotangents, given: dict, scalars: dict) -> dict:
-    """The derived cotangents of the arguments, each summed to its argument's shape."""
-    derived, backward = compiled(spec, training)
+    """The derived cotangents of the arguments (and of the learnt scalars), each summed to its
+    argument's shape."""
+    derived, backward = compiled(spec, training, learnt(scalars))
     inputs = backward.ir.tensors_of("input")[-len(derived.given) :]
     arguments = dict(zip(spec.arguments, tensors))
     out = backward(
@@ -119,9 +131,9 @@ def _backward(spec, training: bool, tensors, held, cotangents, given: dict, scal
         **scalars,
     )
     out = out if isinstance(out, tuple) else (out,)
-    return {
-        t.ascii: grad.sum_to_size(arguments[t.ascii].shape) for t, grad in zip(derived.reached, out)
-    }
+    values = arguments | scalars
+    names = [t.ascii for t in (*derived.reached, *derived.scalars)]
+    return {name: grad.sum_to_size(values[name].shape) for name, grad in zip(names, out)}
 
 
 def wanted(spec: CompiledSpec, other: CompiledSpec, tensors, given: dict) -> dict:
@@ -137,11 +149,13 @@ def run(spec: CompiledSpec, tensors: list, given: dict, scalars: dict, training:
     """The forward on `tensors` (argument order), its backward the derived one; the plain
     forward where no gradient will be asked for, and under torch.func's transforms (which
     would need the Function's `setup_context`: autograd's backward there)."""
-    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    learning = sorted(learnt(scalars))
+    wanted = [*tensors, *(scalars[k] for k in learning)]
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in wanted)
     if not recorded or _transformed():
         return spec._run(tensors, given, scalars, training)
-    compiled(spec, training)  # derived before the forward runs: a refusal is raised here
-    out = DerivedBackward.apply(spec, given, scalars, training, *tensors)
+    compiled(spec, training, learnt(scalars))  # derived before the forward: refusals raise here
+    out = DerivedBackward.apply(spec, given, scalars, training, *wanted)
     return out[0] if len(out) == 1 else out
 
 
@@ -153,7 +167,7 @@ def _transformed() -> bool:
 def again(spec: CompiledSpec, ctx, tensors, held) -> list:
     """What the forward kept, computed again from the inputs with autograd's record (a double
     backward differentiates through it), and the masks the forward drew, as they were."""
-    masks = list(held[len(compiled(spec, ctx.training)[0].kept) :])
+    masks = list(held[len(compiled(spec, ctx.training, learnt(ctx.scalars))[0].kept) :])
     return forward(spec, ctx.training, tensors, masks, ctx.given, ctx.scalars)[1] + masks
 
 
@@ -161,6 +175,7 @@ class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, given: dict, scalars: dict, training: bool, *tensors: torch.Tensor):
         ctx.spec, ctx.given, ctx.scalars, ctx.training = spec, given, scalars, training
+        tensors = tensors[: len(spec.arguments)]  # then the learnt scalars, as in `scalars`
         masks = drawn(spec, training, tensors, given, scalars)
         out, kept = forward(spec, training, tensors, masks, given, scalars)
         ctx.save_for_backward(*tensors, *kept, *masks)
@@ -170,7 +185,7 @@ class DerivedBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
         spec, saved = ctx.spec, ctx.saved_tensors
-        derived, _ = compiled(spec, ctx.training)
+        derived, _ = compiled(spec, ctx.training, learnt(ctx.scalars))
         tensors, held = saved[: len(spec.arguments)], saved[len(spec.arguments) :]
         if torch.is_grad_enabled():  # a double backward: what was kept, with its history
             held = again(spec, ctx, tensors, held)
@@ -178,5 +193,6 @@ class DerivedBackward(torch.autograd.Function):
         cots = [cotangents[outputs.index(t)] for t in derived.given]
         found = _backward(spec, ctx.training, tensors, held, cots, ctx.given, ctx.scalars)
         wanted = ctx.needs_input_grad[4:]
-        grads = [found.get(name) if w else None for name, w in zip(spec.arguments, wanted)]
+        names = [*spec.arguments, *sorted(learnt(ctx.scalars))]
+        grads = [found.get(name) if w else None for name, w in zip(names, wanted)]
         return (None, None, None, None, *grads)

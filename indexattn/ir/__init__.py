@@ -24,6 +24,7 @@ from .nodes import (
     refs,
     walk,
 )
+from .sequence import sequence_indices
 
 __all__ = [
     "CONDITIONS",
@@ -46,5 +47,6 @@ __all__ = [
     "children",
     "is_condition",
     "refs",
+    "sequence_indices",
     "walk",
 ]

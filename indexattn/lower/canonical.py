@@ -15,8 +15,7 @@ from functools import partial
 import sympy
 
 from .. import ir
-from ..derive import printer
-from ..ir import Equation, Index, Spec, Tensor
+from ..ir import Equation, Index, Spec, Tensor, printer
 from ..notation.names import fresh
 from . import numerics
 from .fusion import contractions, linear_form, read_counts, renaming

@@ -206,7 +206,7 @@ class Emitter(KernelSteps, Values):
             sign, value = self.scale_of(step.scale)
             method = "div_" if sign == "/" else "mul_"
             return self.written(step, f"{self.ref(step.args[0])}.{method}({value})")
-        if len(step.args) == 1:
+        if len(step.args) == 1 and set(step.args[0].dims) <= set(out.dims):
             code = self.arg(step.args[0], out.dims)
         elif len(step.args) == 2 and not _summed(step):
             code = " * ".join(self.arg(a, out.dims) for a in step.args)

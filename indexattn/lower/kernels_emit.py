@@ -68,10 +68,13 @@ class KernelSteps:
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
             hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
             names = [self.names.fresh(hint) for hint in hints]
+            # in training, dropout draws one mask of every score, as the derived backward's
+            # forward and an unblocked call draw it (blocks would each draw their own)
+            whole = " or training" if step.dropout is not None else ""
             self.use("torch")
             lines = [
                 *joins,
-                f"if {spans} is None:",
+                f"if {spans} is None{whole}:",
                 "    " + lines[-1],
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
                 f"    {names[0]} = []",

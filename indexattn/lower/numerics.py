@@ -230,10 +230,14 @@ def _masked(node, cond, chosen: bool):
 
     if isinstance(node, (ir.Product, ir.Sum)):
         field = "factors" if isinstance(node, ir.Product) else "terms"
-        return replace(node, **{field: tuple(_masked(c, cond, chosen) for c in ir.children(node))})
+        inner = tuple(_masked(c, cond, chosen) for c in ir.children(node))
+        same = all(a is b for a, b in zip(inner, ir.children(node)))
+        return node if same else replace(node, **{field: inner})
     if not isinstance(node, ir.Apply):
         return node
     args = tuple(_masked(a, cond, chosen) for a in node.args)
+    if not SAFE.get(node.fn) and all(a is b for a, b in zip(args, node.args)):
+        return node  # unchanged: the same node (a dropout is known by its identity)
     for k, safe in enumerate(SAFE.get(node.fn, ())):
         arg = args[k]
         if isinstance(arg, ir.Field) or not set(cond.free) <= set(arg.free):

@@ -90,6 +90,13 @@ def _shipped(name: str) -> Path:
         raise catalog.not_a_spec(name) from None
 
 
+def _value_key(value):
+    """A scalar as a cache key: a tensor scalar by itself (held by the key, so its id is not
+    reused) and its version, which an in-place write (`w.fill_(100)`, an optimizer's step)
+    moves on, so that its constants are built again for the new value."""
+    return (value, value._version) if isinstance(value, torch.Tensor) else value
+
+
 def _no_nan(spec: str, scalars: dict) -> None:
     """Refuse a NaN scalar by name: checked once per kind of eager call, the module's calls too
     (a NaN is never equal to itself, so its calls never repeat a kind); a traced call's scalars
@@ -230,7 +237,7 @@ class CompiledSpec:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
                 tuple(given.items()),
-                tuple(scalars.items()),
+                tuple((name, _value_key(v)) for name, v in scalars.items()),
             )
             found = self._calls.get(key)
             if found is None:
@@ -270,7 +277,7 @@ class CompiledSpec:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""
         values = {**sizes, **dict(self.plain.scalars), **scalars}
         args = tuple(values[name] for name in self.plain.constant_args)
-        key = (args, like.device, like.dtype)
+        key = (tuple(_value_key(a) for a in args), like.device, like.dtype)
         found = self._constants.get(key)
         if found is None:  # kept for later calls: never an inference tensor, which autograd
             with torch.inference_mode(False):  # would refuse to save for a backward
@@ -389,28 +396,29 @@ class CompiledSpec:
 
         return default(self.text)
 
-    def backward_text(self, *, training: bool = True) -> str:
+    def backward_text(self, *, training: bool = True, scalars: frozenset = frozenset()) -> str:
         """The derived backward as spec text: the forward's equations, an input `dY` per
         output (the cotangent of a scalar loss) and an equation for the cotangent of every
-        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md).
-        `training=False`: the backward in eval mode, where dropout is the identity."""
+        input, param and buffer it reaches (see indexattn/derive and docs/gradients.md), and
+        of the `scalars` named (ASCII names). `training=False`: the backward in eval mode,
+        where dropout is the identity."""
         from ..derive import backward_text
 
-        return backward_text(self.ir, self.text, self.file, training=training)
+        return backward_text(self.ir, self.text, self.file, training=training, scalars=scalars)
 
-    def backward(self, *, training: bool = True) -> CompiledSpec:
+    def backward(self, *, training: bool = True, scalars: frozenset = frozenset()) -> CompiledSpec:
         """The derived backward, compiled like any spec: call it with the forward's arguments
         and a cotangent per output (`dY=...`); it returns the cotangents `backward().ir.outputs`
         names, each with the call's batch axes (a param's gradient is their sum)."""
-        text = self.backward_text(training=training)
+        text = self.backward_text(training=training, scalars=scalars)
         return compile_spec(text, name=f"{self.name}_backward", kind=type(self))
 
-    def keeping(self, *, training: bool = True) -> CompiledSpec:
+    def keeping(self, *, training: bool = True, scalars: frozenset = frozenset()) -> CompiledSpec:
         """The forward that also returns, after its outputs, the values its derived backward
         reads instead of computing them again (`backward="derived"` runs it)."""
         from ..derive import derive
 
-        text = derive(self.ir, self.text, self.file, training=training).forward
+        text = derive(self.ir, self.text, self.file, training=training, scalars=scalars).forward
         return compile_spec(text, name=f"{self.name}_keeping", kind=type(self))
 
     def shard_plan(self, over: str):

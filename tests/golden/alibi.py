@@ -84,7 +84,7 @@ def alibi(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    if S_bias_sum_spans is None:
+    if S_bias_sum_spans is None or training:
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum.expand(*Q.shape[:-3], -1, -1, -1), dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
         blocks = []

@@ -110,6 +110,7 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     N = X.shape[-2]
     d = lambda_q1.shape[-1]
     h = q_proj_weight.shape[-2] // (2*d)
+    device, dtype = X.device, X.dtype
     M, M_spans = differential_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μBτa> = q_proj_weight_<(μBa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, 2, d))  # (…, τ, μ, B, a)
@@ -144,17 +145,19 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
                 u = min(t + rows, q1)
                 blocks.append(differential_rows(Q_scaled[..., t:u, :], K[..., k0:k1, :], M[t:u, k0:k1], lambda__scaled, V[..., k0:k1, :]))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
-    # ρ_<μτ> = rsqrt(mean_<e>(O_<μτe>^2) + eps)
-    rho_pow = O ** 2  # (…, μ, τ, e)
+    # ρ_<μτ> : float32 = rsqrt(mean_<e>(O_<μτe>^2) + eps)
+    rho_float32 = O.to(torch.promote_types(dtype, torch.float32))  # (…, μ, τ, e)
+    rho_pow = rho_float32 ** 2  # (…, μ, τ, e)
     rho_mean = rho_pow.mean(dim=-1)  # (…, μ, τ)
     rho_sum = rho_mean + eps  # (…, μ, τ)
     rho = torch.rsqrt(rho_sum)  # (…, μ, τ)
-    del rho_pow, rho_mean, rho_sum
+    del rho_float32, rho_pow, rho_mean, rho_sum
     # Ô_<μτe> = subln_weight_<e> O_<μτe> ρ_<μτ> (1 - lambda_init)
+    rho_narrow = rho.to(dtype)  # (…, μ, τ)
     O_hat_prod = subln_weight * O  # (…, μ, τ, e)
-    rho_scaled = rho * (1 - lambda_init)  # (…, μ, τ)
-    O_hat = rho_scaled[..., :, :, None] * O_hat_prod  # (…, μ, τ, e)
-    del rho, O_hat_prod, rho_scaled
+    rho_narrow_scaled = rho_narrow * (1 - lambda_init)  # (…, μ, τ)
+    O_hat = rho_narrow_scaled[..., :, :, None] * O_hat_prod  # (…, μ, τ, e)
+    del rho, rho_narrow, O_hat_prod, rho_narrow_scaled
     # Y_<τi> = out_proj_weight_<i(μe)> Ô_<μτe>
     Y = O_hat.transpose(-3, -2).flatten(-2)  # (…, τ, (μe))
     Y = F.linear(Y, out_proj_weight)  # (…, τ, i)

@@ -77,7 +77,7 @@ def sliding_window(X, W_query_weight, W_key_weight, W_value_weight, out_proj_wei
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
-    if M_keep_spans is None:
+    if M_keep_spans is None or training:
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep, dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
         blocks = []

@@ -21,6 +21,7 @@ from dataclasses import replace
 import sympy
 
 from ... import ops
+from ...ir import sequence_indices
 from ..kinds import fresh, made, reads
 from ..program import Program
 from ..steps import (
@@ -41,7 +42,6 @@ from ..steps import (
     Whole,
 )
 from .hoist import read_counts
-from .rows import sequence_indices
 
 
 def run(program: Program) -> Program:

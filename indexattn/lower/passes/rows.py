@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...ir import Index, Spec
+from ...ir import Index, Spec, sequence_indices
 from ..kinds import made as made_by
 from ..kinds import reads, row_wise, tensors
 from ..order import planning_count
@@ -212,20 +212,6 @@ def _aligned(steps: list[Step], row: Index) -> bool:
         if row not in axes or axes.index(row) != made[op.var]:
             return False
     return True
-
-
-def sequence_indices(spec: Spec) -> set[Index]:
-    """Indices whose sizes no parameter has: positions in the inputs, not widths or heads."""
-    fixed = {
-        s
-        for t in spec.tensors_of("param", "buffer")
-        for axis in t.layout
-        for index in axis
-        for s in index.size.free_symbols
-    }
-    indices = {i for t in spec.tensors for axis in t.layout for i in axis}
-    indices |= {i for eq in spec.equations for i in eq.indices}
-    return {i for i in indices if i.size.free_symbols and not i.size.free_symbols & fixed}
 
 
 def inputs_along(steps: list[Step], inside: set[Var], index: Index):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import sympy
 from sympy.printing.str import StrPrinter
 
-from ..ir import Apply, At, Concat, Field, Index, Node, Product, Reduce, Ref, Sum
-from ..ir.einstein import denominator, signed
 from ..ops import lookup
+from .einstein import denominator, signed
+from .nodes import Apply, At, Concat, Field, Index, Node, Product, Reduce, Ref, Sum
 
 Rename = dict[Index, str]  # an index -> the glyph it is written with
 
@@ -56,6 +56,9 @@ class FieldPrinter(StrPrinter):
 
     def _print_Max(self, expr) -> str:
         return self._call("max", expr)
+
+    def _print_Pow(self, expr, rational=False) -> str:
+        return super()._print_Pow(expr, rational).replace("**", "^")
 
     def _print_Mod(self, expr) -> str:
         return self._call("mod", expr)
