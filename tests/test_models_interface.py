@@ -303,3 +303,77 @@ def test_the_core_spec_runs_under_torch_compile():
     assert counter.frame_count >= 1 and counter.op_count > 0
     for g, w in zip(got, want):
         assert_relative(g, w)
+
+
+WEIGHTS_CORE = (
+    CORE_INPUTS
+    + """
+S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
+A_<grτσ> = softmax_<σ>(S_<grτσ>)
+O_<grτc> = A_<grτσ> V_<gσc>
+
+output O, A
+"""
+)
+
+
+def tiny(config_class: str, implementation: str, **settings):
+    """A tiny model of a family outside FAMILIES, built with `implementation`."""
+    sizes = {"vocab_size": 40, "hidden_size": 32, "num_hidden_layers": 2, **settings}
+    config = getattr(transformers, config_class)(**sizes)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+
+
+BYPASSING = {  # families whose layers never call transformers' attention functions
+    "bloom": ("BloomConfig", {"n_head": 4}),
+    "falcon": ("FalconConfig", {"num_attention_heads": 4}),
+}
+
+
+@pytest.mark.parametrize("family", BYPASSING)
+def test_a_model_whose_layers_bypass_the_interface_is_refused_when_built(family):
+    """Bloom would run its own attention under "indexattn", Falcon raise KeyError: 'indexattn'.
+    The twin: the same model builds with eager attention, and Llama builds with indexattn."""
+    config_class, settings = BYPASSING[family]
+    with pytest.raises(ValueError, match=r"compute their own attention.*would not run indexattn"):
+        tiny(config_class, "indexattn", **settings)
+    assert tiny(config_class, "eager", **settings).config._attn_implementation == "eager"
+    llama = tiny("LlamaConfig", "indexattn", num_attention_heads=4, intermediate_size=48)
+    assert llama.config._attn_implementation == "indexattn"
+
+
+@pytest.mark.parametrize("family", BYPASSING)
+def test_switching_a_bypassing_model_to_indexattn_is_refused(family):
+    """set_attn_implementation("indexattn") would log a warning and stay as it was. The twin:
+    Llama switches."""
+    config_class, settings = BYPASSING[family]
+    model = tiny(config_class, "eager", **settings)
+    with pytest.raises(ValueError, match="never call transformers' attention functions"):
+        model.set_attn_implementation("indexattn")
+    assert model.config._attn_implementation == "eager"
+    llama = model_of("llama")
+    llama.set_attn_implementation("indexattn")
+    assert llama.config._attn_implementation == "indexattn"
+
+
+def test_output_attentions_returns_the_weights_or_is_refused():
+    """A core that outputs no weights refuses output_attentions=True (it returned an empty
+    tuple); one that outputs A returns eager's weights. The twin: another padding moves them."""
+    model = model_of("llama")
+    ids, padding = prompt()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=padding, output_attentions=True).attentions
+    model.set_attn_implementation("indexattn")
+    with pytest.raises(NotImplementedError, match=r"output_attentions=True.*outputs no weights"):
+        model(input_ids=ids, attention_mask=padding, output_attentions=True)
+    hf.register("indexattn_weights", indexattn.compile_spec(WEIGHTS_CORE, name="weights_core"))
+    model.set_attn_implementation("indexattn_weights")
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=padding, output_attentions=True).attentions
+        other = model(input_ids=ids, output_attentions=True).attentions
+    assert len(got) == len(want) == 2
+    for g, w, o in zip(got, want, other):
+        assert g.shape == w.shape == (B, 4, N, N)
+        assert_relative(g, w)
+        with pytest.raises(AssertionError):
+            assert_relative(o, w)

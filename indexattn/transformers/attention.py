@@ -33,7 +33,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "is_causal": "read only where the layer gives no mask, as sdpa does",
     "position_ids": "the mask holds packed sequences' boundaries",
     "use_cache": "the layer updates its own cache before attention",
-    "output_attentions": "the weights are returned whenever the spec outputs them",
+    "output_attentions": "the weights are returned where the spec outputs them, else refused",
     "cu_seq_lens_q": "the mask holds packed sequences' boundaries",
     "cu_seq_lens_k": "the mask holds packed sequences' boundaries",
     "max_length_q": "the mask holds packed sequences' boundaries",
@@ -76,6 +76,12 @@ class CoreAttention:
             tensors[SINKS] = kwargs["s_aux"]
         out = self.spec(training=module.training, **tensors, **given)
         out, weights = out if isinstance(out, tuple) else (out, None)
+        if weights is None and kwargs.get("output_attentions"):
+            raise NotImplementedError(
+                f"output_attentions=True, and attention spec {self.name!r} outputs no weights:"
+                " register a core spec that outputs them too (`output O, A`), or call the model"
+                " without output_attentions"
+            )
         if weights is not None:
             weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
         return out.flatten(1, 2).transpose(1, 2), weights
@@ -204,7 +210,11 @@ def register(name: str, spec: CompiledSpec | str | Path) -> CoreAttention:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+    from .guard import NAMES, install
+
     function = CoreAttention(spec if isinstance(spec, CompiledSpec) else compile_spec(spec))
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, eager_mask)
+    NAMES.add(name)
+    install()
     return function
