@@ -377,3 +377,51 @@ def test_output_attentions_returns_the_weights_or_is_refused():
         assert_relative(g, w)
         with pytest.raises(AssertionError):
             assert_relative(o, w)
+
+
+RELOAD = """
+import json, sys, transformers
+from transformers import AutoModelForCausalLM
+saved, plain = sys.argv[1:]
+seen = {}
+try:
+    AutoModelForCausalLM.from_pretrained(saved)
+except ValueError as error:
+    seen["without"] = str(error)
+seen["plain"] = AutoModelForCausalLM.from_pretrained(plain).config._attn_implementation
+import indexattn.transformers
+seen["with"] = AutoModelForCausalLM.from_pretrained(saved).config._attn_implementation
+print(json.dumps(seen))
+"""
+
+
+def reads_saved_implementation() -> bool:
+    """Whether this transformers reads a config.json's attn_implementation (5.0 drops it)."""
+    return (
+        transformers.LlamaConfig.from_dict({"attn_implementation": "x"})._attn_implementation == "x"
+    )
+
+
+def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp_path):
+    """In a new process: without the import, transformers' error says `import
+    indexattn.transformers` (its config.json keeps the implementation, where transformers keeps
+    none and the model came back on sdpa); with it, the model is indexattn again. The twin: the
+    same model saved with sdpa loads without the import."""
+    import json
+    import subprocess
+    import sys
+
+    model = model_of("llama")
+    model.save_pretrained(tmp_path / "plain")
+    model.set_attn_implementation("indexattn")
+    model.save_pretrained(tmp_path / "saved")
+    run = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(tmp_path / "saved"), str(tmp_path / "plain")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    seen = json.loads(run.stdout.splitlines()[-1])
+    if not reads_saved_implementation():  # transformers 5.0: from_dict sets it to None
+        assert seen == {"plain": "sdpa", "with": "sdpa"}
+        return
+    assert "import indexattn.transformers" in seen.get("without", "")
+    assert seen["plain"] == "sdpa" and seen["with"] == "indexattn"  # eager is not kept

@@ -14,11 +14,13 @@
   decode spec with a cache; `unswap_attention` puts the transformers layers back.
 
 transformers is imported only by this module, and only when it is used: it is an optional
-extra (`pip install indexattn[transformers]`), never a requirement of the compiler. Only the
-transformers versions in TESTED are accepted: outside them, this import fails with the range.
+extra, never a requirement of the compiler. The transformers versions in TESTED are those the
+tests run on: outside them, this import warns (TransformersVersionWarning) and goes on.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import transformers
 from packaging.version import Version
@@ -27,12 +29,19 @@ TESTED = ("5.0.0", "5.25")  # the oldest version tested, and the first one not t
 """The same range as pyproject.toml's extra `transformers` and .ci/run's two environments."""
 
 
+class TransformersVersionWarning(UserWarning):
+    """transformers outside the versions indexattn.transformers is tested with."""
+
+
 def _check_version(version: str) -> None:
     low, high = TESTED
     if not Version(low) <= Version(version) < Version(high):
-        raise ImportError(
+        warnings.warn(
             f"indexattn.transformers is tested with transformers >={low},<{high}; this is"
-            f" transformers {version}: pip install 'transformers>={low},<{high}'"
+            f" transformers {version}: what it changed may be refused or break (to be safe:"
+            f" pip install 'transformers>={low},<{high}')",
+            TransformersVersionWarning,
+            stacklevel=3,
         )
 
 
@@ -64,6 +73,7 @@ __all__ = [
     "GPTNeoXSpecAttention",
     "LlamaSpecAttention",
     "SpecAttention",
+    "TransformersVersionWarning",
     "additive_mask",
     "from_transformers",
     "layer_config",

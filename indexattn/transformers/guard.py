@@ -1,7 +1,10 @@
 """Never silently not indexattn: a model whose layers never call transformers' attention
 functions (Bloom, Falcon) is refused an indexattn implementation by name when it is built or
 switched, where transformers would accept it and run its own attention (Bloom), fail with a
-bare KeyError (Falcon) or log a warning and stay as it was (set_attn_implementation).
+bare KeyError (Falcon) or log a warning and stay as it was (set_attn_implementation); and a
+model saved under an indexattn implementation keeps it in its config.json (transformers saves
+none), spelled so that transformers' own error, in a process that did not import this module,
+says what to import (`saved_name`).
 
 >>> AutoModelForCausalLM.from_config(BloomConfig(), attn_implementation="indexattn")
 ... # doctest: +SKIP
@@ -33,9 +36,23 @@ def refuse_bypass(model, requested) -> None:
         )
 
 
+def saved_name(name: str) -> str:
+    """How config.json spells an indexattn implementation: transformers quotes it in the error
+    it raises where the name is not registered (`Specified attn_implementation="indexattn
+    (import indexattn.transformers first)" is not supported`), and this module reads it back
+    as `name`. No '/', ':' or '|': transformers would read those as a hub kernel or paging."""
+    return f"{name} (import indexattn.transformers first)"
+
+
+def _read(requested):
+    """An implementation as config.json spells it (`saved_name`), read back as its name."""
+    return next((name for name in NAMES if requested == saved_name(name)), requested)
+
+
 def _guarded(method):
     @functools.wraps(method)
     def guarded(self, requested, *args, **kwargs):
+        requested = _read(requested)
         refuse_bypass(self, requested)
         return method(self, requested, *args, **kwargs)
 
@@ -43,12 +60,32 @@ def _guarded(method):
     return guarded
 
 
-def install() -> None:
-    """Guard the two doors an implementation comes in by: the check every model runs when it is
-    built (get_correct_attn_implementation) and set_attn_implementation. Once."""
-    from transformers import PreTrainedModel
+def _saving(method):
+    @functools.wraps(method)
+    def saving(self, d: dict) -> None:
+        if d.get("_attn_implementation_internal") in NAMES:
+            d["attn_implementation"] = saved_name(d["_attn_implementation_internal"])
+        method(self, d)
 
-    for door in ("get_correct_attn_implementation", "set_attn_implementation"):
-        method = getattr(PreTrainedModel, door)
+    saving.__wrapped_by_indexattn__ = True
+    return saving
+
+
+DOORS = (  # class, method, its wrapper
+    ("PreTrainedModel", "get_correct_attn_implementation", _guarded),
+    ("PreTrainedModel", "set_attn_implementation", _guarded),
+    ("PretrainedConfig", "_remove_keys_not_serialized", _saving),
+)
+
+
+def install() -> None:
+    """Guard the doors an implementation comes in and goes out by: the check every model runs
+    when it is built (get_correct_attn_implementation), set_attn_implementation, and what a
+    config serializes (to_dict, to_diff_dict, so save_pretrained). Once."""
+    import transformers
+
+    for owner, door, wrapper in DOORS:
+        cls = getattr(transformers, owner)
+        method = getattr(cls, door)
         if not getattr(method, "__wrapped_by_indexattn__", False):
-            setattr(PreTrainedModel, door, _guarded(method))
+            setattr(cls, door, wrapper(method))
