@@ -4,8 +4,9 @@ Tiny models of seven families built from configs with random weights (nothing do
 float64. The reference is the same model with attn_implementation="eager", its softmax kept in
 float64 (transformers' eager softmax upcasts to float32; `float64_softmax`); everything but the
 attention core (projections, rotary tables, norms, experts) is the same code in both runs.
-Gemma 2 (soft-capped scores, sliding layers) and GPT-OSS (sinks, sliding layers) run core specs
-registered here with `register`, as a user would write them.
+Gemma 2 (soft-capped scores, sliding layers) and GPT-OSS (sinks, sliding layers) run the same
+one line: "indexattn" picks the shipped core that takes what the layer hands over
+(specs/softcap_core.attn, specs/sinks_core.attn).
 """
 
 import pytest
@@ -35,34 +36,20 @@ input  M_<τσ>
 scalar scaling = 0.125
 """  # what every core reads (transformers' query, key, value, mask and scaling)
 
-SOFTCAP_CORE = (
+WEIGHTS_CORE = (
     CORE_INPUTS
-    + """scalar softcap = 50
-
-R_<grτσ> = Q_<grτa> K_<gσa> scaling
-S_<grτσ> = softcap tanh(R_<grτσ> / softcap) + M_<τσ>
+    + """
+S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
 A_<grτσ> = softmax_<σ>(S_<grτσ>)
 O_<grτc> = A_<grτσ> V_<gσc>
 
-output O
+output O, A
 """
 )
 
-SINKS_CORE = (
-    CORE_INPUTS
-    + """input  s_aux_<(gr)>
-
-S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
-L_<grτ>  = logsumexp_<σ>(S_<grτσ>)
-A_<grτσ> = softmax_<σ>(S_<grτσ>) sigmoid(L_<grτ> - s_aux_<(gr)>)
-O_<grτc> = A_<grτσ> V_<gσc>
-
-output O
-"""
-)
-
-hf.register("indexattn_softcap", indexattn.compile_spec(SOFTCAP_CORE, name="softcap_core"))
-hf.register("indexattn_sinks", indexattn.compile_spec(SINKS_CORE, name="sinks_core"))
+hf.register("indexattn_gqa", hf.shipped("gqa_core.attn"))  # the default core alone
+hf.register("indexattn_softcap", hf.shipped("softcap_core.attn"))
+hf.register("indexattn_weights", indexattn.compile_spec(WEIGHTS_CORE, name="weights_core"))
 
 SMALL = {
     "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
@@ -86,8 +73,8 @@ FAMILIES = {  # config class, its extra settings, the attn_implementation that r
     "mixtral": ("MixtralConfig", {"num_local_experts": 2, "num_experts_per_tok": 1}, "indexattn"),
     "phi3": ("Phi3Config", {"pad_token_id": 0}, "indexattn"),
     "olmo2": ("Olmo2Config", {}, "indexattn"),
-    "gemma2": ("Gemma2Config", GEMMA2, "indexattn_softcap"),
-    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn_sinks"),
+    "gemma2": ("Gemma2Config", GEMMA2, "indexattn"),  # specs/softcap_core.attn
+    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn"),  # specs/sinks_core.attn
 }
 
 
@@ -137,13 +124,13 @@ def counted(monkeypatch):
 
     def start(name):
         function, seen = AttentionInterface._global_mapping[name], []
-        spec = function.spec
+        for core in getattr(function, "cores", [function]):
 
-        def counting(**kwargs):
-            seen.append(kwargs["Q"].shape[-2])
-            return spec(**kwargs)
+            def counting(spec=core.spec, **kwargs):
+                seen.append(kwargs["Q"].shape[-2])
+                return spec(**kwargs)
 
-        monkeypatch.setattr(function, "spec", counting)
+            monkeypatch.setattr(core, "spec", counting)
         return seen
 
     return start
@@ -229,10 +216,12 @@ def test_gradients_are_eager_s(family):
         assert_relative(got[name], want[name], tol=1e-9)
 
 
-def test_dropout_is_the_core_spec_s():
-    """gqa_core declares dropout: in training, with one seed, it draws eager's masks (torch's
-    dropout on weights of the same shape), so the logits are equal; in eval none is drawn."""
-    model = model_of("llama", attention_dropout=0.3).train()
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_dropout_is_the_core_spec_s(family):
+    """Each shipped core declares dropout: in training, with one seed, it draws eager's masks
+    (torch's dropout on weights of the same shape), so the logits are equal; in eval none is
+    drawn (the twin)."""
+    model = model_of(family, attention_dropout=0.3).train()
     ids, padding = prompt()
 
     def train_logits():
@@ -247,16 +236,18 @@ def test_dropout_is_the_core_spec_s():
 
 
 def test_a_keyword_the_core_spec_lacks_is_refused_by_name():
+    """gqa_core alone refuses Gemma 2's cap and GPT-OSS's sinks; a core without dropout refuses
+    dropout; softcap_core alone refuses a layer with no cap."""
     gemma, oss = model_of("gemma2"), model_of("gpt_oss")
     ids, padding = prompt()
     for model, keyword in ((gemma, "softcap=2.0"), (oss, "s_aux=a tensor")):
-        model.set_attn_implementation("indexattn")
+        model.set_attn_implementation("indexattn_gqa")
         with pytest.raises(NotImplementedError, match=keyword):
             logits(model, ids, padding)
-    softcapped = model_of("gemma2", attention_dropout=0.1).train()
-    softcapped.set_attn_implementation("indexattn_softcap")
+    dropping = model_of("llama", attention_dropout=0.1).train()
+    dropping.set_attn_implementation("indexattn_weights")
     with pytest.raises(NotImplementedError, match=r"dropout=0\.1.*declares no p"):
-        softcapped(input_ids=ids, use_cache=False)
+        dropping(input_ids=ids, use_cache=False)
     llama = model_of("llama")
     llama.set_attn_implementation("indexattn_softcap")
     with pytest.raises(NotImplementedError, match="passes no softcap"):
@@ -303,18 +294,6 @@ def test_the_core_spec_runs_under_torch_compile():
     assert counter.frame_count >= 1 and counter.op_count > 0
     for g, w in zip(got, want):
         assert_relative(g, w)
-
-
-WEIGHTS_CORE = (
-    CORE_INPUTS
-    + """
-S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
-A_<grτσ> = softmax_<σ>(S_<grτσ>)
-O_<grτc> = A_<grτσ> V_<gσc>
-
-output O, A
-"""
-)
 
 
 def tiny(config_class: str, implementation: str, **settings):
@@ -366,7 +345,6 @@ def test_output_attentions_returns_the_weights_or_is_refused():
     model.set_attn_implementation("indexattn")
     with pytest.raises(NotImplementedError, match=r"output_attentions=True.*outputs no weights"):
         model(input_ids=ids, attention_mask=padding, output_attentions=True)
-    hf.register("indexattn_weights", indexattn.compile_spec(WEIGHTS_CORE, name="weights_core"))
     model.set_attn_implementation("indexattn_weights")
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=padding, output_attentions=True).attentions

@@ -7,8 +7,9 @@
 ... # doctest: +SKIP
 
 - The attention function: importing this module registers "indexattn" with transformers'
-  AttentionInterface (specs/gqa_core.attn); `register(name, spec)` adds a core spec of one's
-  own. The model keeps its projections, rotary, cache and checkpoint names.
+  AttentionInterface (specs/gqa_core.attn, softcap_core.attn for soft-capping layers,
+  sinks_core.attn for layers with sinks); `register(name, spec)` adds a core spec of one's own.
+  The model keeps its projections, rotary, cache and checkpoint names.
 - The whole-layer swap: `swap_attention` replaces each attention layer of GPT-2, Llama,
   Mistral, Qwen2, Qwen3, Gemma 2 and GPT-NeoX by a layer spec (specs/models/), and by its
   decode spec with a cache; `unswap_attention` puts the transformers layers back.
@@ -47,7 +48,7 @@ def _check_version(version: str) -> None:
 
 _check_version(transformers.__version__)
 
-from .attention import DEFAULT, CoreAttention, register, shipped  # noqa: E402
+from .attention import DEFAULT, SHIPPED, CoreAttention, Cores, register, shipped  # noqa: E402
 from .swap import (  # noqa: E402
     WRAPPERS,
     GPT2SpecAttention,
@@ -60,7 +61,7 @@ from .swap import (  # noqa: E402
 )
 from .weights import SIZES, from_transformers, layer_config, sizes_and_scalars  # noqa: E402
 
-CORE = register(DEFAULT, shipped("gqa_core.attn"))  # attn_implementation="indexattn"
+CORE = register(DEFAULT, *map(shipped, SHIPPED))  # attn_implementation="indexattn"
 
 __all__ = [
     "CORE",
@@ -69,6 +70,7 @@ __all__ = [
     "TESTED",
     "WRAPPERS",
     "CoreAttention",
+    "Cores",
     "GPT2SpecAttention",
     "GPTNeoXSpecAttention",
     "LlamaSpecAttention",

@@ -86,6 +86,10 @@ class CoreAttention:
             weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
         return out.flatten(1, 2).transpose(1, 2), weights
 
+    def takes(self) -> dict:
+        """Whether the spec takes a soft cap and sinks: a layer must then hand them over."""
+        return {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
+
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
         error naming it."""
@@ -196,11 +200,29 @@ def core_mask(
     return mask[:, 0].to(query.dtype)
 
 
+class Cores:
+    """Several core specs under one attn_implementation: each call runs the one that takes what
+    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core), or
+    the first, which refuses what it lacks by name."""
+
+    def __init__(self, cores: list[CoreAttention]) -> None:
+        self.cores = cores
+
+    def __call__(self, module: nn.Module, *tensors, **kwargs):
+        return self.pick(kwargs)(module, *tensors, **kwargs)
+
+    def pick(self, kwargs: dict) -> CoreAttention:
+        given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
+        return next((c for c in self.cores if c.takes() == given), self.cores[0])
+
+
 DEFAULT = "indexattn"
+SHIPPED = ("gqa_core.attn", "softcap_core.attn", "sinks_core.attn")  # DEFAULT's cores
 
 
-def register(name: str, spec: CompiledSpec | str | Path) -> CoreAttention:
-    """Make `attn_implementation=name` run the core spec `spec`, in every model.
+def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention | Cores:
+    """Make `attn_implementation=name` run the core spec `spec`, in every model; with `more`
+    specs, each call runs the first whose soft cap and sinks are what the layer hands over.
 
     >>> register("my_core", "my_core.attn")  # doctest: +SKIP
     >>> AutoModelForCausalLM.from_config(config, attn_implementation="my_core")  # doctest: +SKIP
@@ -212,7 +234,10 @@ def register(name: str, spec: CompiledSpec | str | Path) -> CoreAttention:
 
     from .guard import NAMES, install
 
-    function = CoreAttention(spec if isinstance(spec, CompiledSpec) else compile_spec(spec))
+    cores = [
+        CoreAttention(s if isinstance(s, CompiledSpec) else compile_spec(s)) for s in (spec, *more)
+    ]
+    function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, eager_mask)
     NAMES.add(name)
