@@ -403,3 +403,28 @@ def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp
         return
     assert "import indexattn.transformers" in seen.get("without", "")
     assert seen["plain"] == "sdpa" and seen["with"] == "indexattn"  # eager is not kept
+
+
+def test_a_plainly_causal_mask_reaches_the_core_as_a_predicate(monkeypatch):
+    """Registered with sdpa's mask function: an unpadded prompt hands the layers no mask, and
+    the core that is causal by a predicate (gqa_causal_core: sdpa's is_causal) runs, giving
+    eager's logits; the twin: a left-padded prompt hands over a mask, and gqa_core runs."""
+    from transformers import AttentionInterface
+
+    ran = []
+    for core in AttentionInterface._global_mapping["indexattn"].cores:
+
+        def run(spec=core.spec, **kwargs):
+            ran.append(spec.name)
+            return spec(**kwargs)
+
+        monkeypatch.setattr(core, "spec", run)
+    model = model_of("llama")
+    ids, padding = prompt()
+    for mask, core in ((torch.ones_like(padding), "gqa_causal_core"), (padding, "gqa_core")):
+        model.set_attn_implementation("eager")
+        want = logits(model, ids, mask)
+        model.set_attn_implementation("indexattn")
+        ran.clear()
+        assert_relative(logits(model, ids, mask), want)
+        assert ran == [core] * 2

@@ -58,6 +58,7 @@ class CoreAttention:
         self.spec, self.name = spec, spec.name
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
+        self.masked = "M" in spec.arguments  # else causal by a predicate (gqa_causal_core)
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -70,8 +71,15 @@ class CoreAttention:
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         given = self._keywords(module, query, kwargs)
-        mask = core_mask(attention_mask, query, key, kwargs, module)
-        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value, "M": mask}
+        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value}
+        if self.masked:
+            tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
+        elif not plainly_causal(attention_mask, query, key, kwargs, module):
+            raise NotImplementedError(
+                f"attention spec {self.name!r} takes no mask: it is causal over the same"
+                f" tokens, and {type(module).__name__} hands over a mask (padding, a window,"
+                " or queries after cached keys): register it beside a core that takes M"
+            )
         if self.sinks:
             tensors[SINKS] = kwargs["s_aux"]
         out = self.spec(training=module.training, **tensors, **given)
@@ -157,7 +165,7 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
     """Refuse, at registration, a spec that is not a core: its inputs, scalars and outputs."""
     inputs = [a for a in spec.arguments if a != SINKS]
     problems = []
-    if tuple(inputs) != TENSORS:
+    if tuple(inputs) not in (TENSORS, TENSORS[:3]):
         problems.append(f"its inputs are {', '.join(spec.arguments)}")
     if "scaling" not in scalars:
         problems.append("it declares no scalar scaling")
@@ -167,7 +175,8 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
         raise ValueError(
             f"spec {spec.name!r} is not an attention core: {'; '.join(problems)}. A core"
             " declares `input Q_<grτa>`, `input K_<gσa>`, `input V_<gσc>`, `input M_<τσ>`"
-            " (optionally `input s_aux_<(gr)>`), `scalar scaling`, and outputs O_<grτc>"
+            " (optionally `input s_aux_<(gr)>`; no M where it is causal by a predicate, as"
+            " gqa_causal_core.attn), `scalar scaling`, and outputs O_<grτc>"
             " (and optionally the weights): see specs/gqa_core.attn"
         )
 
@@ -200,24 +209,39 @@ def core_mask(
     return mask[:, 0].to(query.dtype)
 
 
+def plainly_causal(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module) -> bool:
+    """No mask handed over (transformers' sdpa mask function skips one that only says causal),
+    queries and keys the same tokens, causal, and no window shorter than them: sdpa's
+    is_causal."""
+    n = query.shape[-2]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    window = kwargs.get("sliding_window")
+    return mask is None and causal and n == key.shape[-2] and (window is None or window >= n)
+
+
 class Cores:
-    """Several core specs under one attn_implementation: each call runs the one that takes what
-    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core), or
-    the first, which refuses what it lacks by name."""
+    """Several core specs under one attn_implementation: each call runs one that takes what
+    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core, or
+    gqa_causal_core where the mask is plainly causal), or the first, which refuses what it
+    lacks by name."""
 
     def __init__(self, cores: list[CoreAttention]) -> None:
         self.cores = cores
 
-    def __call__(self, module: nn.Module, *tensors, **kwargs):
-        return self.pick(kwargs)(module, *tensors, **kwargs)
+    def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
+        core = self.pick(module, query, key, attention_mask, kwargs)
+        return core(module, query, key, value, attention_mask, **kwargs)
 
-    def pick(self, kwargs: dict) -> CoreAttention:
+    def pick(self, module, query, key, attention_mask, kwargs: dict) -> CoreAttention:
         given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
-        return next((c for c in self.cores if c.takes() == given), self.cores[0])
+        matching = [c for c in self.cores if c.takes() == given] or self.cores[:1]
+        masked = not plainly_causal(attention_mask, query, key, kwargs, module)
+        return next((c for c in matching if c.masked == masked), matching[0])
 
 
 DEFAULT = "indexattn"
-SHIPPED = ("gqa_core.attn", "softcap_core.attn", "sinks_core.attn")  # DEFAULT's cores
+SHIPPED = ("gqa_core.attn", "gqa_causal_core.attn", "softcap_core.attn", "sinks_core.attn")
 
 
 def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention | Cores:
@@ -227,10 +251,11 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     >>> register("my_core", "my_core.attn")  # doctest: +SKIP
     >>> AutoModelForCausalLM.from_config(config, attn_implementation="my_core")  # doctest: +SKIP
 
-    The spec's mask is transformers' eager one (additive, [batch, 1, queries, keys]).
+    The mask is sdpa's: none where it is plainly causal (then a core without M runs, else the
+    causal mask is built), else boolean [batch, 1, queries, keys], given to the spec additive.
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     from .guard import NAMES, install
 
@@ -239,7 +264,7 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     ]
     function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, eager_mask)
+    AttentionMaskInterface.register(name, sdpa_mask)
     NAMES.add(name)
     install()
     return function
