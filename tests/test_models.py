@@ -188,7 +188,7 @@ def test_swapped_model_reads_the_padding(name):
 
 def test_a_cache_without_a_decode_spec_is_refused():
     model, compiled = model_of("gpt2")
-    hf.swap_attention(model, compiled)
+    hf.swap_attention(model, compiled, decode=None)
     with pytest.raises(NotImplementedError, match="decode="):
         generate(model, *prompt())
 

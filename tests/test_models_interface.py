@@ -4,8 +4,9 @@ Tiny models of seven families built from configs with random weights (nothing do
 float64. The reference is the same model with attn_implementation="eager", its softmax kept in
 float64 (transformers' eager softmax upcasts to float32; `float64_softmax`); everything but the
 attention core (projections, rotary tables, norms, experts) is the same code in both runs.
-Gemma 2 (soft-capped scores, sliding layers) and GPT-OSS (sinks, sliding layers) run core specs
-registered here with `register`, as a user would write them.
+Gemma 2 (soft-capped scores, sliding layers) and GPT-OSS (sinks, sliding layers) run the same
+one line: "indexattn" picks the shipped core that takes what the layer hands over
+(specs/softcap_core.attn, specs/sinks_core.attn).
 """
 
 import pytest
@@ -35,34 +36,20 @@ input  M_<τσ>
 scalar scaling = 0.125
 """  # what every core reads (transformers' query, key, value, mask and scaling)
 
-SOFTCAP_CORE = (
+WEIGHTS_CORE = (
     CORE_INPUTS
-    + """scalar softcap = 50
-
-R_<grτσ> = Q_<grτa> K_<gσa> scaling
-S_<grτσ> = softcap tanh(R_<grτσ> / softcap) + M_<τσ>
+    + """
+S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
 A_<grτσ> = softmax_<σ>(S_<grτσ>)
 O_<grτc> = A_<grτσ> V_<gσc>
 
-output O
+output O, A
 """
 )
 
-SINKS_CORE = (
-    CORE_INPUTS
-    + """input  s_aux_<(gr)>
-
-S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
-L_<grτ>  = logsumexp_<σ>(S_<grτσ>)
-A_<grτσ> = softmax_<σ>(S_<grτσ>) sigmoid(L_<grτ> - s_aux_<(gr)>)
-O_<grτc> = A_<grτσ> V_<gσc>
-
-output O
-"""
-)
-
-hf.register("indexattn_softcap", indexattn.compile_spec(SOFTCAP_CORE, name="softcap_core"))
-hf.register("indexattn_sinks", indexattn.compile_spec(SINKS_CORE, name="sinks_core"))
+hf.register("indexattn_gqa", hf.shipped("gqa_core.attn"))  # the default core alone
+hf.register("indexattn_softcap", hf.shipped("softcap_core.attn"))
+hf.register("indexattn_weights", indexattn.compile_spec(WEIGHTS_CORE, name="weights_core"))
 
 SMALL = {
     "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
@@ -86,8 +73,8 @@ FAMILIES = {  # config class, its extra settings, the attn_implementation that r
     "mixtral": ("MixtralConfig", {"num_local_experts": 2, "num_experts_per_tok": 1}, "indexattn"),
     "phi3": ("Phi3Config", {"pad_token_id": 0}, "indexattn"),
     "olmo2": ("Olmo2Config", {}, "indexattn"),
-    "gemma2": ("Gemma2Config", GEMMA2, "indexattn_softcap"),
-    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn_sinks"),
+    "gemma2": ("Gemma2Config", GEMMA2, "indexattn"),  # specs/softcap_core.attn
+    "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn"),  # specs/sinks_core.attn
 }
 
 
@@ -137,13 +124,13 @@ def counted(monkeypatch):
 
     def start(name):
         function, seen = AttentionInterface._global_mapping[name], []
-        spec = function.spec
+        for core in getattr(function, "cores", [function]):
 
-        def counting(**kwargs):
-            seen.append(kwargs["Q"].shape[-2])
-            return spec(**kwargs)
+            def counting(spec=core.spec, **kwargs):
+                seen.append(kwargs["Q"].shape[-2])
+                return spec(**kwargs)
 
-        monkeypatch.setattr(function, "spec", counting)
+            monkeypatch.setattr(core, "spec", counting)
         return seen
 
     return start
@@ -229,10 +216,12 @@ def test_gradients_are_eager_s(family):
         assert_relative(got[name], want[name], tol=1e-9)
 
 
-def test_dropout_is_the_core_spec_s():
-    """gqa_core declares dropout: in training, with one seed, it draws eager's masks (torch's
-    dropout on weights of the same shape), so the logits are equal; in eval none is drawn."""
-    model = model_of("llama", attention_dropout=0.3).train()
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_dropout_is_the_core_spec_s(family):
+    """Each shipped core declares dropout: in training, with one seed, it draws eager's masks
+    (torch's dropout on weights of the same shape), so the logits are equal; in eval none is
+    drawn (the twin)."""
+    model = model_of(family, attention_dropout=0.3).train()
     ids, padding = prompt()
 
     def train_logits():
@@ -247,16 +236,18 @@ def test_dropout_is_the_core_spec_s():
 
 
 def test_a_keyword_the_core_spec_lacks_is_refused_by_name():
+    """gqa_core alone refuses Gemma 2's cap and GPT-OSS's sinks; a core without dropout refuses
+    dropout; softcap_core alone refuses a layer with no cap."""
     gemma, oss = model_of("gemma2"), model_of("gpt_oss")
     ids, padding = prompt()
     for model, keyword in ((gemma, "softcap=2.0"), (oss, "s_aux=a tensor")):
-        model.set_attn_implementation("indexattn")
+        model.set_attn_implementation("indexattn_gqa")
         with pytest.raises(NotImplementedError, match=keyword):
             logits(model, ids, padding)
-    softcapped = model_of("gemma2", attention_dropout=0.1).train()
-    softcapped.set_attn_implementation("indexattn_softcap")
+    dropping = model_of("llama", attention_dropout=0.1).train()
+    dropping.set_attn_implementation("indexattn_weights")
     with pytest.raises(NotImplementedError, match=r"dropout=0\.1.*declares no p"):
-        softcapped(input_ids=ids, use_cache=False)
+        dropping(input_ids=ids, use_cache=False)
     llama = model_of("llama")
     llama.set_attn_implementation("indexattn_softcap")
     with pytest.raises(NotImplementedError, match="passes no softcap"):
@@ -303,3 +294,137 @@ def test_the_core_spec_runs_under_torch_compile():
     assert counter.frame_count >= 1 and counter.op_count > 0
     for g, w in zip(got, want):
         assert_relative(g, w)
+
+
+def tiny(config_class: str, implementation: str, **settings):
+    """A tiny model of a family outside FAMILIES, built with `implementation`."""
+    sizes = {"vocab_size": 40, "hidden_size": 32, "num_hidden_layers": 2, **settings}
+    config = getattr(transformers, config_class)(**sizes)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+
+
+BYPASSING = {  # families whose layers never call transformers' attention functions
+    "bloom": ("BloomConfig", {"n_head": 4}),
+    "falcon": ("FalconConfig", {"num_attention_heads": 4}),
+}
+
+
+@pytest.mark.parametrize("family", BYPASSING)
+def test_a_model_whose_layers_bypass_the_interface_is_refused_when_built(family):
+    """Bloom would run its own attention under "indexattn", Falcon raise KeyError: 'indexattn'.
+    The twin: the same model builds with eager attention, and Llama builds with indexattn."""
+    config_class, settings = BYPASSING[family]
+    with pytest.raises(ValueError, match=r"compute their own attention.*would not run indexattn"):
+        tiny(config_class, "indexattn", **settings)
+    assert tiny(config_class, "eager", **settings).config._attn_implementation == "eager"
+    llama = tiny("LlamaConfig", "indexattn", num_attention_heads=4, intermediate_size=48)
+    assert llama.config._attn_implementation == "indexattn"
+
+
+@pytest.mark.parametrize("family", BYPASSING)
+def test_switching_a_bypassing_model_to_indexattn_is_refused(family):
+    """set_attn_implementation("indexattn") would log a warning and stay as it was. The twin:
+    Llama switches."""
+    config_class, settings = BYPASSING[family]
+    model = tiny(config_class, "eager", **settings)
+    with pytest.raises(ValueError, match="never call transformers' attention functions"):
+        model.set_attn_implementation("indexattn")
+    assert model.config._attn_implementation == "eager"
+    llama = model_of("llama")
+    llama.set_attn_implementation("indexattn")
+    assert llama.config._attn_implementation == "indexattn"
+
+
+def test_output_attentions_returns_the_weights_or_is_refused():
+    """A core that outputs no weights refuses output_attentions=True (it returned an empty
+    tuple); one that outputs A returns eager's weights. The twin: another padding moves them."""
+    model = model_of("llama")
+    ids, padding = prompt()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=padding, output_attentions=True).attentions
+    model.set_attn_implementation("indexattn")
+    with pytest.raises(NotImplementedError, match=r"output_attentions=True.*outputs no weights"):
+        model(input_ids=ids, attention_mask=padding, output_attentions=True)
+    model.set_attn_implementation("indexattn_weights")
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=padding, output_attentions=True).attentions
+        other = model(input_ids=ids, output_attentions=True).attentions
+    assert len(got) == len(want) == 2
+    for g, w, o in zip(got, want, other):
+        assert g.shape == w.shape == (B, 4, N, N)
+        assert_relative(g, w)
+        with pytest.raises(AssertionError):
+            assert_relative(o, w)
+
+
+RELOAD = """
+import json, sys, transformers
+from transformers import AutoModelForCausalLM
+saved, plain = sys.argv[1:]
+seen = {}
+try:
+    AutoModelForCausalLM.from_pretrained(saved)
+except ValueError as error:
+    seen["without"] = str(error)
+seen["plain"] = AutoModelForCausalLM.from_pretrained(plain).config._attn_implementation
+import indexattn.transformers
+seen["with"] = AutoModelForCausalLM.from_pretrained(saved).config._attn_implementation
+print(json.dumps(seen))
+"""
+
+
+def reads_saved_implementation() -> bool:
+    """Whether this transformers reads a config.json's attn_implementation (5.0 drops it)."""
+    return (
+        transformers.LlamaConfig.from_dict({"attn_implementation": "x"})._attn_implementation == "x"
+    )
+
+
+def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp_path):
+    """In a new process: without the import, transformers' error says `import
+    indexattn.transformers` (its config.json keeps the implementation, where transformers keeps
+    none and the model came back on sdpa); with it, the model is indexattn again. The twin: the
+    same model saved with sdpa loads without the import."""
+    import json
+    import subprocess
+    import sys
+
+    model = model_of("llama")
+    model.save_pretrained(tmp_path / "plain")
+    model.set_attn_implementation("indexattn")
+    model.save_pretrained(tmp_path / "saved")
+    run = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(tmp_path / "saved"), str(tmp_path / "plain")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    seen = json.loads(run.stdout.splitlines()[-1])
+    if not reads_saved_implementation():  # transformers 5.0: from_dict sets it to None
+        assert seen == {"plain": "sdpa", "with": "sdpa"}
+        return
+    assert "import indexattn.transformers" in seen.get("without", "")
+    assert seen["plain"] == "sdpa" and seen["with"] == "indexattn"  # eager is not kept
+
+
+def test_a_plainly_causal_mask_reaches_the_core_as_a_predicate(monkeypatch):
+    """Registered with sdpa's mask function: an unpadded prompt hands the layers no mask, and
+    the core that is causal by a predicate (gqa_causal_core: sdpa's is_causal) runs, giving
+    eager's logits; the twin: a left-padded prompt hands over a mask, and gqa_core runs."""
+    from transformers import AttentionInterface
+
+    ran = []
+    for core in AttentionInterface._global_mapping["indexattn"].cores:
+
+        def run(spec=core.spec, **kwargs):
+            ran.append(spec.name)
+            return spec(**kwargs)
+
+        monkeypatch.setattr(core, "spec", run)
+    model = model_of("llama")
+    ids, padding = prompt()
+    for mask, core in ((torch.ones_like(padding), "gqa_causal_core"), (padding, "gqa_core")):
+        model.set_attn_implementation("eager")
+        want = logits(model, ids, mask)
+        model.set_attn_implementation("indexattn")
+        ran.clear()
+        assert_relative(logits(model, ids, mask), want)
+        assert ran == [core] * 2

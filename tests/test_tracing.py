@@ -27,11 +27,13 @@ MASKED = sorted(
 
 def sequence_sizes(spec) -> set[str]:
     """The sizes of the inputs' first axes: the ones a call may change. A size that a
-    parameter also has is not among them (kv_decode's cache Kc_<μca> starts with the heads)."""
+    parameter also has is not among them (kv_decode's cache Kc_<μca> starts with the heads),
+    nor one of an input's grouped axis (sinks_core's s_aux_<(gr)>: the heads)."""
     fixed = {
         spec.ir.size_ascii(s)
-        for t in spec.ir.tensors_of("param", "buffer")
+        for t in spec.ir.tensors_of("param", "buffer", "input")
         for axis in t.layout
+        if t.role != "input" or len(axis) > 1
         for index in axis
         for s in index.size.free_symbols
     }

@@ -7,18 +7,21 @@
 ... # doctest: +SKIP
 
 - The attention function: importing this module registers "indexattn" with transformers'
-  AttentionInterface (specs/gqa_core.attn); `register(name, spec)` adds a core spec of one's
-  own. The model keeps its projections, rotary, cache and checkpoint names.
+  AttentionInterface (specs/gqa_core.attn, softcap_core.attn for soft-capping layers,
+  sinks_core.attn for layers with sinks); `register(name, spec)` adds a core spec of one's own.
+  The model keeps its projections, rotary, cache and checkpoint names.
 - The whole-layer swap: `swap_attention` replaces each attention layer of GPT-2, Llama,
   Mistral, Qwen2, Qwen3, Gemma 2 and GPT-NeoX by a layer spec (specs/models/), and by its
   decode spec with a cache; `unswap_attention` puts the transformers layers back.
 
 transformers is imported only by this module, and only when it is used: it is an optional
-extra (`pip install indexattn[transformers]`), never a requirement of the compiler. Only the
-transformers versions in TESTED are accepted: outside them, this import fails with the range.
+extra, never a requirement of the compiler. The transformers versions in TESTED are those the
+tests run on: outside them, this import warns (TransformersVersionWarning) and goes on.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import transformers
 from packaging.version import Version
@@ -27,18 +30,25 @@ TESTED = ("5.0.0", "5.25")  # the oldest version tested, and the first one not t
 """The same range as pyproject.toml's extra `transformers` and .ci/run's two environments."""
 
 
+class TransformersVersionWarning(UserWarning):
+    """transformers outside the versions indexattn.transformers is tested with."""
+
+
 def _check_version(version: str) -> None:
     low, high = TESTED
     if not Version(low) <= Version(version) < Version(high):
-        raise ImportError(
+        warnings.warn(
             f"indexattn.transformers is tested with transformers >={low},<{high}; this is"
-            f" transformers {version}: pip install 'transformers>={low},<{high}'"
+            f" transformers {version}: what it changed may be refused or break (to be safe:"
+            f" pip install 'transformers>={low},<{high}')",
+            TransformersVersionWarning,
+            stacklevel=3,
         )
 
 
 _check_version(transformers.__version__)
 
-from .attention import DEFAULT, CoreAttention, register, shipped  # noqa: E402
+from .attention import DEFAULT, SHIPPED, CoreAttention, Cores, register, shipped  # noqa: E402
 from .swap import (  # noqa: E402
     WRAPPERS,
     GPT2SpecAttention,
@@ -51,7 +61,7 @@ from .swap import (  # noqa: E402
 )
 from .weights import SIZES, from_transformers, layer_config, sizes_and_scalars  # noqa: E402
 
-CORE = register(DEFAULT, shipped("gqa_core.attn"))  # attn_implementation="indexattn"
+CORE = register(DEFAULT, *map(shipped, SHIPPED))  # attn_implementation="indexattn"
 
 __all__ = [
     "CORE",
@@ -60,10 +70,12 @@ __all__ = [
     "TESTED",
     "WRAPPERS",
     "CoreAttention",
+    "Cores",
     "GPT2SpecAttention",
     "GPTNeoXSpecAttention",
     "LlamaSpecAttention",
     "SpecAttention",
+    "TransformersVersionWarning",
     "additive_mask",
     "from_transformers",
     "layer_config",

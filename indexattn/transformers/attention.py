@@ -33,7 +33,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "is_causal": "read only where the layer gives no mask, as sdpa does",
     "position_ids": "the mask holds packed sequences' boundaries",
     "use_cache": "the layer updates its own cache before attention",
-    "output_attentions": "the weights are returned whenever the spec outputs them",
+    "output_attentions": "the weights are returned where the spec outputs them, else refused",
     "cu_seq_lens_q": "the mask holds packed sequences' boundaries",
     "cu_seq_lens_k": "the mask holds packed sequences' boundaries",
     "max_length_q": "the mask holds packed sequences' boundaries",
@@ -58,6 +58,7 @@ class CoreAttention:
         self.spec, self.name = spec, spec.name
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
+        self.masked = "M" in spec.arguments  # else causal by a predicate (gqa_causal_core)
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -70,15 +71,32 @@ class CoreAttention:
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         given = self._keywords(module, query, kwargs)
-        mask = core_mask(attention_mask, query, key, kwargs, module)
-        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value, "M": mask}
+        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value}
+        if self.masked:
+            tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
+        elif not plainly_causal(attention_mask, query, key, kwargs, module):
+            raise NotImplementedError(
+                f"attention spec {self.name!r} takes no mask: it is causal over the same"
+                f" tokens, and {type(module).__name__} hands over a mask (padding, a window,"
+                " or queries after cached keys): register it beside a core that takes M"
+            )
         if self.sinks:
             tensors[SINKS] = kwargs["s_aux"]
         out = self.spec(training=module.training, **tensors, **given)
         out, weights = out if isinstance(out, tuple) else (out, None)
+        if weights is None and kwargs.get("output_attentions"):
+            raise NotImplementedError(
+                f"output_attentions=True, and attention spec {self.name!r} outputs no weights:"
+                " register a core spec that outputs them too (`output O, A`), or call the model"
+                " without output_attentions"
+            )
         if weights is not None:
             weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
         return out.flatten(1, 2).transpose(1, 2), weights
+
+    def takes(self) -> dict:
+        """Whether the spec takes a soft cap and sinks: a layer must then hand them over."""
+        return {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
 
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
@@ -147,7 +165,7 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
     """Refuse, at registration, a spec that is not a core: its inputs, scalars and outputs."""
     inputs = [a for a in spec.arguments if a != SINKS]
     problems = []
-    if tuple(inputs) != TENSORS:
+    if tuple(inputs) not in (TENSORS, TENSORS[:3]):
         problems.append(f"its inputs are {', '.join(spec.arguments)}")
     if "scaling" not in scalars:
         problems.append("it declares no scalar scaling")
@@ -157,7 +175,8 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
         raise ValueError(
             f"spec {spec.name!r} is not an attention core: {'; '.join(problems)}. A core"
             " declares `input Q_<grτa>`, `input K_<gσa>`, `input V_<gσc>`, `input M_<τσ>`"
-            " (optionally `input s_aux_<(gr)>`), `scalar scaling`, and outputs O_<grτc>"
+            " (optionally `input s_aux_<(gr)>`; no M where it is causal by a predicate, as"
+            " gqa_causal_core.attn), `scalar scaling`, and outputs O_<grτc>"
             " (and optionally the weights): see specs/gqa_core.attn"
         )
 
@@ -190,21 +209,62 @@ def core_mask(
     return mask[:, 0].to(query.dtype)
 
 
+def plainly_causal(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module) -> bool:
+    """No mask handed over (transformers' sdpa mask function skips one that only says causal),
+    queries and keys the same tokens, causal, and no window shorter than them: sdpa's
+    is_causal."""
+    n = query.shape[-2]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    window = kwargs.get("sliding_window")
+    return mask is None and causal and n == key.shape[-2] and (window is None or window >= n)
+
+
+class Cores:
+    """Several core specs under one attn_implementation: each call runs one that takes what
+    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core, or
+    gqa_causal_core where the mask is plainly causal), or the first, which refuses what it
+    lacks by name."""
+
+    def __init__(self, cores: list[CoreAttention]) -> None:
+        self.cores = cores
+
+    def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
+        core = self.pick(module, query, key, attention_mask, kwargs)
+        return core(module, query, key, value, attention_mask, **kwargs)
+
+    def pick(self, module, query, key, attention_mask, kwargs: dict) -> CoreAttention:
+        given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
+        matching = [c for c in self.cores if c.takes() == given] or self.cores[:1]
+        masked = not plainly_causal(attention_mask, query, key, kwargs, module)
+        return next((c for c in matching if c.masked == masked), matching[0])
+
+
 DEFAULT = "indexattn"
+SHIPPED = ("gqa_core.attn", "gqa_causal_core.attn", "softcap_core.attn", "sinks_core.attn")
 
 
-def register(name: str, spec: CompiledSpec | str | Path) -> CoreAttention:
-    """Make `attn_implementation=name` run the core spec `spec`, in every model.
+def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention | Cores:
+    """Make `attn_implementation=name` run the core spec `spec`, in every model; with `more`
+    specs, each call runs the first whose soft cap and sinks are what the layer hands over.
 
     >>> register("my_core", "my_core.attn")  # doctest: +SKIP
     >>> AutoModelForCausalLM.from_config(config, attn_implementation="my_core")  # doctest: +SKIP
 
-    The spec's mask is transformers' eager one (additive, [batch, 1, queries, keys]).
+    The mask is sdpa's: none where it is plainly causal (then a core without M runs, else the
+    causal mask is built), else boolean [batch, 1, queries, keys], given to the spec additive.
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    function = CoreAttention(spec if isinstance(spec, CompiledSpec) else compile_spec(spec))
+    from .guard import NAMES, install
+
+    cores = [
+        CoreAttention(s if isinstance(s, CompiledSpec) else compile_spec(s)) for s in (spec, *more)
+    ]
+    function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, eager_mask)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    NAMES.add(name)
+    install()
     return function

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..runtime import CompiledSpec
 from ..spec import compile_spec
+from .attention import shipped
 from .weights import from_transformers
 
 
@@ -94,8 +95,9 @@ class SpecAttention(nn.Module):
             return None
         if self.decode is None:
             raise NotImplementedError(
-                "a key/value cache needs swap_attention(model, spec, decode=...),"
-                " or call the model with use_cache=False"
+                "a key/value cache needs swap_attention(model, spec, decode=...) (a shipped"
+                " model spec gets its shipped decode spec by default), or call the model with"
+                " use_cache=False"
             )
         layer = cache.layers[self.layer_idx]
         return layer.keys, layer.values
@@ -262,10 +264,32 @@ WRAPPERS = {  # the transformers layers swap_attention replaces, by class name
 }
 
 
+PAIRS = {  # a shipped model spec (specs/models/) -> its shipped decode spec
+    "gpt2": "gpt2_decode",
+    "llama3": "llama3_decode",
+    "mistral": "llama3_decode",  # Llama 3's: Mistral's window is in the mask transformers gives
+    "qwen2": "qwen2_decode",
+    "qwen3": "qwen3_decode",
+    "gemma2": "gemma2_decode",
+    "gpt_neox": "gpt_neox_decode",
+}
+PAIRED = "paired"  # swap_attention's default decode: the shipped spec's shipped decode spec
+
+
+def paired_decode(spec: CompiledSpec) -> CompiledSpec | None:
+    """The shipped decode spec of a shipped model spec (its text the shipped file's, word for
+    word), else None."""
+    if spec.name not in PAIRS:
+        return None
+    if spec.text != shipped(f"models/{spec.name}.attn").read_text(encoding="utf-8"):
+        return None
+    return compile_spec(shipped(f"models/{PAIRS[spec.name]}.attn"))
+
+
 def swap_attention(
     model: nn.Module,
     spec: CompiledSpec | str | Path,
-    decode: CompiledSpec | str | Path | None = None,
+    decode: CompiledSpec | str | Path | None = PAIRED,
 ) -> nn.Module:
     """Replace every attention layer of `model` that WRAPPERS names (GPT-2, Llama, Mistral,
     Qwen2, Qwen3, Gemma 2, GPT-NeoX) by the spec, in place.
@@ -273,13 +297,16 @@ def swap_attention(
     >>> swap_attention(model, "specs/models/llama3.attn")(ids, use_cache=False)  # doctest: +SKIP
 
     Each replacement holds the layer's weights (under `.spec`; its state_dict keeps the layer's
-    names) and has the layer's forward signature. Without a `decode` spec
-    (specs/models/gpt2_decode.attn, llama3_decode.attn, qwen2_decode.attn, qwen3_decode.attn,
-    gemma2_decode.attn, gpt_neox_decode.attn)
-    the model runs without a KV cache (use_cache=False); with one, generate() runs with its
-    cache. A layer with attention dropout is refused in training mode.
+    names) and has the layer's forward signature. A shipped model spec gets its shipped decode
+    spec (PAIRS: specs/models/gpt2_decode.attn, llama3_decode.attn, qwen2_decode.attn,
+    qwen3_decode.attn, gemma2_decode.attn, gpt_neox_decode.attn) unless `decode` says another
+    or None; without a decode spec the model runs without a KV cache (use_cache=False); with
+    one, generate() runs with its cache. A layer with attention dropout is refused in training
+    mode.
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    if decode is PAIRED:
+        decode = paired_decode(spec)
     if decode is not None and not isinstance(decode, CompiledSpec):
         decode = compile_spec(decode)
     swaps = [

@@ -23,16 +23,18 @@ def from_transformers(
     >>> module = from_transformers(GPT2Attention(config, layer_idx=0), "specs/models/gpt2.attn")
     ... # doctest: +SKIP
 
-    The spec's sizes and scalars are read off the layer and its config: the usual short names
-    (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`), `rope_theta` from the config's rope
-    parameters, and any size or scalar named like a config attribute (`sliding_window`,
-    `rms_norm_eps`, `kv_lora_rank`, ...) takes that attribute's value; an attribute of the layer
-    itself wins over its config's, and a layer's None is no limit, inf (GptOssAttention's
-    sliding_window on a full-attention layer). Keywords override them. `config` is the
+    The spec's sizes and scalars are read off the layer and its config: the usual short size
+    names (d_m, h, h_kv, n_rep, d_k, d_r, d_p: see `SIZES`) and other sizes named like a config
+    attribute (`kv_lora_rank`, ...); each scalar through `FIELDS`, the explicit map from a
+    spec's scalar to the field it takes (`rope_theta` and the rotary scaling's from the
+    config's rope parameters; `sliding_window` the layer's own window: None on a full-attention
+    layer, no limit, inf); a scalar that FIELDS does not map and no keyword gives is refused by
+    name, never left at its default. Keywords override them. `config` is the
     model's config, for layers that keep none (BloomAttention): by default the layer's own,
     or the first a submodule holds (BertAttention).
     """
     spec = spec if isinstance(spec, CompiledSpec) else compile_spec(spec)
+    _refuse_unmapped(spec, given)
     wanted = {str(s) for s in spec.sizes} | {s.ascii for s in spec.ir.scalars}
     known = {**sizes_and_scalars(layer, wanted, config), **given}
     module = spec.module(**{k: v for k, v in known.items() if k in wanted})
@@ -40,6 +42,20 @@ def from_transformers(
     _same_weights(layer, spec, weights, module.state_dict())
     module.load_state_dict(weights, assign=True)  # assign: keep the layer's dtype and device
     return module.train(layer.training)
+
+
+def _refuse_unmapped(spec: CompiledSpec, given: dict) -> None:
+    """A scalar of the spec that no field is mapped to, and that no keyword gives: by name (a
+    spec's `softcap` is not Gemma 2's `attn_logit_softcapping`, and would keep its default)."""
+    mapped = FIELDS.keys() | ROTARY
+    unmapped = [s.ascii for s in spec.ir.scalars if s.ascii not in mapped | given.keys()]
+    if unmapped:
+        raise ValueError(
+            f"spec {spec.name!r} declares scalar {', '.join(unmapped)}, which no field of a"
+            f" transformers layer is mapped to (FIELDS: {', '.join(sorted(FIELDS))}; and"
+            f" rope_theta and the rotary scaling's): name it after the field it takes, or pass"
+            f" {unmapped[0]}=... to from_transformers"
+        )
 
 
 def _same_weights(layer: nn.Module, spec: CompiledSpec, weights: dict, declared: dict) -> None:
@@ -88,7 +104,8 @@ SIZES = {  # the specs' short size names, read off a layer and its config
 
 def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
     """The values of the `wanted` sizes and scalars that the layer or its config (by default
-    `layer_config(layer)`) tells."""
+    `layer_config(layer)`) tells: SIZES, FIELDS and the rotary parameters, then sizes named like
+    an attribute of the layer or its config."""
     config = layer_config(layer) if config is None else config
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("GPT-2's scale_attn_by_inverse_layer_idx is not in specs/models/gpt2.attn")
@@ -100,7 +117,9 @@ def sizes_and_scalars(layer: nn.Module, wanted: set[str], config=None) -> dict:
     for name in wanted - known.keys():
         if name in SIZES:
             known[name] = SIZES[name](layer, config)
-        else:  # the layer's own value before its config's
+        elif name in FIELDS:
+            known[name] = FIELDS[name](layer, config)
+        elif name not in ROTARY:  # a size: the layer's own value before its config's
             source = next((s for s in (layer, config) if _number(s, name)), None)
             if source is not None:
                 known[name] = _attribute(source, name)
@@ -127,17 +146,63 @@ def _number(source, name: str) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-NO_LIMIT = {"sliding_window"}  # attributes whose None means no limit: inf
-
-
 def _attribute(source, name: str):
     value = getattr(source, name)
-    if value is None and name not in NO_LIMIT:
+    if value is None:
         raise ValueError(
             f"{type(source).__name__}.{name} is None, but the spec computes with a scalar"
             f" {name}: use a spec without it, or pass {name}=... to from_transformers"
         )
-    return math.inf if value is None else value
+    return value
+
+
+def _field(name: str):
+    """The field `name` of the layer (its own value first: a layer may differ from its
+    config), else of its config."""
+
+    def read(layer: nn.Module, config):
+        return _attribute(next((s for s in (layer, config) if _number(s, name)), config), name)
+
+    return read
+
+
+def _window(layer: nn.Module, config) -> float:
+    """The layer's own window: the sliding_window of the layer or of its attention (None on
+    Gemma 2's, GPT-OSS's, Qwen's full-attention layers), else its config.layer_types entry,
+    else the config's window for every layer (Mistral); None is no limit, inf. A decoder
+    layer's full attention never takes the config's sliding_window."""
+    own = next((m for m in layer.modules() if _number(m, "sliding_window")), None)
+    if own is not None:
+        window = own.sliding_window
+    else:
+        types, index = getattr(config, "layer_types", None), _layer_index(layer)
+        full = types is not None and index is not None and types[index] == "full_attention"
+        window = None if full else getattr(config, "sliding_window", None)
+    return math.inf if window is None else window
+
+
+def _layer_index(layer: nn.Module) -> int | None:
+    return next((m.layer_idx for m in layer.modules() if hasattr(m, "layer_idx")), None)
+
+
+def _norm_eps(layer: nn.Module, config) -> float:
+    """The epsilon of the layer's own RMSNorms (DeepSeek-V3's: its default, not the config's)."""
+    return next(m.variance_epsilon for m in layer.modules() if hasattr(m, "variance_epsilon"))
+
+
+FIELDS = {  # a spec's scalar -> how it is read off a transformers layer and its config
+    "sliding_window": _window,
+    "attn_logit_softcapping": _field("attn_logit_softcapping"),  # Gemma 2
+    "query_pre_attn_scalar": _field("query_pre_attn_scalar"),  # Gemma 2
+    "rms_norm_eps": _field("rms_norm_eps"),  # Qwen3, the decoder layers
+    "layer_norm_eps": _field("layer_norm_eps"),  # BERT
+    "eps": _norm_eps,  # DeepSeek-V3's RMSNorms
+    "attention_dropout": _field(
+        "attention_dropout"
+    ),  # Bloom (its config's: the layer's is a module)
+    "hidden_dropout": _field("hidden_dropout"),  # Bloom
+    "relative_attention_max_distance": _field("relative_attention_max_distance"),  # T5
+}
 
 
 def layer_config(layer: nn.Module):
@@ -156,6 +221,7 @@ ROPE_TYPES = {  # rope_type -> the scalars of config.rope_parameters a spec comp
         | {"mscale", "mscale_all_dim", "attention_factor"}
     ),  # specs/models/*_yarn.attn
 }
+ROTARY = {"rope_theta"} | {name for names in ROPE_TYPES.values() for name in names}  # _rope's
 YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # _compute_yarn_parameters' defaults
 YARN_NONE = {"mscale": 0.0, "mscale_all_dim": 0.0, "attention_factor": 0.0}  # the specs' "unset"
 
