@@ -5,6 +5,7 @@ over the keys the mask lets it see (passes/spans.py)."""
 from __future__ import annotations
 
 from .. import ops
+from . import tables_emit
 from ..ir import Index, Spec
 from .emit import Emitter
 from .naming import Names
@@ -67,6 +68,7 @@ class RowsWriter:
     def call(self, main: Emitter) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
         rows, names = self.rows, self.names
+        self.main = main  # where a table made per block is called (`_slice`)
         size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
@@ -79,7 +81,7 @@ class RowsWriter:
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
         ]
-        whole = self._call([names.var(v) for v in rows.inputs])
+        whole = self._call([self._slice(v, {}) for v in rows.inputs])
         if len(rows.exits) > 1:
             return head + self._parts(main, size, count, whole)
         if self.spans is None:
@@ -189,7 +191,11 @@ class RowsWriter:
         name = self.names.var(var)
         found = [(self.rows.sliced, self.rows.row)]
         found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
-        cuts = {table[var][0]: pieces[index] for table, index in found if var in table}
+        cuts = {t[var][0]: pieces[i] for t, i in found if var in t and i in pieces}
+        made = self.emitter.blocked.get(var)
+        if made is not None:  # a table made per block from its positions (passes/tables.py)
+            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
+            return tables_emit.call(made, self.main, own)
         if not cuts:
             return name
         _, axes, batched = next(table[var] for table, _ in found if var in table)
