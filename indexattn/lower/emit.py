@@ -95,7 +95,8 @@ class Emitter(KernelSteps, Values):
             view = name if len(dims) == 1 else f"{name}[{', '.join(shaped)}]"
             views[index.symbol] = sympy.Symbol(view, integer=True, nonnegative=True)
         self.needs.sizes |= step.expr.free_symbols & set(self.spec.sizes)
-        self.needs.sizes |= {s for i in dims for s in i.size.free_symbols}
+        if not self.positional:  # a table's function takes its positions: their lengths
+            self.needs.sizes |= {s for i in dims for s in i.size.free_symbols}
         self.needs.scalars |= step.expr.free_symbols & self.scalar_symbols
         expr, lines = step.expr.xreplace({**self.symbols, **views}), []
         printer = GridPrinter(frozenset(views.values()), ScalarPrinter())

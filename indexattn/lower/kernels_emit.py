@@ -64,7 +64,8 @@ class KernelSteps:
                 joins.append(f"{name} = {inputs[k]}")
                 inputs[k] = name
         call = partial(self.attention_call, step, *inputs)
-        lines = [*joins, f"{out} = {call()}"]
+        made = self.mask_block(step, None)
+        lines = [*joins, *made, f"{out} = {call()}"]
         if step.spans is not None:  # a loop, not a comprehension: that would close over
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
             hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
@@ -73,10 +74,11 @@ class KernelSteps:
             lines = [
                 *joins,
                 f"if {spans} is None:",
-                "    " + lines[-1],
+                *("    " + line for line in lines[len(joins) :]),
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
                 f"    {names[0]} = []",
                 f"    for {', '.join(names[1:])} in {spans}:",
+                *("        " + line for line in self.mask_block(step, names[1:])),
                 f"        {names[0]}.append({call(names[1:])})",
                 f"    {out} = {joined(names[0], -2)}",
             ]
@@ -102,9 +104,7 @@ class KernelSteps:
             _sliced(self.heads(step.v, step.v_dims, step.kv_heads), keys),
         ]
         if step.mask is not None and step.mask.var in self.blocked:  # made for the block
-            table = self.blocked[step.mask.var]
-            pieces = dict(zip(table.dims[-2:], (rows, keys))) if block else {}
-            mask = self.attention_mask(step, tables_emit.call(table, self, pieces))
+            mask = self.attention_mask(step, self.block_name(step.mask.var))
             args.append(f"attn_mask={f'None if {block[4]} else ' if block else ''}{mask}")
         elif step.mask is not None:
             mask = self.attention_mask(step)
@@ -120,6 +120,26 @@ class KernelSteps:
             args.append("enable_gqa=True")
         self.use("F")
         return f"F.scaled_dot_product_attention({', '.join(args)})"
+
+    def mask_block(self, step: Attention, block: list | None) -> list[str]:
+        """The line that makes the mask's block from its positions, where it is a table made
+        by blocks (passes/tables.py): every position, or the block's queries and keys."""
+        table = self.blocked.get(step.mask.var) if step.mask is not None else None
+        if table is None:
+            return []
+        if block is None:
+            return [f"{self.block_name(step.mask.var)} = {tables_emit.call(table, self, {})}"]
+        q0, q1, k0, k1, whole = block
+        made = tables_emit.call(
+            table, self, dict(zip(table.dims[-2:], (f"{q0}:{q1}", f"{k0}:{k1}")))
+        )
+        return [f"{self.block_name(step.mask.var)} = None if {whole} else {made}"]
+
+    def block_name(self, var) -> str:
+        """The name of a table's block in the spec's function, one per table."""
+        if var not in self.block_names:
+            self.block_names[var] = self.names.fresh(self.names.var(var) + "_block")
+        return self.block_names[var]
 
     def step_Spans(self, step: Spans) -> list[str]:
         """The blocks of queries and their keys, read off the mask; off a table made by

@@ -34,7 +34,9 @@ class TableFunction:
 def table_functions(plan: Program, names: Names, main: Emitter) -> dict[Var, TableFunction]:
     """A function per table the rest of the program reads (those only other tables read are
     computed inside them), by the table's value."""
-    from .emit import Emitter  # the emitter prints the tables' calls: it imports this module
+    from .codegen import comment  # both print the tables' calls: they import this module
+    from .emit import Emitter
+
     wide = [s for s in plan.steps if s.out.var in plan.tables]
     read = {o.var for s in plan.steps if s.out.var not in plan.tables for o in reads(s)}
     out = {}
@@ -43,7 +45,11 @@ def table_functions(plan: Program, names: Names, main: Emitter) -> dict[Var, Tab
         emitter = Emitter(plan.spec, names)
         emitter.needs.knobs, emitter.needs.helpers = main.needs.knobs, main.needs.helpers
         emitter.tables, emitter.cast, emitter.positional = True, main.cast, True
-        body = [line for s in chain for line in emitter.lines(s)]
+        body = []
+        for block in plan.blocks:  # each block's steps under its equations
+            steps = [s for s in block.steps if s in chain]
+            body += [f"# {comment(text)}" for text in block.texts] if steps else []
+            body += [line for s in steps for line in emitter.lines(s)]
         made = {s.out.var for s in chain}
         inputs = [o.var for s in chain for o in reads(s) if o.var not in made]
         inputs = tuple(names.var(v) for v in dict.fromkeys(inputs))
@@ -75,9 +81,7 @@ def call(table: TableFunction, emitter: Emitter, pieces: dict[Index, str]) -> st
         if scalar.ascii in table.keywords:
             emitter.needs.scalars.add(scalar.symbol)
     names = emitter.names
-    positions = [
-        names.index(i) + (f"[{pieces[i]}]" if i in pieces else "") for i in table.indices
-    ]
+    positions = [names.index(i) + (f"[{pieces[i]}]" if i in pieces else "") for i in table.indices]
     keywords = [f"{k}={k}" for k in (*table.keywords, "device", "dtype")]
     return f"{table.name}({', '.join([*positions, *table.inputs, *keywords])})"
 

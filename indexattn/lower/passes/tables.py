@@ -13,7 +13,19 @@ from dataclasses import replace
 
 from ..kinds import reads
 from ..program import Program
-from ..steps import Add, Attention, Contract, Elementwise, Grid, Reduction, Rename, Spans, Step, Var, Whole
+from ..steps import (
+    Add,
+    Attention,
+    Contract,
+    Elementwise,
+    Grid,
+    Reduction,
+    Rename,
+    Spans,
+    Step,
+    Var,
+    Whole,
+)
 from .rows import sequence_indices
 
 
