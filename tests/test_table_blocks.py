@@ -68,3 +68,13 @@ def test_the_dump_names_the_tables(capsys):
     dump = capsys.readouterr().out
     assert "\ntables by blocks of rows, from positions: " in dump  # the bias, and its
     assert "[table] Add: S_bias_sum" in dump and "[constant] Grid: m" in dump  # slopes per shape
+
+
+@pytest.mark.parametrize("name, blocked", [("t5_bias", False), ("sliding_window", True)])
+def test_a_table_a_call_reads_whole_stays_per_shape(name, blocked, capsys):
+    """T5's bucket ids are gathered per call into a bias read whole: they stay a constant
+    held per shape; the twin, sliding_window's mask, only the kernel reads, by blocks."""
+    assert main(["compile", str(ROOT / "specs" / f"{name}.attn"), "--dump-after", "tables"]) == 0
+    dump = capsys.readouterr().out
+    assert ("\ntables by blocks of rows" in dump) == blocked
+    assert ("[table] Grid" in dump) == blocked

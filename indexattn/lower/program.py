@@ -161,6 +161,7 @@ class Program:
                 assert op.var.argument or op.var in made_by, f"{op.var} is read, never made"
         outs = {s.out.var for s in self.steps}
         assert self.constant <= outs, f"constant steps missing: {set(self.constant) - outs}"
+        assert self.tables <= self.constant, "a table made by blocks is not a constant"
         assert self.rows is None or self.rows.steps <= outs, "a step of the rows is missing"
         assert set(self.held) <= made_by, "a held value is made by no step"
         assert all(v.id < self.next_id for v in made_by), "fresh values behind the allocator"
