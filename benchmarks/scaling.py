@@ -2,7 +2,7 @@
 blocks of 256 queries, each block's mask or bias made from its positions (float32, d_m 512,
 8 heads of 64, window 1024, batch 1, one thread). Every figure comes from a fresh process:
 peak resident growth over the first call at N (after a call at N = 16 for the lazy imports;
-the spec's per-shape constants are built in it), and the median time of three calls after.
+the spec's per-shape constants are built in it), and the median time of the calls after.
 Writes the table between the markers of docs/performance.md ("Scaling").
 
     .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--write]
@@ -27,7 +27,6 @@ from spec_memory import growth, inputs  # noqa: E402
 SPECS = ("mha", "sliding_window", "softcap_window", "alibi", "t5_bias")
 SIZES = {"d_in": 512, "d_out": 512, "d_m": 512, "d_k": 64, "h": 8, "w": 1024, "c": 50.0}
 BLOCK, H, D, W = 256, 8, 64, 1024
-ROUNDS = 3  # timed calls after the first, median
 PAGE = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- scaling: benchmarks/scaling.py -->", "<!-- end scaling -->"
 
@@ -70,7 +69,7 @@ def baseline(name: str, x, weights, table):
     return F.linear(torch.cat(blocks, -2).transpose(-3, -2).flatten(-2), weights[3])
 
 
-def probe(name: str, n: int, hand: bool, train: bool) -> dict:
+def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     import torch
 
     import indexattn
@@ -95,16 +94,17 @@ def probe(name: str, n: int, hand: bool, train: bool) -> dict:
         x = inputs(spec, n, SIZES)
         peak = growth(lambda: run(x))  # the first call: the per-shape constants too
         seconds = []
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             start = time.perf_counter()
             run(x)
             seconds.append(time.perf_counter() - start)
     return {"MB": peak, "s": round(statistics.median(seconds), 3)}
 
 
-def measure(name: str, n: int, hand: bool, train: bool) -> dict:
+def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    flags = [name, str(n), "hand" if hand else "spec", "train" if train else "forward"]
+    what = "train" if train else "forward"
+    flags = [name, str(n), "hand" if hand else "spec", what, str(rounds)]
     done = subprocess.run(
         [sys.executable, __file__, "--probe", *flags],
         stdout=subprocess.PIPE,
@@ -136,16 +136,19 @@ def main() -> None:
     parser.add_argument("--specs", nargs="*", default=list(SPECS))
     parser.add_argument("--train", action="store_true", help="a training step, not a forward")
     parser.add_argument("--write", action="store_true", help="into docs/performance.md")
-    parser.add_argument("--probe", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="timed calls after the first")
+    parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
-        name, n, who, what = args.probe
-        print(json.dumps(probe(name, int(n), who == "hand", what == "train")))
+        name, n, who, what, rounds = args.probe
+        print(json.dumps(probe(name, int(n), who == "hand", what == "train", int(rounds))))
         return
     rows = []
     for name in args.specs:
         for n in args.n:
-            got = {w: measure(name, n, w == "hand", args.train) for w in ("spec", "hand")}
+            got = {
+                w: measure(name, n, w == "hand", args.train, args.rounds) for w in ("spec", "hand")
+            }
             rows.append({"name": name, "n": n, **got})
             print(json.dumps(rows[-1]), flush=True)
     text = table_text(rows, args.train)
