@@ -78,7 +78,7 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     torch.manual_seed(0)
     spec = indexattn.compile_spec(name)
     known = {*spec.size_names, *(s.ascii for s in spec.ir.scalars)}
-    layer = spec.module(**{k: v for k, v in SIZES.items() if k in known})
+    layer = spec.module(**{k: v for k, v in SIZES.items() if k in known}).eval()  # no dropout
     weights = [torch.randn(512, 512) / 23 for _ in range(4)]
     table = 2.0 ** (-torch.arange(1, H + 1.0)) if name == "alibi" else torch.randn(32, H)
 
