@@ -48,7 +48,8 @@ def probe(path: str, n: int, sizes: dict[str, int]) -> dict[str, float]:
 
     torch.manual_seed(0)
     spec = indexattn.compile_spec(path)
-    sizes = {k: v for k, v in sizes.items() if k in spec.size_names}
+    known = {*spec.size_names, *(s.ascii for s in spec.ir.scalars)}  # sizes, and scalars (w)
+    sizes = {k: v for k, v in sizes.items() if k in known}
     layer = spec.module(**sizes).eval()
     with torch.inference_mode():
         layer(**inputs(spec, 16, sizes))

@@ -3,7 +3,8 @@ whose mask may hide whole blocks of keys reads the blocks off the mask (`key_spa
 into blocks of one query (the module's QUERY_BLOCK knob) it equals the literal interpreter in
 values and gradients, calls the kernel once per block, and a span cut one key short is seen.
 A block whose mask hides nothing (a decode step's one query) runs without it. Where the blocks
-would skip too little, or when traced, the kernel runs once."""
+would skip too little, or when traced, the kernel runs once; or, where the mask is a table
+made by blocks from positions (passes/tables.py), by blocks of queries over every key."""
 
 import itertools
 from pathlib import Path
@@ -96,8 +97,8 @@ def test_a_span_cut_one_key_short_is_seen(name, monkeypatch):
     namespace = spec.function.__globals__
     spans = namespace["key_spans"]
 
-    def short(keep, plain=None, every_call=False):
-        found = spans(keep, plain, every_call)
+    def short(*args, **kwargs):
+        found = spans(*args, **kwargs)
         return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1, w) for t, u, k0, k1, w in found]
 
     monkeypatch.setitem(namespace, "key_spans", short)
@@ -110,12 +111,37 @@ def test_spans_are_the_keys_each_block_sees(monkeypatch):
     spans = spec.function.__globals__["key_spans"]
     tau = torch.arange(12)
     keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
-    assert spans(keep) == [(0, 4, 0, 4, False), (4, 8, 2, 8, False), (8, 12, 6, 12, False)]
-    assert spans(keep.expand(2, 3, 12, 12)) == spans(keep)  # batch and head axes: their union
+    assert spans(keep, "false") == [
+        (0, 4, 0, 4, False),
+        (4, 8, 2, 8, False),
+        (8, 12, 6, 12, False),
+    ]
+    assert spans(keep.expand(2, 3, 12, 12), "false") == spans(keep, "false")  # their union
     causal = tau[:, None] >= tau[None, :]  # 2/3 of the scores at blocks of 4 of 12
-    assert spans(causal) == [(0, 4, 0, 4, False), (4, 8, 0, 8, False), (8, 12, 0, 12, False)]
-    assert spans(tau[:, None] + 6 >= tau[None, :]) is None  # 17/18 of them: one call
-    assert spans(keep[:0]) is None
+    assert spans(causal, "false") == [
+        (0, 4, 0, 4, False),
+        (4, 8, 0, 8, False),
+        (8, 12, 0, 12, False),
+    ]
+    wide = tau[:, None] + 6 >= tau[None, :]  # 17/18 of them: one call; a table made by
+    assert spans(wide, "false") is None  # blocks: every key for each block of queries
+    assert spans(wide, "false", blocks=True) == [(t, t + 4, 0, 12, False) for t in (0, 4, 8)]
+    assert spans(keep[:0], "false") is None
+
+
+def test_spans_of_a_table_made_by_blocks_are_those_of_the_whole(monkeypatch):
+    """A mask given as a function of a block of queries (a table never made whole,
+    passes/tables.py) has the spans of the same mask given whole; the twin, a function that
+    gives another block's rows, does not."""
+    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
+    spans = spec.function.__globals__["key_spans"]
+    tau = torch.arange(12)
+    keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
+    zeros = torch.zeros(12, 12).masked_fill(~keep, -torch.inf)
+    for mask, hides in ((keep, "false"), (~keep, "true"), (zeros, "-inf")):
+        rows = spans(lambda t, u, m=mask: m[t:u], hides, (12, 12))
+        assert rows == spans(mask, hides)
+        assert spans(lambda t, u, m=mask: m[: u - t], hides, (12, 12)) != rows
 
 
 def test_a_block_whose_mask_hides_nothing_is_whole(monkeypatch):
@@ -125,16 +151,21 @@ def test_a_block_whose_mask_hides_nothing_is_whole(monkeypatch):
     spans = spec.function.__globals__["key_spans"]
     tau = torch.arange(12)
     chunks = tau[:, None] // 4 == tau[None, :] // 4
-    assert spans(chunks) == [(0, 4, 0, 4, True), (4, 8, 4, 8, True), (8, 12, 8, 12, True)]
-    assert spans(torch.ones(2, 12, 12, dtype=torch.bool)) == [(0, 12, 0, 12, True)]
+    assert spans(chunks, "false") == [
+        (0, 4, 0, 4, True),
+        (4, 8, 4, 8, True),
+        (8, 12, 8, 12, True),
+    ]
+    assert spans(torch.ones(2, 12, 12, dtype=torch.bool), "false") == [(0, 12, 0, 12, True)]
     seen = chunks.clone()
     seen[0, 1] = False  # one query of the first block misses one key of its chunk: not whole
-    assert [w for *_, w in spans(seen)] == [False, True, True]
+    assert [w for *_, w in spans(seen, "false")] == [False, True, True]
     zeros = torch.zeros(12, 12).masked_fill(~chunks, -torch.inf)
-    assert spans(~zeros.isneginf(), zeros == 0) == spans(chunks)
+    assert spans(zeros, "-inf") == spans(chunks, "false")
     bias = zeros + 0.5 * (tau[:, None] - tau[None, :])  # finite, but not zero: the mask stays
-    assert [w for *_, w in spans(~bias.isneginf(), bias == 0)] == [False] * 3
-    assert spans(torch.ones(1, 12, dtype=torch.bool)) == [(0, 1, 0, 12, True)]  # one query
+    assert [w for *_, w in spans(bias, "-inf")] == [False] * 3
+    one = torch.ones(1, 12, dtype=torch.bool)  # one query
+    assert spans(one, "false") == [(0, 1, 0, 12, True)]
 
 
 def decode(spec, n: int, cached: int):
@@ -173,8 +204,8 @@ def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch)
     namespace = spec.function.__globals__
     spans = namespace["key_spans"]
 
-    def whole(keep, plain=None, every_call=False):
-        return [(*span[:4], True) for span in spans(keep, plain, every_call)]
+    def whole(*args, **kwargs):
+        return [(*span[:4], True) for span in spans(*args, **kwargs)]
 
     monkeypatch.setitem(namespace, "key_spans", whole)
     (got, _), (want, _) = run(spec, name, sizes={"N": 8})
@@ -190,10 +221,10 @@ def test_a_mask_that_hides_too_little_runs_the_kernel_once(monkeypatch, kernel_c
     x = torch.randn(1, 12, 16)
     spec(**weights, X=x, h=2, P=12)
     assert kernel_calls == [12] and masks == [None]
-    spec(**weights, X=x, h=2, P=11)
-    assert kernel_calls == [12, 12] and masks[1].shape == (12, 12)
+    spec(**weights, X=x, h=2, P=11)  # its mask, made by blocks, is never made whole
+    assert kernel_calls == [12, 4, 4, 4] and masks[1].shape == (4, 12)
     spec(**weights, X=x, h=2, P=2)
-    assert kernel_calls == [12, 12, 4, 4, 4]
+    assert kernel_calls == [12, 4, 4, 4, 4, 4, 4]
 
 
 def test_rows_that_see_no_key_give_zeros_in_blocks(monkeypatch):
@@ -224,7 +255,7 @@ def test_traced_code_runs_the_kernel_once(monkeypatch):
     spec = spec_in_blocks("sliding_window", monkeypatch)
     namespace = spec.function.__globals__
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert namespace["key_spans"](torch.eye(8, dtype=torch.bool)) is None
+    assert namespace["key_spans"](torch.eye(8, dtype=torch.bool), "false") is None
 
 
 @pytest.mark.parametrize("w, calls", [(12, [12]), (2, [4, 4, 4])])

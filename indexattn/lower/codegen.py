@@ -17,6 +17,7 @@ from .printers import number_text, wrap
 from .program import Program
 from .rows_emit import RowsWriter
 from .steps import Grid, Var
+from .tables_emit import table_functions
 
 HEADER = """\
 # {title}
@@ -66,6 +67,7 @@ class Writer:
         _share(self.main, self.grids)
         self.main.cast = self.grids.cast = numerics.tables(plan).cast
         self.grids.tables = True
+        self.main.blocked = self.grids.blocked = table_functions(plan, self.names, self.main)
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
@@ -80,6 +82,7 @@ class Writer:
             prologue.append(self.constants_call(args))
         if self.rows is not None:
             defs.append(self.rows.definition())
+        defs += [table.text for table in self.main.blocked.values()]
         knobs = [line for _, line in self.main.needs.knobs.values()]
         helpers = [text for _, text in self.main.needs.helpers.values()]
         defs = (["\n".join(knobs)] if knobs else []) + helpers + defs
@@ -106,7 +109,7 @@ class Writer:
         body: list[str] = []
         constants: list[str] = []
         for b, block in enumerate(plan.blocks):
-            parts = {"constant": [], "rows": [], "call": []}
+            parts = {"constant": [], "rows": [], "call": [], "table": []}
             for step in block.steps:
                 parts[plan.region(step)].append(step)
             fixed, rowwise, plain = parts["constant"], parts["rows"], parts["call"]
@@ -116,7 +119,7 @@ class Writer:
             if rowwise:
                 tensors = [comment(eq.tensor.name) for eq in block.equations]
                 self.rows.add(tensors, heading, rowwise, rows.drop[b] if rows.drop else ())
-            if plain or not (fixed or rowwise):
+            if plain or not (fixed or rowwise or parts["table"]):
                 body += heading + [line for s in plain for line in self.main.lines(s)]
             if rows is not None and b == rows.last:
                 body += self.rows.call(self.main)
@@ -207,6 +210,7 @@ def _share(main: Emitter, other: Emitter) -> None:
     """One module's knobs and helpers, whichever function's lines use them."""
     other.needs.knobs = main.needs.knobs
     other.needs.helpers = main.needs.helpers
+    other.blocked = main.blocked
 
 
 def _indent(lines: list[str]) -> list[str]:

@@ -95,7 +95,8 @@ class Emitter(KernelSteps, Values):
             view = name if len(dims) == 1 else f"{name}[{', '.join(shaped)}]"
             views[index.symbol] = sympy.Symbol(view, integer=True, nonnegative=True)
         self.needs.sizes |= step.expr.free_symbols & set(self.spec.sizes)
-        self.needs.sizes |= {s for i in dims for s in i.size.free_symbols}
+        if not self.positional:  # a table's function takes its positions: their lengths
+            self.needs.sizes |= {s for i in dims for s in i.size.free_symbols}
         self.needs.scalars |= step.expr.free_symbols & self.scalar_symbols
         expr, lines = step.expr.xreplace({**self.symbols, **views}), []
         printer = GridPrinter(frozenset(views.values()), ScalarPrinter())
@@ -107,7 +108,7 @@ class Emitter(KernelSteps, Values):
         code = printer.doprint(expr)
         self.use("torch", *printer.scalar.module_imports)
         if not all(i.symbol in step.expr.free_symbols for i in dims):  # sympy simplified some away
-            shape = ", ".join(self.size(i) for i in dims)
+            shape = ", ".join(self.extent(i) for i in dims)
             kind = "torch.bool" if isinstance(step.expr, CONDITIONS) else "torch.float64"
             code = f"torch.as_tensor({code}, device=device, dtype={kind})"
             code = f"torch.broadcast_to({code}, ({shape},))"
@@ -116,6 +117,14 @@ class Emitter(KernelSteps, Values):
         elif not isinstance(step.expr, CONDITIONS):
             code = f"{wrap(code)}.to({self.float_dtype()})"
         return [*lines, f"{self.var(step.out)} = {code}"]
+
+    def extent(self, index: Index) -> str:
+        """How many positions of the index a grid spans: its size, or in a table's function
+        (lower/tables_emit.py) the positions it is given."""
+        if not self.positional:
+            return self.size(index)
+        self.needs.indices[index] = None
+        return f"{self.names.index(index)}.shape[0]"
 
     def step_Gather(self, step: Gather) -> str:
         """Advanced indexing on one axis: the positions' axes take its place."""

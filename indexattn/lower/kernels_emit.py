@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..ir import Index
+from . import tables_emit
 from .printers import joined, wrap
 from .steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from .values import axes_comment, expand, relayout
@@ -63,7 +64,8 @@ class KernelSteps:
                 joins.append(f"{name} = {inputs[k]}")
                 inputs[k] = name
         call = partial(self.attention_call, step, *inputs)
-        lines = [*joins, f"{out} = {call()}"]
+        made = self.mask_block(step, None)
+        lines = [*joins, *made, f"{out} = {call()}"]
         if step.spans is not None:  # a loop, not a comprehension: that would close over
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
             hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
@@ -75,10 +77,11 @@ class KernelSteps:
             lines = [
                 *joins,
                 f"if {spans} is None{whole}:",
-                "    " + lines[-1],
+                *("    " + line for line in lines[len(joins) :]),
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
                 f"    {names[0]} = []",
                 f"    for {', '.join(names[1:])} in {spans}:",
+                *("        " + line for line in self.mask_block(step, names[1:])),
                 f"        {names[0]}.append({call(names[1:])})",
                 f"    {out} = {joined(names[0], -2)}",
             ]
@@ -103,7 +106,10 @@ class KernelSteps:
             _sliced(k, keys),
             _sliced(self.heads(step.v, step.v_dims, step.kv_heads), keys),
         ]
-        if step.mask is not None:
+        if step.mask is not None and step.mask.var in self.blocked:  # made for the block
+            mask = self.attention_mask(step, self.block_name(step.mask.var))
+            args.append(f"attn_mask={f'None if {block[4]} else ' if block else ''}{mask}")
+        elif step.mask is not None:
             mask = self.attention_mask(step)
             if block:  # as the kernel takes it, the mask ends in (query, key)
                 mask = f"None if {block[4]} else {wrap(mask)}[..., {rows}, {keys}]"
@@ -118,21 +124,45 @@ class KernelSteps:
         self.use("F")
         return f"F.scaled_dot_product_attention({', '.join(args)})"
 
-    def step_Spans(self, step: Spans) -> str:
-        mask = self.ref(step.mask)
-        keep = {
-            "false": mask,
-            "true": f"~{wrap(mask)}",
-            "-inf": f"{wrap(mask)} != -math.inf, {wrap(mask)} == 0",  # and where it adds 0
-            "0": f"{wrap(mask)} != 0",  # a mask that multiplies
-        }
-        if step.hides == "-inf":
-            self.use("math")
+    def mask_block(self, step: Attention, block: list | None) -> list[str]:
+        """The line that makes the mask's block from its positions, where it is a table made
+        by blocks (passes/tables.py): every position, or the block's queries and keys."""
+        table = self.blocked.get(step.mask.var) if step.mask is not None else None
+        if table is None:
+            return []
+        if block is None:
+            return [f"{self.block_name(step.mask.var)} = {tables_emit.call(table, self, {})}"]
+        q0, q1, k0, k1, whole = block
+        made = tables_emit.call(
+            table, self, dict(zip(table.dims[-2:], (f"{q0}:{q1}", f"{k0}:{k1}")))
+        )
+        return [f"{self.block_name(step.mask.var)} = None if {whole} else {made}"]
+
+    def block_name(self, var) -> str:
+        """The name of a table's block in the spec's function, one per table."""
+        if var not in self.block_names:
+            self.block_names[var] = self.names.fresh(self.names.var(var) + "_block")
+        return self.block_names[var]
+
+    def step_Spans(self, step: Spans) -> list[str]:
+        """The blocks of queries and their keys, read off the mask; off a table made by
+        blocks (passes/tables.py), block by block from its positions."""
+        self.use("math")
         text = partial(_key_spans, reads=self.host_reads())
-        spans = self.helper(text, "key_spans", "QUERY_BLOCK")
-        out = self.var(step.out)
-        every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
-        return f"{out} = {spans}({keep[step.hides]}{every})  # blocks of queries and their keys"
+        spans, out = self.helper(text, "key_spans", "QUERY_BLOCK"), self.var(step.out)
+        table = self.blocked.get(step.mask.var)
+        if table is None:
+            every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
+            mask = self.ref(step.mask)
+            return [f"{out} = {spans}({mask}, {step.hides!r}{every})  # blocks of queries"]
+        query, key = table.dims[-2:]
+        rows, t, u = (self.names.fresh(h) for h in (f"{out}_rows", "t", "u"))
+        shape = f"({self.size(query)}, {self.size(key)})"
+        return [
+            f"def {rows}({t}, {u}):  # the mask's rows {t}:{u}, made from their positions",
+            f"    return {tables_emit.call(table, self, {query: f'{t}:{u}'})}",
+            f"{out} = {spans}({rows}, {step.hides!r}, {shape}, blocks=True)  # blocks of queries",
+        ]
 
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
         """`W, O = softmax_values(S, V)` (passes/softmax_values.py): V viewed (…, key, width)."""
@@ -202,7 +232,7 @@ class KernelSteps:
         batch = [f"*{self.ref(arg)}.shape[:-{len(arg.dims)}]"] if arg.batched else []
         return f"{code}.expand({', '.join([*batch, *sizes, '-1'])})"
 
-    def attention_mask(self, step: Attention) -> str:
+    def attention_mask(self, step: Attention, made: str | None = None) -> str:
         """The mask against (…, heads, query, key): a unit axis for heads it lacks. The
         kernel's fused path takes a mask of two axes or of as many as the queries; any other
         goes the slow way. So a mask of positions without heads stays (query, key), an input
@@ -211,7 +241,8 @@ class KernelSteps:
         mask = step.mask
         head = step.mask_dims[0] if step.heads == 1 else None
         target = (head, *step.mask_dims[-2:])
-        code = expand(self.ref(mask), mask.dims, target, mask.batched, keep=2)
+        ref = made or self.ref(mask)  # `made`: the mask's block, made from its positions
+        code = expand(ref, mask.dims, target, mask.batched, keep=2)
         q = step.q[0]  # the queries' batch axes: those of any of their parts
         if not q.batched or (mask.batched and head in mask.dims):
             return code
@@ -219,7 +250,7 @@ class KernelSteps:
             return f"{code}.expand(*{self.ref(q)}.shape[:-{len(q.dims)}], -1, -1, -1)"
         if not mask.batched:
             return code
-        plain = relayout(self.ref(mask), mask.dims, target[1:])
+        plain = relayout(ref, mask.dims, target[1:])
         return f"{plain} if {wrap(plain)}.dim() == 2 else {code}"
 
 
@@ -241,24 +272,35 @@ def _key_spans(name: str, knob: str, reads: str) -> str:
     return f'''{knob} = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def {name}(keep, plain=None, every_call=False):
+def {name}(mask, hides, shape=None, every_call=False, blocks=False):
     """Per block of {knob} queries: (first query, end, first key, end, whole), the keys the
-    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
-    so that the block runs without it. One span of every query and key where it changes
-    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced. The spans are read off the mask's values, in one read back: on every call
-    (`every_call`, a mask of tensors), only on a device of {reads}, so that elsewhere a call
-    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
-    if torch.compiler.is_compiling() or keep.numel() == 0:
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
+    every query and key where the mask changes nothing anywhere; when traced, None; where
+    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
+    each block of queries. The spans are read off the mask's values, in one read back: on
+    every call (`every_call`, a mask of tensors), only on a device of {reads}, so that
+    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
-    if every_call and keep.device.type not in {reads}:
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + {knob}, n_q), 0, n_k, False) for t in range(0, n_q, {knob})]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if every_call and mask.device.type not in {reads}:
         return None
-    n_q, n_k = keep.shape[-2:]
-    plain = keep if plain is None else plain
-    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split({knob}, -2)])
-    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split({knob}, -2)])
+    seen, fit = [], []
+    for t in range(0, n_q, {knob}):
+        rows = mask(t, min(t + {knob}, n_q)) if shape is not None else mask[..., t : t + {knob}, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
     # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
     first, end, fits = torch.stack(
         [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
     ).tolist()
@@ -270,7 +312,7 @@ def {name}(keep, plain=None, every_call=False):
         for t, k0, k1, count in zip(starts, first, end, fits)
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else None'''
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None'''
 
 
 def _safe_softmax(name: str, reads: str) -> str:

@@ -2,7 +2,8 @@
 Blocks of steps (one per equation, or per kernel's equations), the results, and the regions
 passes mark: the steps built once per shape (`constant`), the steps computed by blocks of
 rows (`rows`), the mask's spans those blocks skip keys by (`spans`), the locals dropped after
-each block (`Block.drop`). Regions name steps by the value they make, never by position, and
+each block (`Block.drop`), the constants over two sequence indices made per block from
+positions (`tables`). Regions name steps by the value they make, never by position, and
 every value a pass makes comes from the one allocator, `Program.fresh`."""
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Program:
     held: tuple[Var, ...] = ()  # the constants the spec's function reads, in order
     rows: Rows | None = None
     spans: KeySpans | None = None
+    tables: frozenset[Var] = frozenset()  # constants over two sequence indices: by blocks
 
     def fresh(self, hint: str) -> tuple[Program, Var]:
         """A value no step of the program makes yet, and the program that has allocated it."""
@@ -92,7 +94,10 @@ class Program:
         return tuple(s for block in self.blocks for s in block.steps)
 
     def region(self, step: Step) -> str:
-        """Where the printed module computes the step: "constant", "rows" or "call"."""
+        """Where the printed module computes the step: "constant", "table" (from positions,
+        per block of rows, passes/tables.py), "rows" or "call"."""
+        if step.out.var in self.tables:
+            return "table"
         if step.out.var in self.constant:
             return "constant"
         if self.rows is not None and step.out.var in self.rows.steps:
@@ -125,6 +130,9 @@ class Program:
         if self.spans is not None:
             hidden = self.spans.hidden
             out.append(f"keys {hidden.key.glyph} skipped where {hidden.mask.var} is {hidden.hides}")
+        if self.tables:
+            by_blocks = ", ".join(str(v) for v in sorted(self.tables, key=lambda v: v.id))
+            out.append(f"tables by blocks of rows, from positions: {by_blocks}")
         out.append("held: " + ", ".join(map(str, self.held)))
         out.append("results: " + ", ".join(str(r.var) for r in self.results))
         return "\n".join(out)
@@ -154,6 +162,7 @@ class Program:
                 assert op.var.argument or op.var in made_by, f"{op.var} is read, never made"
         outs = {s.out.var for s in self.steps}
         assert self.constant <= outs, f"constant steps missing: {set(self.constant) - outs}"
+        assert self.tables <= self.constant, "a table made by blocks is not a constant"
         assert self.rows is None or self.rows.steps <= outs, "a step of the rows is missing"
         assert set(self.held) <= made_by, "a held value is made by no step"
         assert all(v.id < self.next_id for v in made_by), "fresh values behind the allocator"

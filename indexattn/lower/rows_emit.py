@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .. import ops
 from ..ir import Index, Spec
+from . import tables_emit
 from .emit import Emitter
 from .naming import Names
 from .printers import joined, wrap
@@ -26,6 +27,7 @@ class RowsWriter:
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
         self.casts = False  # a precision's casts: the call's dtype is passed, not read off
+        self.blocks: dict[Var, str] = {}  # a table's block (passes/tables.py): its name
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
@@ -67,6 +69,7 @@ class RowsWriter:
     def call(self, main: Emitter) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
         rows, names = self.rows, self.names
+        self.main = main  # where a table made per block is called (`_slice`)
         size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
@@ -79,31 +82,39 @@ class RowsWriter:
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
         ]
-        whole = self._call([names.var(v) for v in rows.inputs])
+        whole = [*self._made({}), self._call(self._arguments({}))]
         if len(rows.exits) > 1:
             return head + self._parts(main, size, count, whole)
         if self.spans is None:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
 
-    def _blocks(self, size: str, count: str, whole: str) -> list[str]:
+    def _blocks(self, size: str, count: str, whole: list[str]) -> list[str]:
         """Every key for every block of rows."""
         names, rows = self.names, self.rows
         start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
         piece = f"{start}:{start} + {count}"
-        parts = [self._slice(v, {rows.row: piece}) for v in rows.inputs]
+        made, call = self._made({rows.row: piece}), self._call(self._arguments({rows.row: piece}))
+        head = [f"if {count} >= {size}:", *_ending(whole, f"{out} = "), "else:"]
+        if made:  # the tables' blocks on lines of their own: a loop
+            return [
+                *head,
+                f"    {blocks} = []",
+                f"    for {start} in range(0, {size}, {count}):",
+                *("        " + line for line in made),
+                f"        {blocks}.append({call})",
+                f"    {out} = torch.cat({blocks}, dim={self._dim()})",
+            ]
         return [
-            f"if {count} >= {size}:",
-            f"    {out} = {whole}",
-            "else:",
+            *head,
             f"    {blocks} = [",
-            f"        {self._call(parts)}",
+            f"        {call}",
             f"        for {start} in range(0, {size}, {count})",
             "    ]",
             f"    {out} = torch.cat({blocks}, dim={self._dim()})",
         ]
 
-    def _spans(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+    def _spans(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
         """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
         names, rows, spans = self.names, self.rows, self.spans
         q0, q1, k0, k1, start, end, blocks = (
@@ -111,34 +122,34 @@ class RowsWriter:
         )
         out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
-        parts = [self._slice(v, cuts) for v in rows.inputs]
+        made, call = self._made(cuts), self._call(self._arguments(cuts))
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
         return [  # one call where the blocks skip nothing, or the mask hides nothing
             f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
-            f"    {out} = {whole}",
+            *_ending(whole, f"{out} = "),
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
             f"    {blocks} = []",
             f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
             f"        for {start} in range({q0}, {q1}, {count}):",
             f"            {end} = min({start} + {count}, {q1})",
-            f"            {blocks}.append({self._call(parts)})",
+            *("            " + line for line in made),
+            f"            {blocks}.append({call})",
             f"    {out} = {joined(blocks, self._dim())}",
         ]
 
-    def _parts(self, main: Emitter, size: str, count: str, whole: str) -> list[str]:
+    def _parts(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
         block by block (into the keys of the block, where the blocks skip keys)."""
         names, rows, spans = self.names, self.rows, self.spans
         outs = [names.var(e.var) for e in rows.exits]
         q0, q1, k0, k1, start, end = (names.fresh(h) for h in ("q0", "q1", "k0", "k1", "t", "u"))
         cuts = {rows.row: f"{start}:{end}"} | ({spans.hidden.key: f"{k0}:{k1}"} if spans else {})
-        parts = [self._slice(v, cuts) for v in rows.inputs]
         pieces = [names.fresh(out + "_part") for out in outs]
         lists = {e.var: names.fresh(out + "_blocks") for e, out in zip(rows.exits, outs)}
         joins = [e for e in rows.exits if e.var not in rows.summed]
         sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
-        loop = [f"{end} = min({start} + {count}, {q1})"]
-        loop += [f"{', '.join(pieces)} = {self._call(parts)}"]
+        loop = [f"{end} = min({start} + {count}, {q1})", *self._made(cuts)]
+        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts))}"]
         for e, out, piece in zip(rows.exits, outs, pieces):
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
@@ -152,7 +163,7 @@ class RowsWriter:
         once = f"{read} in (None, [({every}, True)])" if spans else "True"
         return [
             f"if {count} >= {size} and {once}:",
-            f"    {', '.join(outs)} = {whole}",
+            *_ending(whole, f"{', '.join(outs)} = "),
             f"else:  # by blocks of {rows.row.glyph}"
             + (", each over the keys they see" if spans else ""),
             f"    {', '.join(lists[e.var] for e in joins)} = {', '.join('[]' for _ in joins)}",
@@ -183,13 +194,35 @@ class RowsWriter:
         exit = exit or self.rows.exits[0]
         return exit.dims.index(self.rows.row) - len(exit.dims)
 
+    def _made(self, pieces: dict[Index, str]) -> list[str]:
+        """The lines that make the blocks of the tables the rows read (passes/tables.py),
+        each from the positions of the pieces."""
+        return [f"{self._block(v)} = {self._slice(v, pieces)}" for v in self._tables()]
+
+    def _arguments(self, pieces: dict[Index, str]) -> list[str]:
+        """The rows' inputs cut to the pieces; a table's block by its name (`_made`)."""
+        tables = self._tables()
+        return [self._block(v) if v in tables else self._slice(v, pieces) for v in self.rows.inputs]
+
+    def _tables(self) -> list[Var]:
+        return [v for v in self.rows.inputs if v in self.emitter.blocked]
+
+    def _block(self, var: Var) -> str:
+        if var not in self.blocks:
+            self.blocks[var] = self.names.fresh(self.names.var(var) + "_block")
+        return self.blocks[var]
+
     def _slice(self, var: Var, pieces: dict[Index, str]) -> str:
         """The input cut to `pieces` along its row and key axes: counted from the end when
         batched (after `...`), else from the start."""
         name = self.names.var(var)
         found = [(self.rows.sliced, self.rows.row)]
         found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
-        cuts = {table[var][0]: pieces[index] for table, index in found if var in table}
+        cuts = {t[var][0]: pieces[i] for t, i in found if var in t and i in pieces}
+        made = self.emitter.blocked.get(var)
+        if made is not None:  # a table made per block from its positions (passes/tables.py)
+            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
+            return tables_emit.call(made, self.main, own)
         if not cuts:
             return name
         _, axes, batched = next(table[var] for table, _ in found if var in table)
@@ -203,3 +236,8 @@ class RowsWriter:
         if first is None:
             return None
         return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"
+
+
+def _ending(lines: list[str], assign: str) -> list[str]:
+    """Lines indented once, the last one assigned."""
+    return ["    " + line for line in lines[:-1]] + ["    " + assign + lines[-1]]

@@ -43,6 +43,9 @@ class Values:
         self.scalar_symbols = {s.symbol for s in spec.scalars}
         self.tables = False  # printing the constants function: floats in the tables' dtype
         self.cast: frozenset = frozenset()  # values cast to the call's dtype where made
+        self.positional = False  # printing a table's function: grids span the positions given
+        self.blocked: dict = {}  # the tables made per block: their functions (tables_emit.py)
+        self.block_names: dict = {}  # the names of those tables' blocks, one per table
 
     # -- values
 

@@ -13,24 +13,35 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep, plain=None, every_call=False):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
-    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
-    so that the block runs without it. One span of every query and key where it changes
-    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced. The spans are read off the mask's values, in one read back: on every call
-    (`every_call`, a mask of tensors), only on a device of HOST_READS, so that elsewhere a call
-    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
-    if torch.compiler.is_compiling() or keep.numel() == 0:
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
+    every query and key where the mask changes nothing anywhere; when traced, None; where
+    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
+    each block of queries. The spans are read off the mask's values, in one read back: on
+    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
+    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
-    if every_call and keep.device.type not in HOST_READS:
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if every_call and mask.device.type not in HOST_READS:
         return None
-    n_q, n_k = keep.shape[-2:]
-    plain = keep if plain is None else plain
-    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
-    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    seen, fit = [], []
+    for t in range(0, n_q, QUERY_BLOCK):
+        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
     # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
     first, end, fits = torch.stack(
         [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
     ).tolist()
@@ -42,7 +53,7 @@ def key_spans(keep, plain=None, every_call=False):
         for t, k0, k1, count in zip(starts, first, end, fits)
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else None
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
 def alibi_constants(N, h, *, device, dtype):
@@ -53,6 +64,19 @@ def alibi_constants(N, h, *, device, dtype):
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # m_<μ> = 2^(-8 (μ + 1) / h)
     m = (2**((-8*mu - 8)/h)).to(table)  # (μ)
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - m_<μ> (τ - τ') + M_<ττ'>
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # Ã_<μττ'> = dropout(A_<μττ'>, p)
+    # O_<μτa> = Ã_<μττ'> V_<μτ'a>
+    def S_bias_sum_spans_rows(t, u):  # the mask's rows t:u, made from their positions
+        return S_bias_sum_at(tau[t:u], tau_p, m, device=device, dtype=dtype)
+    S_bias_sum_spans = key_spans(S_bias_sum_spans_rows, '-inf', (N, N), blocks=True)  # blocks of queries
+    return S_bias_sum_spans, m
+
+
+def S_bias_sum_at(tau, tau_p, m, *, device, dtype):
+    """S_bias_sum at the positions given: a block of rows."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) - m_<μ> (τ - τ') + M_<ττ'>
@@ -63,14 +87,16 @@ def alibi_constants(N, h, *, device, dtype):
     S_bias_prod = m[:, None, None] * S_bias_grid  # (μ, τ, τ')
     S_bias_sum = M + S_bias_prod  # (μ, τ, τ')
     S_bias_sum = S_bias_sum.to(dtype)  # a table, made in float32 or wider, cast for data
-    S_bias_sum_spans = key_spans(S_bias_sum != -math.inf, S_bias_sum == 0)  # blocks of queries and their keys
-    return S_bias_sum, S_bias_sum_spans
+    return S_bias_sum
 
 
 def alibi(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_proj_bias, *, h, p=0.1, training=False, constants=None):
     N = X.shape[-2]
     d_k = W_query_weight.shape[-2] // h
-    S_bias_sum, S_bias_sum_spans = alibi_constants(N, h, device=X.device, dtype=X.dtype) if constants is None else constants
+    device, dtype = X.device, X.dtype
+    tau = torch.arange(N, device=device, dtype=torch.float64)
+    tau_p = torch.arange(N, device=device, dtype=torch.float64)
+    S_bias_sum_spans, m = alibi_constants(N, h, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = W_query_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, W_query_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -85,11 +111,13 @@ def alibi(X, W_query_weight, W_key_weight, W_value_weight, out_proj_weight, out_
     # Ã_<μττ'> = dropout(A_<μττ'>, p)
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     if S_bias_sum_spans is None or training:
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum.expand(*Q.shape[:-3], -1, -1, -1), dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))
+        S_bias_sum_block = S_bias_sum_at(tau, tau_p, m, device=device, dtype=dtype)
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum_block.expand(*Q.shape[:-3], -1, -1, -1), dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
         blocks = []
         for q0, q1, k0, k1, whole in S_bias_sum_spans:
-            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else S_bias_sum.expand(*Q.shape[:-3], -1, -1, -1)[..., q0:q1, k0:k1], dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k)))
+            S_bias_sum_block = None if whole else S_bias_sum_at(tau[q0:q1], tau_p[k0:k1], m, device=device, dtype=dtype)
+            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else S_bias_sum_block.expand(*Q.shape[:-3], -1, -1, -1), dropout_p=p if training else 0.0, scale=1/math.sqrt(d_k)))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # Y_<τj> = out_proj_weight_<j(μa)> O_<μτa> + out_proj_bias_<j>

@@ -13,24 +13,35 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep, plain=None, every_call=False):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
-    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
-    so that the block runs without it. One span of every query and key where it changes
-    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced. The spans are read off the mask's values, in one read back: on every call
-    (`every_call`, a mask of tensors), only on a device of HOST_READS, so that elsewhere a call
-    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
-    if torch.compiler.is_compiling() or keep.numel() == 0:
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
+    every query and key where the mask changes nothing anywhere; when traced, None; where
+    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
+    each block of queries. The spans are read off the mask's values, in one read back: on
+    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
+    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
-    if every_call and keep.device.type not in HOST_READS:
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if every_call and mask.device.type not in HOST_READS:
         return None
-    n_q, n_k = keep.shape[-2:]
-    plain = keep if plain is None else plain
-    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
-    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    seen, fit = [], []
+    for t in range(0, n_q, QUERY_BLOCK):
+        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
     # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
     first, end, fits = torch.stack(
         [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
     ).tolist()
@@ -42,7 +53,7 @@ def key_spans(keep, plain=None, every_call=False):
         for t, k0, k1, count in zip(starts, first, end, fits)
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else None
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
 def chunked_constants(N, C, *, device, dtype):
@@ -53,17 +64,31 @@ def chunked_constants(N, C, *, device, dtype):
     # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
+    def M_keep_spans_rows(t, u):  # the mask's rows t:u, made from their positions
+        return M_keep_at(tau[t:u], tau_p, C=C, device=device, dtype=dtype)
+    M_keep_spans = key_spans(M_keep_spans_rows, 'false', (N, N), blocks=True)  # blocks of queries
+    return M_keep_spans,
+
+
+def M_keep_at(tau, tau_p, *, C, device, dtype):
+    """M_keep at the positions given: a block of rows."""
+    # M_<ττ'> = where(τ' > τ or floor(τ / C) != floor(τ' / C), -inf, 0)
+    # S_<grττ'> = Q_<grτa> K_<gτ'a> / sqrt(d_k) + M_<ττ'>
+    # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
+    # O_<grτa> = A_<grττ'> V_<gτ'a>
     M_keep_floor = torch.floor(tau[:, None]/C)
     M_keep = (tau[:, None] >= tau_p[None, :]) & (M_keep_floor == torch.floor(tau_p[None, :]/C))  # (τ, τ')
-    M_keep_spans = key_spans(M_keep)  # blocks of queries and their keys
-    return M_keep, M_keep_spans
+    return M_keep
 
 
 def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_kv, C=8192, training=False, constants=None):
     N = X.shape[-2]
     d_k = k_proj_weight.shape[-2] // h_kv
     n_rep = q_proj_weight.shape[-2] // (d_k*h_kv)
-    M_keep, M_keep_spans = chunked_constants(N, C, device=X.device, dtype=X.dtype) if constants is None else constants
+    device, dtype = X.device, X.dtype
+    tau = torch.arange(N, device=device, dtype=torch.float64)
+    tau_p = torch.arange(N, device=device, dtype=torch.float64)
+    M_keep_spans, = chunked_constants(N, C, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<grτa> = q_proj_weight_<(gra)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h_kv, n_rep, d_k))  # (…, τ, g, r, a)
     Q = Q_proj.movedim(-4, -2)  # (…, g, r, τ, a)
@@ -78,11 +103,13 @@ def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>)
     # O_<grτa> = A_<grττ'> V_<gτ'a>
     if M_keep_spans is None:
-        O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep, scale=1/math.sqrt(d_k), enable_gqa=True)
+        M_keep_block = M_keep_at(tau, tau_p, C=C, device=device, dtype=dtype)
+        O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep_block, scale=1/math.sqrt(d_k), enable_gqa=True)
     else:  # by blocks of queries, each over the keys its mask lets it see
         blocks = []
         for q0, q1, k0, k1, whole in M_keep_spans:
-            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k), enable_gqa=True))
+            M_keep_block = None if whole else M_keep_at(tau[q0:q1], tau_p[k0:k1], C=C, device=device, dtype=dtype)
+            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep_block, scale=1/math.sqrt(d_k), enable_gqa=True))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V

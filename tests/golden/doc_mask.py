@@ -13,24 +13,35 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep, plain=None, every_call=False):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
-    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
-    so that the block runs without it. One span of every query and key where it changes
-    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced. The spans are read off the mask's values, in one read back: on every call
-    (`every_call`, a mask of tensors), only on a device of HOST_READS, so that elsewhere a call
-    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
-    if torch.compiler.is_compiling() or keep.numel() == 0:
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
+    every query and key where the mask changes nothing anywhere; when traced, None; where
+    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
+    each block of queries. The spans are read off the mask's values, in one read back: on
+    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
+    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
-    if every_call and keep.device.type not in HOST_READS:
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if every_call and mask.device.type not in HOST_READS:
         return None
-    n_q, n_k = keep.shape[-2:]
-    plain = keep if plain is None else plain
-    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
-    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    seen, fit = [], []
+    for t in range(0, n_q, QUERY_BLOCK):
+        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
     # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
     first, end, fits = torch.stack(
         [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
     ).tolist()
@@ -42,7 +53,7 @@ def key_spans(keep, plain=None, every_call=False):
         for t, k0, k1, count in zip(starts, first, end, fits)
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else None
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
 def doc_mask_constants(N, *, device, dtype):
@@ -76,7 +87,7 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     M_keep_eq = D[..., :, None] == D[..., None, :]  # (…, τ, τ')
     M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
-    M_keep_and_spans = key_spans(M_keep_and, every_call=True)  # blocks of queries and their keys
+    M_keep_and_spans = key_spans(M_keep_and, 'false', every_call=True)  # blocks of queries
     if M_keep_and_spans is None:
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see

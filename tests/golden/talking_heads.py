@@ -13,24 +13,35 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(keep, plain=None, every_call=False):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
-    mask `keep` (..., query, key) lets any of them see, and whether the mask changes nothing
-    there (`plain`: where it changes nothing, only where it keeps; `keep` for a boolean mask),
-    so that the block runs without it. One span of every query and key where it changes
-    nothing anywhere; None where blocks would skip less than a fifth of the scores, and when
-    traced. The spans are read off the mask's values, in one read back: on every call
-    (`every_call`, a mask of tensors), only on a device of HOST_READS, so that elsewhere a call
-    never waits for the device (the kernel then runs on all keys, the mask hiding them)."""
-    if torch.compiler.is_compiling() or keep.numel() == 0:
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
+    every query and key where the mask changes nothing anywhere; when traced, None; where
+    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
+    each block of queries. The spans are read off the mask's values, in one read back: on
+    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
+    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
-    if every_call and keep.device.type not in HOST_READS:
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if every_call and mask.device.type not in HOST_READS:
         return None
-    n_q, n_k = keep.shape[-2:]
-    plain = keep if plain is None else plain
-    seen = torch.stack([rows.any(-2).reshape(-1, n_k).any(0) for rows in keep.split(QUERY_BLOCK, -2)])
-    fit = torch.stack([rows.all(-2).reshape(-1, n_k).all(0) for rows in plain.split(QUERY_BLOCK, -2)])
+    seen, fit = [], []
+    for t in range(0, n_q, QUERY_BLOCK):
+        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
     # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
     first, end, fits = torch.stack(
         [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
     ).tolist()
@@ -42,7 +53,7 @@ def key_spans(keep, plain=None, every_call=False):
         for t, k0, k1, count in zip(starts, first, end, fits)
     ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else None
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
 def safe_softmax(scores, dim=-1, overwrite=False):
@@ -75,14 +86,13 @@ def safe_softmax(scores, dim=-1, overwrite=False):
 
 def talking_heads_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
-    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
-    M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    M_spans = key_spans(M != -math.inf, M == 0)  # blocks of queries and their keys
-    return M, M_spans
+    def M_spans_rows(t, u):  # the mask's rows t:u, made from their positions
+        return M_at(tau[t:u], tau_p, device=device, dtype=dtype)
+    M_spans = key_spans(M_spans_rows, '-inf', (N, N), blocks=True)  # blocks of queries
+    return M_spans,
 
 
 BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
@@ -110,11 +120,23 @@ def talking_heads_rows(Q_scaled, K, P_l, M, P_w, V):
     return O
 
 
+def M_at(tau, tau_p, *, device, dtype):
+    """M at the positions given: a block of rows."""
+    table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
+    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
+    M = M.to(dtype)  # a table, made in float32 or wider, cast for data
+    return M
+
+
 def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, P_l, P_w, *, training=False, constants=None):
     N = X.shape[-2]
     h = P_l.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
-    M, M_spans = talking_heads_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    device, dtype = X.device, X.dtype
+    tau = torch.arange(N, device=device, dtype=torch.float64)
+    tau_p = torch.arange(N, device=device, dtype=torch.float64)
+    M_spans, = talking_heads_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -130,13 +152,15 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     # S, L, A, W, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
-        O = talking_heads_rows(Q_scaled, K, P_l, M, P_w, V)
+        M_block = M_at(tau, tau_p, device=device, dtype=dtype)
+        O = talking_heads_rows(Q_scaled, K, P_l, M_block, P_w, V)
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            for t in range(q0, q1, rows):
-                u = min(t + rows, q1)
-                blocks.append(talking_heads_rows(Q_scaled[..., t:u, :], K[..., k0:k1, :], P_l, M[t:u, k0:k1], P_w, V[..., k0:k1, :]))
+            for t_2 in range(q0, q1, rows):
+                u_2 = min(t_2 + rows, q1)
+                M_block = M_at(tau[t_2:u_2], tau_p[k0:k1], device=device, dtype=dtype)
+                blocks.append(talking_heads_rows(Q_scaled[..., t_2:u_2, :], K[..., k0:k1, :], P_l, M_block, P_w, V[..., k0:k1, :]))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

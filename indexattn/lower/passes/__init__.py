@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..program import Program
-from . import hoist, inplace, liveness, rows, scales, softmax_values, spans
+from . import hoist, inplace, liveness, rows, scales, softmax_values, spans, tables
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ PASSES = (
     Pass("hoist", hoist.run, "steps of sizes and scalars alone are built once per shape"),
     Pass("rows", rows.run, "steps over two sequence indices run by blocks of rows"),
     Pass("spans", spans.run, "blocks of rows skip the keys a constant mask hides"),
+    Pass("tables", tables.run, "tables over two sequence indices are made per block of rows"),
     Pass("inplace", inplace.run, "wide steps write over fresh tensors read once"),
     Pass("softmax_values", softmax_values.run, "a softmax (and dropout) times values: one step"),
     Pass("liveness", liveness.run, "each block drops the locals it reads for the last time"),

@@ -1,0 +1,80 @@
+"""Tables over two sequence indices made per block of rows from their positions, never whole
+(passes/tables.py): at N = 512 and two heads, with 32 queries a block, a forward allocates no
+tensor of N² elements: not a mask (sliding_window through the attention kernel,
+softcap_window through its rows' function), not ALiBi's bias of h·N². Each equals the literal
+interpreter. The twins, with the pass finding no table, build the N² table (and still equal
+it). `indexattn compile SPEC --dump-after tables` names the tables."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from test_derive import Widest
+
+import indexattn
+from indexattn.cli import main
+from indexattn.lower.passes import tables
+from indexattn.oracle import reference
+from indexattn.oracle.verify import sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+N, HEADS = 512, 2
+FRESH = itertools.count()
+# the spec, its scalars: a window that hides most keys, a cap
+KINDS = {
+    "sliding_window": {"w": 64},  # a mask, the kernel's
+    "softcap_window": {"w": 64, "c": 5.0},  # a mask, read by the rows' function
+    "alibi": {},  # a bias of h·N², the kernel's
+}
+
+
+def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The most elements of a tensor one forward at N = 512 makes, its output, and the
+    literal interpreter's; with the pass on (`blocked`) or finding no table."""
+    if not blocked:
+        monkeypatch.setattr(tables, "wide_constants", lambda program: set())
+    text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
+    spec = indexattn.compile_spec(text, name=f"{name}_blocks_{next(FRESH)}")
+    namespace = spec.function.__globals__
+    for knob, value in {"QUERY_BLOCK": 32, "BLOCK_SCORES": HEADS * N * 32}.items():
+        if knob in namespace:
+            monkeypatch.setitem(namespace, knob, value)
+    sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": N, "h": HEADS}
+    args = sample_arguments(spec.ir, sizes, (), torch.float32)
+    given = {k: v for k, v in sizes.items() if k in spec.required} | KINDS[name]
+    with torch.no_grad(), Widest() as seen:
+        out = spec(**args, **given)
+    want = reference.evaluate(spec.ir, **args, **given)[0]
+    return seen.most, out, want
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_a_table_made_by_blocks_is_never_whole(name, monkeypatch):
+    most, out, want = widest(name, True, monkeypatch)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert most < N * N
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_twin_without_the_pass_builds_the_whole_table(name, monkeypatch):
+    most, out, want = widest(name, False, monkeypatch)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert most >= N * N
+
+
+def test_the_dump_names_the_tables(capsys):
+    assert main(["compile", str(ROOT / "specs" / "alibi.attn"), "--dump-after", "tables"]) == 0
+    dump = capsys.readouterr().out
+    assert "\ntables by blocks of rows, from positions: " in dump  # the bias, and its
+    assert "[table] Add: S_bias_sum" in dump and "[constant] Grid: m" in dump  # slopes per shape
+
+
+@pytest.mark.parametrize("name, blocked", [("t5_bias", False), ("sliding_window", True)])
+def test_a_table_a_call_reads_whole_stays_per_shape(name, blocked, capsys):
+    """T5's bucket ids are gathered per call into a bias read whole: they stay a constant
+    held per shape; the twin, sliding_window's mask, only the kernel reads, by blocks."""
+    assert main(["compile", str(ROOT / "specs" / f"{name}.attn"), "--dump-after", "tables"]) == 0
+    dump = capsys.readouterr().out
+    assert ("\ntables by blocks of rows" in dump) == blocked
+    assert ("[table] Grid" in dump) == blocked
