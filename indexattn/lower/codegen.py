@@ -10,14 +10,14 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
-from . import numerics
+from . import numerics, tables_emit
 from .emit import Emitter
+from .kinds import reads
 from .naming import Names, shared_hints, written_over
 from .printers import number_text, wrap
 from .program import Program
 from .rows_emit import RowsWriter
 from .steps import Grid, Var
-from .tables_emit import table_functions
 
 HEADER = """\
 # {title}
@@ -215,3 +215,41 @@ def _share(main: Emitter, other: Emitter) -> None:
 
 def _indent(lines: list[str]) -> list[str]:
     return ["    " + line for line in lines]
+
+
+def table_functions(
+    plan: Program, names: Names, main: Emitter
+) -> dict[Var, tables_emit.TableFunction]:
+    """A function per table the rest of the program reads (those only other tables read are
+    computed inside them), by the table's value."""
+    wide = [s for s in plan.steps if s.out.var in plan.tables]
+    read = {o.var for s in plan.steps if s.out.var not in plan.tables for o in reads(s)}
+    out = {}
+    for step in (s for s in wide if s.out.var in read):
+        chain = tables_emit.chain(wide, step.out.var)
+        emitter = Emitter(plan.spec, names)
+        emitter.needs.knobs, emitter.needs.helpers = main.needs.knobs, main.needs.helpers
+        emitter.tables, emitter.cast, emitter.positional = True, main.cast, True
+        body = []
+        for block in plan.blocks:  # each block's steps under its equations
+            steps = [s for s in block.steps if s in chain]
+            body += [f"# {comment(text)}" for text in block.texts] if steps else []
+            body += [line for s in steps for line in emitter.lines(s)]
+        made = {s.out.var for s in chain}
+        inputs = [o.var for s in chain for o in reads(s) if o.var not in made]
+        inputs = tuple(names.var(v) for v in dict.fromkeys(inputs))
+        needs, spec = emitter.needs, plan.spec
+        keywords = tuple(a for s, a in spec.size_names.items() if s in needs.sizes)
+        keywords += tuple(s.ascii for s in spec.scalars if s.symbol in needs.scalars)
+        indices = tuple(needs.indices)
+        name = names.fresh(f"{names.var(step.out.var)}_at")
+        params = [*(names.index(i) for i in indices), *inputs, "*", *keywords, "device", "dtype"]
+        doc = f'"""{names.var(step.out.var)} at the positions given: a block of rows."""'
+        table = [f"table = {numerics.TABLE}  # docs/language.md, Numerics"] if needs.table else []
+        lines = [doc, *table, *body, f"return {names.var(step.out.var)}"]
+        text = "\n".join([f"def {name}({', '.join(params)}):", *("    " + x for x in lines)])
+        main.needs.imports |= needs.imports
+        out[step.out.var] = tables_emit.TableFunction(
+            name, indices, inputs, keywords, step.out.dims, text
+        )
+    return out
