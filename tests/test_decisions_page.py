@@ -1,5 +1,6 @@
-"""docs/decisions.md's contents list every topic (`## `) and decision (`### `) heading, in
-order, each linked by the anchor GitHub gives it. `python tests/test_decisions_page.py`
+"""docs/decisions.md's contents list every topic (`## ` heading), in order, each linked by
+the anchor GitHub gives it (its decisions, `### `, follow it on the page; a list of all
+of them took 25k of the page's characters). `python tests/test_decisions_page.py`
 rewrites the list after headings were added or renamed."""
 
 import re
@@ -24,8 +25,8 @@ def contents(text: str) -> str:
     seen: dict[str, int] = {}
     lines = []
     for level, heading in re.findall(r"^(##|###) (.+)$", body, flags=re.MULTILINE):
-        indent = "" if level == "##" else "  "
-        lines.append(f"{indent}- [{heading}](#{anchor(heading, seen)})")
+        link = f"- [{heading}](#{anchor(heading, seen)})"  # every heading counts for anchors
+        lines += [link] if level == "##" else []
     return "\n".join(lines)
 
 
@@ -39,9 +40,9 @@ def test_contents_list_every_heading():
     assert current(text) == contents(text), "rerun: python tests/test_decisions_page.py"
 
 
-def test_contents_would_see_a_renamed_heading():
+def test_contents_would_see_a_renamed_topic():
     text = PAGE.read_text(encoding="utf-8")
-    renamed = text.replace("\n### ", "\n### Renamed: ", 1)
+    renamed = text.replace("\n## Text", "\n## Renamed: Text", 1)
     assert current(renamed) != contents(renamed)
 
 
