@@ -144,9 +144,13 @@ class Writer:
         head = f"def {self.names.constants}({', '.join([*args, '*', 'device', 'dtype'])}):"
         doc = '"""Tensors of positions: the same for every call with these sizes and scalars."""'
         held = ", ".join(self.held) + ("," if len(self.held) == 1 else "")
-        table = [f"table = {numerics.TABLE}  # docs/language.md, Numerics"]
-        table = table if self.grids.needs.table else []
-        lines = [doc, *table, *_positions(self.grids), *lines, f"return {held}"]
+        lines = [
+            doc,
+            *_table_dtype(self.grids.needs.table),
+            *_positions(self.grids),
+            *lines,
+            f"return {held}",
+        ]
         return "\n".join([head, *_indent(lines)])
 
     def constants_call(self, args: tuple[str, ...]) -> str:
@@ -213,6 +217,11 @@ def _share(main: Emitter, other: Emitter) -> None:
     other.blocked = main.blocked
 
 
+def _table_dtype(needed: bool) -> list[str]:
+    """The line naming the dtype tables are made in, where a function makes one."""
+    return [f"table = {numerics.TABLE}  # docs/language.md, Numerics"] if needed else []
+
+
 def _indent(lines: list[str]) -> list[str]:
     return ["    " + line for line in lines]
 
@@ -245,8 +254,7 @@ def table_functions(
         name = names.fresh(f"{names.var(step.out.var)}_at")
         params = [*(names.index(i) for i in indices), *inputs, "*", *keywords, "device", "dtype"]
         doc = f'"""{names.var(step.out.var)} at the positions given: a block of rows."""'
-        table = [f"table = {numerics.TABLE}  # docs/language.md, Numerics"] if needs.table else []
-        lines = [doc, *table, *body, f"return {names.var(step.out.var)}"]
+        lines = [doc, *_table_dtype(needs.table), *body, f"return {names.var(step.out.var)}"]
         text = "\n".join([f"def {name}({', '.join(params)}):", *("    " + x for x in lines)])
         main.needs.imports |= needs.imports
         out[step.out.var] = tables_emit.TableFunction(
