@@ -112,8 +112,14 @@ class Checker:
                     "a range is written in sizes and whole numbers.",
                 )
             return self.scope.sizes.get(node.name) or self.scope.new_size(node)
+        if isinstance(node, ast.Call):  # ceil(N / ℓ), floor(N / ℓ): the parser allows no other
+            return {"ceil": sympy.ceiling, "floor": sympy.floor}[node.func](
+                self.range_size(node.args[0])
+            )
         left, right = self.range_size(node.left), self.range_size(node.right)
-        return {"+": left + right, "-": left - right, "*": left * right}[node.op]
+        return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[
+            node.op
+        ]
 
     def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
         layout = self.layout(stmt.ref, "declaration")
