@@ -117,9 +117,7 @@ class Checker:
                 self.range_size(node.args[0])
             )
         left, right = self.range_size(node.left), self.range_size(node.right)
-        return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[
-            node.op
-        ]
+        return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
 
     def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
         layout = self.layout(stmt.ref, "declaration")
