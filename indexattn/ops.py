@@ -228,10 +228,11 @@ REDUCTIONS: dict[str, Op] = {
         # the parts one after another along an index: a KV cache and the new keys
         _reduction("concat", "torch.cat([{x}], dim={dim})", r"\operatorname{concat}", 0, 2, True),
         # each entry's place in descending order along an index (0: the largest; ties by
-        # position), which stays free: NSA's top-n blocks are where(rank_<β>(P) < n, ...)
+        # position), which stays free: NSA's top-n blocks are where(rank_<β>(P) < n, ...).
+        # The template is the order; the printer takes its argsort again, the places.
         _reduction(
             "rank",
-            "{x}.argsort(dim={dim}, descending=True, stable=True).argsort(dim={dim})",
+            "{x}.argsort(dim={dim}, descending=True, stable=True)",
             r"\operatorname{rank}",
             keeps=True,
         ),

@@ -6,10 +6,9 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
+from reference.nsa import NativeSparseAttention
 
 import indexattn
-
-from reference.nsa import NativeSparseAttention
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (ROOT / "specs" / "nsa.attn").read_text(encoding="utf-8")
