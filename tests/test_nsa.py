@@ -73,6 +73,12 @@ def test_the_selected_branch_equals_top_k_blocks_read_by_a_gather():
             close(g, w)
 
 
+def test_the_module_selects_alike_by_a_gather_and_by_a_mask():
+    """The benchmark's second hand-written selection (a mask of torch.topk's blocks)."""
+    x = x_of()
+    close(layer(gather=False)(x), layer()(x))
+
+
 @pytest.mark.parametrize("twin", ["selected", "phi"])
 def test_a_twin_with_one_change_differs(twin):
     """One more block selected, or one compression weight changed, changes the output."""

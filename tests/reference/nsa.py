@@ -6,6 +6,7 @@ shared with the spec's dense mask."""
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .classic import merge_heads, split_heads
@@ -19,8 +20,9 @@ def masked_softmax(scores, visible):
 
 
 class NativeSparseAttention(nn.Module):
-    def __init__(self, d_model, num_heads, head_dim, block, selected=2, window=8):
+    def __init__(self, d_model, num_heads, head_dim, block, selected=2, window=8, gather=True):
         super().__init__()
+        self.gather = gather  # False: the selected blocks as a mask over all keys
         self.num_heads, self.head_dim, self.block = num_heads, head_dim, block
         self.selected, self.window = selected, window
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=False)
@@ -62,6 +64,16 @@ class NativeSparseAttention(nn.Module):
         visible = (keys <= query) & ~duplicate
         return (masked_softmax(s, visible)[..., None] * v_sel).sum(-2)
 
+    def selected_by_mask(self, scores, q, k, v):
+        """The same by a mask over all keys: torch.topk's blocks scattered into it."""
+        n, ell = q.shape[-2], self.block
+        top = scores.topk(self.selected, dim=-1).indices
+        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
+        t = torch.arange(n, device=q.device)
+        chosen |= torch.arange(n // ell, device=q.device)[None, :] == (t // ell)[:, None]
+        visible = chosen.repeat_interleave(ell, dim=-1) & (t[None, :] <= t[:, None])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
     def windowed(self, q, k, v):
         n = q.shape[-2]
         t = torch.arange(n, device=q.device)
@@ -74,7 +86,8 @@ class NativeSparseAttention(nn.Module):
         k = split_heads(self.k_proj(x), self.num_heads)
         v = split_heads(self.v_proj(x), self.num_heads)
         scores, o_cmp = self.compressed(q, k, v)
-        o_slc = self.selected_blocks(scores, q, k, v)
+        select = self.selected_blocks if self.gather else self.selected_by_mask
+        o_slc = select(scores, q, k, v)
         o_win = self.windowed(q, k, v)
         gates = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         gates = gates.transpose(-3, -2)  # (..., h, N, 3)
