@@ -155,9 +155,9 @@ class Retention(torch.nn.Module):
 RETENTION = own_reference("retention", Retention)
 NSA = type(CLASSIC[0])(  # blocks of 64 keys, as the paper's selection blocks
     "nsa",
-    lambda s: NativeSparseAttention(s["d_m"], s["h"], s["d_k"], block=64),
+    lambda s: NativeSparseAttention(s["d_m"], s["h"], s["d_k"], block=s["l"]),
     None,
-    {"d_m": 768, "h": 12, "d_k": 64},
+    {"d_m": 768, "h": 12, "d_k": 64, "l": 64},
     mapping=lambda state: {k.replace(".", "_"): v for k, v in state.items()},
 )
 CASES = _cases()
