@@ -26,6 +26,7 @@ from tests.reference.cases import positional, torch_mha_call  # noqa: E402
 from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
 from tests.reference.nsa import NativeSparseAttention  # noqa: E402
+from tests.reference.ssd import SSD  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
 SHAPES = ((1, 512), (1, 2048))
@@ -84,6 +85,7 @@ def _cases() -> dict[str, Case]:
     reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
     reference["retention"] = RETENTION
     reference["nsa"] = NSA
+    reference["ssd"] = SSD_CASE
     out = {
         path.stem: Case(path.stem, path, reference[path.stem])
         for path in sorted((ROOT / "specs").glob("*.attn"))
@@ -159,6 +161,9 @@ NSA = type(CLASSIC[0])(  # blocks of 64 keys, as the paper's selection blocks
     None,
     {"d_m": 768, "h": 12, "d_k": 64, "l": 64},
     mapping=lambda state: {k.replace(".", "_"): v for k, v in state.items()},
+)
+SSD_CASE = type(CLASSIC[0])(  # Mamba-2's heads: 64 wide, a state of 128
+    "ssd", lambda s: SSD(), None, {"h": 12, "d_head": 64, "d_state": 128}, mapping=lambda _: {}
 )
 CASES = _cases()
 
