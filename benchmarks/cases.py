@@ -25,6 +25,8 @@ from tests.reference.cases import CASES as CLASSIC  # noqa: E402
 from tests.reference.cases import positional, torch_mha_call  # noqa: E402
 from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
+from tests.reference.nsa import NativeSparseAttention  # noqa: E402
+from tests.reference.ssd import SSD  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
 SHAPES = ((1, 512), (1, 2048))
@@ -82,6 +84,8 @@ def _cases() -> dict[str, Case]:
     mha = next(c for c in CLASSIC if c.spec == "mha_math")
     reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
     reference["retention"] = RETENTION
+    reference["nsa"] = NSA
+    reference["ssd"] = SSD_CASE
     out = {
         path.stem: Case(path.stem, path, reference[path.stem])
         for path in sorted((ROOT / "specs").glob("*.attn"))
@@ -151,6 +155,16 @@ class Retention(torch.nn.Module):
 
 
 RETENTION = own_reference("retention", Retention)
+NSA = type(CLASSIC[0])(  # blocks of 64 keys, as the paper's selection blocks
+    "nsa",
+    lambda s: NativeSparseAttention(s["d_m"], s["h"], s["d_k"], block=s["l"]),
+    None,
+    {"d_m": 768, "h": 12, "d_k": 64, "l": 64},
+    mapping=lambda state: {k.replace(".", "_"): v for k, v in state.items()},
+)
+SSD_CASE = type(CLASSIC[0])(  # Mamba-2's heads: 64 wide, a state of 128
+    "ssd", lambda s: SSD(), None, {"h": 12, "d_head": 64, "d_state": 128}, mapping=lambda _: {}
+)
 CASES = _cases()
 
 

@@ -212,7 +212,7 @@ FUNCTIONS: dict[str, Op] = {
 def _reduction(
     name: str, torch: str, latex: str, flops: int = 1, arity: int = 1, keeps: bool = False
 ) -> Op:
-    integers = name in ("sum", "max", "min", "cumsum", "concat")
+    integers = name in ("sum", "max", "min", "cumsum", "concat", "rank")
     return Op(name, "reduction", arity, torch, latex, flops, integers=integers, keeps=keeps)
 
 
@@ -227,6 +227,15 @@ REDUCTIONS: dict[str, Op] = {
         _reduction("cumsum", "torch.cumsum({x}, dim={dim})", r"\operatorname{cumsum}", keeps=True),
         # the parts one after another along an index: a KV cache and the new keys
         _reduction("concat", "torch.cat([{x}], dim={dim})", r"\operatorname{concat}", 0, 2, True),
+        # each entry's place in descending order along an index (0: the largest; ties by
+        # position), which stays free: NSA's top-n blocks are where(rank_<β>(P) < n, ...).
+        # The template is the order; the printer takes its argsort again, the places.
+        _reduction(
+            "rank",
+            "{x}.argsort(dim={dim}, descending=True, stable=True)",
+            r"\operatorname{rank}",
+            keeps=True,
+        ),
         _reduction("sum", "{x}.sum(dim={dim})", r"\sum"),
         _reduction("max", "{x}.amax(dim={dim})", r"\max"),
         _reduction("min", "{x}.amin(dim={dim})", r"\min"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .errors import ShapeError
 
-Tree = int | str | tuple  # an integer, a size by ASCII name, or ("*" | "+", *parts)
+Tree = int | str | tuple  # an integer, a size by ASCII name, or ("*" | "+" | "//" | "ceil", *parts)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,18 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Quotient:
+    """A range `N / ℓ` an index declares: its numerator must be a multiple of its denominator."""
+
+    numerator: Tree
+    denominator: Tree
+    over: str  # the numerator as the spec writes it: `N`
+    under: str  # the denominator: `ℓ`
+    message: str  # `spec: index β ranges over N / ℓ, but`
+    hint: str  # what to write instead
+
+
+@dataclass(frozen=True)
 class Rank:
     argument: int
     rank: int
@@ -56,6 +68,7 @@ class Rules:
     ranks: tuple[Rank, ...]
     reads: tuple[Read, ...]
     checks: tuple[Check, ...]
+    quotients: tuple[Quotient, ...] = ()
 
     def solve(self, shapes: Sequence[tuple[int, ...]], given: dict[str, int]) -> dict[str, int]:
         """Sizes by ASCII name from the arguments' shapes (in argument order) and the given
@@ -75,6 +88,8 @@ class Rules:
                 raise ShapeError(f"{rank.message}{tuple(shape)}")
         for read in self.reads:
             self.read(read, shapes[read.argument][read.axis], values, given)
+        for quotient in self.quotients:
+            divide(quotient, values)
         for check in self.checks:
             actual = shapes[check.argument][check.axis]
             expected = evaluate(check.expected, values)
@@ -105,12 +120,27 @@ class Rules:
             )
 
 
+def divide(quotient: Quotient, values: dict[str, int]) -> None:
+    """A ShapeError quoting both sizes where a range `N / ℓ` is not a whole number."""
+    numerator = evaluate(quotient.numerator, values)
+    denominator = evaluate(quotient.denominator, values)
+    if numerator % denominator:
+        raise ShapeError(
+            f"{quotient.message} {quotient.over} = {numerator} is not a multiple of "
+            f"{quotient.under} = {denominator}; {quotient.hint}"
+        )
+
+
 def evaluate(node: Tree, values: dict[str, int]) -> int:
     if isinstance(node, int):
         return node
     if isinstance(node, str):
         return values[node]
     parts = [evaluate(part, values) for part in node[1:]]
+    if node[0] == "//":
+        return parts[0] // parts[1]
+    if node[0] == "ceil":
+        return -(-parts[0] // parts[1])
     return math.prod(parts) if node[0] == "*" else sum(parts)
 
 

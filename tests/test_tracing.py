@@ -6,6 +6,7 @@ code), forward and backward, and torch.export; inductor on one; shape checks tha
 traced.
 Which specs, and the complete run: docs/testing.md, "Tracing"."""
 
+import math
 import os
 import threading
 from pathlib import Path
@@ -15,6 +16,7 @@ import sympy
 import torch
 
 import indexattn
+from indexattn.ir.shapes import quotients
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,11 +70,19 @@ def layer(name: str, n: int | None = None, dtype=torch.float64):
     sizes = sample_sizes(spec.ir)
     dynamic = sequence_sizes(spec)
     if n is not None:
-        sizes |= dict.fromkeys(dynamic, n)
+        sizes |= dict.fromkeys(dynamic, n * multiple(spec, sizes))
     module = spec.module(**{k: v for k, v in sizes.items() if k not in dynamic})
     args = sample_arguments(spec.ir, sizes, (2,), dtype)
     module.load_state_dict({k: args[k] for k in module.state_dict()})
     return spec, module.to(dtype).eval(), [args[t.ascii] for t in spec.ir.tensors_of("input")]
+
+
+def multiple(spec, sizes: dict) -> int:
+    """What a sequence length is a multiple of: the blocks of ranges `N / ℓ` (nsa's ℓ, a
+    parameter's size, fixed while the length moves); 1 for a spec without one."""
+    values = {s: sizes[a] for s, a in spec.ir.size_names.items()}
+    unders = (sympy.fraction(sympy.together(q))[1] for q in quotients(spec.ir))
+    return math.prod(int(under.subs(values)) for under in unders)
 
 
 def test_the_masked_specs_are_found():
@@ -152,8 +162,11 @@ def test_inductor_forward_and_backward_with_dynamic_shapes(name):
 def test_torch_export_with_a_dynamic_sequence_length(name):
     spec, module, inputs = layer(name)
     sizes = sequence_sizes(spec)
+    step = multiple(spec, sample_sizes(spec.ir))  # nsa's N: blocks of ℓ, a derived Dim
+    if step > 1:  # at least two blocks, as the Dim's least
+        spec, module, inputs = layer(name, 2)
     # named apart from the sizes: a derived Dim reads its name with sympy, where N is a function
-    dims = {size: torch.export.Dim(f"{size}_dim", min=2, max=64) for size in sorted(sizes)}
+    dims = {size: step * torch.export.Dim(f"{size}_dim", min=2, max=64) for size in sorted(sizes)}
     shapes = {  # by the inputs' names, as forward's signature has them
         t.ascii: {
             k + 1: dim

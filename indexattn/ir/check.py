@@ -15,7 +15,19 @@ from ..ops import CONSTANTS
 from .einstein import Analysis
 from .expressions import Expressions, repeated
 from .kinds import integer_tensors, kind
-from .nodes import Equation, Field, Index, Node, Scalar, Spec, Tensor, batched
+from .nodes import (
+    Equation,
+    Field,
+    Index,
+    Node,
+    Reduce,
+    Scalar,
+    Spec,
+    Tensor,
+    batched,
+    children,
+    is_condition,
+)
 from .scope import Scope
 
 
@@ -112,8 +124,12 @@ class Checker:
                     "a range is written in sizes and whole numbers.",
                 )
             return self.scope.sizes.get(node.name) or self.scope.new_size(node)
+        if isinstance(node, ast.Call):  # ceil(N / ℓ), floor(N / ℓ): the parser allows no other
+            return {"ceil": sympy.ceiling, "floor": sympy.floor}[node.func](
+                self.range_size(node.args[0])
+            )
         left, right = self.range_size(node.left), self.range_size(node.right)
-        return {"+": left + right, "-": left - right, "*": left * right}[node.op]
+        return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
 
     def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
         layout = self.layout(stmt.ref, "declaration")
@@ -193,6 +209,7 @@ class Checker:
         indices = frozenset(i for axis in layout for i in axis)
         rhs = Analysis(scope, indices).top(self.expressions.number(stmt.rhs))
         self.check_lhs(lhs, layout, rhs)
+        self.check_ranks(rhs, rhs)
         ascii = scope.claim(lhs.name, "a tensor", lhs.span)
         dtype = "int" if integer_tensors(rhs) else "float"
         whole = kind(rhs) == "int"
@@ -208,6 +225,23 @@ class Checker:
         tensor = replace(tensor, whole=whole, precision=stmt.precision)
         scope.tensors[lhs.name] = tensor
         self.equations.append(Equation(tensor, rhs, unparse_equation(stmt), stmt.doc, stmt))
+
+    def check_ranks(self, node: Node, rhs: Node) -> None:
+        """A rank is compared (`rank_<β>(P) < n`) or is an equation's whole right side: a
+        place in an order has no gradient, and there nothing differentiates it."""
+        if is_condition(node):
+            return
+        if isinstance(node, Reduce) and node.fn == "rank" and node is not rhs:
+            over = "".join(i.glyph for i in node.over)
+            raise self.error(
+                "a rank is a place in an order, with no gradient: it is compared, or it is a "
+                "tensor of its own",
+                node.span,
+                f"select by it, where(rank_<{over}>(...) < k, ...), or write it as its own "
+                f"equation, R_<...> = rank_<{over}>(...).",
+            )
+        for child in children(node):
+            self.check_ranks(child, rhs)
 
     def check_lhs(self, lhs: ast.Ref, layout, rhs: Node) -> None:
         items = [

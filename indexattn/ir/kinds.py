@@ -36,6 +36,8 @@ def kind(node: Node) -> str:
     if isinstance(node, (Product, Sum, Concat)):
         return _join(kind(p) for p in children(node))
     if isinstance(node, Reduce):
+        if node.fn == "rank":  # a place in an order: whole whatever it orders
+            return "int"
         return kind(node.body) if node.fn in INTEGERS_ONLY else "float"
     return _apply(node)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..sizes import Check, Rank, Read, Rules, Tree
-from .nodes import At, Field, Spec, Tensor, refs
+from ..sizes import Check, Quotient, Rank, Read, Rules, Tree
+from .nodes import At, Field, Index, Spec, Tensor, refs
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def _next_step(tensors: tuple[Tensor, ...], known: set[sympy.Symbol]) -> Step | 
         for position, axis in enumerate(tensor.layout):
             size = sympy.expand(sympy.Mul(*(i.size for i in axis)))
             unknown = size.free_symbols - known
-            if len(unknown) != 1:
+            if len(unknown) != 1 or not _polynomial(size):
                 continue
             (symbol,) = unknown
             poly = sympy.Poly(size, symbol)
@@ -66,6 +66,12 @@ def _next_step(tensors: tuple[Tensor, ...], known: set[sympy.Symbol]) -> Step | 
                 scale, offset = poly.coeff_monomial(symbol), poly.coeff_monomial(1)
                 return Step(symbol, tensor, position - len(tensor.layout), scale, offset)
     return None
+
+
+def _polynomial(size: sympy.Expr) -> bool:
+    """Whether a size is read off an axis (N_c + N, (β λ) of N / ℓ · ℓ = N), not a quotient
+    or a rounding, which the sizes it divides are read for and checked against."""
+    return not size.has(sympy.floor, sympy.ceiling) and sympy.fraction(size)[1] == 1
 
 
 def rules(spec: Spec, plan: Recipe) -> Rules:
@@ -99,7 +105,37 @@ def rules(spec: Spec, plan: Recipe) -> Rules:
     ranks = tuple(
         Rank(k, len(t.layout), t.batched, _rank_text(spec, t)) for k, t in enumerate(spec.arguments)
     )
-    return Rules(spec.name, tuple(names[s] for s in plan.required), ranks, reads, checks)
+    required = tuple(names[s] for s in plan.required)
+    return Rules(spec.name, required, ranks, reads, checks, _quotients(spec))
+
+
+def quotients(spec: Spec) -> dict[sympy.Expr, tuple[Index, ...]]:
+    """The ranges `N / ℓ` the spec declares (not those it rounds, `ceil(N / ℓ)`), each with
+    the indices that range over it: the sizes a call gives must divide exactly."""
+    found: dict[sympy.Expr, tuple[Index, ...]] = {}
+    for index in spec.indices:
+        if sympy.fraction(sympy.together(index.size))[1] != 1:
+            found[index.size] = (*found.get(index.size, ()), index)
+    return found
+
+
+def _quotients(spec: Spec) -> tuple[Quotient, ...]:
+    out = []
+    for size, indices in quotients(spec).items():
+        over, under = sympy.fraction(sympy.together(size))
+        glyphs = ", ".join(i.glyph for i in indices)
+        out.append(
+            Quotient(
+                tree(over, spec.size_names),
+                tree(under, spec.size_names),
+                str(over),
+                str(under),
+                f"{spec.name}: index {glyphs} ranges over {over} / {under}, but",
+                f"pass sizes that divide, or pad the last block and write "
+                f"index {indices[0].glyph} : ceil({over} / {under}).",
+            )
+        )
+    return tuple(out)
 
 
 def solve(
@@ -116,6 +152,13 @@ def tree(expr: sympy.Expr, names: dict[sympy.Symbol, str]) -> Tree:
         return int(expr)
     if expr.is_Symbol:
         return names[expr]
+    if isinstance(expr, sympy.floor | sympy.ceiling):
+        over, under = sympy.fraction(sympy.together(expr.args[0]))
+        kind = "//" if isinstance(expr, sympy.floor) else "ceil"
+        return (kind, tree(over, names), tree(under, names))
+    over, under = sympy.fraction(sympy.together(expr))
+    if under != 1:  # N / ℓ: whole, as the call's sizes are checked to divide (Quotient)
+        return ("//", tree(over, names), tree(under, names))
     if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
         return ("*", *[tree(expr.base, names)] * int(expr.exp))
     if expr.is_Mul or expr.is_Add:
@@ -185,4 +228,22 @@ def honouring(
             named = (s for s in spec.sizes if spec.size_ascii(s) in fixed)
             given = ", ".join(f"{s} = {sizes[s]}" for s in named)
             raise ValueError(f"the sizes {given} leave {relation} < 1: it is the range of an index")
+    for quotient in quotients(spec):
+        _divisible(spec, quotient, sizes, fixed)
     return sizes
+
+
+def _divisible(spec: Spec, quotient: sympy.Expr, sizes: dict, fixed: set[str]) -> None:
+    """The numerator of a range `N / ℓ` raised to a multiple of its denominator, unless it is
+    fixed; a ValueError names the range the fixed sizes leave fractional."""
+    over, under = sympy.fraction(sympy.together(quotient))
+    value, step = int(over.subs(sizes)), int(under.subs(sizes))
+    if value % step == 0:
+        return
+    if over.is_Symbol and spec.size_ascii(over) not in fixed:
+        sizes[over] = value + step - value % step
+        return
+    given = ", ".join(f"{s} = {sizes[s]}" for s in sorted(quotient.free_symbols, key=str))
+    raise ValueError(
+        f"the sizes {given} leave {over} / {under} fractional: it is the range of an index"
+    )

@@ -328,6 +328,9 @@ class Emitter(KernelSteps, Values):
                 f"{out} = torch.softmax({x}, dim={dim}, "
                 f"out=None if torch.is_grad_enabled() else {x})",
             ]
+        if step.fn == "rank":  # the order, then each entry's place in it: one call a line
+            order = ops.REDUCTIONS["rank"].torch.format(x=x, dim=dim)
+            return [f"{out} = {order}", f"{out} = {out}.argsort(dim={dim})"]
         if step.fn != "softmax" or (len(dims) == 1 and not step.safe):
             return f"{out} = {ops.REDUCTIONS[step.fn].torch.format(x=x, dim=dim)}"
         if len(dims) > 1:

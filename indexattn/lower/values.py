@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..ir import Index, Spec
+from ..ir.shapes import quotients
 from .naming import Names
 from .printers import ScalarPrinter, wrap
 from .steps import Arg, Number, Operand
@@ -41,6 +42,8 @@ class Values:
         # real: a scalar is a Python float, never dynamic (printers.py prints its log by math)
         self.symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
         self.scalar_symbols = {s.symbol for s in spec.scalars}
+        # N / ℓ is whole (each call checks it divides: ir/shapes.py), so printed N // ℓ
+        self.quotients = {q: sympy.floor(q) for q in quotients(spec)}
         self.tables = False  # printing the constants function: floats in the tables' dtype
         self.cast: frozenset = frozenset()  # values cast to the call's dtype where made
         self.positional = False  # printing a table's function: grids span the positions given
@@ -57,6 +60,7 @@ class Values:
         self.needs.sizes |= expr.free_symbols & set(self.spec.sizes)
         self.needs.scalars |= expr.free_symbols & self.scalar_symbols
         printer = ScalarPrinter()
+        expr = expr.subs(self.quotients) if self.quotients else expr
         code = printer.doprint(expr.xreplace(self.symbols))
         self.use(*printer.module_imports)
         return code

@@ -16,6 +16,7 @@ INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
 PRECISIONS = ("float32", "float64")  # A_<ττ'> : float32 = ...
 COMPARISONS = ops.COMPARISONS
 KEYWORDS = frozenset({"and", "or", "not", "inf"})
+ROUNDINGS = frozenset({"ceil", "floor"})  # the functions a range may round a quotient by
 # Said only of an indented line that starts with a value, where a continuation was likely meant.
 CONTINUATION = (
     "\nIf this line continues the one above, end that line with an operator (+, -, *, /) or "
@@ -171,19 +172,22 @@ class StatementParser:
         return ast.IndexDecl(tuple(names), size, doc, span)
 
     def range_size(self) -> ast.Expr:
-        """A size symbol, a positive whole number, or sums and products of them (N_c + N)."""
+        """A size symbol, a positive whole number, or sums, products and quotients of them
+        (N_c + N, N / ℓ, ceil(N / ℓ))."""
         size = self.arithmetic()
         for node in ast.walk(size):
             ok = isinstance(node, ast.Name) and node.name not in KEYWORDS and "'" not in node.name
             whole = isinstance(node, ast.Num) and isinstance(node.value, int)
             ok = ok or (whole and node.value > 0)
-            ok = ok or (isinstance(node, ast.Binary) and node.op in "+-*")
+            ok = ok or (isinstance(node, ast.Binary) and node.op in "+-*/")
+            ok = ok or (isinstance(node, ast.Call) and node.func in ROUNDINGS)
             if not ok:
                 raise self.error(
-                    "a range is a size symbol, a positive whole number, or sums and products of "
-                    "them",
+                    "a range is a size symbol, a positive whole number, or sums, products and "
+                    "quotients of them",
                     node.span,
-                    "write e.g. index τ : N, index B : 3 or index σ : N_c + N.",
+                    "write e.g. index τ : N, index B : 3, index σ : N_c + N, index β : N / ℓ "
+                    "or index β : ceil(N / ℓ).",
                 )
         return size
 

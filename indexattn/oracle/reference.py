@@ -184,6 +184,8 @@ class Interpreter:
             return softmax(body, dims), node.free
         if node.fn == "cumsum":  # a running sum, position by position (an inf stays put)
             return running_sum(body, dims[0]), node.free
+        if node.fn == "rank":
+            return rank(body, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
 
 
@@ -194,6 +196,17 @@ def running_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
         total = row if total is None else total + row
         out.append(total)
     return torch.stack(out).movedim(0, dim) if out else x
+
+
+def rank(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Each entry's place in descending order along `dim`, 0 the largest: the entries greater
+    than it and the equal ones before it, counted, by comparing every pair."""
+    x = x.movedim(dim, -1)
+    order = torch.arange(x.shape[-1], device=x.device)
+    before = order[None, :] < order[:, None]  # [i, j]: j is before i
+    other, this = x[..., None, :], x[..., :, None]
+    ahead = (other > this) | ((other == this) & before)
+    return ahead.sum(dim=-1).movedim(-1, dim)
 
 
 def softmax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:

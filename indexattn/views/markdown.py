@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..ir import Spec
+from ..ir.printer import field
 from . import cost, latex, svg, tables
 from .latex import formula
 from .report import Report, flop_table, index_table, param_table, scalar_table, tensor_table
@@ -195,7 +196,7 @@ def _number(value: tables.Number) -> str:
 
 
 def _shape(value: tables.Shape) -> str:
-    axes = ["·".join(str(s) for s in axis) for axis in value.axes]
+    axes = ["·".join(field(s) for s in axis) for axis in value.axes]  # ceil(N/l), as written
     return code_span("(" + ", ".join(["…", *axes] if value.batched else axes) + ")")
 
 

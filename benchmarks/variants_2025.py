@@ -1,0 +1,95 @@
+"""The cookbook's variants of 2025 against their hand-written modules, forward and
+forward+backward, one thread, interleaved rounds, the median of each.
+
+    .venv/bin/python benchmarks/variants_2025.py nsa --n 512 1024 --rounds 5 --hands mask
+    .venv/bin/python benchmarks/variants_2025.py ssd --n 512 1024 --rounds 5
+
+nsa: specs/nsa.attn against tests/reference/nsa.py (d_m 768, 12 heads of 64, blocks of 64,
+2 selected, window 8). Two hand-written selections: `gather` reads each query's torch.topk
+blocks alone (as the paper's kernel does), `mask` scatters them into an N×N mask for
+scaled_dot_product_attention; the spec's selected branch is a dense mask made from ranks.
+ssd: specs/ssd.attn against ssd_minimal's quadratic einsum (tests/reference/ssd.py; 12 heads
+of 64, a state of 128). Float32, batch 1, checked to agree first. Prints one JSON line per
+N: milliseconds and the ratios spec / hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import indexattn  # noqa: E402
+from tests.reference.nsa import NativeSparseAttention  # noqa: E402
+from tests.reference.ssd import SSD  # noqa: E402
+
+
+def nsa_calls(n: int, hands: list[str]) -> dict:
+    module = NativeSparseAttention(768, 12, 64, block=64)
+    masked = NativeSparseAttention(768, 12, 64, block=64, gather=False)
+    masked.load_state_dict(module.state_dict())
+    params = {k.replace(".", "_"): p for k, p in module.named_parameters()}
+    spec = indexattn.compile_spec(ROOT / "specs" / "nsa.attn")
+    x = torch.randn(1, n, 768, requires_grad=True)
+    every = {"gather": lambda: module(x), "mask": lambda: masked(x)}
+    return {"spec": lambda: spec(X=x, **params, h=12), **{h: every[h] for h in hands}}
+
+
+def ssd_calls(n: int, hands: list[str]) -> dict:
+    spec = indexattn.compile_spec(ROOT / "specs" / "ssd.attn")
+    x, b, c = (torch.randn(1, 12, n, k, requires_grad=True) for k in (64, 128, 128))
+    a = (-torch.rand(1, 12, n) * 0.1).requires_grad_()  # dt · A ≤ 0
+    return {"spec": lambda: spec(X=x, a=a, B=b, C=c), "einsum": lambda: SSD()(x, a, b, c)}
+
+
+CASES = {"nsa": (nsa_calls, ["gather", "mask"]), "ssd": (ssd_calls, ["einsum"])}
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(calls: dict, n: int, rounds: int) -> dict:
+    hands = [name for name in calls if name != "spec"]
+    for hand in hands:
+        error = (calls["spec"]() - calls[hand]()).abs().max().item()
+        assert error < 1e-3, (hand, error)
+    times = {f"{name} {mode}": [] for name in calls for mode in ("fwd", "fwd+bwd")}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            with torch.no_grad():
+                times[f"{name} fwd"].append(timed(call))
+            times[f"{name} fwd+bwd"].append(timed(lambda call=call: call().sum().backward()))
+    out = {"N": n, **{k: round(statistics.median(v), 1) for k, v in times.items()}}
+    for mode in ("fwd", "fwd+bwd"):
+        for hand in hands:
+            out[f"spec/{hand} {mode}"] = round(out[f"spec {mode}"] / out[f"{hand} {mode}"], 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--n", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--hands", nargs="+", help="nsa: gather, mask (default both)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    make, hands = CASES[args.case]
+    for n in args.n:
+        torch.manual_seed(0)
+        print(json.dumps(measure(make(n, args.hands or hands), n, args.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
