@@ -18,7 +18,8 @@ from indexattn.derive import function
 from indexattn.oracle.verify import _error, sample_arguments, sample_sizes
 
 torch.set_num_threads(1)
-EXAMPLES = int(os.environ.get("INDEXATTN_FUZZ_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("INDEXATTN_FUZZ_EXAMPLES", "4"))
+SEEDS = 3
 LOW = (torch.bfloat16, torch.float16)
 DEAD = " + where({k} >= τ, -inf, 0)"  # row 0 sees no key
 DECAY = (  # retention's decay, exp of a positive number above the diagonal: it overflows
@@ -82,6 +83,19 @@ def errors(spec, args: dict, given: dict, dtype: torch.dtype) -> dict[str, float
     return found
 
 
+def worst(spec, seed: int, tied: bool) -> dict[torch.dtype, dict[str, float]]:
+    """Both backwards' errors in each low precision, the largest over SEEDS draws of the
+    inputs from `seed` on: one draw's largest error is noisy at these sizes (either backward
+    is the worse by up to 3x on some draw, both equal to 1e-16 in float64)."""
+    found = {dtype: {"autograd": 0.0, "derived": 0.0} for dtype in LOW}
+    for draw in range(seed, seed + SEEDS):
+        args, given = arguments(spec, draw, tied)
+        for dtype in LOW:
+            each = errors(spec, args, given, dtype)
+            found[dtype] = {m: max(found[dtype][m], e) for m, e in each.items()}
+    return found
+
+
 def within(found: dict[str, float], dtype: torch.dtype) -> bool:
     """The derived error at most twice autograd's, or than half a unit in the last place
     where autograd's is below that (an exact gradient of autograd's allows no rounding)."""
@@ -93,10 +107,8 @@ def within(found: dict[str, float], dtype: torch.dtype) -> bool:
 def test_random_specs_derived_error_within_twice_autograds(drawn, seed):
     text, tied = drawn
     spec = indexattn.compile_spec(text, name="fuzz")
-    args, given = arguments(spec, seed, tied)
-    for dtype in LOW:
-        found = errors(spec, args, given, dtype)
-        assert within(found, dtype), (dtype, found, text)
+    found = worst(spec, seed, tied)
+    assert all(within(found[dtype], dtype) for dtype in LOW), (found, text)
 
 
 TANH = (
