@@ -109,12 +109,12 @@ def logged(log: Path, n: int) -> dict[str, dict[str, list[dict]]]:
 
 
 def summary(name: str, n: int, found: dict[str, list[dict]]) -> dict:
-    """The medians of the rounds, the times with their spread (min–max)."""
+    """The medians of the rounds; the times with their spread (min–max) over several."""
     row: dict = {"spec": name, "n": n}
     for mode in MODES:
         times = [p["ms"] for p in found[mode]]
-        spread = f"{min(times):.0f}–{max(times):.0f}"
-        row[f"{mode} ms"] = f"{statistics.median(times):.0f} ({spread})"
+        spread = f" ({min(times):.0f}–{max(times):.0f})" if len(times) > 1 else ""
+        row[f"{mode} ms"] = f"{statistics.median(times):.0f}{spread}"
         row[f"{mode} median ms"] = statistics.median(times)
         row[f"{mode} MB"] = statistics.median(p["mb"] for p in found[mode])
     row["ratio"] = row["derived median ms"] / row["autograd median ms"]
