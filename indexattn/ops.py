@@ -334,9 +334,10 @@ DERIVATIVES: dict[str, tuple[str, ...]] = {
     "floor": ("0",),
     "ceil": ("0",),
     "round": ("0",),
-    # ties go to the second argument, as the literal interpreter's where(x < y, x, y)
-    "min": ("where(x < y, 1, 0)", "where(x < y, 0, 1)"),
-    "max": ("where(x > y, 1, 0)", "where(x > y, 0, 1)"),
+    # a tie split evenly between the arguments, as torch.minimum's autograd and the literal
+    # interpreter (the mean of the two where they are equal)
+    "min": ("where(x < y, 1, where(x == y, 0.5, 0))", "where(x < y, 0, where(x == y, 0.5, 1))"),
+    "max": ("where(x > y, 1, where(x == y, 0.5, 0))", "where(x > y, 0, where(x == y, 0.5, 1))"),
     "mod": ("1", "-floor(x / y)"),
     "clamp": (
         "where(x < y or x > z, 0, 1)",

@@ -770,8 +770,21 @@ def test_the_defaults_table_is_the_benchmarks_choice_on_todays_specs():
     for name, row in table.items():
         text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
         assert row["sha256"] == defaults.digest(text), f"{name}: rerun benchmarks/gradients.py"
-        measured = [row[f"{m} {u}"] for u in ("ms", "MB") for m in ("autograd", "derived")]
-        assert defaults.choose(*measured) == row["backward"], name
+        assert defaults.choose(row["measured"]) == row["backward"], name
+
+
+def test_the_default_rule_wants_less_memory_and_at_most_1_1x_the_time_at_every_long_n():
+    """Derived where, at every measured N >= 4096, it held less memory and took at most 1.1x
+    autograd's time; each twin breaks one condition."""
+    row = {"autograd ms": 100.0, "derived ms": 110.0, "autograd MB": 50.0, "derived MB": 49.0}
+    assert defaults.choose({"2048": {**row, "derived ms": 500.0}, "4096": row}) == "derived"
+    for twin in (
+        {"4096": {**row, "derived ms": 111.0}},
+        {"4096": {**row, "derived MB": 50.0}},
+        {"2048": row},
+        {"4096": row, "8192": {**row, "derived MB": 51.0}},
+    ):
+        assert defaults.choose(twin) == "autograd", twin
 
 
 def default_gradients(spec) -> torch.Tensor:

@@ -62,6 +62,29 @@ def test_twin_a_broken_tie_gives_one_entry_the_whole_gradient():
     assert derived[0, 1] == 1 and derived[0, 2] == 0
 
 
+# the bfloat16 fuzzer's find (tests/test_gradient_precision.py): an elementwise max or min
+# whose arguments tie (inputs on a grid of halves) gave the derived backward and the oracle
+# the whole gradient on one side, 0 on the other, where torch.maximum's autograd splits it
+
+PAIR = "index i : n\ninput x_<i>\ny_<i> = {}(x_<i>, -0.5)\noutput y\n"
+
+
+def test_tied_arguments_of_an_elementwise_max_and_min_split_the_gradient_as_autograd():
+    x = torch.tensor([-0.5, 1.0, -2.0, -0.5], dtype=torch.float64)
+    for fn in ("max", "min"):
+        spec = indexattn.compile_spec(PAIR.format(fn), name=f"pair_{fn}")
+        derived = grads(spec, {"x": x}, "derived")["x"]
+        assert torch.equal(derived, grads(spec, {"x": x}, "autograd")["x"]), fn
+        assert torch.equal(derived, oracle_grads(spec, {"x": x})["x"]), fn
+        assert derived[0] == derived[3] == 0.5, fn
+
+
+def test_twin_an_untied_argument_takes_the_whole_gradient_or_none():
+    spec = indexattn.compile_spec(PAIR.format("max"), name="pair_max")
+    x = torch.tensor([-0.5 + 1e-3, 1.0, -2.0, -0.5 - 1e-3], dtype=torch.float64)
+    assert grads(spec, {"x": x}, "derived")["x"].tolist() == [1, 1, 0, 0]
+
+
 # -- 2. a hidden branch that overflows
 
 

@@ -11,6 +11,7 @@ import indexattn
 from indexattn.ir import Index
 from indexattn.lower import kinds, products, steps
 from indexattn.lower.emit import Emitter
+from indexattn.lower.plan import plan
 from indexattn.lower.steps import Contract, Elementwise, Linear, Operand, Reduction, Var
 from indexattn.oracle.verify import compare
 from indexattn.views import cost
@@ -86,3 +87,19 @@ def test_the_product_rules_are_a_table_the_planner_follows(monkeypatch):
     plain = indexattn.compile_spec(text + "\n", name="rules_plain")
     assert not any(isinstance(s, Linear) for s in plain.program.steps)
     assert compare(plain).ok and compare(planned).ok
+
+
+WHOLE = (
+    "index τ, τ' : N\ninput P_<τ> : int\ninput x_<τ>\n"
+    "C_<τ> = cumsum_<τ>(P_<τ>)\nT_<> = max_<τ>(P_<τ>)\nH_<τ> = P_<τ> / 2\nA_<τ> = 0.5 P_<τ>\n"
+    "y_<τ> = (C_<τ> + T_<> + H_<τ> + A_<τ>) x_<τ>\noutput y\n"
+)
+
+
+def test_one_answer_to_which_steps_make_floats_of_integers():
+    """kinds.makes_floats, which the casts of tables (lower/numerics.py) and the in-place
+    pass (lower/passes/inplace.py) both read (they disagreed on the running sum): a maximum or
+    running sum of integers stays whole, a quotient and a product with 0.5 do not."""
+    program = plan(indexattn.compile_spec(WHOLE, name="whole").ir)
+    found = {s.out.var.hint: kinds.makes_floats(s) for s in program.steps if hasattr(s, "out")}
+    assert {k: found[k] for k in "CTHA"} == {"C": False, "T": False, "H": True, "A": True}

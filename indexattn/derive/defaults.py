@@ -34,10 +34,22 @@ def default(text: str) -> str:
     return next((r["backward"] for r in table().values() if r["sha256"] == found), "autograd")
 
 
-def choose(autograd_ms: float, derived_ms: float, autograd_mb: float, derived_mb: float) -> str:
-    """The derived backward where it was measured at least as fast and no larger.
+LONG = 4096  # the shortest sequence a default is chosen at
+SLOWER = 1.1  # the most time the derived step may take, as a multiple of autograd's
 
-    >>> choose(100.0, 90.0, 50.0, 20.0)
-    'derived'
+
+def choose(measured: dict[str, dict[str, float]]) -> str:
+    """The derived backward where, at every measured N of at least LONG (and there must be
+    one), it held less memory than autograd and took at most SLOWER times its time.
+
+    >>> row = {"autograd ms": 100, "derived ms": 109, "autograd MB": 50, "derived MB": 20}
+    >>> slower = {**row, "derived ms": 111}
+    >>> choose({"4096": row}), choose({"2048": row}), choose({"4096": row, "8192": slower})
+    ('derived', 'autograd', 'autograd')
     """
-    return "derived" if derived_ms <= autograd_ms and derived_mb <= autograd_mb else "autograd"
+    long = [m for n, m in measured.items() if int(n) >= LONG]
+    holds = all(
+        m["derived MB"] < m["autograd MB"] and m["derived ms"] <= SLOWER * m["autograd ms"]
+        for m in long
+    )
+    return "derived" if long and holds else "autograd"

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cache
 
+import sympy
+
 from .. import ops
 from ..ir import Index
 from .steps import (
@@ -27,6 +29,7 @@ from .steps import (
     Gather,
     Grid,
     Linear,
+    Number,
     Operand,
     Pad,
     PrefixProduct,
@@ -178,3 +181,23 @@ def tensors(step: Step) -> tuple[Var, ...]:
         held = (step.weight, step.bias) if step.bias is not None else (step.weight,)
         return tuple(Var(-1, t.ascii, argument=True) for t in held)
     return ()
+
+
+def makes_floats(step: Step) -> bool:
+    """Whether a step makes floats of whatever it reads, the one answer lower/numerics.py
+    (which tables are cast) and lower/passes/inplace.py (which values may hold integers that
+    a float cannot be written into) read: a number that is not whole, a scale that is not,
+    `/` (torch's int / int is a float), a function the operator table does not keep whole, a
+    reduction other than those it keeps whole (sum, max, min, the running sum), a projection
+    or an attention kernel. A comparison makes booleans."""
+    numbers = [a.expr for a in getattr(step, "args", ()) if isinstance(a, Number)]
+    if not all(sympy.sympify(n).is_integer for n in numbers):
+        return True
+    if isinstance(step, Contract):
+        return not sympy.sympify(step.scale).is_integer
+    if isinstance(step, Elementwise):
+        op = ops.lookup(step.fn)
+        return step.fn == "/" or not (op.integers or op.condition)
+    if isinstance(step, Reduction):
+        return not ops.REDUCTIONS[step.fn].integers
+    return isinstance(step, Linear | Attention | PrefixProduct)

@@ -25,17 +25,15 @@ import sympy
 
 from .. import ops
 from ..ir import CONDITIONS
-from .kinds import pure, reads
+from .kinds import makes_floats, pure, reads
 from .program import Program
 from .steps import (
     Choose,
-    Contract,
     Elementwise,
     Flip,
     Full,
     Gather,
     Grid,
-    Reduction,
     Rename,
     Slice,
     Spans,
@@ -108,20 +106,7 @@ def _kind(step: Step, kinds: dict[Var, str]) -> str:
     if isinstance(step, Elementwise) and ops.lookup(step.fn).condition:
         return "bool"
     read = [kinds[o.var] for o in reads(step)]
-    return "float" if "float" in read or _makes_floats(step) else "int"
-
-
-def _makes_floats(step: Step) -> bool:
-    numbers = [a.expr for a in getattr(step, "args", ()) if not hasattr(a, "var")]
-    if not all(sympy.sympify(n).is_integer for n in numbers):
-        return True
-    if isinstance(step, Contract):
-        return not sympy.sympify(step.scale).is_integer
-    if isinstance(step, Elementwise):
-        return step.fn == "/" or not ops.lookup(step.fn).integers  # torch: int / int is a float
-    if isinstance(step, Reduction):
-        return step.fn not in ("sum", "max", "min", "cumsum")
-    return False
+    return "float" if "float" in read or makes_floats(step) else "int"
 
 
 def cast(values, step: Step) -> list[str]:

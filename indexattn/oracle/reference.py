@@ -221,6 +221,13 @@ def softmax(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return e / torch.where(total == 0, torch.ones_like(total), total)
 
 
+def _either(a: torch.Tensor, b: torch.Tensor, first, second) -> torch.Tensor:
+    """a where `first`, b where `second`; at a tie of floats their mean, whose gradient is
+    split evenly between them, as torch.minimum's and torch.maximum's."""
+    tie = (a + b) / 2 if a.is_floating_point() or b.is_floating_point() else a
+    return torch.where(first, a, torch.where(second, b, tie))
+
+
 REDUCTIONS = {
     "sum": lambda x, d: x.sum(dim=d),
     "max": lambda x, d: x.amax(dim=d),
@@ -255,8 +262,8 @@ ELEMENTWISE = {
     "log1p": lambda self, x: torch.log(1 + x),
     "expm1": lambda self, x: torch.exp(x) - 1,
     "erf": lambda self, x: torch.erf(x),
-    "min": lambda self, a, b: torch.where(a < b, a, b),
-    "max": lambda self, a, b: torch.where(a > b, a, b),
+    "min": lambda self, a, b: _either(a, b, a < b, a > b),
+    "max": lambda self, a, b: _either(a, b, a > b, a < b),
     "mod": lambda self, a, b: a - b * torch.floor(a / b),
     "clamp": lambda self, x, lo, hi: torch.where(x < lo, lo, torch.where(x > hi, hi, x)),
     "abs": lambda self, x: torch.abs(x),

@@ -18,23 +18,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-import sympy
-
 from ... import ops
 from ...ir import sequence_indices
-from ..kinds import fresh, made, reads
+from ..kinds import fresh, made, makes_floats, reads
 from ..program import Program
 from ..steps import (
     Add,
     Arg,
-    Attention,
     Contract,
     Elementwise,
     Grid,
-    Linear,
-    Number,
     Operand,
-    PrefixProduct,
     Reduction,
     Step,
     Unfuse,
@@ -86,24 +80,9 @@ def _integers(program: Program) -> set[Var]:
         tensors = [o.var for o in reads(step)]
         whole = isinstance(step, Whole) or (isinstance(step, Grid) and step.index)
         whole = whole or (isinstance(step, Unfuse) and step.tensor.dtype == "int")
-        if whole or (tensors and set(tensors) <= found and not _floats(step)):
+        if whole or (tensors and set(tensors) <= found and not makes_floats(step)):
             found.update(o.var for o in made(step))
     return found
-
-
-def _floats(step: Step) -> bool:
-    """Steps that make floats of whatever they read."""
-    numbers = [a.expr for a in getattr(step, "args", ()) if isinstance(a, Number)]
-    if isinstance(step, Contract):
-        return not sympy.sympify(step.scale).is_integer
-    if isinstance(step, Add):
-        return not all(n.is_integer for n in numbers)
-    if isinstance(step, Elementwise):
-        op = ops.lookup(step.fn)
-        return not (op.integers or op.condition) or not all(n.is_integer for n in numbers)
-    if isinstance(step, Reduction):
-        return step.fn not in ("sum", "max", "min")
-    return isinstance(step, Linear | Attention | PrefixProduct)
 
 
 def _contiguous(step: Step, rows: set[Var]) -> bool:
