@@ -3,7 +3,8 @@ mask: the ones whose generated code keeps per-shape state or reads a mask input)
 with a dynamic sequence length on every shipped spec: torch.compile (fullgraph, dynamic) with
 the eager backend or aot_eager (autograd's graph too, on one spec of each kind of generated
 code), forward and backward, and torch.export; inductor on one; shape checks that hold when
-traced.
+traced. The module's knobs are made small (SMALL), so that the eager module the traced one
+is compared with runs several blocks of rows, spans and chunks at N of 9 to 20.
 Which specs, and the complete run: docs/testing.md, "Tracing"."""
 
 import os
