@@ -3,7 +3,8 @@ mask: the ones whose generated code keeps per-shape state or reads a mask input)
 with a dynamic sequence length on every shipped spec: torch.compile (fullgraph, dynamic) with
 the eager backend or aot_eager (autograd's graph too, on one spec of each kind of generated
 code), forward and backward, and torch.export; inductor on one; shape checks that hold when
-traced.
+traced. The module's knobs are made small (SMALL), so that the eager module the traced one
+is compared with runs several blocks of rows, spans and chunks at N of 9 to 20.
 Which specs, and the complete run: docs/testing.md, "Tracing"."""
 
 import math
@@ -64,9 +65,23 @@ if os.environ.get("INDEXATTN_TRACE_ALL"):  # the complete run (docs/testing.md)
     AOT = INDUCTOR = EVERY
 
 
-def layer(name: str, n: int | None = None, dtype=torch.float64):
-    """A module of the spec built without its sequence sizes, and inputs of length n."""
-    spec = indexattn.compile_spec(name)
+# the module's knobs at sizes that reach several blocks of rows, spans and chunks at N of 9 to
+# 20 (the generated code's names; a second knob of a kind gets a suffix)
+SMALL = {"BLOCK_SCORES": 16, "QUERY_BLOCK": 4, "CHUNK": 4, "DECAY_CHUNK": 4}
+
+
+def small_blocks(spec, monkeypatch) -> None:
+    """The spec's knobs set to SMALL for the test."""
+    namespace = spec.function.__globals__
+    for name in list(namespace):
+        if name.rstrip("_0123456789") in SMALL:
+            monkeypatch.setitem(namespace, name, SMALL[name.rstrip("_0123456789")])
+
+
+def layer(name, n: int | None = None, dtype=torch.float64):
+    """A module of the spec (a name, or a compiled spec) built without its sequence sizes,
+    and inputs of length n."""
+    spec = name if isinstance(name, indexattn.CompiledSpec) else indexattn.compile_spec(name)
     sizes = sample_sizes(spec.ir)
     dynamic = sequence_sizes(spec)
     if n is not None:
@@ -127,46 +142,55 @@ def forward_backward(module, inputs):
     return outputs + [g for g in grads if g is not None]
 
 
-def compiled_matches_eager(name: str, backend: str) -> None:
-    """Traced once with dynamic shapes, run forward and backward at two other lengths."""
+def compiled_matches_eager(name: str, backend: str, monkeypatch) -> None:
+    """Traced once with dynamic shapes at SMALL, run forward and backward at 6 positions and
+    then, with no graph traced again, at 2 and 17 (eager: several blocks and chunks)."""
     torch._dynamo.reset()
-    _, module, _ = layer(name, dtype=torch.float32)
+    spec, module, _ = layer(name, dtype=torch.float32)
+    small_blocks(spec, monkeypatch)
     compiled = torch.compile(module, dynamic=True, fullgraph=True, backend=backend)
-    for n in (5, 9):
+    for n in (6, 2, 17):
         _, _, longer = layer(name, n, torch.float32)
-        got, want = forward_backward(compiled, longer), forward_backward(module, longer)
+        want = forward_backward(module, longer)  # first: einops' caches, which dynamo guards
+        with torch.compiler.set_stance("fail_on_recompile" if n != 6 else "default"):
+            got = forward_backward(compiled, longer)
         assert len(got) == len(want)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(set(EVERY) - set(AOT)))
-def test_torch_compile_with_dynamic_shapes(name):
+def test_torch_compile_with_dynamic_shapes(name, monkeypatch):
     """Dynamo's graph, whole; aot_eager below traces the same graph and autograd's too."""
-    compiled_matches_eager(name, "eager")
+    compiled_matches_eager(name, "eager", monkeypatch)
 
 
 @pytest.mark.parametrize("name", AOT)
-def test_aot_eager_forward_and_backward_with_dynamic_shapes(name):
+def test_aot_eager_forward_and_backward_with_dynamic_shapes(name, monkeypatch):
     """linear_attention's backward failed ("view size is not compatible": elu's backward of a
     strided view); Bloom's `2^floor(log(h) / log(2))` read a tensor's value."""
-    compiled_matches_eager(name, "aot_eager")
+    compiled_matches_eager(name, "aot_eager", monkeypatch)
 
 
 @pytest.mark.parametrize("name", INDUCTOR)
-def test_inductor_forward_and_backward_with_dynamic_shapes(name):
-    compiled_matches_eager(name, "inductor")
+def test_inductor_forward_and_backward_with_dynamic_shapes(name, monkeypatch):
+    compiled_matches_eager(name, "inductor", monkeypatch)
 
 
-@pytest.mark.parametrize("name", EVERY)
-def test_torch_export_with_a_dynamic_sequence_length(name):
-    spec, module, inputs = layer(name)
-    sizes = sequence_sizes(spec)
-    step = multiple(spec, sample_sizes(spec.ir))  # nsa's N: blocks of ℓ, a derived Dim
-    if step > 1:  # at least two blocks, as the Dim's least
-        spec, module, inputs = layer(name, 2)
-    # named apart from the sizes: a derived Dim reads its name with sympy, where N is a function
-    dims = {size: step * torch.export.Dim(f"{size}_dim", min=2, max=64) for size in sorted(sizes)}
+LENGTHS = (2, 3, 9, 20)  # one row to several blocks of rows, spans and chunks at SMALL
+
+
+def exported(spec, module, inputs):
+    """The module exported with each of its sequence sizes a Dim from 2 to 8192, a multiple of
+    the blocks of a range `N / ℓ` where the spec has one (nsa's N: a derived Dim)."""
+    step = multiple(spec, sample_sizes(spec.ir))
+
+    def dim(size: str):
+        # named apart from the sizes: a derived Dim reads its name with sympy (N is a function)
+        free = torch.export.Dim(f"{size}_dim", min=2, max=8192 // step)
+        return free if step == 1 else step * free
+
+    dims = {s: dim(s) for s in sorted(sequence_sizes(spec))}
     shapes = {  # by the inputs' names, as forward's signature has them
         t.ascii: {
             k + 1: dim
@@ -175,10 +199,65 @@ def test_torch_export_with_a_dynamic_sequence_length(name):
         }
         for t in spec.ir.tensors_of("input")
     }
-    exported = torch.export.export(module, tuple(inputs), dynamic_shapes=shapes).module()
-    _, _, longer = layer(name, 11)
-    for got, want in zip(_tuple(exported(*longer)), _tuple(module(*longer))):
-        torch.testing.assert_close(got, want)
+    return torch.export.export(module, tuple(inputs), dynamic_shapes=shapes).module()
+
+
+def largest_error(spec, program, module) -> float:
+    """The largest difference of the program's outputs from the eager module's at LENGTHS,
+    relative to the largest output."""
+    errors = []
+    for n in LENGTHS:
+        _, _, longer = layer(spec, n)
+        for got, want in zip(_tuple(program(*longer)), _tuple(module(*longer))):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            if got.is_floating_point():
+                errors.append(((got - want).abs().max() / want.abs().max().clamp(min=1)).item())
+            else:
+                errors.append(float(not torch.equal(got, want)))
+    return max(errors)
+
+
+@pytest.mark.parametrize("name", EVERY)
+def test_torch_export_with_a_dynamic_sequence_length(name, monkeypatch):
+    """Exported at 13 positions and run from 2 to 20 at SMALL, in float64: eager runs several
+    blocks of rows, spans and chunks; the program, one block and its chunks counted from N."""
+    spec, module, inputs = layer(name, 13)
+    small_blocks(spec, monkeypatch)
+    assert largest_error(spec, exported(spec, module, inputs), module) < 1e-12
+
+
+def test_twin_the_exported_program_is_compared_to_rounding(monkeypatch):
+    """A weight moved by 1e-9 after the export: the comparison above sees it."""
+    spec, module, inputs = layer("sigmoid_attention", 13)
+    small_blocks(spec, monkeypatch)
+    program = exported(spec, module, inputs)
+    moved = module.o_proj_weight.detach().clone()  # the program shares the module's tensors
+    moved[0, 0] += 1e-9
+    module.o_proj_weight = torch.nn.Parameter(moved)
+    assert largest_error(spec, program, module) > 1e-12
+
+
+def test_small_blocks_reach_several_blocks(monkeypatch):
+    """The twin of SMALL: at N = 20, sigmoid_attention's eager call runs its rows function by
+    blocks; with the shipped knobs, once."""
+    spec, module, _ = layer("sigmoid_attention", 20)
+    rows, calls = spec.function.__globals__["sigmoid_attention_rows"], []
+    counting = lambda *args, **kwargs: calls.append(1) or rows(*args, **kwargs)  # noqa: E731
+    monkeypatch.setitem(spec.function.__globals__, "sigmoid_attention_rows", counting)
+    _, _, inputs = layer(spec, 20)
+    module(*inputs)
+    small_blocks(spec, monkeypatch)
+    module(*inputs)
+    assert calls[0] == 1 and len(calls) > 5
+
+
+@pytest.mark.parametrize("name", ["softcap_window", "linear_attention_causal", "retention"])
+def test_torch_export_of_the_derived_backward(name, monkeypatch):
+    """The derived backward is a spec: exported like one, its blocks of rows summing dK and
+    dV, and its chunks, from 2 to 20 positions."""
+    spec, module, inputs = layer(indexattn.compile_spec(name).backward(), 13)
+    small_blocks(spec, monkeypatch)
+    assert largest_error(spec, exported(spec, module, inputs), module) < 1e-12
 
 
 def test_shape_errors_hold_under_torch_compile():

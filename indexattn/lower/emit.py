@@ -393,7 +393,12 @@ class Emitter(KernelSteps, Values):
         size, common = self.size(step.over), step.out.dims[:-2]
         glyphs = ["…"] * step.out.batched + [i.glyph for i in common] + [f"{step.over.glyph}/c"]
         ends = [(step.h, step.inner), (step.f, step.inner), (step.g, step.out.dims[-1])]
-        lines = [f"{chunks} = ({size} + {knob} - 1) // {knob}"]
+        lines = [
+            f"{chunks} = ({size} + {knob} - 1) // {knob}",
+            f"if torch.compiler.is_compiling():  # a chunk of padding more, two at least: a "
+            f"graph that holds at every {size}",
+            f"    {chunks} = ({size} + 2 * {knob} - 1) // {knob}",
+        ]
         if step.rate is not None:  # one chunk: the sequence's length, so that no power of the
             chunk = self.names.fresh("chunk")  # decay goes beyond the sequence's (it may grow)
             lines.append(f"{chunk} = {knob} if {chunks} > 1 else {size}")
@@ -428,8 +433,8 @@ class Emitter(KernelSteps, Values):
         whole = self.names.fresh(f"{step.name}_chunked")
         return [
             f"{state} = {f}.transpose(-2, -1) @ {g}  # ({outer}): each chunk's sum",
-            f"{start} = torch.cumsum({state}, dim=-3)",
-            f"{start} = F.pad({start}[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  "
+            f"{start} = F.pad({state}, (0, 0, 0, 0, 1, 0))  # a zero sum before the first chunk",
+            f"{start} = torch.cumsum({start}, dim=-3)[..., :-1, :, :]  "
             f"# ({outer}): {step.name} before each chunk",
             f"{scores} = torch.tril({h} @ {f}.transpose(-2, -1))  "
             f"# ({square}): within the chunk, up to the query",

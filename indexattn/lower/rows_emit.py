@@ -81,6 +81,8 @@ class RowsWriter:
         head = [
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
             f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
+            f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
+            f"    {count} = {size}",
         ]
         whole = [*self._made({}), self._call(self._arguments({}))]
         if len(rows.exits) > 1:

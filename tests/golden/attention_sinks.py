@@ -122,6 +122,8 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
+    if torch.compiler.is_compiling():  # one block: a graph that holds at every N
+        rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         M_block = M_at(tau, tau_p, w=w, device=device, dtype=dtype)
         O = attention_sinks_rows(Q, K_scaled, M_block, sinks_split, V)

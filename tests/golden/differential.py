@@ -157,6 +157,8 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     del lambda_
     # A, D, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
+    if torch.compiler.is_compiling():  # one block: a graph that holds at every N
+        rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         M_block = M_at(tau, tau_p, device=device, dtype=dtype)
         O = differential_rows(Q_scaled, K, M_block, lambda__scaled, V)

@@ -34,13 +34,15 @@ def linear_attention_causal(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj
     # S_<μτab> = cumsum_<τ>(Φk_<μτa> V_<μτb>)
     # O_<μτb> = Φq_<μτa> S_<μτab> / (Φq_<μτa> z_<μτa> + eps)
     chunks = (N + CHUNK - 1) // CHUNK
+    if torch.compiler.is_compiling():  # a chunk of padding more, two at least: a graph that holds at every N
+        chunks = (N + 2 * CHUNK - 1) // CHUNK
     pad = chunks * CHUNK - N
     Phi_q_chunks = F.pad(Phi_q, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
     Phi_k_chunks = F.pad(Phi_k, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, a)
     V_chunks = F.pad(V, (0, 0, 0, pad)).unflatten(-2, (chunks, CHUNK))  # (…, μ, τ/c, c, b)
     S_chunk = Phi_k_chunks.transpose(-2, -1) @ V_chunks  # (…, μ, τ/c, a, b): each chunk's sum
-    S_start = torch.cumsum(S_chunk, dim=-3)
-    S_start = F.pad(S_start[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # (…, μ, τ/c, a, b): S before each chunk
+    S_start = F.pad(S_chunk, (0, 0, 0, 0, 1, 0))  # a zero sum before the first chunk
+    S_start = torch.cumsum(S_start, dim=-3)[..., :-1, :, :]  # (…, μ, τ/c, a, b): S before each chunk
     S_scores = torch.tril(Phi_q_chunks @ Phi_k_chunks.transpose(-2, -1))  # (…, μ, τ/c, c, c): within the chunk, up to the query
     S_chunked = (S_scores @ V_chunks + Phi_q_chunks @ S_start).flatten(-3, -2)
     rows = torch.arange(N, device=S_chunked.device)

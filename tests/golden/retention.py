@@ -28,6 +28,8 @@ def retention(X, W_Q, W_K, W_V, W_O, lambda_, *, training=False):
     # O_<μτb> = R_<μττ'> V_<μτ'b>
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     chunks = (N + DECAY_CHUNK - 1) // DECAY_CHUNK
+    if torch.compiler.is_compiling():  # a chunk of padding more, two at least: a graph that holds at every N
+        chunks = (N + 2 * DECAY_CHUNK - 1) // DECAY_CHUNK
     chunk = DECAY_CHUNK if chunks > 1 else N
     pad = chunks * chunk - N
     Q_scaled_chunks = F.pad(Q_scaled.contiguous(), (0, 0, 0, pad)).unflatten(-2, (chunks, chunk))  # (…, μ, τ/c, c, a)

@@ -112,6 +112,8 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     del Q_proj, Q
     # S, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if torch.compiler.is_compiling():  # one block: a graph that holds at every N
+        rows = N
     if rows >= N and A_grid_spans in (None, [(0, N, 0, N, True)]):
         A_grid_block = A_grid_at(tau, tau_p, device=device, dtype=dtype)
         O = sigmoid_attention_rows(Q_scaled, K, A_grid_block, V, N=N)

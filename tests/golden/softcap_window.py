@@ -147,6 +147,8 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     del Q_proj, Q
     # R, S, A, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if torch.compiler.is_compiling():  # one block: a graph that holds at every N
+        rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         M_block = M_at(tau, tau_p, w=w, device=device, dtype=dtype)
         O = softcap_window_rows(Q_scaled, K, M_block, V, c=c)

@@ -151,6 +151,8 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
     rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    if torch.compiler.is_compiling():  # one block: a graph that holds at every N
+        rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         M_block = M_at(tau, tau_p, device=device, dtype=dtype)
         O = talking_heads_rows(Q_scaled, K, P_l, M_block, P_w, V)
