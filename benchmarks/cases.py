@@ -25,6 +25,7 @@ from tests.reference.cases import CASES as CLASSIC  # noqa: E402
 from tests.reference.cases import positional, torch_mha_call  # noqa: E402
 from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
+from tests.reference.mta import MTA_CASES  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
 SHAPES = ((1, 512), (1, 2048))
@@ -78,7 +79,7 @@ INTERFACE_CORES = frozenset({"softcap_core", "sinks_core", "gqa_causal_core"})
 
 
 def _cases() -> dict[str, Case]:
-    reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES)}
+    reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES, *MTA_CASES)}
     mha = next(c for c in CLASSIC if c.spec == "mha_math")
     reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
     reference["retention"] = RETENTION

@@ -188,3 +188,24 @@ def test_mta_counts():
     with torch.device("meta"):
         built = CASE.build(MTA_SIZES)
     assert sum(p.numel() for p in built.parameters()) == value
+
+
+def test_without_the_convolve_rules_the_same_spec_is_its_gathers_equal_in_value(monkeypatch):
+    from indexattn.lower import plan, products
+
+    args = inputs()
+    want = core(CONV2D)(**args)
+    rules = [r for r in products.PRODUCT_RULES if r.name != "convolve"]
+    monkeypatch.setattr(products, "PRODUCT_RULES", tuple(rules))
+    monkeypatch.setattr(plan, "REDUCTION_RULES", plan.REDUCTION_RULES[::2])  # scatter, reduce
+    monkeypatch.setenv("INDEXATTN_CACHE", "0")
+    spec = indexattn.compile_spec(HEAD + CONV2D + TAIL, name="gathers")
+    assert "conv" not in spec.source and "_at" in spec.source
+    torch.testing.assert_close(spec(**args), want, atol=1e-12, rtol=0)
+
+
+def test_latex_writes_the_papers_sum_over_offsets_of_shifted_scores():
+    latex = core(CONV2D).latex()
+    line = next(x for x in latex.splitlines() if x.strip().startswith("C_"))
+    assert r"\sum_{p r}" in line and r"\theta_{\mu p r} \, S_{\mu [\tau - p] [\tau' - r]}" in line
+    assert r"\tau \geq p \land \tau' \geq r" in line
