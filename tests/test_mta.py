@@ -79,6 +79,7 @@ def grads(out, args):
 @pytest.mark.parametrize(
     "line, conv, centred",
     [(CONV2D, "F.conv2d", False), (EINSTEIN, "F.conv2d", False), (CENTRED, "F.conv2d", True)],
+    ids=["sum", "einstein", "centred"],
 )
 def test_shifted_reads_are_one_conv2d_equal_to_the_hand_written_one_and_the_oracle(
     line, conv, centred

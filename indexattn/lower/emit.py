@@ -221,20 +221,21 @@ class Emitter(KernelSteps, Values):
         offsets = tuple(s.offset for s in step.shifts)
         kernel = relayout(self.ref(step.kernel), step.kernel.dims, (*step.channels, *offsets))
         flipped = [k - n for k, s in enumerate(step.shifts) if s.sign < 0]
+        shape = "reshape"  # a flip is a fresh tensor, which a view shapes
         if flipped:
-            kernel = f"{wrap(kernel)}.flip({', '.join(map(str, flipped))})"
+            kernel, shape = f"{wrap(kernel)}.flip({', '.join(map(str, flipped))})", "view"
         groups = self.scalar(sympy.Mul(*(i.size for i in step.channels)))
         taps = ", ".join(self.size(i) for i in offsets)
-        weight = f"{wrap(kernel)}.reshape({groups}, 1, {taps})"
-        batch = f"{padded}.reshape(-1, {groups}, *{padded}.shape[-{n}:])"
+        weight = self.names.fresh(f"{name}_kernel")
+        batch = f"{padded}.view(-1, {groups}, *{padded}.shape[-{n}:])"
         grouped = f", groups={groups}" if groups != "1" else ""
-        conv = f"F.conv{n}d({batch}, {weight}{grouped})"
         self.use("F")
         reach = " and ".join(s.along.glyph for s in step.shifts)
         return [
             f"{padded} = F.pad({signal}, ({', '.join(widths)}))  # zeros where {reach} reach out",
-            f"{name} = {conv}.view({wrap(signal)}.shape)",
-            f"del {padded}",
+            f"{weight} = {wrap(kernel)}.{shape}({groups}, 1, {taps})",
+            f"{name} = F.conv{n}d({batch}, {weight}{grouped}).view({wrap(signal)}.shape)",
+            f"del {padded}, {weight}",
         ]
 
     def step_Whole(self, step: Whole) -> str:

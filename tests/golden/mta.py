@@ -74,8 +74,9 @@ def mta(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, theta, *,
     del Q_proj, Q, K_proj, K, Q_scaled, S_prod
     # C_<μττ'> = sum_<pr>(where(τ >= p and r <= τ' + floor(c_k / 2) and τ' + floor(c_k / 2) < N + r, θ_<μpr> S_<μ[τ - p][τ' - r + floor(c_k / 2)]>, 0))
     C_pad = F.pad(S, (c_k - (c_k // 2) - 1, c_k // 2, c_q - 1, 0))  # zeros where τ and τ' reach out
-    C = F.conv2d(C_pad.reshape(-1, h, *C_pad.shape[-2:]), theta.flip(-2, -1).reshape(h, 1, c_q, c_k), groups=h).view(S.shape)  # (…, μ, τ, τ')
-    del C_pad
+    C_kernel = theta.flip(-2, -1).view(h, 1, c_q, c_k)
+    C = F.conv2d(C_pad.view(-1, h, *C_pad.shape[-2:]), C_kernel, groups=h).view(S.shape)  # (…, μ, τ, τ')
+    del C_pad, C_kernel
     del S
     # A_<μττ'> = softmax_<τ'>(C_<μττ'> + where(τ' > τ, -inf, 0))
     C.add_(A_grid)  # (…, μ, τ, τ')
