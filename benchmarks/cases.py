@@ -27,6 +27,7 @@ from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
 from tests.reference.nsa import NativeSparseAttention  # noqa: E402
 from tests.reference.ssd import SSD  # noqa: E402
+from tests.reference.mta import MTA_CASES  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
 SHAPES = ((1, 512), (1, 2048))
@@ -80,7 +81,7 @@ INTERFACE_CORES = frozenset({"softcap_core", "sinks_core", "gqa_causal_core"})
 
 
 def _cases() -> dict[str, Case]:
-    reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES)}
+    reference = {c.spec: c for c in (*CLASSIC, *MODERN_A_CASES, *MODERN_B_CASES, *MTA_CASES)}
     mha = next(c for c in CLASSIC if c.spec == "mha_math")
     reference["mha"] = type(mha)("mha", mha.build, mha.inputs, mha.sizes, mapping=rename_mha)
     reference["retention"] = RETENTION

@@ -80,10 +80,22 @@ class Case:
         )
 
 
+def zero_padded(spec) -> bool:
+    """Whether a `where` keeps a read inside its axis (a convolution's zero padding): only the
+    guard rewrite differentiates that read where the forward reads it."""
+    from indexattn import ir
+    from indexattn.lower.numerics import guarded
+
+    wheres = (n for eq in spec.ir.equations for n in ir.walk(eq.rhs))
+    return any(list(ir.refs(guarded(n))) != list(ir.refs(n)) for n in wheres)
+
+
 def first_wrong(spec, rewrites=BACKWARD_REWRITES) -> str | None:
     """The first stage whose backward differs from the literal interpreter, or None."""
     case = Case(spec)
     for name, derived in stages(spec, rewrites):
+        if name == "reverse" and zero_padded(spec):
+            continue  # reverse mode proper reads past the axis where no where guards it
         if case.error(derived) > 1e-10:
             return name
     return None

@@ -76,7 +76,7 @@ def test_a_product_reads_its_weight_by_name():
 
 def test_the_product_rules_are_a_table_the_planner_follows(monkeypatch):
     names = [rule.name for rule in products.PRODUCT_RULES]
-    assert names == ["prefix", "sink", "linear", "spread", "quotient", "contract"]
+    assert names == ["prefix", "sink", "convolve", "linear", "spread", "quotient", "contract"]
     text = "index τ : N\nindex i, j : d\ninput X_<τi>\nparam W_<ji>\nY_<τj> = W_<ji> X_<τi>\n"
     planned = indexattn.compile_spec(text, name="rules_linear")
     assert any(isinstance(s, Linear) for s in planned.program.steps)

@@ -148,7 +148,7 @@ def test_positions_that_reverse_a_whole_axis_are_a_flip():
 
 
 def test_the_reduction_rules_are_a_table_the_planner_follows(monkeypatch):
-    assert [rule.name for rule in plan.REDUCTION_RULES] == ["scatter", "reduce"]
+    assert [rule.name for rule in plan.REDUCTION_RULES] == ["scatter", "convolve", "reduce"]
     # the twin: without the scatter rule the same sum is the where, equal in value
     monkeypatch.setattr(plan, "REDUCTION_RULES", plan.REDUCTION_RULES[1:])
     monkeypatch.setenv("INDEXATTN_CACHE", "0")

@@ -19,6 +19,7 @@ from .steps import (
     Cat,
     Choose,
     Contract,
+    Convolve,
     Elementwise,
     Flip,
     Full,
@@ -205,6 +206,37 @@ class Emitter(KernelSteps, Values):
         n = len(arg.dims)
         slots = ["...", piece, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [piece]
         return f"{self.var(step.out)} = {wrap(self.ref(arg))}[{', '.join(slots)}]"
+
+    def step_Convolve(self, step: Convolve) -> list[str]:
+        """The signal padded with the zeros the offsets reach, then one `F.conv1d`/`F.conv2d`
+        with a group per channel; a subtracted offset is a flipped kernel (conv is a
+        correlation)."""
+        arg, out, n = step.arg, step.out, len(step.shifts)
+        signal = relayout(self.ref(arg), arg.dims, out.dims)
+        name = self.var(out)
+        padded = self.names.fresh(f"{name}_pad")
+        widths = []
+        for s in reversed(step.shifts):  # F.pad lists the last axis first
+            widths += [self.scalar(-s.start), self.scalar(s.offset.size - 1 + s.start)]
+        offsets = tuple(s.offset for s in step.shifts)
+        kernel = relayout(self.ref(step.kernel), step.kernel.dims, (*step.channels, *offsets))
+        flipped = [k - n for k, s in enumerate(step.shifts) if s.sign < 0]
+        shape = "reshape"  # a flip is a fresh tensor, which a view shapes
+        if flipped:
+            kernel, shape = f"{wrap(kernel)}.flip({', '.join(map(str, flipped))})", "view"
+        groups = self.scalar(sympy.Mul(*(i.size for i in step.channels)))
+        taps = ", ".join(self.size(i) for i in offsets)
+        weight = self.names.fresh(f"{name}_kernel")
+        batch = f"{padded}.view(-1, {groups}, *{padded}.shape[-{n}:])"
+        grouped = f", groups={groups}" if groups != "1" else ""
+        self.use("F")
+        reach = " and ".join(s.along.glyph for s in step.shifts)
+        return [
+            f"{padded} = F.pad({signal}, ({', '.join(widths)}))  # zeros where {reach} reach out",
+            f"{weight} = {wrap(kernel)}.{shape}({groups}, 1, {taps})",
+            f"{name} = F.conv{n}d({batch}, {weight}{grouped}).view({wrap(signal)}.shape)",
+            f"del {padded}, {weight}",
+        ]
 
     def step_Whole(self, step: Whole) -> str:
         return f"{self.var(step.out)} = {self.ref(step.arg)}.long()"

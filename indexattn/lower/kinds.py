@@ -22,6 +22,7 @@ from .steps import (
     Cat,
     Choose,
     Contract,
+    Convolve,
     Elementwise,
     Flip,
     Full,
@@ -96,6 +97,8 @@ KINDS: dict[type, Kind] = {
     Flip: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: _not_flipped(s, row)),
     Slice: Kind(pure=True, view=True, fresh=False),
     Whole: Kind(pure=True, view=False, fresh=False),
+    # conv's backward keeps its input and kernel, never its result
+    Convolve: Kind(pure=False, view=False, fresh=True),
     Contract: Kind(pure=True, view=False, fresh=_fresh_product, row_wise=_always),
     Add: Kind(pure=True, view=False, fresh=True, row_wise=_always),
     Elementwise: Kind(pure=_not_dropout, view=False, fresh=_fresh_function, row_wise=_always),

@@ -207,12 +207,43 @@ def guarded(node):
     return replace(node, args=(cond, _masked(a, cond, True), _masked(b, cond, False)))
 
 
+def _kept_inside(ref, cond):
+    """A read at computed positions that the condition keeps inside their axes (`where(τ >= p,
+    S_<[τ - p]>, 0)`: zero padding) read at position 0 where the condition is false, so that
+    the read not chosen reads no position outside its axis."""
+    from .. import ir
+
+    if not isinstance(cond, ir.Field):
+        return ref
+    declared = iter(ref.tensor.indices)
+    axes = []
+    for axis in ref.axes:
+        items = [(i, next(declared)) for i in axis]
+        axes.append(tuple(_inside(i, cond.expr, d) for i, d in items))
+    return replace(ref, axes=tuple(axes)) if tuple(axes) != ref.axes else ref
+
+
+def _inside(item, condition, declared):
+    from .. import ir
+    from .conv import bounding
+
+    if not (isinstance(item, ir.At) and isinstance(item.value, ir.Field) and item.free):
+        return item
+    said = bounding(condition, item.value.expr, declared.size)
+    if not said:
+        return item
+    guarded = sympy.Piecewise((item.value.expr, sympy.And(*said)), (0, True))
+    return replace(item, value=replace(item.value, expr=guarded))
+
+
 def _masked(node, cond, chosen: bool):
     """`node` with the risky functions' arguments replaced by SAFE values where `cond` is
     not `chosen`; an argument without all of the condition's indices is left (masking it
     would widen it)."""
     from .. import ir
 
+    if isinstance(node, ir.Ref) and chosen:
+        return _kept_inside(node, cond)
     if isinstance(node, (ir.Product, ir.Sum)):
         field = "factors" if isinstance(node, ir.Product) else "terms"
         inner = tuple(_masked(c, cond, chosen) for c in ir.children(node))

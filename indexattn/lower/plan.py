@@ -18,6 +18,7 @@ from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import decay, numerics, prefix
 from .canonical import canonical
+from .conv import Convolves
 from .fusion import LinearForm, declared_outer, direct, linear_form, reversal, shift
 from .kernels import Kernels
 from .order import planning_count
@@ -56,7 +57,7 @@ def plan(spec: Spec) -> Program:
     return Planner(canonical(spec)).plan()
 
 
-class Planner(Products, PrefixProducts, Scatters):
+class Planner(Products, PrefixProducts, Scatters, Convolves):
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec) -> None:
@@ -348,6 +349,7 @@ class Planner(Products, PrefixProducts, Scatters):
 # The planner's rules for a reduction, in order: the first that applies plans it.
 REDUCTION_RULES = (
     Rule("scatter", Scatters.scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
+    Rule("convolve", Convolves.convolve_rule),  # conv.py: a kernel over shifted reads
     Rule("reduce", Planner.reduce_rule),  # the reduction over its axes
 )
 

@@ -136,6 +136,7 @@ class Rule:
 PRODUCT_RULES = (
     Rule("prefix", lambda p, node, hint: p.prefix_product(node, hint)),  # prefix.py: by chunks
     Rule("sink", Products.sink_rule),  # sinks.py: a softmax with one more logit
+    Rule("convolve", lambda p, node, hint: p.convolve_rule(node, hint)),  # conv.py
     Rule("linear", Products.linear_rule),  # a weight against one operand: F.linear
     Rule("spread", Products.spread_rule),  # a number times a sum of products
     Rule("quotient", Products.quotient_rule),  # `a / b` with sums above the bar

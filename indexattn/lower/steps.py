@@ -117,6 +117,37 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Shift:
+    """One convolved axis: the signal's declared `axis` read at `along + sign·offset + shift`."""
+
+    axis: Index
+    along: Index
+    offset: Index
+    sign: int
+    shift: sympy.Expr
+
+    @property
+    def start(self) -> sympy.Expr:
+        """Where the window of offsets begins, relative to `along`: the zeros padded before."""
+        return self.shift if self.sign > 0 else self.shift - (self.offset.size - 1)
+
+
+@dataclass(frozen=True)
+class Convolve:
+    """`F.conv1d`/`F.conv2d` of `arg` padded with zeros, one group per channel:
+    `out[v] = Σ_o kernel[channels, o] arg[v + sign·o + shift]` along each shifted axis, zero
+    where that read leaves the axis (lower/conv.py). `out` has the axes of `arg` (the shifted
+    ones named by the indices they are shifted along), the others first, then `channels`, then
+    the shifted ones."""
+
+    out: Operand
+    arg: Operand
+    kernel: Operand  # over `channels` and the shifts' offsets
+    channels: tuple[Index, ...]  # one kernel each (heads)
+    shifts: tuple[Shift, ...]
+
+
+@dataclass(frozen=True)
 class Whole:
     """Whole numbers computed in the call's float dtype made integer positions (`.long()`):
     a step of its own, so that positions from sizes alone are converted once per shape."""
@@ -356,6 +387,7 @@ Step = (
     | Scatter
     | Flip
     | Slice
+    | Convolve
     | Whole
     | Contract
     | Add

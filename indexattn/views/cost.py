@@ -40,6 +40,7 @@ from ..lower.steps import (
     Cat,
     Choose,
     Contract,
+    Convolve,
     Elementwise,
     Flip,
     Full,
@@ -217,6 +218,13 @@ def _(step: Spans) -> Cost:
 def _(step: Scatter) -> Cost:
     """An addition per element of what it adds, three comparisons per position (the range)."""
     return Cost(other=_size(step.arg) + 3 * _size(step.positions))
+
+
+@step_cost.register
+def _(step: Convolve) -> Cost:
+    """A multiply-add per tap per result, as torch's FlopCounterMode counts a convolution."""
+    taps = elements(s.offset for s in step.shifts)
+    return Cost(matmul=2 * _size(step.out) * taps)
 
 
 @step_cost.register
