@@ -134,13 +134,15 @@ class Interpreter:
     def field(self, node: ir.Field, held: dict[str, Value]) -> Value:
         expr = node.expr.subs({**self.sizes, **self.scalars})
         symbols = [i.symbol for i in node.free]
-        grids = np.meshgrid(
-            *(np.arange(self.size(i), dtype=np.float64) for i in node.free), indexing="ij"
-        )
+        grids = np.meshgrid(*(self.grid(i) for i in node.free), indexing="ij")
         result = np.asarray(sympy.lambdify(symbols, expr, modules="numpy")(*grids))
         result = np.broadcast_to(result, tuple(self.size(i) for i in node.free))
         dtype = torch.bool if result.dtype == np.bool_ else self.dtype
         return torch.as_tensor(result.copy(), device=self.device).to(dtype), node.free
+
+    def grid(self, index: Index) -> np.ndarray:
+        """The values an index variable takes, in float64: 0 … size - 1."""
+        return np.arange(self.size(index), dtype=np.float64)
 
     def product(self, node: ir.Product, held: dict[str, Value]) -> Value:
         values = [self.node(f, held) for f in node.factors]
