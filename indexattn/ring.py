@@ -19,8 +19,8 @@ Imported only when used (`import indexattn.distributed`): it imports torch.distr
 from __future__ import annotations
 
 import functools
-import math
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,10 +33,14 @@ from torch.utils.checkpoint import checkpoint
 from . import ir
 from .errors import SpecError
 from .ir.shapes import recipe, solve
-from .oracle.reference import REDUCTIONS, Interpreter
+from .oracle.reference import REDUCTIONS, Interpreter, lambdified
 from .sequence import SequencePlan
 
 INF = float("inf")
+# differentiable all-gather along a new leading axis (renamed in torch 2.13)
+_all_gather = (
+    getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+)
 
 
 # -- where each rank's positions lie
@@ -190,15 +194,13 @@ def _body_free(node: ir.Node) -> tuple[ir.Index, ...]:
 
 def _bounds(expr: sympy.Expr, box: dict) -> tuple[float, float] | None:
     """Least and greatest value of an expression linear in the box's symbols, else None."""
-    symbols = [s for s in expr.free_symbols]
+    symbols = sorted(expr.free_symbols, key=str)
     if not set(symbols) <= set(box):
         return None
     if symbols and sympy.Poly(expr, *symbols).total_degree() > 1:
         return None
-    values = [
-        float(expr.subs(dict(zip(symbols, corner))))
-        for corner in itertools.product(*(box[s] for s in symbols))
-    ]
+    at = lambdified(expr, tuple(symbols))
+    values = [float(at(*corner)) for corner in itertools.product(*(box[s] for s in symbols))]
     return min(values), max(values)
 
 
@@ -512,7 +514,7 @@ class _Ring(Interpreter):
         """A reduction along this rank's block finished over every rank's (equal) blocks."""
         if self.world == 1:
             return value
-        parts = funcol.all_gather_tensor_autograd(value.unsqueeze(0), 0, self.group)
+        parts = _all_gather(value.unsqueeze(0), 0, self.group)
         if fn == "logsumexp":
             return lse(parts, 0).squeeze(0)
         return {"sum": torch.sum, "mean": torch.mean}.get(
@@ -524,11 +526,7 @@ class _Ring(Interpreter):
         mine = self.blocks[index.size][self.rank]
         pieces = body.split([b - a for a, b in mine], axis)
         totals = torch.stack([p.sum(axis) for p in pieces])
-        every = (
-            funcol.all_gather_tensor_autograd(totals[None], 0, self.group)
-            if self.world > 1
-            else [totals]
-        )
+        every = _all_gather(totals[None], 0, self.group) if self.world > 1 else [totals]
         starts = [a for spans in self.blocks[index.size] for a, _ in spans]
         flat = [t for ranks in every for t in ranks.unbind(0)]
         out = []
@@ -612,7 +610,7 @@ class _Ring(Interpreter):
         mine = [held[n][0] for n in names]
         keys = next(iter(self.keys))
         merged: dict = {}
-        steps = [None] + [_Step(self, 1, names, mine)] if self.world > 1 else [None]
+        steps = [None, _Step(self, 1, names, mine)] if self.world > 1 else [None]
         for s in range(self.world):
             if s == 0:
                 src, visiting = self.rank, dict(zip(names, mine))
@@ -701,9 +699,8 @@ class _Ring(Interpreter):
                 if name in self.pairs and name not in seen:
                     seen.add(name)
                     stack.append(self.pairs[name].rhs)
-                elif any(i in self.keys for i in ref.written if isinstance(i, ir.Index)):
-                    if name not in self.pairs:
-                        found.add(name)
+                elif name not in self.pairs and self.keys & set(ref.written):
+                    found.add(name)
         return found
 
 

@@ -182,8 +182,10 @@ RING = [
 ]
 FOUR = {  # what 4 ranks add: 1 head per rank; 3 ring steps, sends skipped, a 4-rank scan
     "ulysses": ["mha", "gqa", "cross", "core"],
-    "ring": ["mha", "sliding_window", "doc_mask", "attention_sinks", "cross", "retention"]
-    + ["linear_attention_causal"],
+    "ring": [
+        *("mha", "sliding_window", "doc_mask", "attention_sinks", "cross", "retention"),
+        "linear_attention_causal",
+    ],
 }
 
 

@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import context_worker
 import pytest
 import sympy
-import context_worker
 from test_distributed import _free_port, _largest, _result, launch
 
 import indexattn
+from indexattn import ring
 from indexattn.cli import main
 from indexattn.ir import check
-from indexattn import ring
 from indexattn.ring import work
 from indexattn.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
 
@@ -304,7 +304,7 @@ def test_a_sliding_window_reads_only_its_neighbours():
 
 
 def test_chunks_that_do_not_divide_name_the_sizes():
-    with pytest.raises(ValueError, match="a sequence of 12 positions .* 8 equal chunks"):
+    with pytest.raises(ValueError, match=r"a sequence of 12 positions .* 8 equal chunks"):
         ring.chunks(12, 4, zigzag=True)
     assert ring.chunks(8, 2, zigzag=True) == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
 

@@ -9,6 +9,7 @@ own numpy printer on a float64 grid.
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 
@@ -135,7 +136,7 @@ class Interpreter:
         expr = node.expr.subs({**self.sizes, **self.scalars})
         symbols = [i.symbol for i in node.free]
         grids = np.meshgrid(*(self.grid(i) for i in node.free), indexing="ij")
-        result = np.asarray(sympy.lambdify(symbols, expr, modules="numpy")(*grids))
+        result = np.asarray(lambdified(expr, tuple(symbols))(*grids))
         result = np.broadcast_to(result, tuple(self.size(i) for i in node.free))
         dtype = torch.bool if result.dtype == np.bool_ else self.dtype
         return torch.as_tensor(result.copy(), device=self.device).to(dtype), node.free
@@ -187,6 +188,12 @@ class Interpreter:
         if node.fn == "cumsum":  # a running sum, position by position (an inf stays put)
             return running_sum(body, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
+
+
+@functools.lru_cache(maxsize=1024)
+def lambdified(expr: sympy.Basic, symbols: tuple[sympy.Symbol, ...]):
+    """`expr` as a numpy function of `symbols`, made once (sympy.lambdify takes milliseconds)."""
+    return sympy.lambdify(symbols, expr, modules="numpy")
 
 
 def running_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
