@@ -165,6 +165,19 @@ def test_count_shows_what_each_rank_sends(capsys, monkeypatch):
     assert "total: 1,048,576 per batch element" not in capsys.readouterr().out
 
 
+def test_count_shows_what_the_ring_sends(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main([*COUNT, "--ring"]) == 0
+    text = capsys.readouterr().out
+    assert "  K_<μτa>      send/recv   forward   N*d_k*h*(w - 1)/w      262,144" in text
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert "\n".join(text.splitlines()[-9:]) in page
+    # the twin: ALiBi, which Ulysses refuses, is counted for the ring
+    sizes = ["--size", "N=64", "--size", "d_in=8", "--size", "d_out=8", "--size", "h=2"]
+    assert main(["count", "specs/alibi.attn", "--context", "2", "--ring", *sizes]) == 0
+    assert "K_<μτa>" in capsys.readouterr().out
+
+
 def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["count", "specs/alibi.attn", "--context", "2"]) == 1
@@ -182,10 +195,12 @@ def test_the_example_runs_under_torchrun():
     command += ["--master-port", str(_free_port()), str(ROOT / "examples" / "context_parallel.py")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
-    sent, counted = re.search(r"sent by rank 0: (\d+) \(counted: (\d+)\)", done.stdout).groups()
-    assert sent == counted
-    gap = float(re.search(r"values and gradients: (\S+)", done.stdout).group(1))
-    assert gap < EXACT
+    for strategy in ("ulysses", "ring"):
+        line = rf"{strategy}: elements sent by rank 0: (\d+) \(counted: (\d+)\)"
+        sent, counted = re.search(line, done.stdout).groups()
+        assert sent == counted, strategy
+        line = rf"{strategy}: largest difference from one process, values and gradients: (\S+)"
+        assert float(re.search(line, done.stdout).group(1)) < EXACT, strategy
 
 
 # -- on 2 and 4 processes: one launch of each, every check of it run in that launch
