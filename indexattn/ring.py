@@ -358,7 +358,7 @@ class _Ring(Interpreter):
         self.keys = {glyphs[g] for g in plan.indices} - {self.query}
         self.sequence = {self.query, *self.keys}
         self.rows: dict[ir.Index, np.ndarray] = {}
-        self.blocks = {  # per sequence range: each rank's chunks and tiles
+        self.blocks = {  # per sequence range: each rank's chunks
             i.size: chunks(self.size(i), self.world, self.zigzag) for i in self.sequence
         }
         self.pairs = {
@@ -368,7 +368,9 @@ class _Ring(Interpreter):
         }
         self.memo: dict[int, tuple] = {}  # targets merged, by the node's id
         self.stats: dict[ir.Node, tuple] = {}
-        self.pairing = None  # (query tile, key tile, visiting blocks) inside a tile pair
+        # inside a tile pair: its query and key tiles, the blocks visiting, the pair tensors
+        # computed, the ids of the reductions merged
+        self.pairing = None
         self.online: ir.Reduce | None = None
         self.tile_lse = None
         self.counts = {"sent": 0, "work": 0}  # elements sent (backward too), scores
@@ -459,7 +461,7 @@ class _Ring(Interpreter):
         for axis, (declared, item) in enumerate(zip(indices, node.written)):
             if declared not in self.sequence:
                 continue
-            tile, source = (q, tensor) if item is self.query else (k, visiting[name])
+            tile, source = (q, tensor) if item == self.query else (k, visiting[name])
             tensor = source.narrow(batch + axis, tile.offset, tile.length)
         return super().ref(node, {name: (tensor, indices)})
 
