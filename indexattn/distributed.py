@@ -134,6 +134,8 @@ def context_parallel(
     rank passes `sequence_block(x, mesh, dim, zigzag=zigzag)`: with `zigzag` (the default)
     chunks r and 2w - 1 - r of 2w, which balances a causal mask's work. `tile` bounds the
     positions of one tile (scores are held one pair of tiles at a time); by default a chunk.
+    A module that `parallelize` split over heads (on another mesh dimension) runs the ring
+    over its heads: the 2-D mesh heads × sequence.
     """
     style = ContextParallel(
         over, keys=keys, heads=heads, strategy=strategy, zigzag=zigzag, tile=tile
@@ -180,7 +182,14 @@ class ContextParallel(ParallelStyle):
         if not (plan.splittable if self.strategy == "ring" else plan.ulysses):
             raise SpecError(plan.verdict(), file=module.spec.file)
         if self.strategy == "ring":
-            shards = _RingSetup(module, plan, device_mesh, self.zigzag, self.tile)
+            setup = _RingSetup(module, plan, device_mesh, self.zigzag, self.tile)
+            if isinstance(module, HeadParallelModule) and not isinstance(
+                module, ContextParallelModule | RingParallelModule
+            ):  # split over heads already: the 2-D mesh heads × sequence
+                module.__class__ = RingParallelModule
+                module._ring = setup
+                return module
+            shards = setup
         else:
             shards = _Sequence(module, plan, device_mesh)
 
@@ -194,8 +203,11 @@ class ContextParallel(ParallelStyle):
                 sub._buffers[key] = distribute_tensor(buffer, mesh, [Replicate()])
 
         distribute_module(module, device_mesh, partition)
-        ring_class = RingParallelModule if self.strategy == "ring" else ContextParallelModule
-        module.__class__ = _parallel_class(type(module), ring_class)
+        if self.strategy == "ring":
+            module.__class__ = _parallel_class(type(module), RingParallelModule)
+            module._ring = shards
+            return module
+        module.__class__ = _parallel_class(type(module), ContextParallelModule)
         module._head_parallel = shards
         return module
 
@@ -431,19 +443,25 @@ class _RingSetup:
 
 
 class RingParallelModule(HeadParallelModule):
-    """A SpecModule whose forward takes and returns blocks of the sequence (ring); the last
+    """A SpecModule whose forward takes and returns blocks of the sequence (ring), over this
+    rank's heads when `parallelize` split them first (a 2-D mesh, heads × sequence); the last
     call's elements sent (its backward's too, once run) and score elements computed are in
     `last_ring`."""
 
+    _head_parallel: _Shards | None = None
+    _ring: _RingSetup
+
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
-        setup = self._head_parallel
+        setup, heads = self._ring, self._head_parallel
         given = self._given(args, kwargs)
         held = {**self._parameters, **self._buffers}
         ir_spec, mesh = self.spec.ir, setup.mesh
-        arguments = {
-            t.ascii: setup.local(t.ascii, given[t.ascii] if t.role == "input" else held[t.ascii])
-            for t in ir_spec.arguments
-        }
+        arguments = {}
+        for t in ir_spec.arguments:
+            value = given[t.ascii] if t.role == "input" else held[t.ascii]
+            if heads is not None:  # this rank's heads, as the head split runs them
+                value = heads.local(t.ascii, value)
+            arguments[t.ascii] = setup.local(t.ascii, value)
         outs, run = ring.forward(
             ir_spec,
             setup.plan,
@@ -454,16 +472,18 @@ class RingParallelModule(HeadParallelModule):
                 "world": mesh.size(),
                 "zigzag": setup.zigzag,
                 "tile": setup.tile,
-                "sizes": self.sizes,
+                "sizes": self.sizes if heads is None else heads.sizes,
                 "scalars": self.scalars,
                 "training": self.training,
             },
         )
         self.last_ring = run.counts
+        if heads is not None:  # sums over heads finished across the head ranks
+            outs = tuple(heads.gather(n, v) for n, v in zip(heads.outputs, outs))
         return outs if len(outs) > 1 else outs[0]
 
     def extra_repr(self) -> str:
-        setup = self._head_parallel
+        setup = self._ring
         layout = "zig-zag" if setup.zigzag else "contiguous"
         return (
             SpecModule.extra_repr(self) + f", ring over {', '.join(setup.plan.indices)} ({layout})"

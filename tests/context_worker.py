@@ -265,6 +265,25 @@ def fsdp_and_sequence(twin: bool) -> float:
     return gap(list(single.state_dict().values()), list(split.state_dict().values()))
 
 
+def heads_and_ring(twin: bool) -> dict:
+    """mha on a 2 × 2 mesh: heads split over tp (parallelize), the sequence over cp (ring),
+    against one process; the twin moves rank 1's block by 1e-3."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "cp"))
+    torch.manual_seed(0)
+    module = cases()["mha"]().eval()
+    xs = inputs(module)
+
+    def block(v):
+        return sequence_block(v, mesh["cp"], dim=1, zigzag=True)
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, {"X"})
+    grads1[-1] = block(grads1[-1])
+    split = indexattn.distributed.parallelize(copy.deepcopy(module), mesh["tp"])
+    split = context_parallel(split, mesh["cp"], strategy="ring")
+    out2, grads2 = run(split, xs, block, {"X"}, move=twin and dist.get_rank() == 1)
+    return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+
+
 def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
     try:
         context_parallel(spec(name).module(**sizes), mesh, strategy=strategy)
@@ -307,6 +326,8 @@ def main() -> None:
     if world == 4:
         checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
         checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
+        checks["heads_and_ring"] = lambda: heads_and_ring(twin=False)
+        checks["heads_and_ring_twin"] = lambda: heads_and_ring(twin=True)
     checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)
     checks["heads_indivisible"] = lambda: refused(mesh, "mha", d_m=6, h=world - 1, d_k=2)
     checks["indivisible"] = lambda: indivisible(mesh)

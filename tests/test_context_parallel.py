@@ -263,6 +263,14 @@ def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(launched):
     assert max(_result(ranks, "fsdp_and_sequence_twin")) > MOVED
 
 
+def test_heads_over_one_mesh_dimension_and_the_ring_over_the_other_equal_one_process(launched):
+    ranks = launched(4)  # a 2 × 2 mesh: tp (parallelize) × cp (ring)
+    gaps = _largest(ranks, "heads_and_ring")
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, "heads_and_ring_twin")
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
+
+
 def test_alibi_is_refused_by_name(ranks):
     message = _result(ranks, "alibi_refused")[0]
     assert "Ulysses: no head index to trade the sequence for" in message
