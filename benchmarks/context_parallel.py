@@ -102,6 +102,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+MMAP: dict[str, str] = {}  # --mmap-threshold: glibc returns every larger block when freed
+
+
 def _launch(world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
     port = _port()
     procs = [
@@ -110,6 +113,7 @@ def _launch(world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
             + [str(v) for v in (rank, world, n, port, ring, tile)],
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **MMAP},
         )
         for rank in range(world)
     ]
@@ -146,12 +150,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--strategy", choices=["ulysses", "ring"], default="ulysses")
     parser.add_argument("--tile", type=int, default=1024, help="the ring's tile (positions)")
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        help="MALLOC_MMAP_THRESHOLD_ of every process (bytes): blocks above it are returned to "
+        "the system when freed, so the peak resident set is what was live, not what glibc's "
+        "heap kept",
+    )
     parser.add_argument("--worker", nargs=6, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         sys.stdout.flush()
         os._exit(0)  # no gloo teardown (see tests/context_worker.py)
+    if args.mmap_threshold:
+        MMAP["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     for n in (int(s) for s in args.sizes.split(",")):
         ring = int(args.strategy == "ring")
         print(json.dumps({"strategy": args.strategy, **measure(n, args.rounds, ring, args.tile)}))
