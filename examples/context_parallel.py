@@ -1,12 +1,15 @@
-"""Context parallelism from the notation: one sequence split over the ranks (Ulysses).
+"""Context parallelism from the notation: one sequence split over the ranks, two ways.
 
     torchrun --nproc-per-node 2 examples/context_parallel.py
 
-Each rank holds N/w positions of the input; `context_parallel` reads the sequence plan off
-specs/mha.attn, trades the positions for h/w heads over the whole sequence, runs the spec's
-own generated code, and returns this rank's N/w rows of the output. Rank 0 prints the plan,
-the elements each rank sends (counted as the collectives run, and symbolically), and the
-largest difference from the same layer run whole in one process, in values and gradients.
+Each rank holds N/w positions of the input. Ulysses (`context_parallel(layer, mesh)`) reads the
+sequence plan off specs/mha.attn, trades the positions for h/w heads over the whole sequence,
+runs the spec's own generated code, and returns this rank's N/w rows of the output. The ring
+(`strategy="ring"`) keeps this rank's queries (zig-zag chunks r and 2w - 1 - r, which balance
+the causal mask), receives the other ranks' keys and values by P2P, and merges the partial
+softmaxes by their log-sum-exp. Rank 0 prints the plan, the elements each rank sends (counted
+as they run, and symbolically), and the largest difference from the same layer run whole in
+one process, in values and gradients.
 """
 
 import copy
@@ -18,11 +21,37 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn
 import indexattn.distributed as cp
-from indexattn.sequence import ulysses_sent
+from indexattn.sequence import ring_sent, ulysses_sent
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mha.attn"
 SIZES = {"d_m": 32, "h": 4, "d_k": 8}
 N = 64
+
+
+def split_step(whole, mesh, x: torch.Tensor, strategy: str) -> tuple[torch.Tensor, float]:
+    """One step of the split layer against one process: the largest difference in values and
+    gradients, and the elements this rank sent."""
+    world, ring = mesh.size(), strategy == "ring"
+    layer = cp.context_parallel(copy.deepcopy(whole), mesh, strategy=strategy)
+    x_block = cp.sequence_block(x, mesh, dim=1, zigzag=ring).requires_grad_()
+    with cp.CountSent(world) as sent:
+        y_block = layer(x_block)
+        y_block.square().sum().backward()
+    # the ring's P2P blocks are counted by the layer, its collectives by CountSent
+    ran = sum(sent.elements.values()) + (layer.last_ring["sent"] if ring else 0)
+    x_whole = x.clone().requires_grad_()
+    y = whole(x_whole)
+    y.square().sum().backward()
+    gaps = [
+        (y_block - cp.sequence_block(y, mesh, dim=1, zigzag=ring)).abs().max(),
+        (x_block.grad - cp.sequence_block(x_whole.grad, mesh, dim=1, zigzag=ring)).abs().max(),
+        *(
+            (p.grad.full_tensor() - q.grad).abs().max()
+            for p, q in zip(layer.parameters(), whole.parameters())
+        ),
+    ]
+    whole.zero_grad()
+    return torch.stack(gaps).max(), ran
 
 
 def main() -> None:
@@ -31,38 +60,24 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     spec = indexattn.compile_spec(SPEC)
-    whole = spec.module(**SIZES).double()
+    whole = spec.module(**SIZES).double()  # weights replicated on every rank
     x = torch.randn(2, N, SIZES["d_m"], dtype=torch.float64)
-    layer = cp.context_parallel(copy.deepcopy(whole), mesh, over="τ")  # weights replicated
-
-    x_block = cp.sequence_block(x, mesh, dim=1).requires_grad_()
-    with cp.CountSent(world) as sent:
-        y_block = layer(x_block)
-        y_block.square().sum().backward()
-
-    x.requires_grad_()
-    y = whole(x)
-    y.square().sum().backward()
-    gaps = [
-        (y_block - cp.sequence_block(y, mesh, dim=1)).abs().max(),
-        (x_block.grad - cp.sequence_block(x.grad, mesh, dim=1)).abs().max(),
-        *(
-            (p.grad.full_tensor() - q.grad).abs().max()
-            for p, q in zip(layer.parameters(), whole.parameters())
-        ),
-    ]
     sizes = {s: {**SIZES, "N": N}[a] for s, a in spec.ir.size_names.items()}
-    counted = sum(
-        item.at(sizes, world) * (1 if item.phase == "gradient" else x.shape[0])
-        for item in ulysses_sent(spec.ir, spec.sequence_plan())
-    )
     if rank == 0:
         print(spec.sequence_plan())
-        print(f"elements sent by rank 0: {sum(sent.elements.values()):g} (counted: {counted})")
-    gap = torch.stack(gaps).max()
-    dist.all_reduce(gap, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print(f"largest difference from one process, values and gradients: {gap.item():.2e}")
+    for strategy, count in (("ulysses", ulysses_sent), ("ring", ring_sent)):
+        gap, ran = split_step(whole, mesh, x, strategy)
+        counted = sum(
+            item.at(sizes, world) * (1 if item.phase == "gradient" else x.shape[0])
+            for item in count(spec.ir, spec.sequence_plan())
+        )
+        dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print(f"{strategy}: elements sent by rank 0: {ran:g} (counted: {counted})")
+            print(
+                f"{strategy}: largest difference from one process, values and gradients: "
+                f"{gap.item():.2e}"
+            )
     dist.destroy_process_group()
 
 

@@ -130,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
         "sequence is split over them (Ulysses; docs/distributed.md)",
     )
     count.add_argument(
+        "--ring",
+        action="store_true",
+        help="with --context: count the ring strategy (P2P of key blocks) instead of Ulysses",
+    )
+    count.add_argument(
         "--over", default="τ", help="the sequence index to split (default: τ)", metavar="INDEX"
     )
     count.add_argument(
@@ -493,7 +498,8 @@ def run_count(args: argparse.Namespace) -> int:
         if args.context < 1:
             raise UsageError(f"--context takes a number of ranks, 1 or more: {args.context}")
         plan = sequence_plan(spec, args.over, tuple(args.keys))
-        sys.stdout.write("\n" + sent_table(spec, plan, report.sizes, args.context))
+        strategy = "ring" if args.ring else "ulysses"
+        sys.stdout.write("\n" + sent_table(spec, plan, report.sizes, args.context, strategy))
     return 0
 
 

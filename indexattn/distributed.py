@@ -26,6 +26,7 @@ from torch.distributed.tensor import (
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import ring
 from .errors import SpecError
 from .runtime.module import SpecModule
 from .sequence import SequencePlan
@@ -35,6 +36,7 @@ __all__ = [
     "ContextParallel",
     "CountSent",
     "HeadParallel",
+    "RingParallelModule",
     "context_parallel",
     "parallelize",
     "sequence_block",
@@ -108,8 +110,11 @@ def context_parallel(
     *,
     keys: tuple[str, ...] = (),
     heads: str | None = None,
+    strategy: str = "ulysses",
+    zigzag: bool = True,
+    tile: int | None = None,
 ) -> SpecModule:
-    """The module, in place, with its sequence split over a 1-D device mesh (Ulysses).
+    """The module, in place, with its sequence split over a 1-D device mesh (Ulysses, or ring).
 
     >>> mesh = dist.device_mesh.init_device_mesh("cpu", (2,))  # doctest: +SKIP
     >>> layer = indexattn.distributed.context_parallel(layer, mesh, over="τ")  # doctest: +SKIP
@@ -123,29 +128,47 @@ def context_parallel(
 
     Raises SpecError when no head index can be split (the head plan's blockers are named),
     ValueError when the heads do not divide by the mesh size.
+
+    `strategy="ring"`: each rank keeps its queries and the key-side blocks travel between
+    ranks by P2P (indexattn/ring.py); any spec whose sequence plan splits, heads or not. Each
+    rank passes `sequence_block(x, mesh, dim, zigzag=zigzag)`: with `zigzag` (the default)
+    chunks r and 2w - 1 - r of 2w, which balances a causal mask's work. `tile` bounds the
+    positions of one tile (scores are held one pair of tiles at a time); by default a chunk.
+    A module that `parallelize` split over heads (on another mesh dimension) runs the ring
+    over its heads: the 2-D mesh heads × sequence.
     """
-    return parallelize_module(module, mesh, ContextParallel(over, keys=keys, heads=heads))
+    style = ContextParallel(
+        over, keys=keys, heads=heads, strategy=strategy, zigzag=zigzag, tile=tile
+    )
+    return parallelize_module(module, mesh, style)
 
 
-def sequence_block(value: torch.Tensor, mesh: DeviceMesh, dim: int) -> torch.Tensor:
-    """This rank's contiguous block of `value` along `dim` (the sequence): ValueError when the
-    length does not divide by the mesh size."""
-    world, length = mesh.size(), value.shape[dim]
-    if length % world:
-        raise ValueError(
-            f"a sequence of {length} positions (dim {dim}) does not split into {world} equal "
-            f"blocks: pad it to a multiple of {world}"
-        )
-    return value.chunk(world, dim)[mesh.get_local_rank()]
+def sequence_block(
+    value: torch.Tensor, mesh: DeviceMesh, dim: int, zigzag: bool = False
+) -> torch.Tensor:
+    """This rank's block of `value` along `dim` (the sequence): contiguous, or with `zigzag`
+    chunks r and 2w - 1 - r of 2w. ValueError when the length does not divide."""
+    spans = ring.chunks(value.shape[dim], mesh.size(), zigzag, dim)[mesh.get_local_rank()]
+    return torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
 
 
 class ContextParallel(ParallelStyle):
     """The ParallelStyle of a spec module split over its sequence (see context_parallel)."""
 
     def __init__(
-        self, over: str = "τ", *, keys: tuple[str, ...] = (), heads: str | None = None
+        self,
+        over: str = "τ",
+        *,
+        keys: tuple[str, ...] = (),
+        heads: str | None = None,
+        strategy: str = "ulysses",
+        zigzag: bool = True,
+        tile: int | None = None,
     ) -> None:
+        if strategy not in ("ulysses", "ring"):
+            raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")
         self.over, self.keys, self.heads = over, keys, heads
+        self.strategy, self.zigzag, self.tile = strategy, zigzag, tile
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, SpecModule):
@@ -156,9 +179,19 @@ class ContextParallel(ParallelStyle):
         if device_mesh.ndim != 1:
             raise ValueError(f"ContextParallel needs a 1-D device mesh, got {device_mesh.ndim}-D")
         plan = module.spec.sequence_plan(self.over, self.keys, self.heads)
-        if not plan.ulysses:
+        if not (plan.splittable if self.strategy == "ring" else plan.ulysses):
             raise SpecError(plan.verdict(), file=module.spec.file)
-        shards = _Sequence(module, plan, device_mesh)
+        if self.strategy == "ring":
+            setup = _RingSetup(module, plan, device_mesh, self.zigzag, self.tile)
+            if isinstance(module, HeadParallelModule) and not isinstance(
+                module, ContextParallelModule | RingParallelModule
+            ):  # split over heads already: the 2-D mesh heads × sequence
+                module.__class__ = RingParallelModule
+                module._ring = setup
+                return module
+            shards = setup
+        else:
+            shards = _Sequence(module, plan, device_mesh)
 
         def partition(name: str, sub: nn.Module, mesh: DeviceMesh) -> None:
             if sub is not module:
@@ -170,6 +203,10 @@ class ContextParallel(ParallelStyle):
                 sub._buffers[key] = distribute_tensor(buffer, mesh, [Replicate()])
 
         distribute_module(module, device_mesh, partition)
+        if self.strategy == "ring":
+            module.__class__ = _parallel_class(type(module), RingParallelModule)
+            module._ring = shards
+            return module
         module.__class__ = _parallel_class(type(module), ContextParallelModule)
         module._head_parallel = shards
         return module
@@ -331,6 +368,19 @@ class HeadParallelModule(SpecModule):
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         shards = self._head_parallel
+        given = self._given(args, kwargs)
+        held = {**self._parameters, **self._buffers}
+        tensors = [
+            shards.local(t.ascii, given[t.ascii] if t.role == "input" else held[t.ascii])
+            for t in self.spec.ir.arguments
+        ]
+        out = self.spec._run(tensors, shards.sizes, self.scalars, self.training)
+        outs = out if len(shards.outputs) > 1 else (out,)
+        whole = tuple(shards.gather(n, v) for n, v in zip(shards.outputs, outs))
+        return whole if len(whole) > 1 else whole[0]
+
+    def _given(self, args: tuple, kwargs: dict) -> dict:
+        """The inputs by name, as the module's own forward takes them."""
         if len(args) > len(self._inputs):
             raise TypeError(
                 f"{self.spec.name} takes {len(self._inputs)} inputs ({', '.join(self._inputs)}),"
@@ -344,15 +394,7 @@ class HeadParallelModule(SpecModule):
         missing = [name for name in self._inputs if name not in given]
         if missing:
             raise TypeError(f"{self.spec.name} is missing inputs: {', '.join(missing)}")
-        held = {**self._parameters, **self._buffers}
-        tensors = [
-            shards.local(t.ascii, given[t.ascii] if t.role == "input" else held[t.ascii])
-            for t in self.spec.ir.arguments
-        ]
-        out = self.spec._run(tensors, shards.sizes, self.scalars, self.training)
-        outs = out if len(shards.outputs) > 1 else (out,)
-        whole = tuple(shards.gather(n, v) for n, v in zip(shards.outputs, outs))
-        return whole if len(whole) > 1 else whole[0]
+        return given
 
     def extra_repr(self) -> str:
         shards = self._head_parallel
@@ -371,6 +413,80 @@ class ContextParallelModule(HeadParallelModule):
             SpecModule.extra_repr(self)
             + f", over={', '.join(shards.sequence.indices)}, heads={shards.plan.over}"
             + f", {shards.plan.size}/rank={shards.heads // shards.world}"
+        )
+
+
+class _RingSetup:
+    """What a ring rank's forward needs: the plan, the mesh, the layout of its positions."""
+
+    def __init__(
+        self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh, zigzag: bool, tile
+    ) -> None:
+        ir_spec = module.spec.ir
+        seq = set(plan.indices)
+        pairs = [t for t in ir_spec.outputs if len(seq & {i.glyph for i in t.indices}) > 1]
+        if pairs:
+            raise SpecError(
+                f"{plan.spec}: the ring never holds a tensor along two sequence indices whole, "
+                f"and {pairs[0]!r} is an output",
+                hint="output what is reduced over the key index, or use strategy='ulysses'",
+                file=module.spec.file,
+            )
+        self.plan, self.mesh, self.zigzag, self.tile = plan, mesh, zigzag, tile
+        self.split = {t.ascii for t in ir_spec.tensors_of("input") if repr(t) in dict(plan.split)}
+
+    def local(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """A block as given; a whole value with its gradient summed over the ranks."""
+        if name in self.split or not value.is_floating_point():
+            return value.to_local() if isinstance(value, DTensor) else value
+        return _replicated(value, self.mesh).to_local(grad_placements=[Partial()])
+
+
+class RingParallelModule(HeadParallelModule):
+    """A SpecModule whose forward takes and returns blocks of the sequence (ring), over this
+    rank's heads when `parallelize` split them first (a 2-D mesh, heads × sequence); the last
+    call's elements sent (its backward's too, once run) and score elements computed are in
+    `last_ring`."""
+
+    _head_parallel: _Shards | None = None
+    _ring: _RingSetup
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
+        setup, heads = self._ring, self._head_parallel
+        given = self._given(args, kwargs)
+        held = {**self._parameters, **self._buffers}
+        ir_spec, mesh = self.spec.ir, setup.mesh
+        arguments = {}
+        for t in ir_spec.arguments:
+            value = given[t.ascii] if t.role == "input" else held[t.ascii]
+            if heads is not None:  # this rank's heads, as the head split runs them
+                value = heads.local(t.ascii, value)
+            arguments[t.ascii] = setup.local(t.ascii, value)
+        outs, run = ring.forward(
+            ir_spec,
+            setup.plan,
+            arguments,
+            {
+                "group": mesh.get_group(),
+                "rank": mesh.get_local_rank(),
+                "world": mesh.size(),
+                "zigzag": setup.zigzag,
+                "tile": setup.tile,
+                "sizes": self.sizes if heads is None else heads.sizes,
+                "scalars": self.scalars,
+                "training": self.training,
+            },
+        )
+        self.last_ring = run.counts
+        if heads is not None:  # sums over heads finished across the head ranks
+            outs = tuple(heads.gather(n, v) for n, v in zip(heads.outputs, outs))
+        return outs if len(outs) > 1 else outs[0]
+
+    def extra_repr(self) -> str:
+        setup = self._ring
+        layout = "zig-zag" if setup.zigzag else "contiguous"
+        return (
+            SpecModule.extra_repr(self) + f", ring over {', '.join(setup.plan.indices)} ({layout})"
         )
 
 

@@ -353,19 +353,73 @@ def ulysses_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     return tuple(found)
 
 
-def sent_table(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> str:
-    """`indexattn count SPEC --context W`: what each rank sends in one training step."""
-    if not plan.ulysses:
+def ring_travels(spec: ir.Spec, plan: SequencePlan) -> tuple[ir.Tensor, ...]:
+    """The tensors along one sequence index that the ring sends: those read at a key index
+    in a tensor along the query and a key index, or in a reduction over a key index."""
+    query, keys = plan.over, set(plan.indices) - {plan.over}
+    pairs = set()
+    for eq in spec.equations:
+        glyphs = {i.glyph for i in eq.indices}
+        if query in glyphs and keys & glyphs:
+            pairs.add(eq.tensor.name)
+    scanned = []
+    for eq in spec.equations:
+        for node in ir.walk(eq.rhs):
+            over = {i.glyph for i in getattr(node, "over", ()) or getattr(node, "summed", ())}
+            if eq.tensor.name in pairs or (
+                over & keys and isinstance(node, ir.Reduce | ir.Product)
+            ):
+                scanned.append(node)
+    found = {
+        ref.tensor: None
+        for node in scanned
+        for ref in ir.refs(node)
+        if ref.tensor.name not in pairs
+        and keys & {i.glyph for i in ref.written if isinstance(i, ir.Index)}
+    }
+    return tuple(found)
+
+
+def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
+    """What the ring (`context_parallel(..., strategy="ring")`) sends per rank in one training
+    step, every rank's keys read by every other (a causal mask under zig-zag chunks): each
+    travelling block to w - 1 ranks, its gradient back; parameters' gradients summed. A mask
+    that hides whole blocks sends less; a softmax whose statistics need their own pass (a
+    sink's logsumexp) sends its scores' inputs once more."""
+    if not plan.splittable:
         raise SpecError(plan.verdict())
-    rows = ulysses_sent(spec, plan)
+    found = []
+    for t in ring_travels(spec, plan):
+        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS
+        found.append(Sent(repr(t), "send/recv", "forward", sympy.factor(block)))
+        if t.dtype != "int":
+            found.append(Sent(repr(t), "send/recv", "backward", sympy.factor(block)))
+    split = dict(plan.split)
+    for t in spec.tensors_of("param", "input"):
+        if t.dtype != "int" and repr(t) not in split:
+            whole = sympy.Mul(*t.shape) * _SHARE["all-reduce"]
+            phase = "gradient" if t.role == "param" else "backward"
+            found.append(Sent(repr(t), "all-reduce", phase, sympy.factor(whole)))
+    return tuple(found)
+
+
+def sent_table(
+    spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int, strategy: str = "ulysses"
+) -> str:
+    """`indexattn count SPEC --context W [--ring]`: what each rank sends in one training
+    step."""
+    ring = strategy == "ring"
+    if not (plan.splittable if ring else plan.ulysses):
+        raise SpecError(plan.verdict())
+    rows = ring_sent(spec, plan) if ring else ulysses_sent(spec, plan)
     cells = [
         (s.tensor, s.collective, s.phase, str(s.elements), f"{s.at(sizes, ranks):,}") for s in rows
     ]
     widths = [max(len(c[k]) for c in cells) for k in range(5)]
     lines = [
         f"Elements sent per rank in one training step, {', '.join(plan.indices)} split over "
-        f"w = {ranks} ranks (Ulysses over {plan.heads}); per batch element, gradients of "
-        "parameters once per step"
+        f"w = {ranks} ranks ({'ring' if ring else f'Ulysses over {plan.heads}'}); per batch "
+        "element, gradients of parameters once per step"
     ]
     for c in cells:
         lines.append(

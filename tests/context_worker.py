@@ -8,6 +8,7 @@ rank 1's block of one input by 1e-3 and must differ."""
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -20,11 +21,12 @@ from torch.distributed.tensor import DTensor
 
 import indexattn
 import indexattn.distributed
+import indexattn.ring
 from indexattn.distributed import CountSent, context_parallel, sequence_block
-from indexattn.sequence import ulysses_sent
+from indexattn.sequence import ring_sent, ulysses_sent
 
-torch.set_default_dtype(torch.float64)
-B, N = 2, 8  # N divides into blocks for 2 and 4 ranks
+B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
+CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
 
 
 def spec(name: str):
@@ -39,7 +41,7 @@ def gap(a, b) -> float:
     return max([(whole(x) - whole(y)).abs().max().item() for x, y in zip(a, b)] + [0.0])
 
 
-def inputs(module, context: int = 12) -> dict:
+def inputs(module, context: int = CONTEXT) -> dict:
     """Random inputs by name at the module's sizes, the queries' sequence N long and a
     context (cross-attention's L) `context` long; integer inputs are document ids."""
     g = torch.Generator().manual_seed(3)
@@ -62,13 +64,16 @@ def along(module, **where) -> set[str]:
     return {t.ascii for t in module.spec.ir.tensors_of("input") if repr(t) in split}
 
 
-def run(module, xs: dict, block, split: set[str]):
+def run(module, xs: dict, block, split: set[str], move: bool = False):
     """Output and gradients of a weighted sum: params whole, then each input's (this rank's
-    block of those in `split`). `block` is the identity in one process."""
-    leaves = {
-        k: (block(v) if k in split else v).clone().requires_grad_(v.is_floating_point())
-        for k, v in xs.items()
-    }
+    block of those in `split`). `block` is the identity in one process; `move` adds 1e-3 to
+    the first input's block."""
+    leaves = {k: (block(v) if k in split else v).clone() for k, v in xs.items()}
+    if move:
+        first = next(iter(leaves))  # X, or the core's Q
+        leaves[first] += 1e-3
+    for v in leaves.values():
+        v.requires_grad_(v.is_floating_point())
     out = module(**leaves)
     out = out[0] if isinstance(out, tuple) else out  # sdpa returns its weights too
     weight = torch.randn(B, N, *out.shape[2:], generator=torch.Generator().manual_seed(7))
@@ -78,27 +83,26 @@ def run(module, xs: dict, block, split: set[str]):
     return out, grads
 
 
-def check(mesh, build, twin: bool = False, **where) -> dict:
+def check(mesh, build, twin: bool = False, strategy: str = "ulysses", **where) -> dict:
+    """The largest differences from one process; the twin moves rank 1's block by 1e-3."""
     torch.manual_seed(0)
     module = build().eval()
     xs, split = inputs(module), along(module, **where)
+    ring = strategy == "ring"
 
     def block(v):
-        return sequence_block(v, mesh, dim=1)
+        return sequence_block(v, mesh, dim=1, zigzag=ring)
 
     out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
     count = len(list(module.parameters()))  # then the float inputs' gradients
     floats = [k for k, v in xs.items() if v.is_floating_point()]
     grads1[count:] = [block(g) if k in split else g for k, g in zip(floats, grads1[count:])]
-    parallel = context_parallel(copy.deepcopy(module), mesh, **where)
-    if twin and dist.get_rank() == 1:
-        xs = dict(xs)
-        rows = N // mesh.size()
-        first = next(iter(xs))  # X, or the core's Q
-        xs[first] = xs[first].clone()
-        xs[first][:, rows : 2 * rows] += 1e-3  # rank 1's block only
-    out2, grads2 = run(parallel, xs, block, split)
-    return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+    parallel = context_parallel(copy.deepcopy(module), mesh, strategy=strategy, **where)
+    out2, grads2 = run(parallel, xs, block, split, move=twin and dist.get_rank() == 1)
+    found = {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+    if ring:
+        found["nan"] = float(bool(out2.isnan().any()) or any(g.isnan().any() for g in grads2))
+    return found
 
 
 CORE = """
@@ -160,6 +164,56 @@ def cases() -> dict:
     }
 
 
+ULYSSES = [*cases()]
+RING_ONLY = {"alibi": lambda: spec("alibi").module(d_in=8, d_out=12, h=4, d_k=3)}
+RING = [
+    "mha",
+    "gqa",
+    "sliding_window",
+    "alibi",
+    "doc_mask",
+    "softcap_window",
+    "attention_sinks",
+    "rope",
+    "cross",
+    "linear_attention_causal",
+    "retention",
+    "whole",
+]
+FOUR = {  # what 4 ranks add: 1 head per rank; 3 ring steps, sends skipped, a 4-rank scan
+    "ulysses": ["mha", "gqa", "cross", "core"],
+    "ring": [
+        *("mha", "sliding_window", "doc_mask", "attention_sinks", "cross", "retention"),
+        "linear_attention_causal",
+    ],
+}
+
+
+def ring_work(mesh) -> dict:
+    """mha's score elements this rank computed and sent in one step, against the schedule
+    (indexattn.ring.work) and the count (indexattn.sequence.ring_sent)."""
+    torch.manual_seed(0)
+    module = cases()["mha"]().eval()
+    xs = inputs(module)
+    parallel = context_parallel(module, mesh, strategy="ring")
+    run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
+    plan = module.spec.sequence_plan()
+    sizes = {**module.sizes, "N": N}
+    schedule = indexattn.ring.work(module.spec.ir, plan, sizes, mesh.size(), zigzag=True)
+    symbols = {s: sizes[a] for s, a in module.spec.ir.size_names.items()}
+    counted = sum(
+        B * item.at(symbols, mesh.size())
+        for item in ring_sent(module.spec.ir, plan)
+        if item.phase != "gradient"
+    )
+    return {
+        "work": parallel.last_ring["work"],
+        "schedule": schedule[mesh.get_local_rank()],
+        "sent": parallel.last_ring["sent"],
+        "counted": counted,
+    }
+
+
 def sent(mesh, build, **where) -> dict:
     """Elements this rank sent in one step, by collective: counted as they ran (CountSent)
     and as indexattn.sequence.ulysses_sent counts them at the same sizes."""
@@ -170,7 +224,7 @@ def sent(mesh, build, **where) -> dict:
     with CountSent(mesh.size()) as counter:
         run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1), split)
     ir_spec = module.spec.ir
-    given = {**module.sizes, "N": N, "N_q": N, "L": 12, "N_kv": 12}
+    given = {**module.sizes, "N": N, "N_q": N, "L": CONTEXT, "N_kv": CONTEXT}
     sizes = {s: given[a] for s, a in ir_spec.size_names.items() if a in given}
     counted: dict[str, float] = {}
     for item in ulysses_sent(ir_spec, parallel.spec.sequence_plan(**where)):
@@ -211,17 +265,36 @@ def fsdp_and_sequence(twin: bool) -> float:
     return gap(list(single.state_dict().values()), list(split.state_dict().values()))
 
 
-def refused(mesh, name: str, **sizes) -> str:
+def heads_and_ring(twin: bool) -> dict:
+    """mha on a 2 × 2 mesh: heads split over tp (parallelize), the sequence over cp (ring),
+    against one process; the twin moves rank 1's block by 1e-3."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "cp"))
+    torch.manual_seed(0)
+    module = cases()["mha"]().eval()
+    xs = inputs(module)
+
+    def block(v):
+        return sequence_block(v, mesh["cp"], dim=1, zigzag=True)
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, {"X"})
+    grads1[-1] = block(grads1[-1])
+    split = indexattn.distributed.parallelize(copy.deepcopy(module), mesh["tp"])
+    split = context_parallel(split, mesh["cp"], strategy="ring")
+    out2, grads2 = run(split, xs, block, {"X"}, move=twin and dist.get_rank() == 1)
+    return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+
+
+def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
     try:
-        context_parallel(spec(name).module(**sizes), mesh)
+        context_parallel(spec(name).module(**sizes), mesh, strategy=strategy)
     except (indexattn.SpecError, ValueError) as error:
         return str(error)
     return "no error"
 
 
-def indivisible(mesh) -> str:
+def indivisible(mesh, zigzag: bool = False) -> str:
     try:
-        sequence_block(torch.zeros(B, N + 1, 8), mesh, dim=1)
+        sequence_block(torch.zeros(B, N + 1, 8), mesh, dim=1, zigzag=zigzag)
     except ValueError as error:
         return str(error)
     return "no error"
@@ -229,17 +302,22 @@ def indivisible(mesh) -> str:
 
 def main() -> None:
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    torch.set_default_dtype(torch.float64)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     mesh = init_device_mesh("cpu", (world,))
     checks = {}
-    for name, build in cases().items():
-        where = {"keys": ("σ",)} if name == "cross" else {}
-        checks[name] = lambda build=build, where=where: check(mesh, build, **where)
-        checks[name + "_twin"] = lambda build=build, where=where: check(
-            mesh, build, twin=True, **where
-        )
+    every = {**cases(), **RING_ONLY}
+    for strategy, names in (("ulysses", ULYSSES), ("ring", RING)):
+        for name in names if world == 2 else FOUR[strategy]:
+            prefix = "" if strategy == "ulysses" else "ring_"
+            where = {"keys": ("σ",)} if name == "cross" else {}
+            for twin in (False, True) if world == 2 else (False,):
+                checks[prefix + name + "_twin" * twin] = functools.partial(
+                    check, mesh, every[name], twin, strategy, **where
+                )
+    checks["ring_work_mha"] = lambda: ring_work(mesh)
     checks["sent_mha"] = lambda: sent(mesh, cases()["mha"])
     checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
     checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))
@@ -248,9 +326,15 @@ def main() -> None:
     if world == 4:
         checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
         checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
+        checks["heads_and_ring"] = lambda: heads_and_ring(twin=False)
+        checks["heads_and_ring_twin"] = lambda: heads_and_ring(twin=True)
     checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)
     checks["heads_indivisible"] = lambda: refused(mesh, "mha", d_m=6, h=world - 1, d_k=2)
     checks["indivisible"] = lambda: indivisible(mesh)
+    checks["indivisible_zigzag"] = lambda: indivisible(mesh, zigzag=True)
+    checks["kv_decode_refused"] = lambda: refused(
+        mesh, "kv_decode", d_m=8, h=4, d_k=2, strategy="ring"
+    )
     run_checks(checks, rank, out)
 
 

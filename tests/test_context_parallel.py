@@ -7,33 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import context_worker
 import pytest
 import sympy
 from test_distributed import _free_port, _largest, _result, launch
 
 import indexattn
+from indexattn import ring
 from indexattn.cli import main
 from indexattn.ir import check
+from indexattn.ring import work
 from indexattn.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "context_worker.py"
 TIMEOUT = 420  # a bound on a hang: 4 ranks took 2.5 min on the loaded 2-core machine
 EXACT, MOVED = 1e-10, 1e-8  # float64: equal to rounding; a block moved by 1e-3 differs by more
-SPECS = [
-    "mha",
-    "gqa",
-    "sliding_window",
-    "doc_mask",
-    "softcap_window",
-    "attention_sinks",
-    "rope",
-    "cross",
-    "linear_attention_causal",
-    "retention",
-    "core",  # the attention core alone: Q, K, V and O traded by all-to-all
-    "whole",  # inputs passed whole beside the split one
-]
 
 
 def plan(name: str, **where):
@@ -176,6 +165,19 @@ def test_count_shows_what_each_rank_sends(capsys, monkeypatch):
     assert "total: 1,048,576 per batch element" not in capsys.readouterr().out
 
 
+def test_count_shows_what_the_ring_sends(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main([*COUNT, "--ring"]) == 0
+    text = capsys.readouterr().out
+    assert "  K_<μτa>      send/recv   forward   N*d_k*h*(w - 1)/w      262,144" in text
+    page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert "\n".join(text.splitlines()[-9:]) in page
+    # the twin: ALiBi, which Ulysses refuses, is counted for the ring
+    sizes = ["--size", "N=64", "--size", "d_in=8", "--size", "d_out=8", "--size", "h=2"]
+    assert main(["count", "specs/alibi.attn", "--context", "2", "--ring", *sizes]) == 0
+    assert "K_<μτa>" in capsys.readouterr().out
+
+
 def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["count", "specs/alibi.attn", "--context", "2"]) == 1
@@ -193,51 +195,92 @@ def test_the_example_runs_under_torchrun():
     command += ["--master-port", str(_free_port()), str(ROOT / "examples" / "context_parallel.py")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
-    sent, counted = re.search(r"sent by rank 0: (\d+) \(counted: (\d+)\)", done.stdout).groups()
-    assert sent == counted
-    gap = float(re.search(r"values and gradients: (\S+)", done.stdout).group(1))
-    assert gap < EXACT
+    for strategy in ("ulysses", "ring"):
+        line = rf"{strategy}: elements sent by rank 0: (\d+) \(counted: (\d+)\)"
+        sent, counted = re.search(line, done.stdout).groups()
+        assert sent == counted, strategy
+        line = rf"{strategy}: largest difference from one process, values and gradients: (\S+)"
+        assert float(re.search(line, done.stdout).group(1)) < EXACT, strategy
 
 
-# -- on 2 and 4 processes
+# -- on 2 and 4 processes: one launch of each, every check of it run in that launch
+
+ULYSSES, RING, FOUR = context_worker.ULYSSES, context_worker.RING, context_worker.FOUR
+RUNS = {"ulysses": "", "ring": "ring_"}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    found: dict[int, list[dict]] = {}
+
+    def ranks(world: int) -> list[dict]:
+        if world not in found:
+            out = tmp_path_factory.mktemp(f"cp{world}")
+            found[world] = launch(WORKER, world, out, TIMEOUT)
+        return found[world]
+
+    return ranks
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
-def ranks(request, tmp_path_factory) -> list[dict]:
-    return launch(WORKER, request.param, tmp_path_factory.mktemp(f"cp{request.param}"), TIMEOUT)
+def ranks(request, launched) -> list[dict]:
+    return launched(request.param)
 
 
-@pytest.mark.parametrize("name", SPECS)
-def test_ulysses_equals_one_process(ranks, name):
-    gaps = _largest(ranks, name)  # this rank's output block, every gradient made whole
-    assert all(g < EXACT for g in gaps.values()), gaps
+EQUAL = [(2, s, n) for s, names in (("ulysses", ULYSSES), ("ring", RING)) for n in names]
+EQUAL += [(4, s, n) for s, names in FOUR.items() for n in names]
 
 
-@pytest.mark.parametrize("name", SPECS)
-def test_twin_one_rank_block_moved_changes_the_result(ranks, name):
-    gaps = _largest(ranks, name + "_twin")
+@pytest.mark.parametrize(("world", "strategy", "name"), EQUAL)
+def test_split_sequence_equals_one_process(launched, world, strategy, name):
+    gaps = _largest(launched(world), RUNS[strategy] + name)  # this rank's output block, and
+    assert all(g < EXACT for g in gaps.values()), gaps  # every gradient made whole; no NaN
+
+
+@pytest.mark.parametrize(("strategy", "name"), [(s, n) for _, s, n in EQUAL if _ == 2])
+def test_twin_one_rank_block_moved_changes_the_result(launched, strategy, name):
+    gaps = _largest(launched(2), RUNS[strategy] + name + "_twin")
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
 @pytest.mark.parametrize("name", ["mha", "doc_mask", "cross", "core", "whole"])
-def test_elements_sent_are_the_count(ranks, name):
-    for found in _result(ranks, "sent_" + name):
+def test_elements_sent_are_the_count(launched, name):
+    for found in _result(launched(2), "sent_" + name):
         assert found["ran"] == found["counted"] and found["ran"], found
     if name == "core":  # inputs with heads: traded by all-to-all
         assert "all-to-all" in found["ran"]
 
 
-def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(ranks):
-    if len(ranks) != 4:
-        pytest.skip("a 2 × 2 mesh: dp × cp")
+def test_the_ring_computes_its_schedule_and_sends_its_count(ranks):
+    for found in _result(ranks, "ring_work_mha"):
+        assert found["work"] == found["schedule"] > 0, found
+        assert found["sent"] == found["counted"] > 0, found
+
+
+def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(launched):
+    ranks = launched(4)  # a 2 × 2 mesh: dp × cp
     assert max(_result(ranks, "fsdp_and_sequence")) < EXACT
     assert max(_result(ranks, "fsdp_and_sequence_twin")) > MOVED
+
+
+def test_heads_over_one_mesh_dimension_and_the_ring_over_the_other_equal_one_process(launched):
+    ranks = launched(4)  # a 2 × 2 mesh: tp (parallelize) × cp (ring)
+    gaps = _largest(ranks, "heads_and_ring")
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, "heads_and_ring_twin")
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
 
 
 def test_alibi_is_refused_by_name(ranks):
     message = _result(ranks, "alibi_refused")[0]
     assert "Ulysses: no head index to trade the sequence for" in message
     assert "m_<μ> = 2^(-8 (μ + 1) / h): reads h, μ as a number" in message
+
+
+def test_a_spec_the_ring_cannot_split_is_refused_by_name(ranks):
+    message = _result(ranks, "kv_decode_refused")[0]
+    assert "kv_decode: its sequence cannot be split into blocks over ranks" in message
+    assert "concat_<σ>(Kc_<μca>, Kn_<μτa>): concat along σ, the sequence" in message
 
 
 def test_heads_that_do_not_divide_are_an_error(ranks):
@@ -250,5 +293,51 @@ def test_heads_that_do_not_divide_are_an_error(ranks):
 def test_a_sequence_that_does_not_divide_is_an_error(ranks):
     world = len(ranks)
     assert _result(ranks, "indivisible")[0].startswith(
-        f"a sequence of 9 positions (dim 1) does not split into {world} equal blocks"
+        f"a sequence of 9 positions (dim 1) does not split into {world} equal chunks"
     )
+    assert _result(ranks, "indivisible_zigzag")[0].startswith(
+        f"a sequence of 9 positions (dim 1) does not split into {2 * world} equal chunks "
+        "(2 per rank, zig-zag): pad it to a multiple of"
+    )
+
+
+# -- the ring's schedule, without processes
+
+
+def _work(name: str, world: int, zigzag: bool, tile: int | None = None, **sizes) -> list[int]:
+    spec = indexattn.compile_spec(name)
+    return work(spec.ir, spec.sequence_plan(), sizes, world, zigzag, tile)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zigzag_balances_a_causal_mask_and_a_contiguous_split_does_not(world):
+    sizes = {"N": 64, "d_m": 8, "h": 2, "d_k": 4, "tile": 4}
+    zigzag = _work("mha", world, True, **sizes)
+    contiguous = _work("mha", world, False, **sizes)
+    assert len(set(zigzag)) == 1, zigzag  # every rank computes as many scores
+    assert contiguous == sorted(contiguous) and contiguous[0] < contiguous[-1], contiguous
+    assert sum(zigzag) == sum(contiguous) < world * (64 // world) * 64  # masked tiles skipped
+
+
+def test_a_sliding_window_reads_only_its_neighbours():
+    sizes = {"N": 64, "d_in": 8, "d_out": 8, "h": 2, "d_k": 4, "w": 8}
+    found = _work("sliding_window", 4, False, **sizes)
+    assert found == [16 * 16] + [16 * 16 + 16 * 16] * 3  # its own block, and the one before
+    assert _work("mha", 4, False, **{**sizes, "d_m": 8}) == [256, 512, 768, 1024]  # no window
+
+
+def test_chunks_that_do_not_divide_name_the_sizes():
+    with pytest.raises(ValueError, match=r"a sequence of 12 positions .* 8 equal chunks"):
+        ring.chunks(12, 4, zigzag=True)
+    assert ring.chunks(8, 2, zigzag=True) == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+
+
+def test_a_fully_masked_row_has_log_sum_exp_minus_infinity_and_no_nan_gradient():
+    import torch
+
+    x = torch.tensor([[0.5, -torch.inf], [-torch.inf, -torch.inf]], requires_grad=True)
+    found = ring.lse(x, (-1,))
+    assert found[1, 0] == -torch.inf and abs(found[0, 0] - 0.5) < 1e-7
+    merged = ring.merge_lse(found, torch.full_like(found, -torch.inf))
+    merged.sum().backward()  # a row of -inf only: gradient 0 (torch's SDPA says lse = 0.0)
+    assert not x.grad.isnan().any() and x.grad[0, 0] == 1.0

@@ -9,6 +9,7 @@ own numpy printer on a float64 grid.
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 
@@ -134,13 +135,15 @@ class Interpreter:
     def field(self, node: ir.Field, held: dict[str, Value]) -> Value:
         expr = node.expr.subs({**self.sizes, **self.scalars})
         symbols = [i.symbol for i in node.free]
-        grids = np.meshgrid(
-            *(np.arange(self.size(i), dtype=np.float64) for i in node.free), indexing="ij"
-        )
-        result = np.asarray(sympy.lambdify(symbols, expr, modules="numpy")(*grids))
+        grids = np.meshgrid(*(self.grid(i) for i in node.free), indexing="ij")
+        result = np.asarray(lambdified(expr, tuple(symbols))(*grids))
         result = np.broadcast_to(result, tuple(self.size(i) for i in node.free))
         dtype = torch.bool if result.dtype == np.bool_ else self.dtype
         return torch.as_tensor(result.copy(), device=self.device).to(dtype), node.free
+
+    def grid(self, index: Index) -> np.ndarray:
+        """The values an index variable takes, in float64: 0 … size - 1."""
+        return np.arange(self.size(index), dtype=np.float64)
 
     def product(self, node: ir.Product, held: dict[str, Value]) -> Value:
         values = [self.node(f, held) for f in node.factors]
@@ -187,6 +190,12 @@ class Interpreter:
         if node.fn == "rank":
             return rank(body, dims[0]), node.free
         return REDUCTIONS[node.fn](body, dims), node.free
+
+
+@functools.lru_cache(maxsize=1024)
+def lambdified(expr: sympy.Basic, symbols: tuple[sympy.Symbol, ...]):
+    """`expr` as a numpy function of `symbols`, made once (sympy.lambdify takes milliseconds)."""
+    return sympy.lambdify(symbols, expr, modules="numpy")
 
 
 def running_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
