@@ -151,17 +151,20 @@ class KernelSteps:
         text = partial(_key_spans, reads=self.host_reads())
         spans, out = self.helper(text, "key_spans", "QUERY_BLOCK"), self.var(step.out)
         table = self.blocked.get(step.mask.var)
+        every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
         if table is None:
-            every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
             mask = self.ref(step.mask)
             return [f"{out} = {spans}({mask}, {step.hides!r}{every})  # blocks of queries"]
         query, key = table.dims[-2:]
-        rows, t, u = (self.names.fresh(h) for h in (f"{out}_rows", "t", "u"))
         shape = f"({self.size(query)}, {self.size(key)})"
+        if step.hides == "none":
+            return [f"{out} = {spans}(None, 'none', {shape}, blocks=True)  # blocks of queries"]
+        rows, t, u = (self.names.fresh(h) for h in (f"{out}_rows", "t", "u"))
         return [
             f"def {rows}({t}, {u}):  # the mask's rows {t}:{u}, made from their positions",
             f"    return {tables_emit.call(table, self, {query: f'{t}:{u}'})}",
-            f"{out} = {spans}({rows}, {step.hides!r}, {shape}, blocks=True)  # blocks of queries",
+            f"{out} = {spans}({rows}, {step.hides!r}, {shape}{every}, blocks=True)"
+            "  # blocks of queries",
         ]
 
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
@@ -277,20 +280,23 @@ def {name}(mask, hides, shape=None, every_call=False, blocks=False):
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of a block of queries
     (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
-    every query and key where the mask changes nothing anywhere; when traced, None; where
-    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
-    each block of queries. The spans are read off the mask's values, in one read back: on
-    every call (`every_call`, a mask of tensors), only on a device of {reads}, so that
-    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of {reads}, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
     n_q, n_k = mask.shape[-2:] if shape is None else shape
     every = [(t, min(t + {knob}, n_q), 0, n_k, False) for t in range(0, n_q, {knob})]
     if n_q * n_k == 0:
         return every if blocks else None
-    if every_call and mask.device.type not in {reads}:
-        return None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in {reads}:
+        return every if blocks else None
     seen, fit = [], []
     for t in range(0, n_q, {knob}):
         rows = mask(t, min(t + {knob}, n_q)) if shape is not None else mask[..., t : t + {knob}, :]

@@ -94,7 +94,10 @@ class RowsWriter:
         names, rows = self.names, self.rows
         start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
         piece = f"{start}:{start} + {count}"
-        made, call = self._made({rows.row: piece}), self._call(self._arguments({rows.row: piece}))
+        made, call = (
+            self._made({rows.row: piece}),
+            self._call(self._arguments({rows.row: piece}), True),
+        )
         head = [f"if {count} >= {size}:", *_ending(whole, f"{out} = "), "else:"]
         if made:  # the tables' blocks on lines of their own: a loop
             return [
@@ -122,7 +125,7 @@ class RowsWriter:
         )
         out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
-        made, call = self._made(cuts), self._call(self._arguments(cuts))
+        made, call = self._made(cuts), self._call(self._arguments(cuts), True)
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
         return [  # one call where the blocks skip nothing, or the mask hides nothing
             f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
@@ -149,7 +152,7 @@ class RowsWriter:
         joins = [e for e in rows.exits if e.var not in rows.summed]
         sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
         loop = [f"{end} = min({start} + {count}, {q1})", *self._made(cuts)]
-        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts))}"]
+        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts), True)}"]
         for e, out, piece in zip(rows.exits, outs, pieces):
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
@@ -186,9 +189,14 @@ class RowsWriter:
             f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
         ]
 
-    def _call(self, arguments: list[str]) -> str:
+    def _call(self, arguments: list[str], block: bool = False) -> str:
+        """The rows' function on `arguments`; for one `block` of several, through the module's
+        `recomputed`, so that autograd keeps a block's inputs, not its scores."""
         keywords = [f"{k}={k}" for k in self.keywords()]
-        return f"{self.function}({', '.join(arguments + keywords)})"
+        if not block:
+            return f"{self.function}({', '.join(arguments + keywords)})"
+        recomputed = self.main.helper(_recomputed, "recomputed")
+        return f"{recomputed}({', '.join([self.function, *arguments, *keywords])})"
 
     def _dim(self, exit: Operand | None = None) -> int:
         exit = exit or self.rows.exits[0]
@@ -241,3 +249,15 @@ class RowsWriter:
 def _ending(lines: list[str], assign: str) -> list[str]:
     """Lines indented once, the last one assigned."""
     return ["    " + line for line in lines[:-1]] + ["    " + assign + lines[-1]]
+
+
+def _recomputed(name: str) -> str:
+    """The module's function that runs one block of rows, recomputed in the backward."""
+    return f'''def {name}(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows. Under autograd its scores and weights
+    are made again in the backward rather than saved (torch.utils.checkpoint), so that a
+    training step holds one block's at a time, never every row's; the random state is
+    replayed, so dropout draws the same mask. Traced, or without gradients: the call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)'''
