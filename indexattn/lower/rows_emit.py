@@ -8,6 +8,7 @@ from .. import ops
 from ..ir import Index, Spec
 from . import tables_emit
 from .emit import Emitter
+from .kernels_emit import recomputed_text
 from .naming import Names
 from .printers import joined, wrap
 from .program import KeySpans, Rows
@@ -195,7 +196,7 @@ class RowsWriter:
         keywords = [f"{k}={k}" for k in self.keywords()]
         if not block:
             return f"{self.function}({', '.join(arguments + keywords)})"
-        recomputed = self.main.helper(_recomputed, "recomputed")
+        recomputed = self.main.helper(recomputed_text, "recomputed")
         return f"{recomputed}({', '.join([self.function, *arguments, *keywords])})"
 
     def _dim(self, exit: Operand | None = None) -> int:
@@ -249,15 +250,3 @@ class RowsWriter:
 def _ending(lines: list[str], assign: str) -> list[str]:
     """Lines indented once, the last one assigned."""
     return ["    " + line for line in lines[:-1]] + ["    " + assign + lines[-1]]
-
-
-def _recomputed(name: str) -> str:
-    """The module's function that runs one block of rows, recomputed in the backward."""
-    return f'''def {name}(function, *args, **kwargs):
-    """function(*args, **kwargs) for one block of rows. Under autograd its scores and weights
-    are made again in the backward rather than saved (torch.utils.checkpoint), so that a
-    training step holds one block's at a time, never every row's; the random state is
-    replayed, so dropout draws the same mask. Traced, or without gradients: the call."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return function(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)'''

@@ -59,6 +59,17 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
+def recomputed(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
 def chunked_constants(N, C, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -109,10 +120,12 @@ def chunked(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h_
         M_keep_block = M_keep_at(tau, tau_p, C=C, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M_keep_block, scale=1/math.sqrt(d_k), enable_gqa=True)
     else:  # by blocks of queries, each over the keys its mask lets it see
+        def O_block(q, k, v, q0, q1, k0, k1, whole):  # recomputed in the backward
+            M_keep_block = None if whole else M_keep_at(tau[q0:q1], tau_p[k0:k1], C=C, device=device, dtype=dtype)
+            return F.scaled_dot_product_attention(q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=None if whole else M_keep_block, scale=1/math.sqrt(d_k), enable_gqa=True)
         blocks = []
         for q0, q1, k0, k1, whole in M_keep_spans:
-            M_keep_block = None if whole else M_keep_at(tau[q0:q1], tau_p[k0:k1], C=C, device=device, dtype=dtype)
-            blocks.append(F.scaled_dot_product_attention(Q.flatten(-4, -3)[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep_block, scale=1/math.sqrt(d_k), enable_gqa=True))
+            blocks.append(recomputed(O_block, Q.flatten(-4, -3), K, V, q0, q1, k0, k1, whole))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V

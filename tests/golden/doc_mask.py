@@ -59,6 +59,17 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
+def recomputed(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
 def M_keep_and_at(tau, tau_p, D, *, device, dtype):
     """M_keep_and at the positions given: a block of rows."""
     # M_<ττ'> = where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
@@ -101,10 +112,12 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
         M_keep_and_block = M_keep_and_at(tau, tau_p, D, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
+        def O_block(q, k, v, q0, q1, k0, k1, whole):  # recomputed in the backward
+            M_keep_and_block = None if whole else M_keep_and_at(tau[q0:q1], tau_p[k0:k1], D, device=device, dtype=dtype)
+            return F.scaled_dot_product_attention(q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=None if whole else M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
         blocks = []
         for q0, q1, k0, k1, whole in M_keep_and_spans:
-            M_keep_and_block = None if whole else M_keep_and_at(tau[q0:q1], tau_p[k0:k1], D, device=device, dtype=dtype)
-            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k)))
+            blocks.append(recomputed(O_block, Q, K, V, q0, q1, k0, k1, whole))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V, M_keep_and_spans
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>

@@ -88,10 +88,11 @@ def safe_softmax(scores, dim=-1, overwrite=False):
 
 
 def recomputed(function, *args, **kwargs):
-    """function(*args, **kwargs) for one block of rows. Under autograd its scores and weights
-    are made again in the backward rather than saved (torch.utils.checkpoint), so that a
-    training step holds one block's at a time, never every row's; the random state is
-    replayed, so dropout draws the same mask. Traced, or without gradients: the call."""
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
     if torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return function(*args, **kwargs)
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)

@@ -21,7 +21,6 @@ import sympy
 from ...ir import sequence_indices
 from ..kinds import reads, with_reads
 from ..program import Program
-from ..tables_emit import chain
 from ..steps import (
     Add,
     Attention,
@@ -37,6 +36,7 @@ from ..steps import (
     Var,
     Whole,
 )
+from ..tables_emit import chain
 
 
 def run(program: Program) -> Program:
@@ -192,7 +192,7 @@ def _blocked_kernels(program: Program) -> Program:
 
 
 def _hides(program: Program, mask: Operand) -> str:
-    """"-inf" where the mask's table is made from an infinity written (forgetting's causal
+    """ "-inf" where the mask's table is made from an infinity written (forgetting's causal
     `M_<ττ'>`): its spans, read block by block, skip the keys it hides from a whole block;
     else "none" (a bias, T5's, hides no key: reading it would cost a pass for nothing)."""
     made = chain(program.steps, mask.var)
