@@ -8,7 +8,8 @@ an input of the rows' function, the key spans read off a mask), the printer comp
 its O(N) position vectors, and the O(N) values it reads, per block (lower/tables_emit.py); a
 value over one sequence index is read gathered at the block's positions; the constants
 function keeps only what is O(N). A kernel whose mask is made by blocks runs by blocks of
-queries (a `Spans` step that reads nothing, where no step reads the mask's spans). Exact: an
+queries (a `Spans` step where none reads the mask's: spans read per call where the table
+writes an infinity, else every key for each block). Exact: an
 entry of a table depends on its own positions alone, so a block's entries from the block's
 positions are the same numbers (the same code, the same dtype)."""
 
@@ -175,9 +176,9 @@ def _gathered(program: Program, step: Step, wide: set[Var], sequence: set):
 
 def _blocked_kernels(program: Program) -> Program:
     """The program whose kernels with a mask made by blocks run by blocks of queries: where
-    nothing reads the mask's spans, a `Spans` step that hides nothing (every key for each
-    block) before the kernel."""
-    new, blocks = {}, []
+    nothing reads the mask's spans, a `Spans` step (read per call, or hiding nothing: every
+    key for each block) before the kernel."""
+    blocks = []
     for block in program.blocks:
         steps = []
         for step in block.steps:
@@ -185,16 +186,16 @@ def _blocked_kernels(program: Program) -> Program:
                 program, out = program.fresh(step.mask.var.hint + "_spans")
                 spans = Spans(Operand(out, (), False), step.mask, _hides(program, step.mask))
                 steps.append(spans)
-                step = new[step.out.var] = replace(step, spans=spans.out)
+                step = replace(step, spans=spans.out)
             steps.append(step)
         blocks.append(replace(block, steps=tuple(steps)))
-    return replace(program, blocks=tuple(blocks)) if new else program
+    return replace(program, blocks=tuple(blocks))
 
 
 def _hides(program: Program, mask: Operand) -> str:
-    """ "-inf" where the mask's table is made from an infinity written (forgetting's causal
+    """`-inf` where the mask's table is made from an infinity written (forgetting's causal
     `M_<ττ'>`): its spans, read block by block, skip the keys it hides from a whole block;
-    else "none" (a bias, T5's, hides no key: reading it would cost a pass for nothing)."""
+    else `none` (a bias, T5's, hides no key: reading it would cost a pass for nothing)."""
     made = chain(program.steps, mask.var)
     written = any(isinstance(s, Grid) and s.expr.has(sympy.S.NegativeInfinity) for s in made)
     return "-inf" if written else "none"
