@@ -1,9 +1,11 @@
 """Tables over two sequence indices made per block of rows from their positions, never whole
 (passes/tables.py): at N = 512 and two heads, with 32 queries a block, a forward allocates no
 tensor of N² elements: not a mask (sliding_window through the attention kernel,
-softcap_window through its rows' function), not ALiBi's bias of h·N². Each equals the literal
-interpreter. The twins, with the pass finding no table, build the N² table (and still equal
-it). `indexattn compile SPEC --dump-after tables` names the tables."""
+softcap_window through its rows' function, doc_mask's from document ids on every call), not a
+bias (ALiBi's of h·N², T5's learned bias gathered at bucket ids), not a decay (the forgetting
+transformer's C_<μτ> − C_<μτ'>). Each equals the literal interpreter. The twins, with the pass
+finding no table, build the N² table (and still equal it). `indexattn compile SPEC
+--dump-after tables` names the tables."""
 
 import itertools
 from pathlib import Path
@@ -26,6 +28,9 @@ KINDS = {
     "sliding_window": {"w": 64},  # a mask, the kernel's
     "softcap_window": {"w": 64, "c": 5.0},  # a mask, read by the rows' function
     "alibi": {},  # a bias of h·N², the kernel's
+    "t5_bias": {},  # bucket ids of positions, a learned bias gathered at them per call
+    "doc_mask": {},  # a mask from document ids, per call
+    "forgetting": {},  # a decay: differences of a per-call running sum, and a causal mask
 }
 
 
@@ -34,6 +39,7 @@ def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, to
     literal interpreter's; with the pass on (`blocked`) or finding no table."""
     if not blocked:
         monkeypatch.setattr(tables, "wide_constants", lambda program: set())
+        monkeypatch.setattr(tables, "per_call_tables", lambda program: set())
     text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_blocks_{next(FRESH)}")
     namespace = spec.function.__globals__
@@ -41,7 +47,7 @@ def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, to
         if knob in namespace:
             monkeypatch.setitem(namespace, knob, value)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": N, "h": HEADS}
-    args = sample_arguments(spec.ir, sizes, (), torch.float32)
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
     given = {k: v for k, v in sizes.items() if k in spec.required} | KINDS[name]
     with torch.no_grad(), Widest() as seen:
         out = spec(**args, **given)
@@ -52,14 +58,14 @@ def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, to
 @pytest.mark.parametrize("name", KINDS)
 def test_a_table_made_by_blocks_is_never_whole(name, monkeypatch):
     most, out, want = widest(name, True, monkeypatch)
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     assert most < N * N
 
 
 @pytest.mark.parametrize("name", KINDS)
 def test_twin_without_the_pass_builds_the_whole_table(name, monkeypatch):
     most, out, want = widest(name, False, monkeypatch)
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     assert most >= N * N
 
 
@@ -70,11 +76,51 @@ def test_the_dump_names_the_tables(capsys):
     assert "[table] Add: S_bias_sum" in dump and "[constant] Grid: m" in dump  # slopes per shape
 
 
-@pytest.mark.parametrize("name, blocked", [("t5_bias", False), ("sliding_window", True)])
+@pytest.mark.parametrize("name, blocked", [("gpt2", False), ("sliding_window", True)])
 def test_a_table_a_call_reads_whole_stays_per_shape(name, blocked, capsys):
-    """T5's bucket ids are gathered per call into a bias read whole: they stay a constant
-    held per shape; the twin, sliding_window's mask, only the kernel reads, by blocks."""
+    """GPT-2's causal mask is added to scores made whole (its padding mask P_<τ'> too): it
+    stays a constant held per shape, and the dump says so; the twin, sliding_window's mask,
+    only the kernel reads, by blocks, and nothing of N² is held."""
     assert main(["compile", str(ROOT / "specs" / f"{name}.attn"), "--dump-after", "tables"]) == 0
     dump = capsys.readouterr().out
     assert ("\ntables by blocks of rows" in dump) == blocked
     assert ("[table] Grid" in dump) == blocked
+    assert ("(τ, τ') N², read whole" in dump) != blocked
+
+
+def saved(name: str, recompute: bool, monkeypatch) -> tuple[int, dict]:
+    """The elements autograd saves, all together, over a forward at N = 256 (two heads, 32
+    queries a block), and the gradients of a backward after it; with each block recomputed
+    in the backward, or its scores, weights and mask saved (`recompute` off)."""
+    n = 256
+    spec = indexattn.compile_spec(
+        (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8"),
+        name=f"{name}_saved_{next(FRESH)}",
+    )
+    namespace = spec.function.__globals__
+    monkeypatch.setitem(namespace, "QUERY_BLOCK", 32)
+    if not recompute:
+        monkeypatch.setitem(namespace, "recomputed", lambda f, *a, **k: f(*a, **k))
+    sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": n, "h": HEADS}
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
+    counts: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: counts.append(t.numel()) or t, _same):
+        out = spec(**leaves, backward="autograd")
+    out.square().sum().backward()
+    return sum(counts), {k: v.grad for k, v in leaves.items() if v.grad is not None}
+
+
+def test_a_training_step_recomputes_each_block_of_the_kernel(monkeypatch):
+    """T5's bias made by blocks, through the kernel by blocks of queries, under autograd: all
+    the step saves is less than one h·N² tensor; the same gradients as with every block's
+    mask and weights saved (the twin), which saves more than h·N² in all."""
+    blocked, grads = saved("t5_bias", True, monkeypatch)
+    whole, want = saved("t5_bias", False, monkeypatch)
+    assert blocked < HEADS * 256 * 256 < whole
+    for k, grad in want.items():
+        torch.testing.assert_close(grads[k], grad, atol=1e-10, rtol=1e-10)
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -79,10 +79,7 @@ class KernelSteps:
                 f"if {spans} is None{whole}:",
                 *("    " + line for line in lines[len(joins) :]),
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
-                f"    {names[0]} = []",
-                f"    for {', '.join(names[1:])} in {spans}:",
-                *("        " + line for line in self.mask_block(step, names[1:])),
-                f"        {names[0]}.append({call(names[1:])})",
+                *("    " + line for line in self.attention_blocks(step, inputs, names)),
                 f"    {out} = {joined(names[0], -2)}",
             ]
         if joins:  # freed as the kernel's own arguments would be
@@ -96,7 +93,35 @@ class KernelSteps:
             lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
         return lines
 
-    def attention_call(self, step: Attention, q: str, k: str, block: list | None = None) -> str:
+    def attention_blocks(self, step: Attention, inputs: list[str], names: list[str]):
+        """The loop over the blocks of queries (`names`: the list, then a block's first query,
+        end, first key, end, whole). A mask made by blocks is made inside a function of the
+        block, recomputed in the backward with the block's scores (so autograd keeps no
+        block's mask or weights)."""
+        spans, blocks, block = self.var(step.spans), names[0], names[1:]
+        if step.mask is None or step.mask.var not in self.blocked:
+            return [
+                f"{blocks} = []",
+                f"for {', '.join(block)} in {spans}:",
+                *("    " + line for line in self.mask_block(step, block)),
+                f"    {blocks}.append({self.attention_call(step, *inputs, block)})",
+            ]
+        q, k, v = (self.names.fresh(h) for h in ("q", "k", "v"))
+        function = self.names.fresh(self.var(step.out) + "_block")
+        values = self.heads(step.v, step.v_dims, step.kv_heads)
+        recomputed = self.helper(recomputed_text, "recomputed")
+        return [
+            f"def {function}({', '.join([q, k, v, *block])}):  # recomputed in the backward",
+            *("    " + line for line in self.mask_block(step, block)),
+            f"    return {self.attention_call(step, q, k, block, v)}",
+            f"{blocks} = []",
+            f"for {', '.join(block)} in {spans}:",
+            f"    {blocks}.append({recomputed}({', '.join([function, *inputs, values, *block])}))",
+        ]
+
+    def attention_call(
+        self, step: Attention, q: str, k: str, block: list | None = None, v: str | None = None
+    ) -> str:
         """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
         end, first key, end, and whether the mask changes nothing there), on those queries and
         keys alone, and without the mask where it changes nothing."""
@@ -104,10 +129,10 @@ class KernelSteps:
         args = [
             _sliced(q, rows),
             _sliced(k, keys),
-            _sliced(self.heads(step.v, step.v_dims, step.kv_heads), keys),
+            _sliced(v or self.heads(step.v, step.v_dims, step.kv_heads), keys),
         ]
         if step.mask is not None and step.mask.var in self.blocked:  # made for the block
-            mask = self.attention_mask(step, self.block_name(step.mask.var))
+            mask = self.attention_mask(step, self.block_name(step.mask.var), q if v else "")
             args.append(f"attn_mask={f'None if {block[4]} else ' if block else ''}{mask}")
         elif step.mask is not None:
             mask = self.attention_mask(step)
@@ -151,17 +176,20 @@ class KernelSteps:
         text = partial(_key_spans, reads=self.host_reads())
         spans, out = self.helper(text, "key_spans", "QUERY_BLOCK"), self.var(step.out)
         table = self.blocked.get(step.mask.var)
+        every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
         if table is None:
-            every = "" if self.tables else ", every_call=True"  # the spec's function's, per call
             mask = self.ref(step.mask)
             return [f"{out} = {spans}({mask}, {step.hides!r}{every})  # blocks of queries"]
         query, key = table.dims[-2:]
-        rows, t, u = (self.names.fresh(h) for h in (f"{out}_rows", "t", "u"))
         shape = f"({self.size(query)}, {self.size(key)})"
+        if step.hides == "none":
+            return [f"{out} = {spans}(None, 'none', {shape}, blocks=True)  # blocks of queries"]
+        rows, t, u = (self.names.fresh(h) for h in (f"{out}_rows", "t", "u"))
         return [
             f"def {rows}({t}, {u}):  # the mask's rows {t}:{u}, made from their positions",
             f"    return {tables_emit.call(table, self, {query: f'{t}:{u}'})}",
-            f"{out} = {spans}({rows}, {step.hides!r}, {shape}, blocks=True)  # blocks of queries",
+            f"{out} = {spans}({rows}, {step.hides!r}, {shape}{every}, blocks=True)"
+            "  # blocks of queries",
         ]
 
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
@@ -232,22 +260,24 @@ class KernelSteps:
         batch = [f"*{self.ref(arg)}.shape[:-{len(arg.dims)}]"] if arg.batched else []
         return f"{code}.expand({', '.join([*batch, *sizes, '-1'])})"
 
-    def attention_mask(self, step: Attention, made: str | None = None) -> str:
+    def attention_mask(self, step: Attention, made: str | None = None, q: str = "") -> str:
         """The mask against (…, heads, query, key): a unit axis for heads it lacks. The
         kernel's fused path takes a mask of two axes or of as many as the queries; any other
         goes the slow way. So a mask of positions without heads stays (query, key), an input
         mask without heads gains its head axis only when it comes with batch axes, and a mask
-        of positions with heads is given the queries' batch axes."""
+        of positions with heads is given the queries' batch axes (`q`: the kernel's queries,
+        (…, heads, query, features), where the spec's are out of reach)."""
         mask = step.mask
         head = step.mask_dims[0] if step.heads == 1 else None
         target = (head, *step.mask_dims[-2:])
         ref = made or self.ref(mask)  # `made`: the mask's block, made from its positions
         code = expand(ref, mask.dims, target, mask.batched, keep=2)
-        q = step.q[0]  # the queries' batch axes: those of any of their parts
-        if not q.batched or (mask.batched and head in mask.dims):
+        first = step.q[0]  # the queries' batch axes: those of any of their parts
+        if not first.batched or (mask.batched and head in mask.dims):
             return code
         if head in mask.dims:
-            return f"{code}.expand(*{self.ref(q)}.shape[:-{len(q.dims)}], -1, -1, -1)"
+            batch = f"{q}.shape[:-3]" if q else f"{self.ref(first)}.shape[:-{len(first.dims)}]"
+            return f"{code}.expand(*{batch}, -1, -1, -1)"
         if not mask.batched:
             return code
         plain = relayout(ref, mask.dims, target[1:])
@@ -277,20 +307,23 @@ def {name}(mask, hides, shape=None, every_call=False, blocks=False):
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of a block of queries
     (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
-    every query and key where the mask changes nothing anywhere; when traced, None; where
-    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
-    each block of queries. The spans are read off the mask's values, in one read back: on
-    every call (`every_call`, a mask of tensors), only on a device of {reads}, so that
-    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of {reads}, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
     n_q, n_k = mask.shape[-2:] if shape is None else shape
     every = [(t, min(t + {knob}, n_q), 0, n_k, False) for t in range(0, n_q, {knob})]
     if n_q * n_k == 0:
         return every if blocks else None
-    if every_call and mask.device.type not in {reads}:
-        return None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in {reads}:
+        return every if blocks else None
     seen, fit = [], []
     for t in range(0, n_q, {knob}):
         rows = mask(t, min(t + {knob}, n_q)) if shape is not None else mask[..., t : t + {knob}, :]
@@ -430,3 +463,17 @@ _DROPOUT = (
     """
     weights = F.dropout(weights, p, training=training)""",
 )
+
+
+def recomputed_text(name: str) -> str:
+    """The module's function that runs one block (of rows, of queries), recomputed in the
+    backward."""
+    return f'''def {name}(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)'''

@@ -9,7 +9,7 @@ that every kind has all of these."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 import sympy
@@ -157,6 +157,18 @@ def reads(step: Step) -> tuple[Operand, ...]:
         values = value if isinstance(value, tuple) else (value,)
         found += [v for v in values if isinstance(v, Operand)]
     return tuple(found)
+
+
+def with_reads(step: Step, new: dict[Operand, Operand]) -> Step:
+    """The step reading `new[o]` wherever it read an operand `o` of `new` (not a choice)."""
+    changed = {}
+    for name in _inputs(type(step)):
+        value = getattr(step, name)
+        if isinstance(value, tuple):
+            changed[name] = tuple(new.get(v, v) if isinstance(v, Operand) else v for v in value)
+        elif isinstance(value, Operand):
+            changed[name] = new.get(value, value)
+    return replace(step, **changed)
 
 
 @cache

@@ -133,9 +133,16 @@ class Program:
         if self.tables:
             by_blocks = ", ".join(str(v) for v in sorted(self.tables, key=lambda v: v.id))
             out.append(f"tables by blocks of rows, from positions: {by_blocks}")
-        out.append("held: " + ", ".join(map(str, self.held)))
+        out.append("held: " + ", ".join(self.held_line(v) for v in self.held))
         out.append("results: " + ", ".join(str(r.var) for r in self.results))
         return "\n".join(out)
+
+    def held_line(self, var: Var) -> str:
+        """A value kept per shape and its axes, `N²` where it runs over two sequence indices
+        (a table some step reads whole: passes/tables.py makes the others by blocks)."""
+        dims = next(o.dims for s in self.steps for o in made(s) if o.var == var)
+        wide = len(ir.sequence_indices(self.spec) & set(dims)) >= 2
+        return f"{var} {_dims(dims)}" + (" N², read whole" if wide else "")
 
     def line(self, step: Step) -> str:
         """`[constant] Contract S#4 (μ, τ, τ') <- Q#2, K#3`, `in place` where it writes over
@@ -162,7 +169,7 @@ class Program:
                 assert op.var.argument or op.var in made_by, f"{op.var} is read, never made"
         outs = {s.out.var for s in self.steps}
         assert self.constant <= outs, f"constant steps missing: {set(self.constant) - outs}"
-        assert self.tables <= self.constant, "a table made by blocks is not a constant"
+        assert self.tables <= outs, "a table made by blocks is made by no step"
         assert self.rows is None or self.rows.steps <= outs, "a step of the rows is missing"
         assert set(self.held) <= made_by, "a held value is made by no step"
         assert all(v.id < self.next_id for v in made_by), "fresh values behind the allocator"

@@ -8,6 +8,7 @@ from .. import ops
 from ..ir import Index, Spec
 from . import tables_emit
 from .emit import Emitter
+from .kernels_emit import recomputed_text
 from .naming import Names
 from .printers import joined, wrap
 from .program import KeySpans, Rows
@@ -96,7 +97,10 @@ class RowsWriter:
         names, rows = self.names, self.rows
         start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
         piece = f"{start}:{start} + {count}"
-        made, call = self._made({rows.row: piece}), self._call(self._arguments({rows.row: piece}))
+        made, call = (
+            self._made({rows.row: piece}),
+            self._call(self._arguments({rows.row: piece}), True),
+        )
         head = [f"if {count} >= {size}:", *_ending(whole, f"{out} = "), "else:"]
         if made:  # the tables' blocks on lines of their own: a loop
             return [
@@ -124,7 +128,7 @@ class RowsWriter:
         )
         out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
-        made, call = self._made(cuts), self._call(self._arguments(cuts))
+        made, call = self._made(cuts), self._call(self._arguments(cuts), True)
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
         return [  # one call where the blocks skip nothing, or the mask hides nothing
             f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
@@ -151,7 +155,7 @@ class RowsWriter:
         joins = [e for e in rows.exits if e.var not in rows.summed]
         sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
         loop = [f"{end} = min({start} + {count}, {q1})", *self._made(cuts)]
-        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts))}"]
+        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts), True)}"]
         for e, out, piece in zip(rows.exits, outs, pieces):
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
@@ -188,9 +192,14 @@ class RowsWriter:
             f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
         ]
 
-    def _call(self, arguments: list[str]) -> str:
+    def _call(self, arguments: list[str], block: bool = False) -> str:
+        """The rows' function on `arguments`; for one `block` of several, through the module's
+        `recomputed`, so that autograd keeps a block's inputs, not its scores."""
         keywords = [f"{k}={k}" for k in self.keywords()]
-        return f"{self.function}({', '.join(arguments + keywords)})"
+        if not block:
+            return f"{self.function}({', '.join(arguments + keywords)})"
+        recomputed = self.main.helper(recomputed_text, "recomputed")
+        return f"{recomputed}({', '.join([self.function, *arguments, *keywords])})"
 
     def _dim(self, exit: Operand | None = None) -> int:
         exit = exit or self.rows.exits[0]

@@ -320,8 +320,9 @@ class Spans:
     keys any of its queries sees: `(first query, end, first key, end)` per block, read off the
     mask's values; None where blocks would skip too little, or when traced. `hides`: the
     entries that hide a key, "false" (a boolean mask that keeps where true), "true" (one that
-    hides where true), "-inf" (a float mask added) or "0" (one that multiplies). `out` has no
-    axes: it is a list of numbers, not a tensor."""
+    hides where true), "-inf" (a float mask added) or "0" (one that multiplies); "none": a
+    mask made by blocks (passes/tables.py) not read, every key for each block of queries.
+    `out` has no axes: it is a list of numbers, not a tensor."""
 
     out: Operand
     mask: Operand

@@ -18,20 +18,23 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of a block of queries
     (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
-    every query and key where the mask changes nothing anywhere; when traced, None; where
-    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
-    each block of queries. The spans are read off the mask's values, in one read back: on
-    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
-    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
     n_q, n_k = mask.shape[-2:] if shape is None else shape
     every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
     if n_q * n_k == 0:
         return every if blocks else None
-    if every_call and mask.device.type not in HOST_READS:
-        return None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in HOST_READS:
+        return every if blocks else None
     seen, fit = [], []
     for t in range(0, n_q, QUERY_BLOCK):
         rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
@@ -56,22 +59,39 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
-def doc_mask_constants(N, *, device, dtype):
-    """Tensors of positions: the same for every call with these sizes and scalars."""
-    tau = torch.arange(N, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
+def recomputed(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+def M_keep_and_at(tau, tau_p, D, *, device, dtype):
+    """M_keep_and at the positions given: a block of rows."""
     # M_<ττ'> = where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
     M_keep_grid = (tau_p[None, :] <= tau[:, None])  # (τ, τ')
-    return M_keep_grid,
+    tau_at = tau.long()  # (τ)
+    D_tau = D[..., tau_at]  # (…, τ)
+    tau_p_at = tau_p.long()  # (τ')
+    D_tau_p = D[..., tau_p_at]  # (…, τ')
+    M_keep_eq = D_tau[..., :, None] == D_tau_p[..., None, :]  # (…, τ, τ')
+    M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
+    return M_keep_and
 
 
-def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, training=False, constants=None):
+def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *, h, training=False):
     N = X.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
-    M_keep_grid, = doc_mask_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    device, dtype = X.device, X.dtype
+    tau = torch.arange(N, device=device, dtype=torch.float64)
+    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -85,17 +105,21 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    M_keep_eq = D[..., :, None] == D[..., None, :]  # (…, τ, τ')
-    M_keep_and = M_keep_grid & M_keep_eq  # (…, τ, τ')
-    M_keep_and_spans = key_spans(M_keep_and, 'false', every_call=True)  # blocks of queries
+    def M_keep_and_spans_rows(t, u):  # the mask's rows t:u, made from their positions
+        return M_keep_and_at(tau[t:u], tau_p, D, device=device, dtype=dtype)
+    M_keep_and_spans = key_spans(M_keep_and_spans_rows, 'false', (N, N), every_call=True, blocks=True)  # blocks of queries
     if M_keep_and_spans is None:
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :], scale=1/math.sqrt(d_k))
+        M_keep_and_block = M_keep_and_at(tau, tau_p, D, device=device, dtype=dtype)
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
+        def O_block(q, k, v, q0, q1, k0, k1, whole):  # recomputed in the backward
+            M_keep_and_block = None if whole else M_keep_and_at(tau[q0:q1], tau_p[k0:k1], D, device=device, dtype=dtype)
+            return F.scaled_dot_product_attention(q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=None if whole else M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
         blocks = []
         for q0, q1, k0, k1, whole in M_keep_and_spans:
-            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else (M_keep_and if M_keep_and.dim() == 2 else M_keep_and[..., None, :, :])[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k)))
+            blocks.append(recomputed(O_block, Q, K, V, q0, q1, k0, k1, whole))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
-    del Q_proj, Q, K_proj, K, V_proj, V, M_keep_eq, M_keep_and, M_keep_and_spans
+    del Q_proj, Q, K_proj, K, V_proj, V, M_keep_and_spans
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

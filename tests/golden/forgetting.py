@@ -7,22 +7,93 @@ import torch
 import torch.nn.functional as F
 
 
-def forgetting_constants(N, *, device, dtype):
-    """Tensors of positions: the same for every call with these sizes and scalars."""
+HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchronisation there
+
+
+QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
+
+
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
+    """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
+    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
+    that the block runs without it. `mask`: a tensor, or a function of a block of queries
+    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
+    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
+        return None
+    n_q, n_k = mask.shape[-2:] if shape is None else shape
+    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
+    if n_q * n_k == 0:
+        return every if blocks else None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in HOST_READS:
+        return every if blocks else None
+    seen, fit = [], []
+    for t in range(0, n_q, QUERY_BLOCK):
+        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
+        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+        keep = ~rows if hides == "true" else keep
+        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
+        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
+    # a block that sees no key: 0 to n_k; only keys a block sees can fit
+    seen, fit = torch.stack(seen), torch.stack(fit)
+    first, end, fits = torch.stack(
+        [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
+    ).tolist()
+    if all(count == n_k for count in fits):
+        return [(0, n_q, 0, n_k, True)]
+    starts = range(0, n_q, QUERY_BLOCK)
+    spans = [
+        (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
+        for t, k0, k1, count in zip(starts, first, end, fits)
+    ]
+    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
+    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
+
+
+def recomputed(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+def S_bias_sum_at(tau, tau_p, C, *, device, dtype):
+    """S_bias_sum at the positions given: a block of rows."""
     table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
-    tau = torch.arange(N, device=device, dtype=torch.float64)
-    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
     M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
     M = M.to(dtype)  # a table, made in float32 or wider, cast for data
-    return M,
+    # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + C_<μτ> - C_<μτ'> + M_<ττ'>
+    # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+    # O_<μτa> = A_<μττ'> V_<μτ'a>
+    tau_at = tau.long()  # (τ)
+    C_tau = C[..., tau_at]  # (…, μ, τ)
+    tau_p_at = tau_p.long()  # (τ')
+    C_tau_p = C[..., tau_p_at]  # (…, μ, τ')
+    S_bias_sum = C_tau[..., :, :, None] - C_tau_p[..., :, None, :] + M  # (…, μ, τ, τ')
+    return S_bias_sum
 
 
-def forgetting(X, q_proj_weight, k_proj_weight, v_proj_weight, fgate_proj_weight, fgate_proj_bias, o_proj_weight, *, training=False, constants=None):
+def forgetting(X, q_proj_weight, k_proj_weight, v_proj_weight, fgate_proj_weight, fgate_proj_bias, o_proj_weight, *, training=False):
     N = X.shape[-2]
     h = fgate_proj_weight.shape[-2]
     d_k = q_proj_weight.shape[-2] // h
-    M, = forgetting_constants(N, device=X.device, dtype=X.dtype) if constants is None else constants
+    device, dtype = X.device, X.dtype
+    tau = torch.arange(N, device=device, dtype=torch.float64)
+    tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -42,9 +113,21 @@ def forgetting(X, q_proj_weight, k_proj_weight, v_proj_weight, fgate_proj_weight
     # S_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + C_<μτ> - C_<μτ'> + M_<ττ'>
     # A_<μττ'> = softmax_<τ'>(S_<μττ'>)
     # O_<μτa> = A_<μττ'> V_<μτ'a>
-    S_bias_sum = C[..., :, :, None] - C[..., :, None, :] + M  # (…, μ, τ, τ')
-    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
-    del Q_proj, Q, K_proj, K, V_proj, V, C, S_bias_sum
+    def S_bias_sum_spans_rows(t, u):  # the mask's rows t:u, made from their positions
+        return S_bias_sum_at(tau[t:u], tau_p, C, device=device, dtype=dtype)
+    S_bias_sum_spans = key_spans(S_bias_sum_spans_rows, '-inf', (N, N), every_call=True, blocks=True)  # blocks of queries
+    if S_bias_sum_spans is None:
+        S_bias_sum_block = S_bias_sum_at(tau, tau_p, C, device=device, dtype=dtype)
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=S_bias_sum_block, scale=1/math.sqrt(d_k))
+    else:  # by blocks of queries, each over the keys its mask lets it see
+        def O_block(q, k, v, q0, q1, k0, k1, whole):  # recomputed in the backward
+            S_bias_sum_block = None if whole else S_bias_sum_at(tau[q0:q1], tau_p[k0:k1], C, device=device, dtype=dtype)
+            return F.scaled_dot_product_attention(q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=None if whole else S_bias_sum_block, scale=1/math.sqrt(d_k))
+        blocks = []
+        for q0, q1, k0, k1, whole in S_bias_sum_spans:
+            blocks.append(recomputed(O_block, Q, K, V, q0, q1, k0, k1, whole))
+        O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+    del Q_proj, Q, K_proj, K, V_proj, V, S_bias_sum_spans
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

@@ -47,20 +47,23 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of a block of queries
     (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
-    every query and key where the mask changes nothing anywhere; when traced, None; where
-    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
-    each block of queries. The spans are read off the mask's values, in one read back: on
-    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
-    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
     n_q, n_k = mask.shape[-2:] if shape is None else shape
     every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
     if n_q * n_k == 0:
         return every if blocks else None
-    if every_call and mask.device.type not in HOST_READS:
-        return None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in HOST_READS:
+        return every if blocks else None
     seen, fit = [], []
     for t in range(0, n_q, QUERY_BLOCK):
         rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]

@@ -18,20 +18,23 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of a block of queries
     (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"). One span of
-    every query and key where the mask changes nothing anywhere; when traced, None; where
-    blocks would skip less than a fifth of the scores, None, or with `blocks` every key for
-    each block of queries. The spans are read off the mask's values, in one read back: on
-    every call (`every_call`, a mask of tensors), only on a device of HOST_READS, so that
-    elsewhere a call never waits for the device (the kernel then runs on all keys)."""
+    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
+    read: every key for each block). One span of every query and key where the mask
+    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
+    of the scores, None, or with `blocks` every key for each block of queries. The spans
+    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
+    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
         return None
     n_q, n_k = mask.shape[-2:] if shape is None else shape
     every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
     if n_q * n_k == 0:
         return every if blocks else None
-    if every_call and mask.device.type not in HOST_READS:
-        return None
+    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
+        return every
+    if every_call and (mask if shape is None else mask(0, 0)).device.type not in HOST_READS:
+        return every if blocks else None
     seen, fit = [], []
     for t in range(0, n_q, QUERY_BLOCK):
         rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
@@ -82,6 +85,17 @@ def safe_softmax(scores, dim=-1, overwrite=False):
     if weights.select(dim, 0).isnan().any():  # a dead row is NaN throughout, a live one not
         weights = torch.ops.aten._safe_softmax.default(scores, dim)
     return weights
+
+
+def recomputed(function, *args, **kwargs):
+    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
+    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
+    so that a training step holds one block's at a time, never every row's; the random
+    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
+    call."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
 
 
 def talking_heads_constants(N, *, device, dtype):
@@ -162,7 +176,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
             for t_2 in range(q0, q1, rows):
                 u_2 = min(t_2 + rows, q1)
                 M_block = M_at(tau[t_2:u_2], tau_p[k0:k1], device=device, dtype=dtype)
-                blocks.append(talking_heads_rows(Q_scaled[..., t_2:u_2, :], K[..., k0:k1, :], P_l, M_block, P_w, V[..., k0:k1, :]))
+                blocks.append(recomputed(talking_heads_rows, Q_scaled[..., t_2:u_2, :], K[..., k0:k1, :], P_l, M_block, P_w, V[..., k0:k1, :]))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
