@@ -59,6 +59,7 @@ class CoreAttention:
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
         self.mask = mask_kind(spec)
+        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -70,11 +71,17 @@ class CoreAttention:
         attention_mask: torch.Tensor | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        needed = needed_mask(attention_mask, query, key, kwargs, module)
+        return self.run(module, query, key, value, attention_mask, needed, kwargs)
+
+    def run(self, module, query, key, value, attention_mask, needed: str, kwargs: dict):
+        """The call, the mask it needs (`needed_mask`) known."""
         given = self._keywords(module, query, kwargs)
-        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value}
+        b, _, n, d = query.shape  # heads (g r) split by a view: no copy, no Python unflatten
+        tensors = {"Q": query.view(b, key.shape[1], -1, n, d), "K": key, "V": value}
         if self.mask == TENSOR:
             tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
-        elif self.mask != (needed := needed_mask(attention_mask, query, key, kwargs, module)):
+        elif self.mask != needed:
             raise NotImplementedError(
                 f"attention spec {self.name!r} takes no mask: {MASK_KINDS[self.mask]}, and"
                 f" {type(module).__name__}'s call needs {MASK_KINDS[needed]}: register it"
@@ -93,10 +100,6 @@ class CoreAttention:
         if weights is not None:
             weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
         return out.flatten(1, 2).transpose(1, 2), weights
-
-    def takes(self) -> dict:
-        """Whether the spec takes a soft cap and sinks: a layer must then hand them over."""
-        return {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
 
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
@@ -254,14 +257,14 @@ class Cores:
         self.cores = cores
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
-        core = self.pick(module, query, key, attention_mask, kwargs)
-        return core(module, query, key, value, attention_mask, **kwargs)
+        needed = needed_mask(attention_mask, query, key, kwargs, module)
+        core = self.pick(needed, kwargs)
+        return core.run(module, query, key, value, attention_mask, needed, kwargs)
 
-    def pick(self, module, query, key, attention_mask, kwargs: dict) -> CoreAttention:
+    def pick(self, needed: str, kwargs: dict) -> CoreAttention:
         given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
-        matching = [c for c in self.cores if c.takes() == given] or self.cores[:1]
-        mask = needed_mask(attention_mask, query, key, kwargs, module)
-        return next((c for c in matching if c.mask == mask), matching[0])
+        matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
+        return next((c for c in matching if c.mask == needed), matching[0])
 
 
 DEFAULT = "indexattn"
