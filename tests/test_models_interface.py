@@ -428,3 +428,33 @@ def test_a_plainly_causal_mask_reaches_the_core_as_a_predicate(monkeypatch):
         ran.clear()
         assert_relative(logits(model, ids, mask), want)
         assert ran == [core] * 2
+
+
+def test_a_decode_step_reaches_the_core_unmasked(monkeypatch):
+    """One new query after its cache, no padding: transformers hands no mask, and the core with
+    none (gqa_unmasked_core: sdpa without a mask) runs every step after the prompt, giving
+    eager's tokens and logits; the twin: a left-padded batch hands a mask, and gqa_core runs."""
+    from transformers import AttentionInterface
+
+    ran = []
+    for core in AttentionInterface._global_mapping["indexattn"].cores:
+
+        def run(spec=core.spec, **kwargs):
+            ran.append(spec.name)
+            return spec(**kwargs)
+
+        monkeypatch.setattr(core, "spec", run)
+    model = model_of("llama")
+    ids, padding = prompt()
+    for mask, prefill, step in (
+        (torch.ones_like(padding), "gqa_causal_core", "gqa_unmasked_core"),
+        (padding, "gqa_core", "gqa_core"),
+    ):
+        model.set_attn_implementation("eager")
+        tokens, steps = generate(model, ids, mask)
+        model.set_attn_implementation("indexattn")
+        ran.clear()
+        tokens_ours, steps_ours = generate(model, ids, mask)
+        assert torch.equal(tokens_ours, tokens)
+        assert_relative(steps_ours, steps)
+        assert ran == [prefill] * 2 + [step] * 2 * (NEW - 1)

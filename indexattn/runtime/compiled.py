@@ -295,6 +295,8 @@ class CompiledSpec:
         """Keywords by ASCII name: one that names an argument, size or scalar by the spec's
         own glyphs (`θ=` for the param θ) is that name's ASCII spelling (`theta=`), which
         is what ir/scope.py gave it; both at once is a TypeError."""
+        if all(map(str.isascii, kwargs)):  # the common call: nothing to respell, nothing to build
+            return kwargs
         known = {*self.arguments, *self.size_names, *(s for s, _ in self.plain.scalars)}
         out = {}
         for key, value in kwargs.items():

@@ -58,7 +58,8 @@ class CoreAttention:
         self.spec, self.name = spec, spec.name
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
-        self.masked = "M" in spec.arguments  # else causal by a predicate (gqa_causal_core)
+        self.mask = mask_kind(spec)
+        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -70,15 +71,21 @@ class CoreAttention:
         attention_mask: torch.Tensor | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        needed = needed_mask(attention_mask, query, key, kwargs, module)
+        return self.run(module, query, key, value, attention_mask, needed, kwargs)
+
+    def run(self, module, query, key, value, attention_mask, needed: str, kwargs: dict):
+        """The call, the mask it needs (`needed_mask`) known."""
         given = self._keywords(module, query, kwargs)
-        tensors = {"Q": query.unflatten(1, (key.shape[1], -1)), "K": key, "V": value}
-        if self.masked:
+        b, _, n, d = query.shape  # heads (g r) split by a view: no copy, no Python unflatten
+        tensors = {"Q": query.view(b, key.shape[1], -1, n, d), "K": key, "V": value}
+        if self.mask == TENSOR:
             tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
-        elif not plainly_causal(attention_mask, query, key, kwargs, module):
+        elif self.mask != needed:
             raise NotImplementedError(
-                f"attention spec {self.name!r} takes no mask: it is causal over the same"
-                f" tokens, and {type(module).__name__} hands over a mask (padding, a window,"
-                " or queries after cached keys): register it beside a core that takes M"
+                f"attention spec {self.name!r} takes no mask: {MASK_KINDS[self.mask]}, and"
+                f" {type(module).__name__}'s call needs {MASK_KINDS[needed]}: register it"
+                " beside a core that takes M"
             )
         if self.sinks:
             tensors[SINKS] = kwargs["s_aux"]
@@ -93,10 +100,6 @@ class CoreAttention:
         if weights is not None:
             weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
         return out.flatten(1, 2).transpose(1, 2), weights
-
-    def takes(self) -> dict:
-        """Whether the spec takes a soft cap and sinks: a layer must then hand them over."""
-        return {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
 
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
@@ -209,39 +212,69 @@ def core_mask(
     return mask[:, 0].to(query.dtype)
 
 
-def plainly_causal(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module) -> bool:
-    """No mask handed over (transformers' sdpa mask function skips one that only says causal),
-    queries and keys the same tokens, causal, and no window shorter than them: sdpa's
-    is_causal."""
-    n = query.shape[-2]
+TENSOR, CAUSAL, NONE = "tensor", "causal", "none"
+MASK_KINDS = {  # what a core's mask is, and when the layer's call needs it
+    TENSOR: "a mask tensor (padding, a window, or queries after cached keys)",
+    CAUSAL: "causal over the same tokens (sdpa's is_causal)",
+    NONE: "every query sees every key (one new query after its cache, or not causal)",
+}
+
+
+def mask_kind(spec: CompiledSpec) -> str:
+    """A core's mask: an input M (TENSOR), an M its equations define, a predicate on the
+    positions (CAUSAL, gqa_causal_core), or none at all (NONE, gqa_unmasked_core)."""
+    if "M" in spec.arguments:
+        return TENSOR
+    defined = {equation.tensor.name for equation in spec.ir.equations}
+    return CAUSAL if "M" in defined else NONE
+
+
+def needed_mask(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module) -> str:
+    """The mask a call needs, as sdpa reads it: none handed over (transformers' sdpa mask
+    function skips one that hides nothing sdpa cannot) and causal, with no window shorter than
+    the keys: CAUSAL where queries and keys are the same tokens, NONE where one query follows
+    its cache (it sees every key) or the layer is not causal; else TENSOR."""
+    if mask is not None:
+        return TENSOR
+    n, n_kv = query.shape[-2], key.shape[-2]
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     window = kwargs.get("sliding_window")
-    return mask is None and causal and n == key.shape[-2] and (window is None or window >= n)
+    if not causal:
+        return NONE
+    if window is not None and window < n_kv:
+        return TENSOR
+    return CAUSAL if n == n_kv else NONE if n == 1 else TENSOR
 
 
 class Cores:
     """Several core specs under one attn_implementation: each call runs one that takes what
     the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core, or
-    gqa_causal_core where the mask is plainly causal), or the first, which refuses what it
-    lacks by name."""
+    gqa_causal_core where the mask is plainly causal, or gqa_unmasked_core where the call
+    needs none, `needed_mask`), or the first, which refuses what it lacks by name."""
 
     def __init__(self, cores: list[CoreAttention]) -> None:
         self.cores = cores
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
-        core = self.pick(module, query, key, attention_mask, kwargs)
-        return core(module, query, key, value, attention_mask, **kwargs)
+        needed = needed_mask(attention_mask, query, key, kwargs, module)
+        core = self.pick(needed, kwargs)
+        return core.run(module, query, key, value, attention_mask, needed, kwargs)
 
-    def pick(self, module, query, key, attention_mask, kwargs: dict) -> CoreAttention:
+    def pick(self, needed: str, kwargs: dict) -> CoreAttention:
         given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
-        matching = [c for c in self.cores if c.takes() == given] or self.cores[:1]
-        masked = not plainly_causal(attention_mask, query, key, kwargs, module)
-        return next((c for c in matching if c.masked == masked), matching[0])
+        matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
+        return next((c for c in matching if c.mask == needed), matching[0])
 
 
 DEFAULT = "indexattn"
-SHIPPED = ("gqa_core.attn", "gqa_causal_core.attn", "softcap_core.attn", "sinks_core.attn")
+SHIPPED = (
+    "gqa_core.attn",
+    "gqa_causal_core.attn",
+    "gqa_unmasked_core.attn",
+    "softcap_core.attn",
+    "sinks_core.attn",
+)
 
 
 def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention | Cores:
