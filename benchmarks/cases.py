@@ -25,9 +25,9 @@ from tests.reference.cases import CASES as CLASSIC  # noqa: E402
 from tests.reference.cases import positional, torch_mha_call  # noqa: E402
 from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
+from tests.reference.mta import MTA_CASES  # noqa: E402
 from tests.reference.nsa import NativeSparseAttention  # noqa: E402
 from tests.reference.ssd import SSD  # noqa: E402
-from tests.reference.mta import MTA_CASES  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
 SHAPES = ((1, 512), (1, 2048))

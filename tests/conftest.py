@@ -42,3 +42,14 @@ def masks(monkeypatch) -> list:
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def default_dtype():
+    """Every test starts at torch's default float32 and leaves it there: a test (or a library
+    it calls) that sets another default changes no later test's modules."""
+    import torch
+
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(torch.float32)

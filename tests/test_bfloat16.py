@@ -15,10 +15,12 @@ def run(spec, dtype, bump: bool = False):
     args = sample_arguments(spec.ir, sizes, (2,), torch.float64)
     module = spec.module(**sizes)
     module.load_state_dict({k: args[k] for k in module.state_dict()})
-    if bump:  # the twin: every entry of the last parameter moved, far beyond bfloat16's error
-        with torch.no_grad():
-            last = list(module.parameters())[-1]  # unevenly: softmax ignores a constant
-            last.add_(torch.linspace(0, 2, last.numel(), dtype=last.dtype).view_as(last))
+    if bump:  # the twin: every entry of every parameter moved, far beyond bfloat16's error
+        with torch.no_grad():  # (the last alone can be a small one: mta's kernel over scores)
+            for weight in module.parameters():  # unevenly: softmax ignores a constant
+                weight.add_(
+                    torch.linspace(0, 2, weight.numel(), dtype=weight.dtype).view_as(weight)
+                )
     module = module.to(dtype).eval()
     inputs = [args[t.ascii] for t in spec.ir.tensors_of("input")]
     out = module(*(x.to(dtype) if x.is_floating_point() else x for x in inputs))

@@ -267,7 +267,7 @@ def test_pyproject_admits_the_major_release_and_ci_tests_both_ends():
     bound = f'"transformers>={low},<{Version(low).major + 1}"'
     assert pyproject.count(bound) == 2  # the extra and the tests
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    oldest, newest = re.search(r"^for version in (\S+) (\S+); do$", ci, re.M).groups()
+    oldest, newest = re.search(r"^ *for version in (\S+) (\S+); do$", ci, re.M).groups()
     assert oldest == low and Version(newest) < Version(high)
     assert Version(newest).minor == Version(high).minor - 1  # the last minor release tested
 

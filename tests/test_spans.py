@@ -87,7 +87,13 @@ def test_blocks_of_one_query_equal_the_literal(name, monkeypatch, kernel_calls):
     (got, got_grads), (want, want_grads) = run(spec, name)
     for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
         torch.testing.assert_close(g, w, atol=1e-12, rtol=0)
-    assert len(kernel_calls) > 1 and set(kernel_calls) == {1}
+    whole = WHOLE_CALLS.get(name, set())
+    assert kernel_calls.count(1) > 1 and set(kernel_calls) - {1} <= whole
+
+
+# a kernel call of a spec that has no band to span, beside its spanned ones: NSA's compressed
+# branch (every query against the block summaries, one call)
+WHOLE_CALLS = {"nsa": {4}}
 
 
 @pytest.mark.parametrize("name", SPANNED)
