@@ -28,6 +28,7 @@ import sympy
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from sympy.logic.boolalg import to_nnf
 from torch.utils.checkpoint import checkpoint
 
 from . import ir
@@ -205,40 +206,21 @@ def _bounds(expr: sympy.Expr, box: dict) -> tuple[float, float] | None:
 
 
 def always(cond: sympy.Basic, box: dict) -> bool:
-    """Whether `cond` holds at every point of the box (False where it cannot tell)."""
+    """Whether `cond` holds at every point of the box (False where it cannot tell). A negation
+    is pushed down to the comparisons first (`to_nnf`: not τ > u is τ <= u)."""
+    cond = to_nnf(cond)
     if cond is sympy.true:
         return True
     if isinstance(cond, sympy.Or):
         return any(always(c, box) for c in cond.args)
     if isinstance(cond, sympy.And):
         return all(always(c, box) for c in cond.args)
-    if isinstance(cond, sympy.Not):
-        return never(cond.args[0], box)
     if isinstance(cond, sympy.core.relational.Relational):
         found = _bounds(cond.lhs - cond.rhs, box)
         if found is None:
             return False
         lo, hi = found
         return {">": lo > 0, ">=": lo >= 0, "<": hi < 0, "<=": hi <= 0}.get(cond.rel_op, False)
-    return False
-
-
-def never(cond: sympy.Basic, box: dict) -> bool:
-    """Whether `cond` fails at every point of the box (False where it cannot tell)."""
-    if cond is sympy.false:
-        return True
-    if isinstance(cond, sympy.Or):
-        return all(never(c, box) for c in cond.args)
-    if isinstance(cond, sympy.And):
-        return any(never(c, box) for c in cond.args)
-    if isinstance(cond, sympy.Not):
-        return always(cond.args[0], box)
-    if isinstance(cond, sympy.core.relational.Relational):
-        found = _bounds(cond.lhs - cond.rhs, box)
-        if found is None:
-            return False
-        lo, hi = found
-        return {">": hi <= 0, ">=": hi < 0, "<": lo >= 0, "<=": lo > 0}.get(cond.rel_op, False)
     return False
 
 
