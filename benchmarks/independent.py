@@ -109,12 +109,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.probe:
-        return print(json.dumps(peak(args.probe[0], int(args.probe[1]), args.probe[2])))
+        name, n, impl = args.probe
+        return print(json.dumps(peak(name, int(n), impl, torch.device(args.device))))
     lengths = (128,) if args.quick else (512, 2048)
     lengths = tuple(map(int, args.lengths.split(","))) if args.lengths else lengths
     names = args.cases.split(",") if args.cases else list(CASES)
     if args.memory:
-        return memory(names, lengths)
+        return memory(names, lengths, args.device)
     for name in names:
         case = CASES[name]
         for n in lengths:
@@ -155,25 +156,34 @@ def make_inputs(spec, n: int, device: torch.device) -> list[torch.Tensor]:
     return [ids if t.dtype == "int" else x for t in spec.ir.tensors_of("input")]
 
 
-def memory(names: list[str], lengths: tuple[int, ...]) -> None:
+def memory(names: list[str], lengths: tuple[int, ...], device: str) -> None:
     """The generated module's and each eager baseline's peak, each in a fresh process with
     glibc mapping every block above 128 kB on its own (so the peak counts tensors alive
-    together, as benchmarks/spec_memory.py does)."""
+    together, as benchmarks/spec_memory.py does); on a GPU, what its allocator holds."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     for name in names:
         for n in lengths:
             for impl in ("generated", *CASES[name].baselines):
                 command = [sys.executable, __file__, "--probe", name, str(n), impl]
+                command += ["--device", device]
                 done = subprocess.run(command, stdout=subprocess.PIPE, check=True, env=env)
                 print(json.dumps({"case": name, "N": n, "impl": impl, **json.loads(done.stdout)}))
 
 
-def peak(name: str, n: int, impl: str) -> dict:
-    """MB that resident memory rises by at the peak of one forward+backward: the second one,
-    since the first builds per-shape tables and the gradients' storage."""
-    built = build(CASES[name], n, torch.device("cpu"), compiled=False)[impl]
+def peak(name: str, n: int, impl: str, device: torch.device) -> dict:
+    """MB that memory rises by at the peak of one forward+backward: the second one, since the
+    first builds per-shape tables and the gradients' storage. On a CPU, resident memory; on
+    a GPU, what the caching allocator holds above its start."""
+    built = build(CASES[name], n, device, compiled=False)[impl]
     run_once(*built, MODES[1])
-    return {"forward+backward MB": spec_memory.growth(lambda: run_once(*built, MODES[1]))}
+    if device.type == "cpu":
+        return {"forward+backward MB": spec_memory.growth(lambda: run_once(*built, MODES[1]))}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    run_once(*built, MODES[1])
+    torch.cuda.synchronize()
+    return {"forward+backward MB": round((torch.cuda.max_memory_allocated() - start) / 1e6, 1)}
 
 
 def summary(samples: dict[str, list[float]]) -> dict:

@@ -10,7 +10,7 @@ from indexattn.oracle.verify import sample_arguments, sample_sizes
 TOLERANCE = 0.02  # max |bf16 - f64| / (1 + max |f64|); float64 against itself gives 0
 
 
-def run(spec, dtype, bump: bool = False):
+def run(spec, dtype, bump: bool = False, device="cpu"):
     sizes = sample_sizes(spec.ir)
     args = sample_arguments(spec.ir, sizes, (2,), torch.float64)
     module = spec.module(**sizes)
@@ -21,10 +21,10 @@ def run(spec, dtype, bump: bool = False):
                 weight.add_(
                     torch.linspace(0, 2, weight.numel(), dtype=weight.dtype).view_as(weight)
                 )
-    module = module.to(dtype).eval()
-    inputs = [args[t.ascii] for t in spec.ir.tensors_of("input")]
+    module = module.to(device=device, dtype=dtype).eval()
+    inputs = [args[t.ascii].to(device) for t in spec.ir.tensors_of("input")]
     out = module(*(x.to(dtype) if x.is_floating_point() else x for x in inputs))
-    return (out[0] if isinstance(out, tuple) else out).double()
+    return (out[0] if isinstance(out, tuple) else out).double().cpu()
 
 
 def error(got, want) -> float:

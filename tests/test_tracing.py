@@ -136,7 +136,8 @@ def forward_backward(module, inputs):
     """The outputs and the gradients of every float input and parameter, for one loss."""
     inputs = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
     outputs = [o for o in _tuple(module(*inputs)) if o.is_floating_point()]
-    loss = sum((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() for o in outputs)
+    weights = [torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o) for o in outputs]
+    loss = sum((o * w).sum() for o, w in zip(outputs, weights))
     leaves = [t for t in inputs if t.requires_grad] + list(module.parameters())
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     return outputs + [g for g in grads if g is not None]
@@ -226,7 +227,23 @@ def largest_error(spec, program, module) -> float:
     return max(errors)
 
 
-@pytest.mark.parametrize("name", EVERY)
+# torch 2.9's symbolic shapes cannot prove the guards the chunked prefix sums raise on the chunk
+# count (`2 % (10*((N + 7)//4)) != 0`); 2.13 and 2.15 can (docs/testing.md, "Tracing")
+CHUNKED = ("linear_attention_causal", "retention")
+OLD_TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 10)
+EXPORTED = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            OLD_TORCH and name in CHUNKED,
+            reason="torch < 2.10 cannot export the chunk count's guards at a dynamic N",
+        ),
+    )
+    for name in EVERY
+]
+
+
+@pytest.mark.parametrize("name", EXPORTED)
 def test_torch_export_with_a_dynamic_sequence_length(name, monkeypatch):
     """Exported at 13 positions and run from 2 to 20 at SMALL, in float64: eager runs several
     blocks of rows, spans and chunks; the program, one block and its chunks counted from N."""

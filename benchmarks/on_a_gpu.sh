@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one run (docs/performance.md, "On a GPU"): the card and the
+# versions, the suite's CUDA-marked tests (tests/test_cuda.py), then generated code against
+# FlexAttention and the other independent baselines on the card, time (forward and
+# forward+backward) and peak memory of forward+backward. Figures go to $OUT (default: a new
+# folder under /tmp). Run from the repository root with a Python that has torch with CUDA:
+#   PYTHON=python3 benchmarks/on_a_gpu.sh
+set -uo pipefail
+python=${PYTHON:-python3}
+out=${OUT:-$(mktemp -d)}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/card.txt"
+"$python" -c "import torch, sympy, opt_einsum, einops, transformers
+print('torch', torch.__version__, 'sympy', sympy.__version__, 'opt_einsum', opt_einsum.__version__,
+      'einops', einops.__version__, 'transformers', transformers.__version__)" | tee -a "$out/card.txt"
+timeout "${TESTS_SECONDS:-180}" "$python" -m pytest -q -m cuda tests/test_cuda.py 2>&1 \
+  | tee "$out/tests.txt"
+cases="mha (FlexAttention),sliding_window (FlexAttention),softcap_window (FlexAttention)"
+cases+=",alibi (FlexAttention),doc_mask (FlexAttention),linear_attention_causal,retention,rope"
+timeout "${TIME_SECONDS:-150}" "$python" benchmarks/independent.py --device cuda \
+  --lengths "${LENGTHS:-8192}" --rounds 5 --cases "$cases" 2>&1 | tee "$out/time.jsonl"
+flex=$(tr , '\n' <<<"$cases" | grep Flex | paste -sd,)
+timeout "${MEMORY_SECONDS:-100}" "$python" benchmarks/independent.py --device cuda --memory \
+  --lengths 32768 --cases "$flex" 2>&1 | tee "$out/memory.jsonl"
+echo "figures in $out"
