@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from test_derive import chains
+from test_differential import specs as fuzzed
 from test_robustness import valid_specs
 
 import indexattn
@@ -40,9 +41,9 @@ def stages(spec, rewrites=BACKWARD_REWRITES):
 class Case:
     """A spec's random arguments, cotangents, and the literal interpreter's gradients."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec, sizes=None) -> None:
         self.spec = spec
-        self.sizes = sample_sizes(spec.ir)
+        self.sizes = sizes or sample_sizes(spec.ir)
         self.args = sample_arguments(spec.ir, self.sizes, (2,))
         leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in self.args.items()}
         out = reference.evaluate(spec.ir, **leaves, **self.given(spec))
@@ -83,10 +84,10 @@ class Case:
         )
 
 
-def wrong_stage(spec, rewrites=BACKWARD_REWRITES) -> str | None:
+def wrong_stage(spec, rewrites=BACKWARD_REWRITES, sizes=None) -> str | None:
     """Why the first stage whose backward differs from the literal interpreter does, naming
     it ("after rewrite 'flash': ..."), or None."""
-    case = Case(spec)
+    case = Case(spec, sizes)
     for name, derived in stages(spec, rewrites):
         stage = "reverse mode" if name == "reverse" else f"rewrite {name!r}"
         try:
@@ -117,6 +118,17 @@ def test_every_rewrite_keeps_random_chains_gradients(text):
 @given(valid_specs())
 def test_every_rewrite_keeps_random_specs_gradients(text):
     assert wrong_stage(indexattn.compile_spec(text, name="random")) is None, text
+
+
+@settings(deadline=None, max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@given(fuzzed())
+def test_every_rewrite_keeps_the_differential_fuzzers_specs_gradients(drawn):
+    """Gathers, relative positions, a cache's concat and cumsum (reverse_cumsum) at random."""
+    spec = indexattn.compile_spec(drawn[0], name="fuzz")
+    sizes = sample_sizes(spec.ir)
+    if "V" in sizes:  # positions 0 or 1 need a table of two rows
+        sizes["V"] = max(sizes["V"], 2)
+    assert wrong_stage(spec, sizes=sizes) is None, drawn[0]
 
 
 def test_each_rewrite_changes_some_backward():
