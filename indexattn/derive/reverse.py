@@ -107,14 +107,13 @@ class Derivation:
         self.taken |= {str(s) for s in spec.sizes} | {i.glyph for i in spec.indices}
         self.parts: dict[Tensor, list[Part]] = {}
         self.differentiable = self._differentiable()
-        self.readers = {t: [e for e in spec.equations if reads(e.rhs, t)] for t in spec.tensors}
         self.eq: Equation | None = None
         self.names: dict[Tensor, str] = {}  # each tensor's cotangent, once accumulated
         # Common subexpressions: a node equal to an equation's right side is its left side;
         # any other value the backward reads is named once.
         self.defined = {eq.rhs: eq.tensor for eq in spec.equations}
         self.values: dict[Node, Cot] = {}
-        self.stacks: dict[tuple, Cot] = {}  # the stack rewrite's, by their text (dX and dW)
+        self.once: dict[tuple, Cot] = {}  # what the rewrites name once per derivation, by key
         if training:
             self.out.masks = {id(n): self.mask(n, eq) for eq, n in dropouts(spec)}
 

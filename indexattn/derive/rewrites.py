@@ -54,7 +54,7 @@ def single_reader(d: Derivation, node: Reduce) -> tuple[Tensor, tuple[Index, ...
     """(O, how O = A V writes A) where the softmax A = `node` is read once, by a product
     that sums A's softmax indices and keeps its others, and O's cotangent is known; or None."""
     a = d.eq.tensor
-    readers = d.readers[a]
+    readers = [e for e in d.spec.equations if reads(e.rhs, a)]
     if node is not d.eq.rhs or a in d.spec.outputs or len(readers) != 1:
         return None
     reader = readers[0]
@@ -172,9 +172,10 @@ def stacked(d: Derivation, key: tuple, members: list[tuple[int, Part]], tensor: 
     order = [i for axis in heads[0].layout for i in axis]
     order.insert(1, index)
     free = heads[0].free | {index}
-    if (text, tuple(order)) not in d.stacks:  # dX and dW stack the same cotangents
-        d.stacks[text, tuple(order)] = d.materialize(Cot(text, free, free), base, order)
-    stack = d.stacks[text, tuple(order)]
+    once = ("stack", text, tuple(order))
+    if once not in d.once:  # dX and dW stack the same cotangents
+        d.once[once] = d.materialize(Cot(text, free, free), base, order)
+    stack = d.once[once]
     first = members[0][1]
     if key[0] == "slot":
         axes = tuple(
