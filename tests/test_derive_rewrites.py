@@ -166,8 +166,8 @@ def stack_one_part_twice(d, parts, glyphs, tensor):
     ids=["flash", "stack"],
 )
 def test_a_planted_wrong_rewrite_is_caught_and_named(spec, run, hook):
+    """Unplanted, mha passes (test_every_rewrite_keeps_each_shipped_specs_gradients)."""
     compiled = indexattn.compile_spec(spec)
-    assert wrong_stage(compiled) is None
     assert wrong_stage(compiled, planted(run, hook)).startswith(f"after rewrite {run.__name__!r}")
 
 
