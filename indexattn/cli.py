@@ -150,6 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     _spec_argument(grad)
     _output_options(grad, "OUT.attn")
     grad.add_argument("--eval", action="store_true", help="in eval mode: dropout is the identity")
+    grad.add_argument(
+        "--dump-after",
+        metavar="REWRITE",
+        help="the backward after the rewrite REWRITE of BACKWARD_REWRITES (reverse: none)",
+    )
     grad.set_defaults(run=run_grad)
 
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
@@ -415,11 +420,17 @@ def _checked(argument: str):
 
 def run_grad(args: argparse.Namespace) -> int:
     from .derive import backward_text
+    from .derive.rewrites import upto
     from .ir import check
 
     text, name, file = _source(args.spec)
     spec = check(text, name, file)
-    emit(backward_text(spec, text, file, training=not args.eval), args.output, args.force)
+    try:
+        rewrites = upto(args.dump_after)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    backward = backward_text(spec, text, file, training=not args.eval, rewrites=rewrites)
+    emit(backward, args.output, args.force)
     return 0
 
 

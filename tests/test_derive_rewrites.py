@@ -1,26 +1,30 @@
 """Translation validation of the derived backward: reverse mode proper, then after each rewrite
 of BACKWARD_REWRITES (indexattn/derive/rewrites.py), the backward's gradients equal the
-literal interpreter's (float64, eval mode) on every shipped spec and random ones. A wrong
-rewrite planted in the list is caught and named; each rewrite changes some shipped spec's
-backward (it is exercised)."""
-
-from pathlib import Path
+literal interpreter's (float64, eval mode) on shipped specs that exercise every rewrite and on
+random ones. Each rewrite has a twin: a wrong copy of it planted in its place is caught, and
+the failure names it; each rewrite changes some of these specs' backward (it is exercised)."""
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from test_derive import chains
+from test_differential import specs as fuzzed
 from test_robustness import valid_specs
 
 import indexattn
-from indexattn.derive import derive
-from indexattn.derive.reverse import Cot, Derivation, Rewrite
-from indexattn.derive.rewrites import BACKWARD_REWRITES, NAMES
+from indexattn import cli
+from indexattn.derive import derive, rewrites
+from indexattn.derive.reverse import Cot
+from indexattn.derive.rewrites import BACKWARD_REWRITES, NAMES, Rewrite
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
-ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted((ROOT / "specs").glob("*.attn"))
+# shipped specs that, together, every rewrite changes: mha (flash, stack), forgetting (flash,
+# reverse_cumsum); and reverse mode's own steps: a where's guarded branches (retention), a
+# gather scattered back (t5_bias)
+SPECS = ("mha", "forgetting", "retention", "t5_bias")
+# a read backwards along a whole axis, scattered back by reverse mode (a flip once lowered)
+FLIPPED = "index τ : N\nindex a : d\ninput x_<τa>\ny_<τa> = exp(x_<[N - 1 - τ]a>) x_<τa>\n"
 
 
 def stages(spec, rewrites=BACKWARD_REWRITES):
@@ -37,9 +41,9 @@ def stages(spec, rewrites=BACKWARD_REWRITES):
 class Case:
     """A spec's random arguments, cotangents, and the literal interpreter's gradients."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec, sizes=None) -> None:
         self.spec = spec
-        self.sizes = sample_sizes(spec.ir)
+        self.sizes = sizes or sample_sizes(spec.ir)
         self.args = sample_arguments(spec.ir, self.sizes, (2,))
         leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in self.args.items()}
         out = reference.evaluate(spec.ir, **leaves, **self.given(spec))
@@ -80,61 +84,111 @@ class Case:
         )
 
 
-def zero_padded(spec) -> bool:
-    """Whether a `where` keeps a read inside its axis (a convolution's zero padding): only the
-    guard rewrite differentiates that read where the forward reads it."""
-    from indexattn import ir
-    from indexattn.lower.numerics import guarded
-
-    wheres = (n for eq in spec.ir.equations for n in ir.walk(eq.rhs))
-    return any(list(ir.refs(guarded(n))) != list(ir.refs(n)) for n in wheres)
-
-
-def first_wrong(spec, rewrites=BACKWARD_REWRITES) -> str | None:
-    """The first stage whose backward differs from the literal interpreter, or None."""
-    case = Case(spec)
+def wrong_stage(spec, rewrites=BACKWARD_REWRITES, sizes=None) -> str | None:
+    """Why the first stage whose backward differs from the literal interpreter does, naming
+    it ("after rewrite 'flash': ..."), or None."""
+    case = Case(spec, sizes)
     for name, derived in stages(spec, rewrites):
-        if name == "reverse" and zero_padded(spec):
-            continue  # reverse mode proper reads past the axis where no where guards it
-        if case.error(derived) > 1e-10:
-            return name
+        stage = "reverse mode" if name == "reverse" else f"rewrite {name!r}"
+        try:
+            error = case.error(derived)
+        except (RuntimeError, IndexError, indexattn.IndexAttnError) as failed:
+            return f"after {stage}: the backward fails: {failed}"
+        if error > 1e-10:
+            return f"after {stage}: gradients off by {error:.2e}"
     return None
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
-def test_every_rewrite_keeps_each_shipped_specs_gradients(path):
-    assert first_wrong(indexattn.compile_spec(path)) is None
+@pytest.mark.parametrize("name", SPECS)
+def test_every_rewrite_keeps_each_shipped_specs_gradients(name):
+    assert wrong_stage(indexattn.compile_spec(name)) is None
 
 
-@settings(deadline=None, max_examples=5, suppress_health_check=[HealthCheck.too_slow])
-@given(chains())
-def test_every_rewrite_keeps_random_chains_gradients(text):
-    assert first_wrong(indexattn.compile_spec(text, name="chain")) is None, text
+def test_a_reversal_s_backward_keeps_its_gradients():
+    assert wrong_stage(indexattn.compile_spec(FLIPPED, name="flipped")) is None
 
 
 @settings(deadline=None, max_examples=4, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_every_rewrite_keeps_random_chains_gradients(text):
+    assert wrong_stage(indexattn.compile_spec(text, name="chain")) is None, text
+
+
+@settings(deadline=None, max_examples=3, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_specs())
 def test_every_rewrite_keeps_random_specs_gradients(text):
-    assert first_wrong(indexattn.compile_spec(text, name="random")) is None, text
+    assert wrong_stage(indexattn.compile_spec(text, name="random")) is None, text
 
 
-def test_each_rewrite_changes_some_shipped_backward():
-    """The twin of the validation: each rewrite is seen at work on some shipped spec."""
+@settings(deadline=None, max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@given(fuzzed())
+def test_every_rewrite_keeps_the_differential_fuzzers_specs_gradients(drawn):
+    """Gathers, relative positions, a cache's concat and cumsum (reverse_cumsum) at random."""
+    spec = indexattn.compile_spec(drawn[0], name="fuzz")
+    sizes = sample_sizes(spec.ir)
+    if "V" in sizes:  # positions 0 or 1 need a table of two rows
+        sizes["V"] = max(sizes["V"], 2)
+    assert wrong_stage(spec, sizes=sizes) is None, drawn[0]
+
+
+def test_each_rewrite_changes_some_backward():
+    """The validation's twin: each rewrite is seen at work on these specs."""
     seen = set()
-    for path in SPECS:
-        seen |= {name for name, _ in stages(indexattn.compile_spec(path))}
+    for name in SPECS:
+        seen |= {stage for stage, _ in stages(indexattn.compile_spec(name))}
     assert seen == {"reverse", *NAMES}
 
 
-def test_a_planted_wrong_rewrite_is_caught_and_named(monkeypatch):
-    """A rewrite of softmax's row sum that writes 0 (wrong unless the row's cotangent is
-    orthogonal to A), planted after the others: caught on mha, and named."""
+def planted(run, hook: str) -> tuple[Rewrite, ...]:
+    """BACKWARD_REWRITES with `run` in place of the rewrite of `hook`."""
+    return tuple(Rewrite(hook, run) if r.hook == hook else r for r in BACKWARD_REWRITES)
 
-    def wrong(self, node):
-        return Cot("0", frozenset())
 
-    monkeypatch.setattr(Derivation, "zero_rows", wrong, raising=False)
-    planted = (*BACKWARD_REWRITES, Rewrite("planted", "rows", "zero_rows", "none"))
+def flash_sign_flipped(d, rows, node):
+    """FlashAttention's identity with D's sign flipped."""
+    found = rewrites.flash(d, rows, node)
+    return found if found is rows else Cot(f"(-{found.text})", found.free, found.all)
+
+
+def stack_one_part_twice(d, parts, glyphs, tensor):
+    """A stack that keeps the first part it stacked as well: counted twice."""
+    found = rewrites.stack(d, parts, glyphs, tensor)
+    gone = [p for p in parts if p not in found]
+    return (*found, gone[0]) if gone else found
+
+
+@pytest.mark.parametrize(
+    "spec, run, hook",
+    [
+        ("mha", flash_sign_flipped, "rows"),
+        ("mha", stack_one_part_twice, "sums"),
+    ],
+    ids=["flash", "stack"],
+)
+def test_a_planted_wrong_rewrite_is_caught_and_named(spec, run, hook):
+    """Unplanted, mha passes (test_every_rewrite_keeps_each_shipped_specs_gradients)."""
+    compiled = indexattn.compile_spec(spec)
+    assert wrong_stage(compiled, planted(run, hook)).startswith(f"after rewrite {run.__name__!r}")
+
+
+def test_a_reversal_off_by_one_is_caught_and_named(monkeypatch):
+    """reverse_cumsum reading its flip at size - index, not size - 1 - index: named."""
+    compiled = indexattn.compile_spec("linear_attention_causal")
+    assert wrong_stage(compiled) is None
+
+    def off_by_one(index, span):
+        return rewrites.Field(index.size - index.symbol, (index,), span)
+
+    monkeypatch.setattr(rewrites, "reversed_position", off_by_one)
+    assert wrong_stage(compiled).startswith("after rewrite 'reverse_cumsum'")
+
+
+def test_cli_grad_dumps_the_backward_after_a_rewrite(capsys):
     spec = indexattn.compile_spec("mha")
-    assert first_wrong(spec) is None
-    assert first_wrong(spec, planted) == "planted"
+    texts = {name: derived.text for name, derived in stages(spec)}
+    for name in ("reverse", "flash"):
+        assert cli.main(["grad", "mha", "--dump-after", name]) == 0
+        assert capsys.readouterr().out == texts[name]
+    assert texts["reverse"] != texts["flash"]  # the twin: each stage is its own
+    assert cli.main(["grad", "mha", "--dump-after", "flashy"]) == 2
+    assert "write one of: reverse, flash, stack, reverse_cumsum" in capsys.readouterr().err

@@ -13,7 +13,8 @@ import sympy
 
 from ..ir import Equation, Scalar, Spec, Tensor, check, printer, refs, sequence_indices
 from . import rewrites as rewritten
-from .reverse import Backward, Derivation, Rewrite, dropouts, unmasked
+from .reverse import Backward, Derivation, dropouts, unmasked
+from .rewrites import Rewrite
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,17 @@ def backward_text(
     *,
     training: bool = True,
     scalars: frozenset[str] = frozenset(),
+    rewrites: tuple[Rewrite, ...] | None = None,
 ) -> str:
-    """The derived backward of a checked spec, as spec text.
+    """The derived backward of a checked spec, as spec text (after `rewrites`: all of
+    BACKWARD_REWRITES by default).
 
     >>> from indexattn.ir import check
     >>> text = "index i : n\\ninput x_<i>\\ny_<i> = exp(x_<i>)"
     >>> print(backward_text(check(text, "e"), text).splitlines()[-2])
     dx_<i> = dy_<i> (exp(x_<i>))
     """
-    return derive(spec, source, file, training=training, scalars=scalars).text
+    return derive(spec, source, file, training=training, scalars=scalars, rewrites=rewrites).text
 
 
 def derive(

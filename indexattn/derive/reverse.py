@@ -2,12 +2,14 @@
 what its right side reads. A contraction's cotangent is the other factors times the
 cotangent, its indices renamed, never transposed; the cotangents of one tensor are summed in
 one equation; a literal slice or a computed position is scattered back by `where` on the
-index it selects."""
+index it selects; a where's branches are differentiated as the forward evaluates them. This
+alone is correct; the rewrites of derive/rewrites.py then write some steps otherwise."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -37,17 +39,8 @@ from ..lower.numerics import guarded
 from ..notation.names import ascii_name, fresh
 from ..ops import DERIVATIVES
 
-
-@dataclass(frozen=True)
-class Rewrite:
-    """One rewrite of the derived backward (derive/rewrites.py, BACKWARD_REWRITES): the step of
-    reverse mode it writes otherwise (`hook`), the Derivation method that writes it, and what
-    it keeps true."""
-
-    name: str
-    hook: str  # "branches", "rows", "sums" or "running"
-    method: str
-    guarantee: str
+if TYPE_CHECKING:
+    from .rewrites import Rewrite
 
 
 @dataclass(frozen=True)
@@ -103,7 +96,7 @@ class Derivation:
         rewrites: tuple[Rewrite, ...] = (),
     ) -> None:
         self.spec, self.source, self.file = spec, source, file
-        self.hooks = {r.hook: r.method for r in rewrites}  # a later one for a hook wins
+        self.rewrites = rewrites  # BACKWARD_REWRITES, or a prefix of it: none is reverse mode
         self.training = training  # False: dropout is the identity, as in eval mode
         # the scalars (ASCII names) whose cotangent is asked for: a tensor scalar that
         # requires grad (a learnable soft cap), reached through the fields that read it
@@ -114,14 +107,13 @@ class Derivation:
         self.taken |= {str(s) for s in spec.sizes} | {i.glyph for i in spec.indices}
         self.parts: dict[Tensor, list[Part]] = {}
         self.differentiable = self._differentiable()
-        self.readers = {t: [e for e in spec.equations if reads(e.rhs, t)] for t in spec.tensors}
         self.eq: Equation | None = None
         self.names: dict[Tensor, str] = {}  # each tensor's cotangent, once accumulated
         # Common subexpressions: a node equal to an equation's right side is its left side;
         # any other value the backward reads is named once.
         self.defined = {eq.rhs: eq.tensor for eq in spec.equations}
         self.values: dict[Node, Cot] = {}
-        self.stacks: dict[tuple, Cot] = {}  # cotangents stacked along an index, by their text
+        self.once: dict[tuple, Cot] = {}  # what the rewrites name once per derivation, by key
         if training:
             self.out.masks = {id(n): self.mask(n, eq) for eq, n in dropouts(spec)}
 
@@ -135,11 +127,13 @@ class Derivation:
         layout = tuple((i,) for i in dict.fromkeys(free) if i in arg.free)
         return Tensor(name, ascii_name(name), "input", layout, batched(arg), span=node.span)
 
-    def rewritten(self, hook: str, *args):
-        """What the rewrite for `hook` writes (None where none is on, or it does not
-        apply): reverse mode proper is written with none."""
-        method = self.hooks.get(hook)
-        return getattr(self, method)(*args) if method else None
+    def rewritten(self, hook: str, plain, *context):
+        """`plain`, a step as reverse mode proper writes it, through each rewrite of that
+        step in the list's order (each returns it as it found it where it does not apply)."""
+        for rewrite in self.rewrites:
+            if rewrite.hook == hook:
+                plain = rewrite.run(self, plain, *context)
+        return plain
 
     # -- names
 
@@ -302,7 +296,11 @@ class Derivation:
     def back_apply(self, node: Apply, cot: Cot) -> None:
         if node.fn == "where":
             condition = printer.text(node.args[0])
-            branches = self.rewritten("branches", node) or node.args[1:]
+            # as the forward evaluates them (numerics.guarded): a branch that can overflow
+            # reads a finite value where it is hidden, so its slope there is finite and the
+            # zero cotangent gives zero, not 0 × inf = NaN (and a read kept inside its axis
+            # by the where is differentiated where the forward reads it)
+            branches = guarded(node).args[1:]
             for arg, form in zip(branches, ("where({0}, {1}, 0)", "where({0}, 0, {1})")):
                 if not self.needs(arg):
                     continue
@@ -365,49 +363,10 @@ class Derivation:
         over = "".join(i.glyph for i in node.over)
         a = self.value(node)
         cot = self.named(cot, node)
-        rows = self.rewritten("rows", node) or Cot(
-            f"sum_<{over}>({a.text} {cot.text})", frozenset()
-        )
+        rows = self.rewritten("rows", Cot(f"sum_<{over}>({a.text} {cot.text})", frozenset()), node)
         text = f"{a.text} ({cot.text} - {rows.text})"
         free = frozenset(node.free)
         self.back(node.body, self.into(node.body, Cot(text, free, free | a.all | rows.all)))
-
-    def guarded_branches(self, node: Apply) -> tuple[Node, Node]:
-        """A where's branches as the forward evaluates them (numerics.guarded): a function
-        that can overflow reads a finite value where its branch is not chosen, so that its
-        slope there is finite and the zero cotangent gives zero, not 0 × inf = NaN."""
-        return guarded(node).args[1:]
-
-    def flash(self, node: Reduce) -> Cot | None:
-        """Σ_j A dA as Σ dO O (FlashAttention's D = rowsum(dO ∘ O)), where A = softmax_<j>(S)
-        is read once, by O = A V (any product that sums j and keeps A's other indices)."""
-        a = self.eq.tensor
-        readers = self.readers[a]
-        if node is not self.eq.rhs or a in self.spec.outputs or len(readers) != 1:
-            return None
-        reader = readers[0]
-        rhs = reader.rhs
-        if not isinstance(rhs, Product) or reader.tensor not in self.names:
-            return None
-        mine = [f for f in rhs.factors if isinstance(f, Ref) and f.tensor == a]
-        if len(mine) != 1 or any(f is not mine[0] and reads(f, a) for f in rhs.factors):
-            return None
-        written = mine[0].written
-        if not all(isinstance(i, Index) for i in written):
-            return None
-        over = [w for w, i in zip(written, a.indices) if i in node.over]
-        rows = [w for w in written if w not in over]
-        lhs = reader.tensor.indices
-        if any(j not in rhs.summed for j in over) or any(r not in lhs for r in rows):
-            return None
-        rename = {w: i.glyph for w, i in zip(written, a.indices)}
-        for extra in lhs:
-            if extra not in rename and extra.glyph in {i.glyph for i in a.indices}:
-                rename[extra] = self.fresh_index(extra)
-        o = reader.tensor
-        d = self.names[o]
-        text = f"{printer.ref(d, o.layout, rename)} {printer.ref(o.name, o.layout, rename)}"
-        return Cot(f"{text}", frozenset(), frozenset(a.indices))
 
     def named(self, cot: Cot, node: Node) -> Cot:
         if is_reference(cot.text):
@@ -446,28 +405,7 @@ class Derivation:
         over = "".join(i.glyph for i in node.over)
         text = f"(sum_<{over}>({g.text}) - cumsum_<{over}>({g.text}) + {g.text})"
         plain = Cot(text, g.free, g.all)
-        self.back(node.body, self.into(node.body, self.rewritten("running", node, g) or plain))
-
-    def flipped(self, node: Reduce, g: Cot) -> Cot:
-        """The reverse running sum as autograd computes it: the running sum of the cotangent
-        read backwards along j, read backwards (flip, cumsum, flip; the total less the
-        running sum cancels in the tail: 2.7 relative error in bfloat16 at N = 1024 where this
-        gives autograd's 0.004)."""
-        over = "".join(i.glyph for i in node.over)
-        if not g.layout:  # a reference with a sign: named first
-            g = self.materialize(g, "d" + self.eq.tensor.name, node.free)
-        flip = {i: At(self.reversed(i, node.span), node.span) for i in node.over}
-        axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in g.layout)
-        name = g.text.split("_<")[0]
-        running = Cot(f"cumsum_<{over}>({printer.ref(name, axes)})", g.free, g.all)
-        back = self.materialize(running, "d" + self.eq.tensor.name + "_rev", node.body.free)
-        axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in back.layout)
-        return Cot(printer.ref(back.text.split("_<")[0], axes), g.free, g.all)
-
-    @staticmethod
-    def reversed(index: Index, span) -> Node:
-        """The position `size - 1 - index`: a whole axis read backwards (a flip)."""
-        return Field(index.size - 1 - index.symbol, (index,), span)
+        self.back(node.body, self.into(node.body, self.rewritten("running", plain, node, g)))
 
     def back_concat(self, node: Concat, cot: Cot) -> None:
         """Each part's cotangent is the whole's, read where the part was written: at
@@ -493,7 +431,7 @@ class Derivation:
         plain = next((p for p in parts if all(isinstance(i, Index) for i in p.ref.written)), None)
         glyphs = [i.glyph for i in (plain.ref.written if plain else tensor.indices)]
         name = self.names[tensor] = self.fresh("d" + tensor.name)  # before its parts' names
-        grouped = self.rewritten("sums", parts, glyphs, tensor) or parts
+        grouped = self.rewritten("sums", tuple(parts), glyphs, tensor)
         terms = [self.term(p, glyphs, tensor) for p in grouped]
         axes, flat = [], iter(glyphs)
         for axis in tensor.layout:
@@ -509,97 +447,6 @@ class Derivation:
         self.uncovered(tensor, parts, glyphs)
         self.out.equations.append(f"{name}{lhs} = {' + '.join(terms)}")
         return Cot(printer.ref(name, tensor.layout), free, free, tensor.layout)
-
-    def regroup(self, parts: list[Part], glyphs: list[str], tensor: Tensor) -> list[Part]:
-        """Parts that differ only in their cotangent and in one constant along one index,
-        summed as one product over that index, the cotangents stacked along it by a `where`
-        chain: Σ_c where(B == c, dP_c X, 0) is (stack_B dP) X, and Σ_c dP_c W_<(μca)i> is
-        (stack_B dP) W_<(μBa)i>; the plan then makes one contraction of what were several
-        (mha's dW and dX: one matmul each, not three and their sum)."""
-        groups: dict[tuple, list[tuple[int, Part]]] = {}
-        for p in parts:
-            found = self.stackable(p, glyphs, tensor)
-            if found:
-                key, const = found
-                groups.setdefault(key, []).append((const, p))
-        merged: dict[int, Part] = {}
-        for key, members in groups.items():
-            if len(members) > 1 and len({c for c, _ in members}) == len(members):
-                merged[id(members[0][1])] = self.stacked(key, members, tensor)
-                merged |= {id(p): None for _, p in members[1:]}
-        return [merged.get(id(p), p) for p in parts if merged.get(id(p), p) is not None]
-
-    def stackable(self, part: Part, glyphs: list[str], tensor: Tensor):
-        """(what the parts of one stack share, this part's constant), or None: the part's
-        cotangent is a product whose first factor is a named cotangent, and either the part
-        writes one constant where the tensor has an index (dW's B) or, written plainly, the
-        part's product reads one tensor at one constant (dX's W_<(μ0a)i>)."""
-        cot = part.cot
-        if len(cot.factors) < 2 or not cot.factors[0].layout:
-            return None
-        head, rest = cot.factors[0], cot.factors[1:]
-        mentions = {i.glyph for i in cot.all}
-        written = part.ref.written
-        slots = [k for k, (g, w) in enumerate(zip(glyphs, written)) if not isinstance(w, Index)]
-        if any(isinstance(w, Index) and w.glyph != g for g, w in zip(glyphs, written)):
-            return None
-        if len(slots) == 1 and isinstance(written[slots[0]], int):
-            k = slots[0]  # the index the tensor's cotangent is written with there
-            index = next(i for i in self.spec.indices if i.glyph == glyphs[k])
-            if glyphs[k] in mentions:
-                return None
-            key = ("slot", index, glyphs[k], tuple(f.text for f in rest), head.free)
-            return key, written[k]
-        read = [(n, f) for n, f in enumerate(rest) if f.ref and constants(f.ref) == 1]
-        if slots or len(read) != 1:
-            return None
-        n, f = read[0]
-        k = next(k for k, w in enumerate(f.ref.written) if isinstance(w, int))
-        index = f.ref.tensor.indices[k]
-        if index.glyph in mentions:
-            return None
-        others = tuple(g.text for g in rest if g is not f)
-        key = ("read", index, n, f.ref.tensor, k, others, head.free, cot.free)
-        return key, f.ref.written[k]
-
-    def stacked(self, key: tuple, members: list[tuple[int, Part]], tensor: Tensor) -> Part:
-        """One part for a group of `stackable` ones: their cotangents stacked along the index
-        (an equation of its own), times what they share."""
-        index, glyph = key[1], key[1].glyph if key[0] == "read" else key[2]
-        members = sorted(members, key=lambda m: m[0])
-        heads = [p.cot.factors[0] for _, p in members]
-        consts = [c for c, _ in members]
-        whole = index.size == len(consts) and consts == list(range(len(consts)))
-        text = heads[-1].text if whole else "0"
-        for c, head in reversed(list(zip(consts, heads))[: -1 if whole else None]):
-            text = f"where({glyph} == {c}, {head.text}, {text})"
-        stems = [h.text.split("_<")[0].removeprefix("d") for h in heads]
-        plain = all(s.isalpha() for s in stems) and len("".join(stems)) <= 8
-        base = "d" + ("".join(stems) if plain else tensor.name + "_stack")  # dQKV
-        order = [i for axis in heads[0].layout for i in axis]
-        order.insert(1, index)
-        free = heads[0].free | {index}
-        if (text, tuple(order)) not in self.stacks:  # dX and dW stack the same cotangents
-            self.stacks[text, tuple(order)] = self.materialize(Cot(text, free, free), base, order)
-        stack = self.stacks[text, tuple(order)]
-        first = members[0][1]
-        if key[0] == "slot":
-            axes = tuple(
-                tuple(index if isinstance(w, int) else w for w in axis) for axis in first.ref.axes
-            )
-            whole_ref = Ref(first.ref.tensor, axes, first.ref.span)
-            target = first.cot.free | {index}
-            rest = list(first.cot.factors[1:])
-            return Part(whole_ref, product([stack, *rest], frozenset(target)))
-        rest = []
-        for f in first.cot.factors[1:]:
-            if f.ref is not None and constants(f.ref) == 1 and f.ref.tensor == key[3]:
-                axes = tuple(
-                    tuple(index if isinstance(w, int) else w for w in axis) for axis in f.ref.axes
-                )
-                f = Cot(printer.ref(f.ref.tensor.name, axes), f.free | {index}, f.all | {index})
-            rest.append(f)
-        return Part(first.ref, product([stack, *rest], first.cot.free))
 
     def uncovered(self, tensor: Tensor, parts: list[Part], glyphs: list[str]) -> None:
         """Every index of a cotangent must vary in some part (a cotangent constant along an
@@ -686,11 +533,6 @@ def product(parts: list[Cot], target: frozenset[Index]) -> Cot:
     mentions = frozenset().union(*(p.all for p in parts))
     factors = tuple(parts) if not once and not signs else ()
     return Cot(text, frozenset(counts) & target, mentions, factors=factors)
-
-
-def constants(ref: Ref) -> int:
-    """How many constants (literal positions) a reference writes."""
-    return sum(isinstance(w, int) for w in ref.written)
 
 
 def power_slope(base: str, exponent: sympy.Expr) -> str:
