@@ -33,8 +33,9 @@ def test_twin_a_moved_block_or_local_positions_change_the_result(ranks, name):
 
 
 def test_a_call_without_position_ids_is_refused(ranks):
-    assert "pass position_ids, this rank's block of the global positions" in (
-        _result(ranks, "no_positions")[0]
+    assert (
+        "pass position_ids, this rank's block of the global positions"
+        in (_result(ranks, "no_positions")[0])
     )
 
 
