@@ -11,14 +11,11 @@ position_ids its block's own 0, 1, ... (rotary not at the global positions)."""
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import transformers
-from distributed_worker import run_checks  # this folder is on the path of a script run
-from torch.distributed.device_mesh import init_device_mesh
+from distributed_worker import run_checks, start  # this folder is on the path of a script run
 
 from indexattn.distributed import context_parallel_model, sequence_block, sum_gradients
 
@@ -79,12 +76,9 @@ def refused(mesh, **call) -> str:
 
 
 def main() -> None:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     torch.set_default_dtype(torch.float64)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    mesh = init_device_mesh("cpu", (world,))
+    rank, out, mesh = start()
+    world = mesh.size()
     positions = sequence_block(torch.arange(N).expand(B, N), mesh, dim=1)
     padding = torch.ones(B, N // world, dtype=torch.long)
     padding[0, 0] = 0

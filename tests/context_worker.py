@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from distributed_worker import run_checks  # this folder is on the path of a script run
+from distributed_worker import run_checks, start  # this folder is on the path of a script run
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -304,12 +302,9 @@ def indivisible(mesh, zigzag: bool = False) -> str:
 
 
 def main() -> None:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     torch.set_default_dtype(torch.float64)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    mesh = init_device_mesh("cpu", (world,))
+    rank, out, mesh = start()
+    world = mesh.size()
     checks = {}
     every = {**cases(), **RING_ONLY}
     for strategy, names in (("ulysses", ULYSSES), ("ring", RING)):

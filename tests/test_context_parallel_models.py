@@ -42,3 +42,30 @@ def test_a_call_without_position_ids_is_refused(ranks):
 def test_a_padding_mask_and_a_cache_are_refused(ranks):
     assert _result(ranks, "padding")[0].startswith("attention_mask hides some tokens")
     assert "call it with use_cache=False" in _result(ranks, "cache")[0]
+
+
+# -- without processes: what a layer's call may hand the split core
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"sliding_window": 4}, "passes sliding_window: a window"),
+        ({"softcap": 30.0}, "passes softcap: soft-capped scores"),
+        ({"cu_seq_lens_q": 0}, "passes cu_seq_lens_q: packed sequences"),
+        ({"output_attentions": True}, "passes output_attentions: returned weights"),
+        ({"is_causal": False}, "is not causal"),
+        ({"dropout": 0.1}, "passes dropout=0.1 in training"),
+        ({"rope_deltas": 0}, "passes rope_deltas, which a context-parallel model does not know"),
+    ],
+)
+def test_what_the_split_core_cannot_compute_is_refused_by_name(given, said):
+    import torch
+
+    from indexattn.transformers.context import _refuse
+
+    layer = torch.nn.Linear(1, 1)  # in training, as a layer is by default
+    plain = {"scaling": 0.5, "dropout": 0.0, "sliding_window": None, "output_attentions": False}
+    _refuse(layer, None, plain)  # the twin: what a Llama layer passes goes through
+    with pytest.raises((NotImplementedError, TypeError), match=said):
+        _refuse(layer, None, {**plain, **given})

@@ -19,7 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..distributed import context_parallel
 from ..spec import compile_spec
-from .attention import shipped
+from .attention import CARRIED, SCALARS, SINKS, shipped
 from .guard import NAMES, install
 
 CORE = "gqa_causal_core.attn"  # the core the split runs: causal over global positions
@@ -27,6 +27,9 @@ REFUSED = {  # keywords a layer may pass that the causal core split cannot honou
     "sliding_window": "a window (use strategy='ring' on a layer spec with a window)",
     "softcap": "soft-capped scores",
     "s_aux": "attention sinks",
+    "cu_seq_lens_q": "packed sequences",
+    "cu_seq_lens_k": "packed sequences",
+    "output_attentions": "returned weights",
 }
 
 
@@ -62,6 +65,12 @@ class ContextAttention:
 def _refuse(module: nn.Module, attention_mask, kwargs: dict) -> None:
     """What the split causal core cannot compute, by name."""
     layer = type(module).__name__
+    unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
+    if unknown:
+        raise TypeError(
+            f"{layer} passes {', '.join(unknown)}, which a context-parallel model does not know:"
+            " split this model's layers with indexattn.distributed.context_parallel on a spec"
+        )
     if attention_mask is not None:
         raise NotImplementedError(f"{layer} got an attention mask: {_PADDING}")
     if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
@@ -70,7 +79,7 @@ def _refuse(module: nn.Module, attention_mask, kwargs: dict) -> None:
             " bidirectional model's layers with indexattn.distributed.context_parallel on a spec"
         )
     for name, why in REFUSED.items():
-        if kwargs.get(name) is not None:
+        if kwargs.get(name) is not None and kwargs[name] is not False:
             raise NotImplementedError(
                 f"{layer} passes {name}: {why} is not in {CORE}, the core a context-parallel"
                 " model runs; swap its layers for a layer spec and split them with"
