@@ -92,6 +92,7 @@ def main() -> None:
         "no_positions": lambda: refused(mesh),
         "padding": lambda: refused(mesh, position_ids=positions, attention_mask=padding),
         "cache": lambda: refused(mesh, position_ids=positions, use_cache=True),
+        "labels": lambda: refused(mesh, position_ids=positions, labels=positions),
     }
     run_checks(checks, rank, out)
 

@@ -39,9 +39,10 @@ def test_a_call_without_position_ids_is_refused(ranks):
     )
 
 
-def test_a_padding_mask_and_a_cache_are_refused(ranks):
+def test_a_padding_mask_a_cache_and_labels_shifted_in_a_block_are_refused(ranks):
     assert _result(ranks, "padding")[0].startswith("attention_mask hides some tokens")
     assert "call it with use_cache=False" in _result(ranks, "cache")[0]
+    assert "pass this rank's block as shift_labels too" in _result(ranks, "labels")[0]
 
 
 # -- without processes: what a layer's call may hand the split core

@@ -107,7 +107,8 @@ def _no_mask(*args, attention_mask=None, **kwargs):
 
 
 def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
-    """position_ids required; the cache off (it would hold this rank's block of keys only)."""
+    """position_ids required; the cache off (it would hold this rank's block of keys only);
+    labels only shifted on the whole sequence (shift_labels)."""
     if kwargs.get("position_ids") is None:
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: pass position_ids, this rank's"
@@ -118,6 +119,13 @@ def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: call it with use_cache=False"
             " (a cache would hold this rank's block of keys only)"
+        )
+    if kwargs.get("labels") is not None and kwargs.get("shift_labels") is None:
+        raise ValueError(
+            f"{type(model).__name__} is split over the sequence: labels shifted inside a block"
+            " would give its last token no label; shift them on the whole sequence and pass"
+            " this rank's block as shift_labels too (with num_items_in_batch, the whole"
+            " batch's count, so that the ranks' losses add up to the one process's)"
         )
     return args, {**kwargs, "use_cache": False}
 
