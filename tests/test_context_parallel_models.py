@@ -20,13 +20,16 @@ def ranks(tmp_path_factory) -> list[dict]:
     return launch(WORKER, 2, tmp_path_factory.mktemp("cpmodels"), TIMEOUT)
 
 
-@pytest.mark.parametrize("name", ["ring", "ring_contiguous", "ulysses"])
+@pytest.mark.parametrize("name", ["ring", "ring_contiguous", "ulysses", "ring_fsdp"])
 def test_logits_and_every_gradient_equal_one_process(ranks, name):
     gaps = _largest(ranks, name)  # this rank's block of the logits; gradients summed over ranks
     assert all(g < EXACT for g in gaps.values()), gaps
 
 
-@pytest.mark.parametrize("name", ["ring_moved", "ulysses_moved", "ring_local_positions"])
+TWINS = ["ring_moved", "ulysses_moved", "ring_fsdp_moved", "ring_local_positions"]
+
+
+@pytest.mark.parametrize("name", TWINS)
 def test_twin_a_moved_block_or_local_positions_change_the_result(ranks, name):
     gaps = _largest(ranks, name)
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
