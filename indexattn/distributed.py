@@ -171,7 +171,7 @@ def context_parallel_model(
         raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")
     from .transformers import context
 
-    return context.split(model, mesh, strategy, zigzag)
+    return context.split(model, mesh, strategy, zigzag, context_parallel)
 
 
 def sum_gradients(module: nn.Module, mesh: DeviceMesh) -> None:

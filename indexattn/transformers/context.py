@@ -17,7 +17,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..distributed import context_parallel
 from ..spec import compile_spec
 from .attention import CARRIED, SCALARS, SINKS, shipped
 from .guard import NAMES, install
@@ -35,10 +34,12 @@ REFUSED = {  # keywords a layer may pass that the causal core split cannot honou
 
 class ContextAttention:
     """transformers' attention function over this rank's block of queries, keys and values:
-    the causal core split over `mesh` by `strategy`, one core module per shape and scale."""
+    the causal core split over `mesh` by `strategy` (by `split_core`, which is
+    indexattn.distributed.context_parallel), one core module per shape and scale."""
 
-    def __init__(self, mesh: DeviceMesh, strategy: str, zigzag: bool) -> None:
+    def __init__(self, mesh: DeviceMesh, strategy: str, zigzag: bool, split_core) -> None:
         self.mesh, self.strategy, self.zigzag = mesh, strategy, zigzag
+        self.split_core = split_core
         self.spec = compile_spec(shipped(CORE))
         self.cores: dict[tuple, nn.Module] = {}
 
@@ -56,7 +57,7 @@ class ContextAttention:
         if shape not in self.cores:
             sizes = dict(zip(("h_kv", "n_rep", "d_k", "d_v"), shape))
             module = self.spec.module(**sizes, scaling=scaling)
-            self.cores[shape] = context_parallel(
+            self.cores[shape] = self.split_core(
                 module, self.mesh, strategy=self.strategy, zigzag=self.zigzag
             )
         return self.cores[shape]
@@ -133,14 +134,15 @@ def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
 _FUNCTIONS: dict[tuple, str] = {}  # (mesh, strategy, zigzag) -> its registered name
 
 
-def split(model: nn.Module, mesh: DeviceMesh, strategy: str, zigzag: bool) -> nn.Module:
-    """See indexattn.distributed.context_parallel_model."""
+def split(model: nn.Module, mesh: DeviceMesh, strategy: str, zigzag: bool, split_core) -> nn.Module:
+    """See indexattn.distributed.context_parallel_model, which passes its context_parallel as
+    `split_core` (this module imports nothing of indexattn.distributed: no import cycle)."""
     if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
         raise ValueError("context_parallel_model needs a 1-D DeviceMesh (mesh['cp'] of a 2-D one)")
     found = (id(mesh), strategy, zigzag)
     if found not in _FUNCTIONS:
         name = f"indexattn_context_{len(_FUNCTIONS)}"
-        AttentionInterface.register(name, ContextAttention(mesh, strategy, zigzag))
+        AttentionInterface.register(name, ContextAttention(mesh, strategy, zigzag, split_core))
         AttentionMaskInterface.register(name, _no_mask)
         NAMES.add(name)
         install()
