@@ -16,7 +16,7 @@ import copy
 import torch
 import torch.distributed as dist
 import transformers
-from distributed_worker import run_checks, start  # this folder is on the path of a script run
+from distributed_worker import error_of, run_checks, start  # tests/ is on a script's path
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -76,11 +76,7 @@ def check(mesh, strategy: str, zigzag: bool, twin: str = "", fsdp: bool = False)
 def refused(mesh, **call) -> str:
     llama = context_parallel_model(model(), mesh)
     ids = sequence_block(torch.zeros(B, N, dtype=torch.long), mesh, dim=1)
-    try:
-        llama(input_ids=ids, **call)
-    except (ValueError, NotImplementedError) as error:
-        return str(error)
-    return "no error"
+    return error_of(lambda: llama(input_ids=ids, **call), ValueError, NotImplementedError)
 
 
 def main() -> None:

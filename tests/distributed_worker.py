@@ -193,6 +193,15 @@ def data_parallel(mesh, kind: str, twin: bool):
     return gap(list(single.state_dict().values()), list(module.state_dict().values()))
 
 
+def error_of(call, *errors: type[Exception]) -> str:
+    """The message of the error (one of `errors`) that `call()` raises, or "no error"."""
+    try:
+        call()
+    except errors as error:
+        return str(error)
+    return "no error"
+
+
 def start() -> tuple[int, Path, DeviceMesh]:
     """This rank of `python WORKER RANK WORLD PORT OUT`: its process group joined on
     127.0.0.1 (gloo); its rank, OUT and the 1-D mesh of every rank."""
