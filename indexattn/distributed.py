@@ -176,7 +176,8 @@ def context_parallel_model(
 
 def sum_gradients(module: nn.Module, mesh: DeviceMesh) -> None:
     """Each parameter's gradient summed over the ranks of `mesh`, in place: after the backward
-    of a model whose ranks each computed the loss of their own block of the sequence."""
+    of a model whose ranks each computed the loss of their own block of the sequence. Under
+    FSDP2 over the same ranks, leave it out and set the gradient divide factor to 1."""
     group = mesh.get_group()
     for param in module.parameters():
         if param.grad is not None:
