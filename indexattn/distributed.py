@@ -38,8 +38,10 @@ __all__ = [
     "HeadParallel",
     "RingParallelModule",
     "context_parallel",
+    "context_parallel_model",
     "parallelize",
     "sequence_block",
+    "sum_gradients",
 ]
 
 
@@ -141,6 +143,45 @@ def context_parallel(
         over, keys=keys, heads=heads, strategy=strategy, zigzag=zigzag, tile=tile
     )
     return parallelize_module(module, mesh, style)
+
+
+def context_parallel_model(
+    model: nn.Module, mesh: DeviceMesh, *, strategy: str = "ring", zigzag: bool = True
+) -> nn.Module:
+    """A transformers model, in place, whose attention runs split over the sequence on `mesh`.
+
+    >>> model = AutoModelForCausalLM.from_config(config)  # doctest: +SKIP
+    >>> model = indexattn.distributed.context_parallel_model(model, mesh)  # doctest: +SKIP
+    >>> block = functools.partial(sequence_block, mesh=mesh, dim=1, zigzag=True)  # doctest: +SKIP
+    >>> logits = model(input_ids=block(ids), position_ids=block(positions)).logits  # doctest: +SKIP
+    >>> (loss_of(logits)).backward(); sum_gradients(model, mesh)  # doctest: +SKIP
+
+    Each rank passes its block of the tokens and of position_ids (`sequence_block`, with the
+    same `zigzag`); the model's own embeddings, rotary (at those global positions), norms and
+    MLPs run on the block, and each layer's attention core (specs/gqa_causal_core.attn) runs
+    split by `strategy` ("ring" or "ulysses", see context_parallel), causal over the global
+    positions. It returns this rank's block of the logits. Each rank's backward gives the
+    gradient of its own block's loss: `sum_gradients` (or a data-parallel wrapper over a mesh
+    that includes this one) sums them.
+
+    Refused by name: a call without position_ids or with a cache; a padding mask; a layer with
+    a window, soft-capping, sinks, attention dropout in training, or not causal.
+    """
+    if strategy not in ("ulysses", "ring"):
+        raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")
+    from .transformers import context
+
+    return context.split(model, mesh, strategy, zigzag, context_parallel)
+
+
+def sum_gradients(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Each parameter's gradient summed over the ranks of `mesh`, in place: after the backward
+    of a model whose ranks each computed the loss of their own block of the sequence. Under
+    FSDP2 over the same ranks, leave it out and set the gradient divide factor to 1."""
+    group = mesh.get_group()
+    for param in module.parameters():
+        if param.grad is not None:
+            torch.distributed.all_reduce(param.grad, group=group)
 
 
 def sequence_block(

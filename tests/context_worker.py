@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from distributed_worker import run_checks  # this folder is on the path of a script run
+from distributed_worker import run_checks, start  # this folder is on the path of a script run
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -235,10 +233,11 @@ def sent(mesh, build, **where) -> dict:
     return {"ran": counter.elements, "counted": {k: float(v) for k, v in counted.items()}}
 
 
-def fsdp_and_sequence(twin: bool) -> float:
+def fsdp_and_sequence(twin: bool, strategy: str = "ulysses") -> float:
     """3 SGD steps of mha on a 2 × 2 mesh, FSDP2 over the batch (dp) and the sequence split
-    over cp, against one process: the largest difference in the state after them. The twin
-    moves rank 1's block of the first batch by 1e-3."""
+    over cp (Ulysses, or the ring on zig-zag blocks), against one process: the largest
+    difference in the state after them. The twin moves rank 1's block of the first batch by
+    1e-3."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
     torch.manual_seed(0)
     base = spec("mha").module(d_m=8, h=4, d_k=3)
@@ -259,9 +258,11 @@ def fsdp_and_sequence(twin: bool) -> float:
     single = copy.deepcopy(base)
     train(single, lambda v: v, 1.0)
     dp = mesh["dp"].get_local_rank()
-    split = fully_shard(context_parallel(copy.deepcopy(base), mesh["cp"]), mesh=mesh["dp"])
+    ring = strategy == "ring"
+    split = context_parallel(copy.deepcopy(base), mesh["cp"], strategy=strategy)
+    split = fully_shard(split, mesh=mesh["dp"])
     # FSDP2 averages gradients over dp; each cp group's gradient is its whole block's
-    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1), 2.0)
+    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1, zigzag=ring), 2.0)
     return gap(list(single.state_dict().values()), list(split.state_dict().values()))
 
 
@@ -301,12 +302,9 @@ def indivisible(mesh, zigzag: bool = False) -> str:
 
 
 def main() -> None:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     torch.set_default_dtype(torch.float64)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    mesh = init_device_mesh("cpu", (world,))
+    rank, out, mesh = start()
+    world = mesh.size()
     checks = {}
     every = {**cases(), **RING_ONLY}
     for strategy, names in (("ulysses", ULYSSES), ("ring", RING)):
@@ -326,6 +324,8 @@ def main() -> None:
     if world == 4:
         checks["fsdp_and_sequence"] = lambda: fsdp_and_sequence(twin=False)
         checks["fsdp_and_sequence_twin"] = lambda: fsdp_and_sequence(twin=True)
+        checks["fsdp_and_ring"] = lambda: fsdp_and_sequence(twin=False, strategy="ring")
+        checks["fsdp_and_ring_twin"] = lambda: fsdp_and_sequence(twin=True, strategy="ring")
         checks["heads_and_ring"] = lambda: heads_and_ring(twin=False)
         checks["heads_and_ring_twin"] = lambda: heads_and_ring(twin=True)
     checks["alibi_refused"] = lambda: refused(mesh, "alibi", d_in=8, d_out=12, h=4, d_k=3)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -193,12 +193,27 @@ def data_parallel(mesh, kind: str, twin: bool):
     return gap(list(single.state_dict().values()), list(module.state_dict().values()))
 
 
-def main() -> None:
+def error_of(call, *errors: type[Exception]) -> str:
+    """The message of the error (one of `errors`) that `call()` raises, or "no error"."""
+    try:
+        call()
+    except errors as error:
+        return str(error)
+    return "no error"
+
+
+def start() -> tuple[int, Path, DeviceMesh]:
+    """This rank of `python WORKER RANK WORLD PORT OUT`: its process group joined on
+    127.0.0.1 (gloo); its rank, OUT and the 1-D mesh of every rank."""
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    mesh = init_device_mesh("cpu", (world,))
+    return rank, out, init_device_mesh("cpu", (world,))
+
+
+def main() -> None:
+    rank, out, mesh = start()
     checks = {
         "tp_mha": lambda: tp_case(mesh, *mha_case(), over="\\mu"),
         "tp_mha_twin": lambda: tp_case(mesh, *mha_case(), over="μ", perturb="W"),

@@ -261,10 +261,11 @@ def test_the_ring_computes_its_schedule_and_sends_its_count(ranks):
         assert found["sent"] == found["counted"] > 0, found
 
 
-def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(launched):
-    ranks = launched(4)  # a 2 × 2 mesh: dp × cp
-    assert max(_result(ranks, "fsdp_and_sequence")) < EXACT
-    assert max(_result(ranks, "fsdp_and_sequence_twin")) > MOVED
+@pytest.mark.parametrize("name", ["fsdp_and_sequence", "fsdp_and_ring"])
+def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(launched, name):
+    ranks = launched(4)  # a 2 × 2 mesh: dp × cp (Ulysses, or the ring)
+    assert max(_result(ranks, name)) < EXACT
+    assert max(_result(ranks, name + "_twin")) > MOVED
 
 
 def test_heads_over_one_mesh_dimension_and_the_ring_over_the_other_equal_one_process(launched):

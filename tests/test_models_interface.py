@@ -151,6 +151,23 @@ def test_logits_are_eager_s(family, counted):
     assert_relative(logits(model, ids, padding), want, tol=0)
 
 
+def test_the_models_own_loss_keywords_go_through_to_the_loss():
+    """Trainer's num_items_in_batch and a shift_labels reach every layer's attention call too;
+    the loss is sdpa's (float32, as transformers computes it). The twin: another count."""
+    model = model_of("llama")
+    model.set_attn_implementation("sdpa")
+    ids, _ = prompt()
+    given = {"labels": ids, "shift_labels": ids.roll(-1, 1), "use_cache": False}
+
+    def loss(count):
+        return model(input_ids=ids, **given, num_items_in_batch=torch.tensor(count)).loss
+
+    want = loss(ids.numel())
+    model.set_attn_implementation("indexattn")
+    assert_relative(loss(ids.numel()), want, tol=1e-6)
+    assert (loss(ids.numel() - 1) - want).abs() > 1e-3 * want.abs()
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
 def test_a_flipped_mask_bit_and_a_nudged_scale_are_caught(family):
     """The twins: a padding bit set, a layer's scale nudged by 1e-6, each moves the logits."""

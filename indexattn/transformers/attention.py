@@ -39,6 +39,8 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "max_length_q": "the mask holds packed sequences' boundaries",
     "max_length_k": "the mask holds packed sequences' boundaries",
     "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
+    "num_items_in_batch": "a keyword of the model's loss, handed to every layer",
+    "shift_labels": "a keyword of the model's loss, handed to every layer",
 }
 
 
