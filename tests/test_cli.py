@@ -23,13 +23,14 @@ needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
 
 
 def indexattn_cli(*args: str, **options) -> subprocess.CompletedProcess:
-    """The CLI in its own process, bounded: a hang is a failure, not a stuck test run."""
+    """The CLI in its own process, bounded: a hang is a failure, not a stuck test run (60 s:
+    importing torch alone took over 20 s with three suites on two cores)."""
     return subprocess.run(
         [sys.executable, "-m", "indexattn.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=20,
+        timeout=60,
         **options,
     )
 
