@@ -3,7 +3,8 @@ forward+backward, one thread, interleaved rounds, the median of each.
 
     .venv/bin/python benchmarks/variants_2025.py nsa --n 512 1024 --rounds 5 --hands mask
     .venv/bin/python benchmarks/variants_2025.py ssd --n 512 1024 --rounds 5
-    .venv/bin/python benchmarks/variants_2025.py nsa_selected --n 1024 2048 --device cuda
+    .venv/bin/python benchmarks/variants_2025.py nsa_selected --n 512 1024 --rounds 5
+    .venv/bin/python benchmarks/variants_2025.py selective --n 512 1024 --rounds 5
 
 nsa: specs/nsa.attn against tests/reference/nsa.py (d_m 768, 12 heads of 64, blocks of 64,
 2 selected, window 8). Two hand-written selections: `gather` reads each query's torch.topk
@@ -12,6 +13,8 @@ scaled_dot_product_attention; the spec's selected branch is a dense mask made by
 nsa_selected: that branch alone (specs/nsa.attn's Kc, Sc, Ms, Ss, Os over given Q, K, V, φ),
 against the module's `selected_blocks` (gather) and `selected_by_mask` (mask) on the same
 compressed scores; peak memory too.
+selective: specs/selective.attn against tests/reference/selective.py (the paper's pseudo-code;
+12 heads of 64, head 0 selecting).
 ssd: specs/ssd.attn against ssd_minimal's quadratic einsum (tests/reference/ssd.py; 12 heads
 of 64, a state of 128). Float32, batch 1, checked to agree first. Prints one JSON line per
 N: milliseconds and the ratios spec / hand.
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import indexattn  # noqa: E402
 from benchmarks.mta import peak_mb  # noqa: E402
 from tests.reference.nsa import NativeSparseAttention  # noqa: E402
+from tests.reference.selective import SelectiveAttention  # noqa: E402
 from tests.reference.ssd import SSD  # noqa: E402
 
 
@@ -91,10 +95,17 @@ def ssd_calls(n: int, hands: list[str], device: str) -> dict:
     return {"spec": lambda: spec(X=x, a=a, B=b, C=c), "einsum": lambda: SSD()(x, a, b, c)}
 
 
+def selective_calls(n: int, hands: list[str], device: str) -> dict:
+    spec = indexattn.compile_spec(ROOT / "specs" / "selective.attn")
+    q, k, v = (torch.randn(1, 12, n, 64, device=device, requires_grad=True) for _ in "qkv")
+    return {"spec": lambda: spec(Q=q, K=k, V=v), "hand": lambda: SelectiveAttention()(q, k, v)}
+
+
 CASES = {
     "nsa": (nsa_calls, ["gather", "mask"]),
     "nsa_selected": (nsa_selected_calls, ["gather", "mask"]),
     "ssd": (ssd_calls, ["einsum"]),
+    "selective": (selective_calls, ["hand"]),
 }
 
 
