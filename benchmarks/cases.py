@@ -27,6 +27,7 @@ from tests.reference.modern_a import MODERN_A_CASES  # noqa: E402
 from tests.reference.modern_b import MODERN_B_CASES  # noqa: E402
 from tests.reference.mta import MTA_CASES  # noqa: E402
 from tests.reference.nsa import NativeSparseAttention  # noqa: E402
+from tests.reference.selective import SelectiveAttention  # noqa: E402
 from tests.reference.ssd import SSD  # noqa: E402
 
 IMPLEMENTATIONS = ("generated", "eager", "compiled", "flex")
@@ -87,6 +88,7 @@ def _cases() -> dict[str, Case]:
     reference["retention"] = RETENTION
     reference["nsa"] = NSA
     reference["ssd"] = SSD_CASE
+    reference["selective"] = SELECTIVE
     out = {
         path.stem: Case(path.stem, path, reference[path.stem])
         for path in sorted((ROOT / "specs").glob("*.attn"))
@@ -165,6 +167,9 @@ NSA = type(CLASSIC[0])(  # blocks of 64 keys, as the paper's selection blocks
 )
 SSD_CASE = type(CLASSIC[0])(  # Mamba-2's heads: 64 wide, a state of 128
     "ssd", lambda s: SSD(), None, {"h": 12, "d_head": 64, "d_state": 128}, mapping=lambda _: {}
+)
+SELECTIVE = type(CLASSIC[0])(  # 12 heads of 64, head 0 selecting
+    "selective", lambda s: SelectiveAttention(), None, {"h": 12, "d_k": 64}, mapping=lambda _: {}
 )
 CASES = _cases()
 

@@ -61,3 +61,51 @@ def test_a_rank_outside_a_comparison_says_what_to_write():
     text = TOP_K.replace("where(rank_<τ'>(S_<ττ'>) < k, 0, -inf)", "rank_<τ'>(S_<ττ'>)")
     with pytest.raises(indexattn.SpecError, match=r"select by it, where\(rank_<τ'>"):
         indexattn.compile_spec(text, name="loose")
+
+
+TIES = "index j : n\nscalar k = 4\ninput e_<j>\nT_<j> = where({keep}, 1, 0)\noutput T"
+TIED = torch.tensor([1.0, 3.0, 1.0, 3.0, 2.0, 1.0, -torch.inf], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "keep", ["rank_<j>(e_<j>) < k", "rank_<j>(e_<j>) <= k - 1", "k > rank_<j>(e_<j>)"]
+)
+@pytest.mark.parametrize("k, want", [(4, [1, 1, 0, 1, 1, 0, 0]), (5, [1, 1, 1, 1, 1, 0, 0])])
+def test_the_k_largest_with_ties_at_the_kth_keep_the_earlier_in_code_and_oracle(keep, k, want):
+    """Three 1s tie for the k-th place: the first of them (k = 4), the first two (k = 5, the
+    twin); the compiled mask, the literal interpreter's and the expected one are one."""
+    spec = indexattn.compile_spec(TIES.format(keep=keep), name="ties")
+    got, (literal,) = spec(e=TIED, k=k), reference.evaluate(spec.ir, e=TIED, k=k)
+    assert torch.equal(got, torch.tensor(want, dtype=got.dtype))
+    assert torch.equal(literal.to(got.dtype), got)
+
+
+@pytest.mark.parametrize("k", [0, 7, 9])
+def test_none_or_all_kept_when_k_reaches_an_end(k):
+    spec = indexattn.compile_spec(TIES.format(keep="rank_<j>(e_<j>) < k"), name="ends")
+    assert torch.equal(spec(e=TIED, k=k), torch.full((7,), float(k > 0), dtype=torch.float64))
+
+
+def calls_of(monkeypatch, name: str) -> list:
+    """Each call of torch.Tensor.<name> from now on, recorded."""
+    seen, method = [], getattr(torch.Tensor, name)
+
+    def recorded(self, *args, **kwargs):
+        seen.append(args)
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, name, recorded)
+    return seen
+
+
+@pytest.mark.parametrize("compared", [True, False])
+def test_a_rank_compared_runs_topk_and_no_sort(compared, monkeypatch):
+    """`rank < k` is torch.topk's k (one call, no order of all keys); the twin, a rank of its
+    own equation, is each entry's place: two argsorts, no topk."""
+    text = TIES.format(keep="rank_<j>(e_<j>) < k")
+    if not compared:
+        text = "index j : n\ninput e_<j>\nR_<j> = rank_<j>(e_<j>)\noutput R"
+    spec = indexattn.compile_spec(text, name="calls")
+    topk, argsort = calls_of(monkeypatch, "topk"), calls_of(monkeypatch, "argsort")
+    spec(e=TIED, **({"k": 3} if compared else {}))
+    assert (len(topk), len(argsort)) == ((1, 0) if compared else (0, 2))

@@ -311,11 +311,29 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
 
     def node_Apply(self, node: ir.Apply, hint: str) -> Arg:
         node = numerics.guarded(node)
+        top = self.top_k(node, hint)
+        if top is not None:
+            return top
         args = tuple(self.node(arg, hint) for arg in node.args)
         out = Operand(
             self.var(f"{hint}_{_word(node.fn)}"), self.ordered(node.free), any(map(_batched, args))
         )
         return self.add(Elementwise(out, node.fn, args))
+
+    def top_k(self, node: ir.Apply, hint: str) -> Operand | None:
+        """A rank compared with a number, `rank_<j>(e) < k` (`<= k`, or either mirrored): the
+        mask of the k largest along j, torch.topk's (lower/emit.py), no order of all j."""
+        for side, fn, more in ((0, "<", 0), (0, "<=", 1), (1, ">", 0), (1, ">=", 1)):
+            rank = node.args[side] if node.fn == fn else None
+            if isinstance(rank, ir.Reduce) and rank.fn == "rank":
+                bound = self.node(node.args[1 - side], hint)
+                if not isinstance(bound, Number):
+                    return None
+                body = self.as_tensor(self.node(rank.body, hint), hint)
+                out = Operand(self.var(f"{hint}_top"), body.dims, body.batched)
+                keep = Number(bound.expr + more)
+                return self.add(Reduction(out, "rank", body, rank.over, below=keep))
+        return None
 
     def node_Concat(self, node: ir.Concat, hint: str) -> Arg:
         parts = tuple(self.as_tensor(self.node(p, hint), hint) for p in node.parts)

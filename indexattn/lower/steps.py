@@ -216,6 +216,7 @@ class Reduction:
     safe: bool = False  # softmax whose rows may be all -inf: zeros, not NaN
     sink: Operand | None = None  # softmax with one more logit per row in its denominator
     into: bool = False  # softmax written over its argument when nothing needs its gradient
+    below: Number | None = None  # rank compared, `rank < k`: the mask of the k largest (topk)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,18 @@ def safe_softmax(scores, dim=-1, overwrite=False):
     return weights
 
 
+def top_k(x, k, dim):
+    """Where x holds one of its k largest along `dim` (torch.topk), as a mask. Of the entries
+    equal to the k-th largest, the first along `dim` are kept: each kept entry's place in the
+    descending order, ties by position, is below k."""
+    k = torch.sym_min(max(math.ceil(k), 0), x.shape[dim])
+    if k == 0:
+        return torch.zeros_like(x, dtype=torch.bool)
+    kth = x.topk(k, dim=dim, sorted=False).values.amin(dim=dim, keepdim=True)
+    above, tied = x > kth, x == kth
+    return above | (tied & (tied.cumsum(dim) <= k - above.sum(dim, keepdim=True)))
+
+
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
@@ -152,12 +164,10 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     Oc = Pc @ Vc  # (…, μ, τ, a)
     del Vc, Pc
     # Ms_<μτβ> = where(rank_<β>(Sc_<μτβ>) < n or β == floor(τ / l), 0, -inf)
-    Ms_rank = Sc.argsort(dim=-1, descending=True, stable=True)
-    Ms_rank = Ms_rank.argsort(dim=-1)  # (…, μ, τ, β)
-    Ms_lt = Ms_rank < n  # (…, μ, τ, β)
-    Ms_or = Ms_lt | Ms_grid  # (…, μ, τ, β)
+    Ms_top = top_k(Sc, n, dim=-1)  # (…, μ, τ, β)
+    Ms_or = Ms_top | Ms_grid  # (…, μ, τ, β)
     Ms = torch.where(Ms_or, torch.as_tensor(0, device=device, dtype=dtype), -math.inf)  # (…, μ, τ, β)
-    del Sc, Ms_rank, Ms_lt, Ms_or
+    del Sc, Ms_top, Ms_or
     # Ss_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + Ms_<μτ[floor(τ' / l)]> + M_<ττ'>
     # As_<μττ'> = softmax_<τ'>(Ss_<μττ'>)
     # Os_<μτa> = As_<μττ'> V_<μτ'a>
