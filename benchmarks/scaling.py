@@ -23,6 +23,7 @@ implementation, mode and device); `--write` regenerates from it the tables and t
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
@@ -108,7 +109,8 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) 
             start = time.perf_counter()
             run(x)
             seconds.append(time.perf_counter() - start)
-    return {"MB": peak, "s": round(statistics.median(seconds[1:] or seconds), 4)}
+    median = statistics.median(seconds[1:] or seconds)
+    return {"MB": peak, "s": round(median, 4), "first s": round(seconds[0], 4)}
 
 
 def peak_growth(call, device: str) -> float:
@@ -142,15 +144,19 @@ def measure(name: str, n: int, hand: bool, train: bool, rounds: int, device: str
 
 
 def load() -> list[dict]:
-    return json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else []
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+    return json.loads(text) if text else []
 
 
 def keep(record: dict) -> None:
-    """Adds a measurement to benchmarks/scaling.json, in place of an older one of the same."""
+    """Adds a measurement to benchmarks/scaling.json, in place of an older one of the same
+    (under a lock: runs of several lengths may go on side by side)."""
     key = ("name", "n", "who", "mode", "device")
-    old = [r for r in load() if any(r[k] != record[k] for k in key)]
-    text = json.dumps([*old, record], indent=1, ensure_ascii=False)
-    RESULTS.write_text(text + "\n", encoding="utf-8")
+    with open(RESULTS, "a") as lock:  # made if missing; rewritten in place, the lock held
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = [r for r in load() if any(r[k] != record[k] for k in key)]
+        text = json.dumps([*old, record], indent=1, ensure_ascii=False)
+        RESULTS.write_text(text + "\n", encoding="utf-8")
 
 
 def pairs(records: list[dict], device: str, mode: str) -> list[tuple[dict, dict]]:
