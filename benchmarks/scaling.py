@@ -4,17 +4,15 @@ positions, checkpointed per block in a training step (benchmarks/baselines/row_b
 retention and causal linear attention by chunks). Float32, d_m 512, 8 heads of 64 (differential:
 4 pairs of maps of 64; attention_sinks: 2 key/value heads of 4 queries), window 1024, batch 1.
 
-On the CPU (one thread) every figure comes from a fresh process: peak resident growth over
-the first call at N (after a call at N = 16 for the lazy imports; the spec's per-shape
-constants are built in it), and the median time of `--rounds` calls after it (with 0, the
-time of that first call). On CUDA (`--device cuda`, one process): the allocator's peak over
-the first call, and the median time of the synchronised calls after it.
+One thread; every figure comes from a fresh process: peak resident growth over the first
+call at N (after a call at N = 16 for the lazy imports; the spec's per-shape constants are
+built in it), and the median time of `--rounds` calls after it (with 0, the time of that
+first call, which is kept too).
 
 A training step is the forward, then `backward` of the mean square (the spec through
 autograd). Each measurement is kept in benchmarks/scaling.json (the newest per spec, N,
-implementation, mode and device); `--write` regenerates from it the tables and the plots
-(docs/scaling_cpu.svg, docs/scaling_cuda.svg) between the markers of docs/performance.md
-("Scaling").
+implementation and mode); `--write` regenerates from it the tables and the plot
+(docs/scaling.svg) between the markers of docs/performance.md ("Scaling").
 
     .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--specs mha ...]
     .venv/bin/python benchmarks/scaling.py --write
@@ -52,7 +50,7 @@ SIZES = {"d_in": 512, "d_out": 512, "d_m": 512, "d_k": 64, "h": 8, "w": 1024, "c
 SIZES_OF = {"attention_sinks": {"h_kv": 2, "n_rep": 4}, "differential": {"h": 4, "d": 64}}
 RESULTS = ROOT / "benchmarks" / "scaling.json"
 PAGE = ROOT / "docs" / "performance.md"
-PLOT = ROOT / "docs" / "scaling.svg"  # one a device: scaling_cpu.svg, scaling_cuda.svg
+PLOT = ROOT / "docs" / "scaling.svg"
 BEGIN, END = "<!-- scaling: benchmarks/scaling.py -->", "<!-- end scaling -->"
 
 
@@ -69,24 +67,24 @@ def baseline(name: str):
     return lambda x, p, s: getattr(row_blocks, name)(x["X"], p, s)
 
 
-def build(name: str, device: str):
+def build(name: str):
     """The spec's module (eval: no dropout), its sizes and scalars, and inputs of a length."""
     import indexattn
 
     spec = indexattn.compile_spec(name)
     known = {*spec.size_names, *(s.ascii for s in spec.ir.scalars)}
     sizes = {k: v for k, v in {**SIZES, **SIZES_OF.get(name, {})}.items() if k in known}
-    layer = spec.module(**sizes).eval().to(device)
+    layer = spec.module(**sizes).eval()
     scalars = {s.ascii: float(s.value) for s in spec.ir.scalars}
-    return layer, {**scalars, **sizes}, lambda n: inputs(spec, n, sizes, device)
+    return layer, {**scalars, **sizes}, lambda n: inputs(spec, n, sizes)
 
 
-def probe(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) -> dict:
+def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    layer, sizes, make = build(name, device)
+    layer, sizes, make = build(name)
     params = dict(layer.named_parameters())
     forward = baseline(name)
 
@@ -94,8 +92,6 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) 
         y = forward(x, params, sizes) if hand else layer(**x)
         if train:
             y.square().mean().backward()
-        if device != "cpu":
-            torch.cuda.synchronize()
 
     for p in params.values():
         p.requires_grad_(train)
@@ -103,7 +99,7 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) 
         run(make(16))
         x = make(n)
         start = time.perf_counter()
-        peak = peak_growth(lambda: run(x), device)  # the first call: the per-shape constants too
+        peak = growth(lambda: run(x))  # the first call: the per-shape constants too
         seconds = [time.perf_counter() - start]
         for _ in range(rounds):
             start = time.perf_counter()
@@ -113,34 +109,18 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) 
     return {"MB": peak, "s": round(median, 4), "first s": round(seconds[0], 4)}
 
 
-def peak_growth(call, device: str) -> float:
-    """Peak memory over the call above the level before it, in MB."""
-    if device == "cpu":
-        return growth(call)
-    import torch
-
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    return round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
-
-
-def measure(name: str, n: int, hand: bool, train: bool, rounds: int, device: str) -> dict:
+def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     flags = [name, str(n), "hand" if hand else "spec", "train" if train else "forward"]
-    if device != "cpu":
-        got = probe(name, n, hand, train, rounds, device)
-    else:
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(
-            [sys.executable, __file__, "--probe", *flags, str(rounds)],
-            stdout=subprocess.PIPE,
-            check=True,
-            env=env,
-            text=True,
-        )
-        got = json.loads(done.stdout)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--probe", *flags, str(rounds)],
+        stdout=subprocess.PIPE,
+        check=True,
+        env=env,
+        text=True,
+    )
     keys = ("name", "n", "who", "mode")
-    return {**dict(zip(keys, [name, n, *flags[2:]])), "device": device, "rounds": rounds, **got}
+    return {**dict(zip(keys, [name, n, *flags[2:]])), "rounds": rounds, **json.loads(done.stdout)}
 
 
 def load() -> list[dict]:
@@ -151,7 +131,7 @@ def load() -> list[dict]:
 def keep(record: dict) -> None:
     """Adds a measurement to benchmarks/scaling.json, in place of an older one of the same
     (under a lock: runs of several lengths may go on side by side)."""
-    key = ("name", "n", "who", "mode", "device")
+    key = ("name", "n", "who", "mode")
     with open(RESULTS, "a") as lock:  # made if missing; rewritten in place, the lock held
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = [r for r in load() if any(r[k] != record[k] for k in key)]
@@ -159,13 +139,9 @@ def keep(record: dict) -> None:
         RESULTS.write_text(text + "\n", encoding="utf-8")
 
 
-def pairs(records: list[dict], device: str, mode: str) -> list[tuple[dict, dict]]:
-    """(spec, hand) records measured on the device in the mode, by spec then N."""
-    found = {
-        (r["name"], r["n"], r["who"]): r
-        for r in records
-        if (r["device"], r["mode"]) == (device, mode)
-    }
+def pairs(records: list[dict], mode: str) -> list[tuple[dict, dict]]:
+    """(spec, hand) records of the mode, by spec then N."""
+    found = {(r["name"], r["n"], r["who"]): r for r in records if r["mode"] == mode}
     order = sorted({(SPECS.index(k[0]), k[1]) for k in found})
     rows = ((SPECS[i], n) for i, n in order)
     return [
@@ -175,14 +151,14 @@ def pairs(records: list[dict], device: str, mode: str) -> list[tuple[dict, dict]
     ]
 
 
-def table_text(records: list[dict], device: str, mode: str) -> str:
+def table_text(records: list[dict], mode: str) -> str:
     what = "training step" if mode == "train" else "forward"
     lines = [
         f"| spec ({what}) | N | spec MB | blocked MB | memory ratio | spec s | blocked s "
         "| time ratio | timed calls |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for spec, hand in pairs(records, device, mode):
+    for spec, hand in pairs(records, mode):
         calls = spec["rounds"] or "first"
         lines.append(
             f"| {spec['name']} | {spec['n']} | {spec['MB']:.0f} | {hand['MB']:.0f} "
@@ -195,15 +171,9 @@ def table_text(records: list[dict], device: str, mode: str) -> str:
 def write(records: list[dict]) -> None:
     from scaling_plot import svg
 
-    parts = []
-    for device in sorted({r["device"] for r in records}):
-        mine = [r for r in records if r["device"] == device]
-        plot = PLOT.with_name(f"scaling_{device}.svg")
-        plot.write_text(svg(mine, SPECS, f"{device}, float32"), encoding="utf-8")
-        parts.append(f"![{device}: memory and time against N]({plot.name})")
-        parts += [
-            table_text(mine, device, m) for m in ("forward", "train") if pairs(mine, device, m)
-        ]
+    PLOT.write_text(svg(records, SPECS, "CPU, one thread, float32"), encoding="utf-8")
+    parts = [f"![memory and time against N]({PLOT.name})"]
+    parts += [table_text(records, m) for m in ("forward", "train") if pairs(records, m)]
     page = PAGE.read_text(encoding="utf-8")
     head, rest = page.split(BEGIN)
     _, tail = rest.split(END)
@@ -216,23 +186,18 @@ def main() -> None:
     parser.add_argument("--specs", nargs="*", default=list(SPECS))
     parser.add_argument("--train", action="store_true", help="a training step, not a forward")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after the first")
-    parser.add_argument("--device", default="cpu", help="cpu (fresh processes) or cuda")
     parser.add_argument("--write", action="store_true", help="tables and plot into docs/")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
         name, n, who, mode, rounds = args.probe
-        got = probe(name, int(n), who == "hand", mode == "train", int(rounds), "cpu")
+        got = probe(name, int(n), who == "hand", mode == "train", int(rounds))
         print(json.dumps(got))
         return
     for n in args.n:
         for name in args.specs:
             for hand in (False, True):
-                try:
-                    record = measure(name, n, hand, args.train, args.rounds, args.device)
-                except Exception as error:  # one failed (spec, N) leaves the others to run
-                    print(f"{name} N={n} {'hand' if hand else 'spec'}: {error!r}", flush=True)
-                    continue
+                record = measure(name, n, hand, args.train, args.rounds)
                 keep(record)
                 print(json.dumps(record, ensure_ascii=False), flush=True)
     if args.write:

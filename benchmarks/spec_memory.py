@@ -67,16 +67,16 @@ def growth(call) -> float:
     return round(status_mb("VmHWM") - before, 1)
 
 
-def inputs(spec, n: int, sizes: dict[str, int], device: str = "cpu") -> dict:
+def inputs(spec, n: int, sizes: dict[str, int]) -> dict:
     import torch
 
     found = {}
     for tensor in spec.ir.tensors_of("input"):
         shape = [n if str(i.size) == "N" else sizes[str(i.size)] for i in tensor.indices]
         if tensor.dtype == "int":
-            found[tensor.ascii] = (torch.arange(n, device=device) * 4 // n)[None]  # four documents
+            found[tensor.ascii] = (torch.arange(n) * 4 // n)[None]  # four documents
         else:
-            found[tensor.ascii] = torch.randn(1, *shape, device=device)
+            found[tensor.ascii] = torch.randn(1, *shape)
     return found
 
 
