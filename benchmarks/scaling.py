@@ -120,7 +120,8 @@ def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
         text=True,
     )
     keys = ("name", "n", "who", "mode")
-    return {**dict(zip(keys, [name, n, *flags[2:]])), "rounds": rounds, **json.loads(done.stdout)}
+    got = {**dict(zip(keys, [name, n, *flags[2:]])), "device": "cpu", "rounds": rounds}
+    return {**got, **json.loads(done.stdout)}
 
 
 def load() -> list[dict]:
