@@ -1,18 +1,28 @@
-"""Time and peak memory against N of shipped specs and hand-written baselines that run by
-blocks of 256 queries, each block's mask or bias made from its positions (float32, d_m 512,
-8 heads of 64, window 1024, batch 1, one thread). Every figure comes from a fresh process:
-peak resident growth over the first call at N (after a call at N = 16 for the lazy imports;
-the spec's per-shape constants are built in it), and the median time of the calls after.
-Writes the table between the markers of docs/performance.md ("Scaling").
+"""Time and peak memory against N of ten shipped specs and hand-written baselines that run by
+blocks of 256 queries over the keys each block sees, each block's mask or bias made from its
+positions, checkpointed per block in a training step (benchmarks/baselines/row_blocks.py;
+retention and causal linear attention by chunks). Float32, d_m 512, 8 heads of 64 (differential:
+4 pairs of maps of 64; attention_sinks: 2 key/value heads of 4 queries), window 1024, batch 1.
 
-    .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--write]
+One thread; every figure comes from a fresh process: peak resident growth over the first
+call at N (after a call at N = 16 for the lazy imports; the spec's per-shape constants are
+built in it), and the median time of `--rounds` calls after it (with 0, the time of that
+first call, which is kept too).
+
+A training step is the forward, then `backward` of the mean square (the spec through
+autograd). Each measurement is kept in benchmarks/scaling.json (the newest per spec, N,
+implementation and mode); `--write` regenerates from it the tables and the plot
+(docs/scaling.svg) between the markers of docs/performance.md ("Scaling").
+
+    .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--specs mha ...]
+    .venv/bin/python benchmarks/scaling.py --write
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -24,140 +34,175 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from spec_memory import growth, inputs  # noqa: E402
 
-SPECS = ("mha", "sliding_window", "softcap_window", "alibi", "t5_bias")
+SPECS = (
+    "mha",
+    "sliding_window",
+    "softcap_window",
+    "alibi",
+    "t5_bias",
+    "doc_mask",
+    "attention_sinks",
+    "differential",
+    "retention",
+    "linear_attention_causal",
+)
 SIZES = {"d_in": 512, "d_out": 512, "d_m": 512, "d_k": 64, "h": 8, "w": 1024, "c": 50.0}
-BLOCK, H, D, W = 256, 8, 64, 1024
+SIZES_OF = {"attention_sinks": {"h_kv": 2, "n_rep": 4}, "differential": {"h": 4, "d": 64}}
+RESULTS = ROOT / "benchmarks" / "scaling.json"
 PAGE = ROOT / "docs" / "performance.md"
+PLOT = ROOT / "docs" / "scaling.svg"
 BEGIN, END = "<!-- scaling: benchmarks/scaling.py -->", "<!-- end scaling -->"
 
 
-def bucket(distance):
-    """T5's bidirectional bucket of key minus query (32 buckets, max distance 128)."""
-    import torch
+def baseline(name: str):
+    """The hand-written forward of a spec: f(inputs, parameters, sizes and scalars)."""
+    from baselines import chunked_linear, retention, row_blocks
 
-    rho = distance.abs()
-    big = 8 + (torch.log(rho.clamp(min=1) / 8) / math.log(16) * 8).long().clamp(max=7)
-    return torch.where(distance > 0, 16, 0) + torch.where(rho < 8, rho, big)
+    if name == "retention":
+        return lambda x, p, s: retention.forward(x["X"], p, s)
+    if name == "linear_attention_causal":
+        return lambda x, p, s: chunked_linear.forward(x["X"], p, s, s["eps"])
+    if name == "doc_mask":
+        return lambda x, p, s: row_blocks.doc_mask(x["X"], x["D"], p, s)
+    return lambda x, p, s: getattr(row_blocks, name)(x["X"], p, s)
 
 
-def baseline(name: str, x, weights, table):
-    """The spec's forward by hand, 256 queries a block, over the keys the block sees."""
-    import torch
-    import torch.nn.functional as F
+def build(name: str):
+    """The spec's module (eval: no dropout), its sizes and scalars, and inputs of a length."""
+    import indexattn
 
-    n = x.shape[-2]
-    q, k, v = (F.linear(x, w).unflatten(-1, (H, D)).transpose(-3, -2) for w in weights[:3])
-    pos, blocks, windowed = torch.arange(n), [], name.endswith("window")
-    for t in range(0, n, BLOCK):
-        u = min(t + BLOCK, n)
-        k0 = max(0, t - W + 1) if windowed else 0
-        k1 = n if name == "t5_bias" else u  # causal but T5's encoder
-        d = pos[None, k0:k1] - pos[t:u, None]
-        keep = (d <= 0) & (d > -W) if windowed else d <= 0
-        mask = torch.zeros(d.shape).masked_fill(~keep, -math.inf)
-        qb, kb, vb = q[..., t:u, :], k[..., k0:k1, :], v[..., k0:k1, :]
-        if name == "softcap_window":
-            s = torch.tanh(qb @ kb.mT / (math.sqrt(D) * 50.0)) * 50.0 + mask
-            blocks.append(torch.softmax(s, -1) @ vb)
-            continue
-        if name == "alibi":
-            mask = mask + table[:, None, None] * d
-        if name == "t5_bias":
-            mask = table[bucket(d)].permute(2, 0, 1)
-        scale = 1.0 if name == "t5_bias" else None
-        blocks.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale))
-    return F.linear(torch.cat(blocks, -2).transpose(-3, -2).flatten(-2), weights[3])
+    spec = indexattn.compile_spec(name)
+    known = {*spec.size_names, *(s.ascii for s in spec.ir.scalars)}
+    sizes = {k: v for k, v in {**SIZES, **SIZES_OF.get(name, {})}.items() if k in known}
+    layer = spec.module(**sizes).eval()
+    scalars = {s.ascii: float(s.value) for s in spec.ir.scalars}
+    return layer, {**scalars, **sizes}, lambda n: inputs(spec, n, sizes)
 
 
 def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     import torch
 
-    import indexattn
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    spec = indexattn.compile_spec(name)
-    known = {*spec.size_names, *(s.ascii for s in spec.ir.scalars)}
-    layer = spec.module(**{k: v for k, v in SIZES.items() if k in known}).eval()  # no dropout
-    weights = [torch.randn(512, 512) / 23 for _ in range(4)]
-    table = 2.0 ** (-torch.arange(1, H + 1.0)) if name == "alibi" else torch.randn(32, H)
+    layer, sizes, make = build(name)
+    params = dict(layer.named_parameters())
+    forward = baseline(name)
 
     def run(x):
-        y = baseline(name, x["X"], weights, table) if hand else layer(**x)
+        y = forward(x, params, sizes) if hand else layer(**x)
         if train:
             y.square().mean().backward()
 
-    for w in weights:
-        w.requires_grad_(train)
+    for p in params.values():
+        p.requires_grad_(train)
     with torch.set_grad_enabled(train):
-        run(inputs(spec, 16, SIZES))
-        x = inputs(spec, n, SIZES)
+        run(make(16))
+        x = make(n)
+        start = time.perf_counter()
         peak = growth(lambda: run(x))  # the first call: the per-shape constants too
-        seconds = []
+        seconds = [time.perf_counter() - start]
         for _ in range(rounds):
             start = time.perf_counter()
             run(x)
             seconds.append(time.perf_counter() - start)
-    return {"MB": peak, "s": round(statistics.median(seconds), 3)}
+    median = statistics.median(seconds[1:] or seconds)
+    return {"MB": peak, "s": round(median, 4), "first s": round(seconds[0], 4)}
 
 
 def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
+    flags = [name, str(n), "hand" if hand else "spec", "train" if train else "forward"]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    what = "train" if train else "forward"
-    flags = [name, str(n), "hand" if hand else "spec", what, str(rounds)]
     done = subprocess.run(
-        [sys.executable, __file__, "--probe", *flags],
+        [sys.executable, __file__, "--probe", *flags, str(rounds)],
         stdout=subprocess.PIPE,
         check=True,
         env=env,
         text=True,
     )
-    return json.loads(done.stdout)
+    keys = ("name", "n", "who", "mode")
+    got = {**dict(zip(keys, [name, n, *flags[2:]])), "device": "cpu", "rounds": rounds}
+    return {**got, **json.loads(done.stdout)}
 
 
-def table_text(rows: list[dict], train: bool) -> str:
-    what = "training step" if train else "forward"
-    lines = [
-        f"| spec ({what}) | N | spec MB | blocked MB | spec s | blocked s | time ratio |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+def load() -> list[dict]:
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+    return json.loads(text) if text else []
+
+
+def keep(record: dict) -> None:
+    """Adds a measurement to benchmarks/scaling.json, in place of an older one of the same
+    (under a lock: runs of several lengths may go on side by side)."""
+    key = ("name", "n", "who", "mode")
+    with open(RESULTS, "a") as lock:  # made if missing; rewritten in place, the lock held
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = [r for r in load() if any(r[k] != record[k] for k in key)]
+        text = json.dumps([*old, record], indent=1, ensure_ascii=False)
+        RESULTS.write_text(text + "\n", encoding="utf-8")
+
+
+def pairs(records: list[dict], mode: str) -> list[tuple[dict, dict]]:
+    """(spec, hand) records of the mode, by spec then N."""
+    found = {(r["name"], r["n"], r["who"]): r for r in records if r["mode"] == mode}
+    order = sorted({(SPECS.index(k[0]), k[1]) for k in found})
+    rows = ((SPECS[i], n) for i, n in order)
+    return [
+        (found[s, n, "spec"], found[s, n, "hand"])
+        for s, n in rows
+        if (s, n, "hand") in found and (s, n, "spec") in found
     ]
-    for r in rows:
-        ratio = r["spec"]["s"] / r["hand"]["s"]
+
+
+def table_text(records: list[dict], mode: str) -> str:
+    what = "training step" if mode == "train" else "forward"
+    lines = [
+        f"| spec ({what}) | N | spec MB | blocked MB | memory ratio | spec s | blocked s "
+        "| time ratio | timed calls |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for spec, hand in pairs(records, mode):
+        calls = spec["rounds"] or "first"
         lines.append(
-            f"| {r['name']} | {r['n']} | {r['spec']['MB']:.0f} | {r['hand']['MB']:.0f} "
-            f"| {r['spec']['s']:.2f} | {r['hand']['s']:.2f} | {ratio:.2f} |"
+            f"| {spec['name']} | {spec['n']} | {spec['MB']:.0f} | {hand['MB']:.0f} "
+            f"| {spec['MB'] / max(hand['MB'], 1):.2f} | {spec['s']:.2f} | {hand['s']:.2f} "
+            f"| {spec['s'] / hand['s']:.2f} | {calls} |"
         )
     return "\n".join(lines)
 
 
+def write(records: list[dict]) -> None:
+    from scaling_plot import svg
+
+    PLOT.write_text(svg(records, SPECS, "CPU, one thread, float32"), encoding="utf-8")
+    parts = [f"![memory and time against N]({PLOT.name})"]
+    parts += [table_text(records, m) for m in ("forward", "train") if pairs(records, m)]
+    page = PAGE.read_text(encoding="utf-8")
+    head, rest = page.split(BEGIN)
+    _, tail = rest.split(END)
+    PAGE.write_text(f"{head}{BEGIN}\n" + "\n\n".join(parts) + f"\n{END}{tail}", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, nargs="*", default=[512, 2048, 8192])
+    parser.add_argument("--n", type=int, nargs="*", default=[])
     parser.add_argument("--specs", nargs="*", default=list(SPECS))
     parser.add_argument("--train", action="store_true", help="a training step, not a forward")
-    parser.add_argument("--write", action="store_true", help="into docs/performance.md")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after the first")
+    parser.add_argument("--write", action="store_true", help="tables and plot into docs/")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
-        name, n, who, what, rounds = args.probe
-        print(json.dumps(probe(name, int(n), who == "hand", what == "train", int(rounds))))
+        name, n, who, mode, rounds = args.probe
+        got = probe(name, int(n), who == "hand", mode == "train", int(rounds))
+        print(json.dumps(got))
         return
-    rows = []
-    for name in args.specs:
-        for n in args.n:
-            got = {
-                w: measure(name, n, w == "hand", args.train, args.rounds) for w in ("spec", "hand")
-            }
-            rows.append({"name": name, "n": n, **got})
-            print(json.dumps(rows[-1]), flush=True)
-    text = table_text(rows, args.train)
-    print(text)
+    for n in args.n:
+        for name in args.specs:
+            for hand in (False, True):
+                record = measure(name, n, hand, args.train, args.rounds)
+                keep(record)
+                print(json.dumps(record, ensure_ascii=False), flush=True)
     if args.write:
-        page = PAGE.read_text(encoding="utf-8")
-        head, rest = page.split(BEGIN)
-        _, tail = rest.split(END)
-        PAGE.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
+        write(load())
 
 
 if __name__ == "__main__":

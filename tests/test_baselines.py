@@ -17,7 +17,7 @@ import indexattn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from baselines import chunked_linear, flex, fused_qkv, retention, rotary  # noqa: E402
+from baselines import chunked_linear, flex, fused_qkv, retention, rotary, row_blocks  # noqa: E402
 
 SIZES = {"d_m": 24, "h": 3, "d_k": 8}
 SEPARATE = {"d_in": 24, "d_out": 24, "h": 3, "d_k": 8}
@@ -114,3 +114,59 @@ def test_baseline_twin_sees_a_nudged_parameter(name, monkeypatch):
     params[last] = params[last] + 0.05
     with torch.no_grad():
         assert (baseline(*inputs, p=params) - module(*inputs)).abs().max() > 1e-6
+
+
+ROWS = {  # the scaling benchmark's blocked baselines, windows and caps that bite at these sizes
+    "mha": SIZES,
+    "sliding_window": SEPARATE | {"w": 5},
+    "softcap_window": SIZES | {"w": 5, "c": 0.3, "query_pre_attn_scalar": 5},
+    "alibi": SEPARATE,
+    "t5_bias": SIZES,
+    "doc_mask": SIZES,
+    "attention_sinks": {"d_m": 24, "h_kv": 2, "n_rep": 2, "d_k": 6, "w": 5},
+    "differential": {"d_m": 24, "h": 2, "d": 6},
+}
+
+
+def row_blocks_case(name: str, monkeypatch, nudge: float = 0.0):
+    """The module and the blocked baseline's output at N = 11, blocks of 4 queries (float64)."""
+    monkeypatch.setattr(row_blocks, "BLOCK", 4)
+    torch.manual_seed(0)
+    spec = indexattn.compile_spec(SPECS / f"{name}.attn")
+    module = spec.module(**ROWS[name]).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(1, 11, 24, dtype=torch.float64, requires_grad=True)
+    documents = torch.tensor([[0] * 3 + [1] * 6 + [2] * 2])  # a block starts inside one
+    inputs = [documents if t.dtype == "int" else x for t in spec.ir.tensors_of("input")]
+    params = dict(module.named_parameters())
+    s = {**{c.ascii: c.value for c in spec.ir.scalars}, **ROWS[name]}
+    last = list(params)[-1]  # the twin's: the output projection, or a norm's or sink's weight
+    moved = params[last] + nudge * torch.randn_like(
+        params[last]
+    )  # a uniform shift of T5's bias hides
+    theirs = getattr(row_blocks, name)(*inputs, params | {last: moved}, s)
+    return module, inputs, params, theirs
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_row_block_baseline_equals_the_generated_module(name, monkeypatch):
+    module, inputs, params, theirs = row_blocks_case(name, monkeypatch)
+    ours = module(*inputs)
+    torch.testing.assert_close(theirs, ours, atol=1e-12, rtol=0)
+    probe = torch.randn_like(ours)
+    wrt = [inputs[0], *params.values()]
+    for g, g_ref in zip(
+        torch.autograd.grad((theirs * probe).sum(), wrt),  # through the per-block checkpoints
+        torch.autograd.grad((ours * probe).sum(), wrt),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_row_block_baseline_twin_sees_a_nudged_parameter(name, monkeypatch):
+    module, inputs, _, theirs = row_blocks_case(name, monkeypatch, nudge=0.05)
+    with torch.no_grad():
+        assert (theirs - module(*inputs)).abs().max() > 1e-6
