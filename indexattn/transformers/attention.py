@@ -39,6 +39,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "max_length_q": "the mask holds packed sequences' boundaries",
     "max_length_k": "the mask holds packed sequences' boundaries",
     "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
+    "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
 
 
