@@ -35,6 +35,7 @@ import pytest
 import torch
 from models_common import ROOT
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloaded: no hub kernel looked up
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
 
@@ -95,6 +96,8 @@ def tiny(config_class, **settings):
         name = names.get(field, field)
         if hasattr(default, name):
             given[name] = size
+    if "num_hidden_layers" in given:
+        given["num_hidden_layers"] = max(TINY["num_hidden_layers"], first_attending(default) + 1)
     for name, value in vars(default).items():
         if isinstance(value, transformers.PretrainedConfig):
             given[name] = tiny(type(value), **settings)
@@ -103,12 +106,35 @@ def tiny(config_class, **settings):
     return config_class(**given, **settings)
 
 
+def first_attending(config) -> int:
+    """The index of a hybrid model's first attention layer (Jamba's, Qwen3-Next's: after Mamba
+    or linear layers), so that the tiny model has one; 0 where its layers say nothing."""
+    try:
+        kinds = list(getattr(config, "layer_types", None) or [])
+    except Exception:  # a per-layer property some configs raise on
+        return 0
+    attending = [i for i, kind in enumerate(kinds) if ATTENDING.search(str(kind))]
+    return attending[0] if attending else 0
+
+
+ATTENDING = re.compile(r"^(?!linear).*attention$|^attention$")  # a layer kind that attends
+
+
 def float64_softmax(x, dim=None, dtype=None, **kw):
     """transformers' eager softmax without its float32 upcast."""
     return SOFTMAX(x, dim=dim, **kw)
 
 
 SOFTMAX = torch.nn.functional.softmax
+
+
+def float64_kept(x, *args, **kw):
+    """`Tensor.float()` leaving float64 as it is: some eager attentions (Flint's) compute their
+    scores in float32 on purpose, which float64's comparison would read as 1e-7 apart."""
+    return x if x.dtype == torch.float64 else FLOAT(x, *args, **kw)
+
+
+FLOAT = torch.Tensor.float
 
 
 class Ran:
@@ -268,6 +294,7 @@ def row(cls, ran) -> dict:
     in float64 meanwhile (patched after the modeling file's import: some script functions)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+        monkeypatch.setattr(torch.Tensor, "float", float64_kept)
         return _row(cls, ran)
 
 
@@ -358,6 +385,30 @@ def test_a_family_runs_every_column(family, ran):
     assert row(causal_lm(family), ran) == dict.fromkeys(COLUMNS, "✓")
 
 
+class Stopped(BaseException):
+    """A row's time is up."""
+
+
+LIMIT = 60  # seconds of wall time a family's row may take in the sweep
+
+
+def timed(cls, ran) -> dict:
+    """`row`, or a row saying it was stopped after LIMIT seconds (a reference scan, a hang)."""
+    import signal
+
+    def stop(*_):
+        raise Stopped  # not an Exception: no cell's `except` takes it
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(LIMIT)
+    try:
+        return row(cls, ran)
+    except Stopped:
+        return {"whole": f"not run: stopped after {LIMIT} s (the machine was loaded)"}
+    finally:
+        signal.alarm(0)
+
+
 def sweep() -> int:
     """Every family's row: the table written into docs/models.md (with INDEXATTN_WRITE_FAMILIES
     set) or compared with it; 1 where it differs (`python tests/test_models_families.py`)."""
@@ -366,7 +417,7 @@ def sweep() -> int:
     logging.disable_progress_bar()
     with pytest.MonkeyPatch.context() as monkeypatch:
         start = time.process_time()
-        made = table({family: row(cls, Ran(monkeypatch)) for family, cls in families().items()})
+        made = table({family: timed(cls, Ran(monkeypatch)) for family, cls in families().items()})
     print(f"{len(families())} families: {time.process_time() - start:.1f} s of CPU")
     version = transformers.__version__
     if os.environ.get(WRITE):

@@ -89,7 +89,7 @@ class CoreAttention:
                 " beside a core that takes M"
             )
         if self.sinks:
-            tensors[SINKS] = kwargs["s_aux"]
+            tensors[SINKS] = kwargs[SINKS].to(query.dtype)  # kept float32 by some (Flint)
         out = self.spec(training=module.training, **tensors, **given)
         out, weights = out if isinstance(out, tuple) else (out, None)
         if weights is None and kwargs.get("output_attentions"):
