@@ -475,3 +475,36 @@ def test_a_decode_step_reaches_the_core_unmasked(monkeypatch):
         assert torch.equal(tokens_ours, tokens)
         assert_relative(steps_ours, steps)
         assert ran == [prefill] * 2 + [step] * 2 * (NEW - 1)
+
+
+def test_cross_attention_is_eager_s(counted):
+    """A BERT decoder's cross-attention layers hand over encoder_hidden_states (their keys and
+    values made from it, N_kv != N, the encoder's padding as the mask): eager's logits. Twin:
+    other encoder states give other logits, so the keys and values are the encoder's."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    config = BertConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, is_decoder=True, add_cross_attention=True,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **EAGER,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = BertLMHeadModel(config).double().eval()
+    ids, padding = prompt()
+    encoder = torch.randn(B, N + 3, 32, dtype=torch.float64)
+    kept = torch.ones(B, N + 3, dtype=torch.long)
+    kept[1, -2:] = 0
+
+    def run(states):
+        with torch.no_grad():
+            return model(
+                input_ids=ids, attention_mask=padding, encoder_hidden_states=states,
+                encoder_attention_mask=kept, use_cache=False,
+            ).logits  # fmt: skip
+
+    want = run(encoder)
+    model.set_attn_implementation("indexattn")
+    seen = counted("indexattn")
+    assert_relative(run(encoder), want)
+    assert seen == [N] * 4  # self- and cross-attention in both layers
+    assert (run(torch.randn_like(encoder)) - want).abs().max() > 1e-6 * want.abs().max()

@@ -41,6 +41,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
     "num_items_in_batch": "a keyword of the model's loss, handed to every layer",
     "shift_labels": "a keyword of the model's loss, handed to every layer",
+    "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
 
 
@@ -90,7 +91,7 @@ class CoreAttention:
                 " beside a core that takes M"
             )
         if self.sinks:
-            tensors[SINKS] = kwargs["s_aux"]
+            tensors[SINKS] = kwargs[SINKS].to(query.dtype)  # kept float32 by some (Flint)
         out = self.spec(training=module.training, **tensors, **given)
         out, weights = out if isinstance(out, tuple) else (out, None)
         if weights is None and kwargs.get("output_attentions"):
