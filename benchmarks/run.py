@@ -81,17 +81,20 @@ def main() -> None:
     started = time.perf_counter()
     rounds, passes = (1, 1) if args.quick else (ROUNDS, PASSES)
     names = args.cases.split(",") if args.cases else list(CASES)
+    unknown = [name for name in names if name not in CASES]
+    if unknown:  # before any measurement: a typo costs no minutes
+        parser.error(f"no case {', '.join(unknown)}; the cases: {', '.join(CASES)}")
     shape = QUICK_SHAPES[0] if args.quick else MEMORY_SHAPE
     results = {
         "machine": machine(),
-        "peak_matmul_gflops": peak_matmul(),
+        "peak_matmul_gflops": peak_matmul(1024 if args.quick else 4096),
         "timings": pooled([time_cases(names, args.quick) for _ in range(passes)]),
         "memory": memory(names, shape),
         "startup": startup(
             STARTUP_SPECS[:2] if args.quick else STARTUP_SPECS, 1 if args.quick else 3
         ),
         "compile_spec_ms": {} if args.quick else compile_times(),
-        "latex_startup": latex_startup(),
+        "latex_startup": latex_startup(1 if args.quick else 5),
         "bfloat16": bfloat16([n for n in BF16_CASES if n in names], rounds, shape),
     }
     results["seconds"] = round(time.perf_counter() - started)
