@@ -16,6 +16,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # The compile cache of this run (and of the processes it starts): never the user's own.
 os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
+# inductor's too: its default, /tmp/torchinductor_<user>, is shared by every torch on the
+# machine, and torch 2.9 aborted in a kernel that a newer torch had left there (CI runs the
+# oldest and newest releases' suites side by side)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-inductor-")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))
