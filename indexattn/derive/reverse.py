@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING
 
 import sympy
 
@@ -38,9 +37,6 @@ from ..ir import (
 from ..lower.numerics import guarded
 from ..notation.names import ascii_name, fresh
 from ..ops import DERIVATIVES
-
-if TYPE_CHECKING:
-    from .rewrites import Rewrite
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class Derivation:
         file: str,
         training: bool = True,
         scalars=frozenset(),
-        rewrites: tuple[Rewrite, ...] = (),
+        rewrites: tuple = (),  # derive/rewrites.py's Rewrite values (it imports this module)
     ) -> None:
         self.spec, self.source, self.file = spec, source, file
         self.rewrites = rewrites  # BACKWARD_REWRITES, or a prefix of it: none is reverse mode
