@@ -131,7 +131,9 @@ def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     return args, {**kwargs, "use_cache": False}
 
 
-_FUNCTIONS: dict[tuple, str] = {}  # (mesh, strategy, zigzag) -> its registered name
+# (id of the mesh, strategy, zigzag) -> the mesh and its function's registered name; the mesh
+# is kept, so that its id is never another mesh's (equal meshes may hold other groups)
+_FUNCTIONS: dict[tuple, tuple[DeviceMesh, str]] = {}
 
 
 def split(model: nn.Module, mesh: DeviceMesh, strategy: str, zigzag: bool, split_core) -> nn.Module:
@@ -146,7 +148,7 @@ def split(model: nn.Module, mesh: DeviceMesh, strategy: str, zigzag: bool, split
         AttentionMaskInterface.register(name, _no_mask)
         NAMES.add(name)
         install()
-        _FUNCTIONS[found] = name
-    model.set_attn_implementation(_FUNCTIONS[found])
+        _FUNCTIONS[found] = mesh, name
+    model.set_attn_implementation(_FUNCTIONS[found][1])
     model.register_forward_pre_hook(_needs_positions, with_kwargs=True)
     return model
