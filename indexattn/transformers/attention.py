@@ -33,6 +33,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "is_causal": "read only where the layer gives no mask, as sdpa does",
     "position_ids": "the mask holds packed sequences' boundaries",
     "use_cache": "the layer updates its own cache before attention",
+    "cache_position": "the layer updates its own cache before attention (BERT, transformers 5.0)",
     "output_attentions": "the weights are returned where the spec outputs them, else refused",
     "cu_seq_lens_q": "the mask holds packed sequences' boundaries",
     "cu_seq_lens_k": "the mask holds packed sequences' boundaries",
