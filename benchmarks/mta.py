@@ -62,10 +62,13 @@ class PeakTensors(TorchDispatchMode):
         return out
 
 
-def seconds(step) -> float:
-    start = time.perf_counter()
+def seconds(step) -> tuple[float, float]:
+    """Wall time and the thread's CPU time (user and system: the page faults of fresh N × N
+    tensors count) of one call. On a loaded machine the CPU time is the steadier: it leaves
+    out the time the thread waited for a core."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     step()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.thread_time() - cpu
 
 
 def peak_mb(step) -> float:
@@ -122,12 +125,15 @@ def compare(spec, n: int, heads: int, rounds: int, backward: bool, warmup: bool)
         for name, call in calls.items():
             times[name].append(seconds(run(call, backward, (q, k, v, theta))))
     m = {name: peak_mb(run(call, backward, (q, k, v, theta))) for name, call in calls.items()}
-    t = {name: statistics.median(ts) for name, ts in times.items()}
+    t = {name: statistics.median(wall for wall, _ in ts) for name, ts in times.items()}
+    c = {name: statistics.median(cpu for _, cpu in ts) for name, ts in times.items()}
     what = "forward+backward" if backward else "forward"
     print(
         f"N={n} {what}: indexattn {t['indexattn'] * 1e3:.0f} ms {m['indexattn']:.0f} MB, "
         f"hand {t['hand'] * 1e3:.0f} ms {m['hand']:.0f} MB, "
         f"time ratio {t['indexattn'] / t['hand']:.3f}, "
+        f"CPU time ratio {c['indexattn'] / c['hand']:.3f} "
+        f"({c['indexattn'] * 1e3:.0f} vs {c['hand'] * 1e3:.0f} ms), "
         f"memory ratio {m['indexattn'] / max(m['hand'], 1e-9):.3f}",
         flush=True,
     )

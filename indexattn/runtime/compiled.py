@@ -230,9 +230,9 @@ class CompiledSpec:
         eager call solves and checks once per distinct shapes, dtypes, devices, given sizes and
         scalars, and then looks them up; a traced call every time (the checks become guards)."""
         if torch.compiler.is_compiling():  # traced code builds the constants inline, to be folded
-            sizes = self._solve(tensors, given)
+            sizes, widen = self._solve(tensors, given)
             keywords = {name: sizes[name] for name in self.required}
-            widen, longs = self._widen(tensors), self._longs(tensors)
+            longs = self._longs(tensors)
         else:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
@@ -263,12 +263,13 @@ class CompiledSpec:
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
         """Sizes and the function's keywords for a call of a new kind, every check done."""
         _no_nan(self.name, scalars)
-        sizes = self.solve(tensors, given)
+        sizes, widen = self._solve(tensors, given)
+        self._same_kind(tensors)
         self.positions.check_arguments(self.name, tensors, sizes)
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
-        found = (sizes, keywords, self._widen(tensors), self._longs(tensors))
+        found = (sizes, keywords, widen, self._longs(tensors))
         with self._lock:
             _bounded(self._calls)[key] = found
         return found
@@ -329,22 +330,21 @@ class CompiledSpec:
     def solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
         """Sizes by ASCII name, checked against every shape, dtype and device; `tensors` in
         argument order."""
-        found = self._solve(tensors, given)
+        found, _ = self._solve(tensors, given)
         self._same_kind(tensors)
         return found
 
-    def _solve(self, tensors: Sequence[torch.Tensor], given: dict) -> dict[str, int]:
-        values = self.rules.solve([t.shape for t in tensors], given)
-        self._batch([tuple(t.shape) for t in tensors])
-        return values
+    def _solve(self, tensors: Sequence[torch.Tensor], given: dict):
+        """Sizes, and the inputs to widen (`_widen`): every shape checked, the batch too."""
+        shapes = [tuple(t.shape) for t in tensors]
+        return self.rules.solve(shapes, given), self._widen(shapes)
 
     def _batches(self, shapes: list[tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
         """Each input's leading batch axes, by argument position."""
         return {k: shapes[k][: len(shapes[k]) - rank] for k, rank in self.plain.batch}
 
-    def _batch(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-        """The call's batch: the inputs' batch axes broadcast."""
-        batches = self._batches(shapes)
+    def _batch(self, batches: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+        """The call's batch: the inputs' batch axes (`_batches`) broadcast."""
         full = _broadcast(list(batches.values()))
         if full is None:
             listed = ", ".join(f"{self.arguments[k]} {tuple(b)}" for k, b in batches.items())
@@ -353,16 +353,14 @@ class CompiledSpec:
             )
         return full
 
-    def _widen(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, tuple], ...]:
+    def _widen(self, shapes: list[tuple[int, ...]]) -> tuple[tuple[int, tuple], ...]:
         """Inputs with fewer or narrower batch axes than the call's, and the shape each is
         expanded to (a view) before the function runs: every step then sees one batch (the
         kernel cannot broadcast queries to a mask's batch, torch.cat a cache to the new keys'
         batch, nor an in-place sum its target)."""
-        shapes = [tuple(t.shape) for t in tensors]
-        full = self._batch(shapes)
-        return tuple(
-            (k, full + shapes[k][len(b) :]) for k, b in self._batches(shapes).items() if b != full
-        )
+        batches = self._batches(shapes)
+        full = self._batch(batches)
+        return tuple((k, full + shapes[k][len(b) :]) for k, b in batches.items() if b != full)
 
     def _longs(self, tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
         """The integer arguments of another integer dtype than int64 (uint8 ids, int16 ...)."""

@@ -44,6 +44,7 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "shift_labels": "a keyword of the model's loss, handed to every layer",
     "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
+KNOWN = frozenset(SCALARS) | frozenset(CARRIED) | {SINKS}  # every keyword a core accepts
 
 
 def shipped(name: str) -> Path:
@@ -64,6 +65,7 @@ class CoreAttention:
         self.sinks = SINKS in spec.arguments
         self.mask = mask_kind(spec)
         self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
+        self.given = tuple((k, scalar) for k, scalar in SCALARS.items() if scalar in self.scalars)
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -108,8 +110,8 @@ class CoreAttention:
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
         error naming it."""
-        unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
-        if unknown:
+        if not KNOWN.issuperset(kwargs):  # a decode step's every call: no set built
+            unknown = sorted(kwargs.keys() - KNOWN)
             raise TypeError(
                 f"attention spec {self.name!r} got {', '.join(unknown)} from"
                 f" {type(module).__name__}, which indexattn does not know: use another"
@@ -118,14 +120,16 @@ class CoreAttention:
         self._refuse(module, kwargs)
         unset = {"scaling": query.shape[-1] ** -0.5, "p": 0.0, "sliding_window": math.inf}
         given = {}
-        for keyword, scalar in SCALARS.items():
-            if scalar in self.scalars:
-                value = kwargs.get(keyword)
-                given[scalar] = unset[scalar] if value is None else value
+        for keyword, scalar in self.given:
+            value = kwargs.get(keyword)
+            given[scalar] = unset[scalar] if value is None else value
         return given
 
     def _refuse(self, module: nn.Module, kwargs: dict) -> None:
         """A keyword that changes the result, and that this spec has no scalar or input for."""
+        asked = kwargs.get("dropout") or any(kwargs.get(n) is not None for n in ("softcap", SINKS))
+        if not asked and not any(self.taking.values()):
+            return  # nothing asked of a plain core: nothing to refuse
         layer = type(module).__name__
         wants = {
             "p": kwargs.get("dropout") or 0.0,
