@@ -82,6 +82,7 @@ def interleaved(llama, work, rounds: int) -> dict:
     """Each round times `work` once under every implementation, in a shuffled order; the
     median over rounds of each one's time over sdpa's, and each one's median seconds."""
     seconds = {name: [] for name in IMPLEMENTATIONS}
+    cpu = {name: [] for name in IMPLEMENTATIONS}
     for name in IMPLEMENTATIONS:  # warm-up: compile caches, first allocations
         llama.set_attn_implementation(name)
         work()
@@ -90,14 +91,24 @@ def interleaved(llama, work, rounds: int) -> dict:
         random.shuffle(order)
         for name in order:
             llama.set_attn_implementation(name)
-            begin = time.perf_counter()
+            begin, begin_cpu = time.perf_counter(), time.thread_time()
             work()
             seconds[name].append(time.perf_counter() - begin)
+            cpu[name].append(time.thread_time() - begin_cpu)
+    return {**ratios(seconds, ""), **ratios(cpu, "cpu_")}
+
+
+def ratios(seconds: dict, prefix: str) -> dict:
+    """Each implementation's median seconds, and the median of its time over sdpa's in the
+    same round. `cpu_`: the thread's CPU time, which leaves out the waits for a core that
+    dominate wall time on a loaded machine."""
     base = seconds["sdpa"]
     return {
-        **{f"{name}_s": statistics.median(seconds[name]) for name in IMPLEMENTATIONS},
+        **{f"{name}_{prefix}s": statistics.median(seconds[name]) for name in IMPLEMENTATIONS},
         **{
-            f"{name}_over_sdpa": statistics.median(t / b for t, b in zip(seconds[name], base))
+            f"{name}_over_sdpa_{prefix}time": statistics.median(
+                t / b for t, b in zip(seconds[name], base)
+            )
             for name in IMPLEMENTATIONS
             if name != "sdpa"
         },

@@ -125,15 +125,21 @@ def counted(monkeypatch):
     def start(name):
         function, seen = AttentionInterface._global_mapping[name], []
         for core in getattr(function, "cores", [function]):
-
-            def counting(spec=core.spec, **kwargs):
-                seen.append(kwargs["Q"].shape[-2])
-                return spec(**kwargs)
-
-            monkeypatch.setattr(core, "spec", counting)
+            monkeypatch.setattr(core, "spec", Spy(core.spec, lambda _, q: seen.append(q.shape[-2])))
         return seen
 
     return start
+
+
+class Spy:
+    """A core's spec whose calls `record(spec, queries)` sees first."""
+
+    def __init__(self, spec, record) -> None:
+        self.spec, self.record = spec, record
+
+    def in_order(self, tensors, scalars, *, training):
+        self.record(self.spec, tensors[0])
+        return self.spec.in_order(tensors, scalars, training=training)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -430,12 +436,7 @@ def test_a_plainly_causal_mask_reaches_the_core_as_a_predicate(monkeypatch):
 
     ran = []
     for core in AttentionInterface._global_mapping["indexattn"].cores:
-
-        def run(spec=core.spec, **kwargs):
-            ran.append(spec.name)
-            return spec(**kwargs)
-
-        monkeypatch.setattr(core, "spec", run)
+        monkeypatch.setattr(core, "spec", Spy(core.spec, lambda spec, _: ran.append(spec.name)))
     model = model_of("llama")
     ids, padding = prompt()
     for mask, core in ((torch.ones_like(padding), "gqa_causal_core"), (padding, "gqa_core")):
@@ -455,12 +456,7 @@ def test_a_decode_step_reaches_the_core_unmasked(monkeypatch):
 
     ran = []
     for core in AttentionInterface._global_mapping["indexattn"].cores:
-
-        def run(spec=core.spec, **kwargs):
-            ran.append(spec.name)
-            return spec(**kwargs)
-
-        monkeypatch.setattr(core, "spec", run)
+        monkeypatch.setattr(core, "spec", Spy(core.spec, lambda spec, _: ran.append(spec.name)))
     model = model_of("llama")
     ids, padding = prompt()
     for mask, prefill, step in (

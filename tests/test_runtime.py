@@ -202,3 +202,22 @@ def test_a_call_of_a_kind_seen_before_is_looked_up_and_still_checked(monkeypatch
         spec(**args, h=3)
     with pytest.raises(indexattn.ShapeError, match=r"a multiple of 3\*h = 15\), got 36"):
         spec(**mha_args(), h=5)  # shapes seen before, another given size
+
+
+@pytest.mark.parametrize("backward", ["autograd", "derived"])
+def test_a_call_in_argument_order_is_the_keyword_call(backward, monkeypatch):
+    """`in_order` (transformers' attention function at every step) equals the keyword call in
+    values and gradients, by either default backward; the twin: the same tensors in another
+    order are read as other arguments, and the values differ."""
+    spec = indexattn.compile_spec(ROOT / "specs" / "gqa_core.attn")
+    monkeypatch.setitem(spec.__dict__, "default_backward", backward)  # the cached property
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 6, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    m = torch.zeros(4, 6, dtype=torch.float64)
+    want = spec(Q=q, K=k, V=v, M=m, scaling=0.3)
+    got = spec.in_order((q, k, v, m), {"scaling": 0.3}, training=False)
+    assert torch.equal(got, want)
+    assert torch.allclose(*(torch.autograd.grad(o.sin().sum(), q)[0] for o in (got, want)))
+    swapped = spec.in_order((q, v, k, m), {"scaling": 0.3}, training=False)
+    assert (swapped - want).abs().max() > 1e-3

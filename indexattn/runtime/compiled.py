@@ -225,6 +225,15 @@ class CompiledSpec:
             return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
+    def in_order(self, tensors: Sequence[torch.Tensor], scalars: dict, *, training: bool):
+        """`spec(**tensors, **scalars)` for a caller that passes the tensors in argument order
+        and only scalars the spec declares (transformers' attention function, at every decode
+        step): no keyword respelled or matched by name; sizes, shapes, dtypes and devices are
+        checked as in any call."""
+        if self.default_backward == "derived":
+            return self(training=training, **dict(zip(self.arguments, tensors)), **scalars)
+        return self._run(tensors, {}, scalars, training)
+
     def _run(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict, training: bool):
         """The generated function on tensors in argument order, sizes solved and checked. An
         eager call solves and checks once per distinct shapes, dtypes, devices, given sizes and

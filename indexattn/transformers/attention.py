@@ -84,18 +84,18 @@ class CoreAttention:
         """The call, the mask it needs (`needed_mask`) known."""
         given = self._keywords(module, query, kwargs)
         b, _, n, d = query.shape  # heads (g r) split by a view: no copy, no Python unflatten
-        tensors = {"Q": query.view(b, key.shape[1], -1, n, d), "K": key, "V": value}
+        tensors = [query.view(b, key.shape[1], -1, n, d), key, value]  # TENSORS' order
         if self.mask == TENSOR:
-            tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
+            tensors.append(core_mask(attention_mask, query, key, kwargs, module))
         elif self.mask != needed:
             raise NotImplementedError(
                 f"attention spec {self.name!r} takes no mask: {MASK_KINDS[self.mask]}, and"
                 f" {type(module).__name__}'s call needs {MASK_KINDS[needed]}: register it"
                 " beside a core that takes M"
             )
-        if self.sinks:
-            tensors[SINKS] = kwargs[SINKS].to(query.dtype)  # kept float32 by some (Flint)
-        out = self.spec(training=module.training, **tensors, **given)
+        if self.sinks:  # last, as _check_core requires
+            tensors.append(kwargs[SINKS].to(query.dtype))  # kept float32 by some (Flint)
+        out = self.spec.in_order(tensors, given, training=module.training)
         out, weights = out if isinstance(out, tuple) else (out, None)
         if weights is None and kwargs.get("output_attentions"):
             raise NotImplementedError(
@@ -118,11 +118,10 @@ class CoreAttention:
                 " attn_implementation for this model, or swap_attention with a layer spec"
             )
         self._refuse(module, kwargs)
-        unset = {"scaling": query.shape[-1] ** -0.5, "p": 0.0, "sliding_window": math.inf}
         given = {}
         for keyword, scalar in self.given:
             value = kwargs.get(keyword)
-            given[scalar] = unset[scalar] if value is None else value
+            given[scalar] = _unset(scalar, query) if value is None else value
         return given
 
     def _refuse(self, module: nn.Module, kwargs: dict) -> None:
@@ -156,6 +155,13 @@ class CoreAttention:
             )
 
 
+def _unset(scalar: str, query: torch.Tensor) -> float:
+    """A scalar's value where the layer passes None for it."""
+    if scalar == "scaling":
+        return query.shape[-1] ** -0.5
+    return {"p": 0.0, "sliding_window": math.inf}[scalar]
+
+
 def _keyword(name: str) -> str:
     return {"p": "dropout"}.get(name, name)
 
@@ -174,10 +180,10 @@ def _declaration(name: str) -> str:
 
 def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
     """Refuse, at registration, a spec that is not a core: its inputs, scalars and outputs."""
-    inputs = [a for a in spec.arguments if a != SINKS]
+    inputs = spec.arguments[:-1] if spec.arguments[-1:] == (SINKS,) else spec.arguments
     problems = []
-    if tuple(inputs) not in (TENSORS, TENSORS[:3]):
-        problems.append(f"its inputs are {', '.join(spec.arguments)}")
+    if tuple(inputs) not in (TENSORS, TENSORS[:3]):  # the order the call passes them in
+        problems.append(f"its inputs are {', '.join(spec.arguments)}, in this order")
     if "scaling" not in scalars:
         problems.append("it declares no scalar scaling")
     if spec.plain.outputs not in (1, 2):
@@ -186,8 +192,8 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
         raise ValueError(
             f"spec {spec.name!r} is not an attention core: {'; '.join(problems)}. A core"
             " declares `input Q_<grτa>`, `input K_<gσa>`, `input V_<gσc>`, `input M_<τσ>`"
-            " (optionally `input s_aux_<(gr)>`; no M where it is causal by a predicate, as"
-            " gqa_causal_core.attn), `scalar scaling`, and outputs O_<grτc>"
+            " in this order (optionally `input s_aux_<(gr)>` last; no M where it is causal by"
+            " a predicate, as gqa_causal_core.attn), `scalar scaling`, and outputs O_<grτc>"
             " (and optionally the weights): see specs/gqa_core.attn"
         )
 
@@ -263,6 +269,7 @@ class Cores:
 
     def __init__(self, cores: list[CoreAttention]) -> None:
         self.cores = cores
+        self.picked: dict[tuple, CoreAttention] = {}  # (mask needed, softcap?, sinks?): core
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
         needed = needed_mask(attention_mask, query, key, kwargs, module)
@@ -270,9 +277,13 @@ class Cores:
         return core.run(module, query, key, value, attention_mask, needed, kwargs)
 
     def pick(self, needed: str, kwargs: dict) -> CoreAttention:
-        given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
-        matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
-        return next((c for c in matching if c.mask == needed), matching[0])
+        key = (needed, kwargs.get("softcap") is not None, kwargs.get(SINKS) is not None)
+        found = self.picked.get(key)
+        if found is None:
+            given = {"softcap": key[1], SINKS: key[2]}
+            matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
+            found = self.picked[key] = next((c for c in matching if c.mask == needed), matching[0])
+        return found
 
 
 DEFAULT = "indexattn"
