@@ -227,6 +227,18 @@ def reversal(position: ir.Node, axis: Index) -> Index | None:
     return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
 
 
+def repetition(position: ir.Node, axis: Index) -> sympy.Basic | None:
+    """c when `position` is floor(i / c) over an index i of c times the axis's size: each
+    value read c times in a row (`[floor(τ' / ℓ)]` on `β : N / ℓ`), else None."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    times = sympy.simplify(index.size / axis.size)
+    if sympy.fraction(times)[1] != 1 or not times.is_positive:
+        return None
+    return times if sympy.simplify(position.expr - sympy.floor(index.symbol / times)) == 0 else None
+
+
 def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
     """The weight's declared indices at the positions of the out block."""
     declared = form.weight.tensor.layout
