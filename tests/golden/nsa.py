@@ -168,7 +168,7 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     # Os_<μτa> = As_<μττ'> V_<μτ'a>
     Ms_keep_top = top_k(Sc, n, dim=-1)  # (…, μ, τ, β)
     Ms_keep_or = Ms_keep_top | Ms_keep_grid  # (…, μ, τ, β)
-    Ms_keep_at = Ms_keep_or[..., Ss_keep_pos]  # (…, μ, τ, τ')
+    Ms_keep_at = Ms_keep_or.repeat_interleave(l, dim=-1)  # (…, μ, τ, τ')
     Ss_keep_and = Ms_keep_at & Ss_keep_grid  # (…, μ, τ, τ')
     Ss_keep_and_spans = key_spans(Ss_keep_and, 'false', every_call=True)  # blocks of queries
     if Ss_keep_and_spans is None:
