@@ -213,3 +213,36 @@ def test_a_mask_of_positions_read_at_block_positions_is_a_boolean_table(hidden, 
     assert {m.dtype for m in masks} == {torch.bool if hidden == "-inf" else torch.float64}
     (other,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, ℓ=4)
     assert (got - other).abs().max() > 1e-3  # blocks of four: the comparison sees it
+
+
+BLOCK_BIAS = """
+index τ, τ' : N
+index β : {blocks}
+index c, e : d
+input Q_<τe>
+input K_<τ'e>
+input V_<τ'c>
+param T_<β>
+O_<τc> = softmax_<τ'>(Q_<τe> K_<τ'e> + T_<[floor(τ' / ℓ)]> + where(τ' > τ, -inf, 0)) V_<τ'c>
+output O
+"""
+
+
+@pytest.mark.parametrize("blocks", ["N / ℓ", "ceil(N / ℓ)"])
+def test_a_table_read_at_its_blocks_equals_the_literal_in_values_and_gradients(blocks):
+    """A bias per block read at each key's block, `[floor(τ' / ℓ)]` over β : N / ℓ (each entry
+    ℓ times in a row: a repeat, no gather; over ceil(N / ℓ), a gather), against the literal
+    interpreter: values and the table's gradient, summed over each block's keys. The twin:
+    one block's bias moved, the literal's values differ from these."""
+    spec = indexattn.compile_spec(BLOCK_BIAS.format(blocks=blocks), name="block_bias")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 3, dtype=torch.float64, generator=g) for _ in "qkv")
+    t = torch.randn(4, dtype=torch.float64, generator=g).requires_grad_()
+    got = spec(Q=q, K=k, V=v, T=t, ℓ=3)
+    (want,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, T=t, ℓ=3)
+    assert (got - want).abs().max() < 1e-13
+    (a,), (b,) = (torch.autograd.grad(o.sum(), (t,)) for o in (got, want))
+    assert (a - b).abs().max() < 1e-13
+    moved = t.detach() + torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    (other,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, T=moved, ℓ=3)
+    assert (got - other).abs().max() > 1e-3
