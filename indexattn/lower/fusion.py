@@ -233,10 +233,10 @@ def repetition(position: ir.Node, axis: Index) -> sympy.Basic | None:
     if not isinstance(position, ir.Field) or len(position.free) != 1:
         return None
     index = position.free[0]
-    times = sympy.simplify(index.size / axis.size)
+    times = sympy.cancel(index.size / axis.size)
     if sympy.fraction(times)[1] != 1 or not times.is_positive:
         return None
-    return times if sympy.simplify(position.expr - sympy.floor(index.symbol / times)) == 0 else None
+    return times if position.expr == sympy.floor(index.symbol / times) else None
 
 
 def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
