@@ -9,7 +9,7 @@ forward+backward, one thread, interleaved rounds, the median of each.
 nsa: specs/nsa.attn against tests/reference/nsa.py (d_m 768, 12 heads of 64, blocks of 64,
 2 selected, window 8). Two hand-written selections: `gather` reads each query's torch.topk
 blocks alone (as the paper's kernel does), `mask` scatters them into an N×N mask for
-scaled_dot_product_attention; the spec's selected branch is a dense mask made by torch.topk.
+scaled_dot_product_attention; the spec's selected branch is a dense boolean mask made by torch.topk.
 nsa_selected: that branch alone (specs/nsa.attn's Kc, Sc, Ms, Ss, Os over given Q, K, V, φ),
 against the module's `selected_blocks` (gather) and `selected_by_mask` (mask) on the same
 compressed scores; peak memory too.

@@ -1,7 +1,7 @@
 """Masks and tables reach the attention kernel in its preferred form: a per-head bias with the
 queries' batch axes (the fused CPU path, not the math fallback), T5's buckets as integers built
 once per shape and its table gathered straight into (head, query, key), and masks that read
-tensors (document ids) as booleans."""
+tensors (document ids, a top-k's blocks read at each key's block) as booleans."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import indexattn
+from indexattn.oracle import reference
 
 SIZES = {
     "t5_bias": {"d_m": 16, "h": 2, "d_k": 8},
@@ -136,3 +137,112 @@ def test_a_three_axis_mask_goes_the_math_way():
     q, kv = torch.randn(3, 4, 1, 4), torch.randn(3, 4, 5, 4)
     for mask, path in ((torch.zeros(1, 1, 5), "math"), (torch.zeros(1, 5), "fused")):
         assert kernel_path(F.scaled_dot_product_attention, q, kv, kv, attn_mask=mask) == path
+
+
+# NSA's selected branch, smaller: each query's top-n blocks of keys (by its block scores), read
+# at each key's block, and the causal mask; a query whose chosen blocks all lie ahead of it
+# sees no key.
+BLOCKS = """
+index τ, τ' : N
+index β : N / ℓ
+index λ : ℓ
+index c : d
+index a : e
+input Q_<τc>
+input K_<τ'c>
+input V_<τ'a>
+input φ_<λ>
+scalar n = 1
+Kc_<βc> = φ_<λ> K_<[β ℓ + λ]c>
+Sc_<τβ> = Q_<τc> Kc_<βc>
+Ms_<τβ> = where(rank_<β>(Sc_<τβ>) < n, 0, HIDDEN)
+M_<ττ'> = where(τ' > τ, -inf, 0)
+O_<τa>  = softmax_<τ'>(Q_<τc> K_<τ'c> + Ms_<τ[floor(τ' / ℓ)]> + M_<ττ'>) V_<τ'a>
+output O
+"""
+
+
+@pytest.mark.parametrize("hidden", ["-inf", "-30"])
+def test_masks_read_at_block_positions_reach_the_kernel_as_one_boolean(hidden, masks):
+    """Two 0/-inf masks, one of tensors read at each key's block, are one boolean attn_mask
+    (and, or: no float tensor of the scores' size); values and gradients equal the literal
+    interpreter's in float64, rows that see no key zeros (not NaN). The twin: blocks hidden
+    by -30, a bias and no mask, stay an additive float mask, and no row is dead."""
+    spec = indexattn.compile_spec(BLOCKS.replace("HIDDEN", hidden), name=f"blocks{hidden[1:]}")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 3, dtype=torch.float64, generator=g) for _ in "qkv")
+    phi = torch.randn(3, dtype=torch.float64, generator=g)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    got = spec(Q=q, K=k, V=v, φ=phi)
+    (want,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, phi=phi)
+    assert (got - want).abs().max() < 1e-13
+    weight = torch.randn(got.shape, dtype=got.dtype, generator=g)
+    for a, b in zip(*(torch.autograd.grad((o * weight).sum(), inputs) for o in (got, want))):
+        assert a.isfinite().all() and (a - b).abs().max() < 1e-12
+    dead = (got == 0).all(-1)
+    assert {m.dtype for m in masks} == {torch.bool if hidden == "-inf" else torch.float64}
+    assert 0 < dead.sum() < dead.numel() if hidden == "-inf" else not dead.any()
+    (other,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, phi=phi, n=2)
+    assert (got - other).abs().max() > 1e-3  # one more block each: the comparison sees it
+
+
+BLOCK_CAUSAL = """
+index τ, τ' : N
+index β : N / ℓ
+index c, e : d
+input Q_<τe>
+input K_<τ'e>
+input V_<τ'c>
+Mb_<τβ> = where(β > floor(τ / ℓ), HIDDEN, 0)
+O_<τc>  = softmax_<τ'>(Q_<τe> K_<τ'e> + Mb_<τ[floor(τ' / ℓ)]>) V_<τ'c>
+output O
+"""
+
+
+@pytest.mark.parametrize("hidden", ["-inf", "-30"])
+def test_a_mask_of_positions_read_at_block_positions_is_a_boolean_table(hidden, masks):
+    """Block-causal attention, a mask of positions read at each key's block: a boolean table
+    made once per shape, equal to the literal interpreter's reading. The twin: a bias of -30
+    read there stays float."""
+    spec = indexattn.compile_spec(BLOCK_CAUSAL.replace("HIDDEN", hidden), name="block_causal")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 3, dtype=torch.float64, generator=g) for _ in "qkv")
+    got = spec(Q=q, K=k, V=v, ℓ=3)
+    (want,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, ℓ=3)
+    assert (got - want).abs().max() < 1e-13
+    assert {m.dtype for m in masks} == {torch.bool if hidden == "-inf" else torch.float64}
+    (other,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, ℓ=4)
+    assert (got - other).abs().max() > 1e-3  # blocks of four: the comparison sees it
+
+
+BLOCK_BIAS = """
+index τ, τ' : N
+index β : {blocks}
+index c, e : d
+input Q_<τe>
+input K_<τ'e>
+input V_<τ'c>
+param T_<β>
+O_<τc> = softmax_<τ'>(Q_<τe> K_<τ'e> + T_<[floor(τ' / ℓ)]> + where(τ' > τ, -inf, 0)) V_<τ'c>
+output O
+"""
+
+
+@pytest.mark.parametrize("blocks", ["N / ℓ", "ceil(N / ℓ)"])
+def test_a_table_read_at_its_blocks_equals_the_literal_in_values_and_gradients(blocks):
+    """A bias per block read at each key's block, `[floor(τ' / ℓ)]` over β : N / ℓ (each entry
+    ℓ times in a row: a repeat, no gather; over ceil(N / ℓ), a gather), against the literal
+    interpreter: values and the table's gradient, summed over each block's keys. The twin:
+    one block's bias moved, the literal's values differ from these."""
+    spec = indexattn.compile_spec(BLOCK_BIAS.format(blocks=blocks), name="block_bias")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 3, dtype=torch.float64, generator=g) for _ in "qkv")
+    t = torch.randn(4, dtype=torch.float64, generator=g).requires_grad_()
+    got = spec(Q=q, K=k, V=v, T=t, ℓ=3)
+    (want,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, T=t, ℓ=3)
+    assert (got - want).abs().max() < 1e-13
+    (a,), (b,) = (torch.autograd.grad(o.sum(), (t,)) for o in (got, want))
+    assert (a - b).abs().max() < 1e-13
+    moved = t.detach() + torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    (other,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, T=moved, ℓ=3)
+    assert (got - other).abs().max() > 1e-3

@@ -142,6 +142,9 @@ class Emitter(KernelSteps, Values):
         if step.bounds is not None:
             code = _selected(wrap(table), k - n if arg.batched else k, positions, True)
             return f"{self.var(step.out)} = {code}"
+        if step.repeat is not None:  # each value `repeat` times in a row: no index read
+            times = self.scalar(step.repeat)
+            return f"{self.var(step.out)} = {wrap(table)}.repeat_interleave({times}, dim={k - n})"
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
 

@@ -227,6 +227,18 @@ def reversal(position: ir.Node, axis: Index) -> Index | None:
     return index if sympy.expand(position.expr - (axis.size - 1 - index.symbol)) == 0 else None
 
 
+def repetition(position: ir.Node, axis: Index) -> sympy.Basic | None:
+    """c when `position` is floor(i / c) over an index i of c times the axis's size: each
+    value read c times in a row (`[floor(τ' / ℓ)]` on `β : N / ℓ`), else None."""
+    if not isinstance(position, ir.Field) or len(position.free) != 1:
+        return None
+    index = position.free[0]
+    times = sympy.cancel(index.size / axis.size)
+    if sympy.fraction(times)[1] != 1 or not times.is_positive:
+        return None
+    return times if position.expr == sympy.floor(index.symbol / times) else None
+
+
 def _declared_outer(form: LinearForm) -> tuple[Index, ...]:
     """The weight's declared indices at the positions of the out block."""
     declared = form.weight.tensor.layout
@@ -255,6 +267,8 @@ class AttentionMatch:
     which belong to the output equation."""
 
     masks: tuple[Equation, ...]  # predicate masks that every use of reads in a core: absorbed
+    booleans: tuple[Equation, ...]  # masks read at computed positions: `keep` reads each one's
+    # keep, made as a boolean tensor of its own (`kept_tensor`)
     scores: Equation | None  # None: written inline in the softmax
     weights: Equation | None  # None: the softmax written inline in the output's product
     dropout: Equation | None
@@ -472,11 +486,12 @@ class _Matcher:
             return None
         if not _same_batching(*q, *k, v):
             return None
-        keep, masks = self.masks(terms, (*heads, *groups, query, key), q[0])
+        keep, masks, booleans = self.masks(terms, (*heads, *groups, query, key), q[0])
         if keep is False:
             return None
         return AttentionMatch(
             masks=masks,
+            booleans=booleans,
             scores=chain.scores.eq,
             weights=chain.weights.eq,
             dropout=chain.dropped.eq if chain.dropped is not None else None,
@@ -499,28 +514,32 @@ class _Matcher:
         )
 
     def masks(self, terms, allowed, q):
-        """(keep predicate or None, absorbed mask equations); keep is False for no match."""
+        """(keep predicate or None, absorbed mask equations, those read at computed positions);
+        keep is False for no match."""
         if any(set(t.free) - set(allowed) or not t.free for t in terms):
-            return False, ()
+            return False, (), ()
         head_count = len(allowed) - 2
         if head_count > 1 and any(set(t.free) - set(allowed[-2:]) for t in terms):
-            return False, ()  # a per-head mask cannot follow heads merged into one axis
+            return False, (), ()  # a per-head mask cannot follow heads merged into one axis
         if any(_batched(t) and not _batched(q) for t in terms):
-            return False, ()
-        keeps, absorbed = [], []
+            return False, (), ()
+        keeps, absorbed, booleans = [], [], []
         for term in terms:
             keep, eq = self.predicate(term)
             if keep is None:
-                return None, ()  # an additive mask: the terms are summed as they are
+                return None, (), ()  # an additive mask: the terms are summed as they are
             keeps.append(keep)
             absorbed.extend([eq] if eq is not None else [])
+            booleans.extend([eq] if isinstance(keep, ir.Ref) else [])
         if not all(isinstance(k, sympy.Basic) for k in keeps):
-            return predicates.conjunction(keeps, allowed, q.span), tuple(absorbed)
-        return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed)
+            joined = predicates.conjunction(keeps, allowed, q.span)
+            return joined, tuple(absorbed), tuple(dict.fromkeys(booleans))
+        return (to_nnf(sympy.And(*keeps)) if keeps else None), tuple(absorbed), ()
 
     def predicate(self, term: ir.Node):
         """where(cond, -inf, 0) (or its mirror), inline, as a tensor of positions (which other
-        cores may read too), or as a mask that reads tensors (document ids) used only here."""
+        cores may read too), or as a mask that reads tensors (document ids) used only here;
+        either read at computed positions, as its keep made boolean and read there."""
         if isinstance(term, ir.Field):
             return _keep(term.expr), None
         if isinstance(term, ir.Apply):
@@ -531,13 +550,32 @@ class _Matcher:
             if keep is not None:
                 return keep, single
         eq = self.defined.get(term.tensor.name) if isinstance(term, ir.Ref) else None
-        if eq is None or not isinstance(eq.rhs, ir.Field):
+        if eq is None or not (isinstance(eq.rhs, ir.Field) or eq is single):
             return None, None
-        keep = _keep(eq.rhs.expr)
         rename = renaming(term)
-        if keep is None or rename is None:
+        if rename is None:  # read at computed positions: `M_<τ[floor(τ' / ℓ)]>`
+            found = kept_node(eq) is not None
+            return (ir.Ref(kept_tensor(eq), term.axes, term.span), eq) if found else (None, None)
+        keep = _keep(eq.rhs.expr) if isinstance(eq.rhs, ir.Field) else None
+        if keep is None:
             return None, None
         return keep.xreplace({a.symbol: b.symbol for a, b in rename.items()}), eq
+
+
+def kept_tensor(eq: Equation) -> ir.Tensor:
+    """The boolean tensor of a mask's keep (no spec's tensor is named with spaces)."""
+    return replace(eq.tensor, name=eq.tensor.name + " keep", ascii=eq.tensor.ascii + "_keep")
+
+
+def kept_node(eq: Equation) -> ir.Node | None:
+    """Where a 0/-inf mask's equation keeps a key, in its own indices; None for another."""
+    if not isinstance(eq.rhs, ir.Field):
+        return predicates.keep_of(eq.rhs)
+    keep = _keep(eq.rhs.expr)
+    if keep is None:
+        return None
+    free = tuple(i for i in eq.rhs.free if i.symbol in keep.free_symbols)
+    return ir.Field(to_nnf(keep), free, eq.rhs.span)
 
 
 def _cores(node: ir.Node) -> Iterator[ir.Product]:

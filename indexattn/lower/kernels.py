@@ -16,6 +16,8 @@ from .fusion import (
     ProjectionGroup,
     declared_outer,
     find_attention,
+    kept_node,
+    kept_tensor,
     projection_groups,
 )
 from .passes.hoist import constant
@@ -189,8 +191,10 @@ class Kernels:
         planner = self.planner
         if match.causal or not match.terms:
             return None
-        base = match.masks[0].tensor.ascii + "_keep" if match.masks else scores + "_keep"
+        named = match.masks and not match.booleans  # else its parts take the mask's name
+        base = match.masks[0].tensor.ascii + "_keep" if named else scores + "_keep"
         if isinstance(match.keep, ir.Node):  # it reads tensors: built on every call
+            self.booleans(match)
             return planner.as_tensor(planner.node(match.keep, base), base)
         if match.keep is not None:
             free = match.keep.free_symbols
@@ -199,6 +203,17 @@ class Kernels:
         terms = match.terms
         node = terms[0] if len(terms) == 1 else ir.Sum(terms, terms[0].span)
         return planner.as_tensor(planner.node(node, scores + "_bias"), scores + "_bias")
+
+    def booleans(self, match: AttentionMatch) -> None:
+        """Each mask the keep reads at computed positions, made as its keep: a boolean
+        tensor, in the mask's indices, that the keep's reference reads (held by its name)."""
+        planner, order = self.planner, self.planner.order
+        for eq in match.booleans:
+            tensor = kept_tensor(eq)
+            planner.order = eq.indices
+            value = planner.node(kept_node(eq), tensor.ascii)
+            planner.held[tensor.name] = planner.as_tensor(value, tensor.ascii)
+        planner.order = order
 
 
 def _substitute(node: ir.Node, core: ir.Product, ref: ir.Ref) -> ir.Node:

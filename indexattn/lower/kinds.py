@@ -71,6 +71,12 @@ def _not_flipped(step: Flip, row: Index) -> bool:
     return step.out.dims[step.arg.dims.index(step.axis)] != row
 
 
+def _not_repeated(step: Gather, row: Index) -> bool:
+    """A gather reads the rows' positions alone, but a repeat makes every position of its
+    axis (`repeat_interleave`), not a block of rows."""
+    return step.repeat is None or row not in step.positions.dims
+
+
 def _not_dropout(step: Elementwise) -> bool:
     return step.fn != "dropout"
 
@@ -91,7 +97,8 @@ KINDS: dict[type, Kind] = {
     Choose: Kind(pure=True, view=False, fresh=False),
     Unfuse: Kind(pure=False, view=False, fresh=False),
     Grid: Kind(pure=True, view=False, fresh=False),
-    Gather: Kind(pure=True, view=False, fresh=False, row_wise=_always),
+    # a repeat makes the whole axis: not by rows of its positions
+    Gather: Kind(pure=True, view=False, fresh=False, row_wise=_not_repeated),
     # its result is a view of the slots it added into, the last one cut off
     Scatter: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: row != s.axis),
     Flip: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: _not_flipped(s, row)),

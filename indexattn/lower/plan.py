@@ -19,7 +19,15 @@ from ..ir.shapes import recipe
 from . import decay, numerics, prefix
 from .canonical import canonical
 from .conv import Convolves
-from .fusion import LinearForm, declared_outer, direct, linear_form, reversal, shift
+from .fusion import (
+    LinearForm,
+    declared_outer,
+    direct,
+    linear_form,
+    repetition,
+    reversal,
+    shift,
+)
 from .kernels import Kernels
 from .order import planning_count
 from .prefix import PrefixProducts
@@ -267,7 +275,8 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         if not integer and not positions.var.argument and integer_tensors(at.value):
             equations = {eq.tensor.name: eq.rhs for eq in self.spec.equations}
             bounds = whole_form(at.value, equations)
-        return self.add(Gather(out, value, axis, positions, where, bounds))
+        repeat = None if positions.batched else repetition(field, axis)
+        return self.add(Gather(out, value, axis, positions, where, bounds, repeat))
 
     def whole_positions(self, at: ir.At, hint: str) -> Operand:
         """Positions as integers: whole numbers computed in the call's float dtype made so."""

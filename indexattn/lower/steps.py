@@ -70,7 +70,9 @@ class Gather:
     the axis's place. `where` names the reference for a ShapeError when out of range.
     `bounds`: for positions computed at call time from integer arguments, their whole-number
     form (ir.kinds.whole_form), which the runtime bounds against int64 on every call; such a
-    gather is `index_select`, which refuses a position out of range (runtime/positions.py)."""
+    gather is `index_select`, which refuses a position out of range (runtime/positions.py).
+    `repeat`: c where the positions are floor(i / c) over an i of c times the axis's size,
+    each value c times in a row (`repeat_interleave`, no index read; checked all the same)."""
 
     out: Operand
     arg: Operand
@@ -78,6 +80,7 @@ class Gather:
     positions: Operand  # integers
     where: str
     bounds: sympy.Basic | None = None
+    repeat: sympy.Basic | None = None
 
 
 @dataclass(frozen=True)

@@ -113,20 +113,19 @@ def nsa_constants(N, l, w, *, device, dtype):
     Mc = torch.where((tau[:, None] < l*(beta[None, :] + 1) - 1), -math.inf, 0).to(table)  # (τ, β)
     Mc = Mc.to(dtype)  # a table, made in float32 or wider, cast for data
     # Ms_<μτβ> = where(rank_<β>(Sc_<μτβ>) < n or β == floor(τ / l), 0, -inf)
-    Ms_grid = (beta[None, :] == ((tau[:, None]) // l))  # (τ, β)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    M = torch.where((tau[:, None] < tau_p[None, :]), -math.inf, 0).to(table)  # (τ, τ')
-    M = M.to(dtype)  # a table, made in float32 or wider, cast for data
     # Ss_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + Ms_<μτ[floor(τ' / l)]> + M_<ττ'>
     # As_<μττ'> = softmax_<τ'>(Ss_<μττ'>)
     # Os_<μτa> = As_<μττ'> V_<μτ'a>
-    Ss_bias_pos = (tau_p // l).long()  # (τ')
+    Ms_keep_grid = (beta[None, :] == ((tau[:, None]) // l))  # (τ, β)
+    Ss_keep_pos = (tau_p // l).long()  # (τ')
+    Ss_keep_grid = (tau[:, None] >= tau_p[None, :])  # (τ, τ')
     # Mw_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
     # Aw_<μττ'> = softmax_<τ'>(Q_<μτa> K_<μτ'a> / sqrt(d_k) + Mw_<ττ'>)
     # Ow_<μτa> = Aw_<μττ'> V_<μτ'a>
     Mw_keep = (tau[:, None] >= tau_p[None, :]) & (w > tau[:, None] - tau_p[None, :])  # (τ, τ')
     Mw_keep_spans = key_spans(Mw_keep, 'false')  # blocks of queries
-    return pos, Mc, Ms_grid, M, Ss_bias_pos, Mw_keep, Mw_keep_spans
+    return pos, Mc, Ms_keep_grid, Ss_keep_pos, Ss_keep_grid, Mw_keep, Mw_keep_spans
 
 
 def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_proj_weight, *, n=2, w=8, training=False, constants=None):
@@ -134,8 +133,7 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     h = g_proj_weight.shape[-2] // 3
     d_k = q_proj_weight.shape[-2] // h
     l = phi.shape[-1]
-    device, dtype = X.device, X.dtype
-    pos, Mc, Ms_grid, M, Ss_bias_pos, Mw_keep, Mw_keep_spans = nsa_constants(N, l, w, device=X.device, dtype=X.dtype) if constants is None else constants
+    pos, Mc, Ms_keep_grid, Ss_keep_pos, Ss_keep_grid, Mw_keep, Mw_keep_spans = nsa_constants(N, l, w, device=X.device, dtype=X.dtype) if constants is None else constants
     # Q_<μτa> = q_proj_weight_<(μa)i> X_<τi>
     Q_proj = F.linear(X, q_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     Q = Q_proj.transpose(-3, -2)  # (…, μ, τ, a)
@@ -164,27 +162,33 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     Oc = Pc @ Vc  # (…, μ, τ, a)
     del Vc, Pc
     # Ms_<μτβ> = where(rank_<β>(Sc_<μτβ>) < n or β == floor(τ / l), 0, -inf)
-    Ms_top = top_k(Sc, n, dim=-1)  # (…, μ, τ, β)
-    Ms_or = Ms_top | Ms_grid  # (…, μ, τ, β)
-    Ms = torch.where(Ms_or, torch.as_tensor(0, device=device, dtype=dtype), -math.inf)  # (…, μ, τ, β)
-    del Sc, Ms_top, Ms_or
+    # M_<ττ'> = where(τ' > τ, -inf, 0)
     # Ss_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(d_k) + Ms_<μτ[floor(τ' / l)]> + M_<ττ'>
     # As_<μττ'> = softmax_<τ'>(Ss_<μττ'>)
     # Os_<μτa> = As_<μττ'> V_<μτ'a>
-    Ms_at = Ms[..., Ss_bias_pos]  # (…, μ, τ, τ')
-    Ss_bias_sum = M + Ms_at  # (…, μ, τ, τ')
-    Os = F.scaled_dot_product_attention(Q, K, V, attn_mask=Ss_bias_sum, scale=1/math.sqrt(d_k))  # (…, μ, τ, a)
-    del Ms, Ms_at, Ss_bias_sum
+    Ms_keep_top = top_k(Sc, n, dim=-1)  # (…, μ, τ, β)
+    Ms_keep_or = Ms_keep_top | Ms_keep_grid  # (…, μ, τ, β)
+    Ms_keep_at = Ms_keep_or.repeat_interleave(l, dim=-1)  # (…, μ, τ, τ')
+    Ss_keep_and = Ms_keep_at & Ss_keep_grid  # (…, μ, τ, τ')
+    Ss_keep_and_spans = key_spans(Ss_keep_and, 'false', every_call=True)  # blocks of queries
+    if Ss_keep_and_spans is None:
+        Os = F.scaled_dot_product_attention(Q, K, V, attn_mask=Ss_keep_and, scale=1/math.sqrt(d_k))
+    else:  # by blocks of queries, each over the keys its mask lets it see
+        blocks = []
+        for q0, q1, k0, k1, whole in Ss_keep_and_spans:
+            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else Ss_keep_and[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k)))
+        Os = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+    del Sc, Ms_keep_top, Ms_keep_or, Ms_keep_at, Ss_keep_and, Ss_keep_and_spans
     # Mw_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
     # Aw_<μττ'> = softmax_<τ'>(Q_<μτa> K_<μτ'a> / sqrt(d_k) + Mw_<ττ'>)
     # Ow_<μτa> = Aw_<μττ'> V_<μτ'a>
     if Mw_keep_spans is None:
         Ow = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mw_keep, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
-        blocks = []
-        for q0, q1, k0, k1, whole in Mw_keep_spans:
-            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else Mw_keep[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k)))
-        Ow = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+        blocks_2 = []
+        for q0_2, q1_2, k0_2, k1_2, whole_2 in Mw_keep_spans:
+            blocks_2.append(F.scaled_dot_product_attention(Q[..., q0_2:q1_2, :], K[..., k0_2:k1_2, :], V[..., k0_2:k1_2, :], attn_mask=None if whole_2 else Mw_keep[..., q0_2:q1_2, k0_2:k1_2], scale=1/math.sqrt(d_k)))
+        Ow = blocks_2[0] if len(blocks_2) == 1 else torch.cat(blocks_2, dim=-2)  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # G_<μτg> = sigmoid(g_proj_weight_<(μg)i> X_<τi>)
     G_proj = F.linear(X, g_proj_weight).unflatten(-1, (h, 3))  # (…, τ, μ, g)
