@@ -132,10 +132,10 @@ def divide(quotient: Quotient, values: dict[str, int]) -> None:
 
 
 def evaluate(node: Tree, values: dict[str, int]) -> int:
+    if isinstance(node, str):  # the common case first: a size by name
+        return values[node]
     if isinstance(node, int):
         return node
-    if isinstance(node, str):
-        return values[node]
     parts = [evaluate(part, values) for part in node[1:]]
     if node[0] == "//":
         return parts[0] // parts[1]

@@ -368,6 +368,8 @@ class CompiledSpec:
         kernel cannot broadcast queries to a mask's batch, torch.cat a cache to the new keys'
         batch, nor an in-place sum its target)."""
         batches = self._batches(shapes)
+        if len(set(batches.values())) <= 1:  # one batch: nothing to widen, nothing to check
+            return ()
         full = self._batch(batches)
         return tuple((k, full + shapes[k][len(b) :]) for k, b in batches.items() if b != full)
 
