@@ -213,6 +213,31 @@ def test_the_dump_names_every_stage():
         passes.lower(plan(spec), after="hoisting")
 
 
+TWO = "index i : n\ninput x_<i>\ny_<i> = exp(x_<i>)\nz_<i> = tanh(y_<i>)\n"
+# loses the block that makes y, which z's block reads
+LOSES = Pass("loses_a_block", lambda p: replace(p, blocks=p.blocks[1:]), "")
+
+
+def names_until_refused(pipeline, each: bool = True) -> list[str]:
+    """The stages handed on before `Program.check` refuses one."""
+    names = []
+    with pytest.raises(AssertionError, match="is read, never made"):
+        for name, _ in stages(plan(ir.check(TWO, "two")), pipeline, each=each):
+            names.append(name)
+    return names
+
+
+def test_a_pass_that_loses_a_value_is_refused_before_it_is_handed_on():
+    assert names_until_refused((PASSES[0], LOSES, *PASSES[1:])) == ["plan", PASSES[0].name]
+
+
+def test_twin_a_compile_checks_the_planners_program_and_the_last_alone():
+    """each=False (a compile's own run): the last program is still checked; the others not."""
+    assert names_until_refused((*PASSES, LOSES), each=False) == ["plan", *passes.NAMES]
+    clean = [name for name, _ in stages(plan(ir.check(TWO, "two")), each=False)]
+    assert clean == ["plan", *passes.NAMES]
+
+
 def test_fresh_values_come_from_the_one_allocator():
     spec = ir.check((ROOT / "specs" / "softcap_window.attn").read_text(), "softcap_window")
     planned = plan(spec)

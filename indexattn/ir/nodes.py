@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 
 import sympy
 
@@ -113,6 +114,11 @@ class Ref:
     def written(self) -> tuple[Index | int | At, ...]:
         """The items of every axis, flat, as written."""
         return tuple(i for axis in self.axes for i in axis)
+
+    @cached_property
+    def computed(self) -> tuple[Node, ...]:
+        """The values of its computed positions, in the order written."""
+        return tuple(i.value for i in self.written if isinstance(i, At))
 
 
 @dataclass(frozen=True)
@@ -263,26 +269,30 @@ def layout_text(layout) -> str:
 
 
 def children(node: Node) -> tuple[Node, ...]:
-    if isinstance(node, Product):
-        return node.factors
-    if isinstance(node, Sum):
-        return node.terms
-    if isinstance(node, Apply):
-        return node.args
-    if isinstance(node, Reduce):
-        return (node.body,)
-    if isinstance(node, Concat):
-        return node.parts
-    if isinstance(node, Ref):  # the values of its computed positions
-        return tuple(i.value for i in node.written if isinstance(i, At))
+    return _CHILDREN.get(type(node), _leaf)(node)
+
+
+def _leaf(node: Node) -> tuple[Node, ...]:
     return ()
+
+
+_CHILDREN = {
+    Product: attrgetter("factors"),
+    Sum: attrgetter("terms"),
+    Apply: attrgetter("args"),
+    Reduce: lambda node: (node.body,),
+    Concat: attrgetter("parts"),
+    Ref: attrgetter("computed"),
+}
 
 
 def walk(node: Node) -> Iterator[Node]:
     """Every node below and including `node`, depth first in the order written."""
-    yield node
-    for child in children(node):
-        yield from walk(child)
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
 
 
 def refs(node: Node) -> Iterator[Ref]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 
 import sympy
 
@@ -392,10 +392,11 @@ def softmaxes(spec: Spec) -> Spec:
     reads = read_counts(spec)
     defined = {eq.tensor.name: eq for eq in spec.equations}
     used: set[str] = set()
+    masked = cache(partial(_masked_along, spec))
 
     def written(node: ir.Node) -> ir.Node:
         found = _exp_minus_logsumexp(node) or _normalised(node, defined, reads, used)
-        if found is None or not _sees_a_key(spec, defined, *found):
+        if found is None or not _sees_a_key(spec, masked, defined, *found):
             return node
         return ir.Reduce("softmax", found[1], found[0], node.span)
 
@@ -458,23 +459,37 @@ def _normalised(node, defined, reads, used) -> tuple[ir.Node, tuple[Index, ...]]
     return x, over
 
 
-def _sees_a_key(spec: Spec, defined: dict, x: ir.Node, over: tuple[Index, ...]) -> bool:
+def _sees_a_key(
+    spec: Spec,
+    masked: Callable[[Index], dict[str, bool]],
+    defined: dict,
+    x: ir.Node,
+    over: tuple[Index, ...],
+) -> bool:
     """Whether every row of x along `over` keeps a key that no mask hides, so that softmax
     and the written form agree: x can hold -inf only through masks on positions that never
     hide the key at the query's own position (`where(τ' > τ, -inf, 0)` keeps τ' = τ),
-    reading derived tensors under their own index names (lower/numerics.py decides -inf)."""
+    reading derived tensors under their own index names (`masked`: `_masked_along` the key)."""
     if len(over) != 1:
         return False
-    masked = {t.name: numerics.maskable(t) for t in spec.arguments}
-    scalars = frozenset(s.symbol for s in spec.scalars)
-    seen = partial(_seen_diagonal, over[0])
-    for eq in spec.equations:
-        rhs = _mapped(eq.rhs, seen)
-        masked[eq.tensor.name] = numerics.may_be_neginf(rhs, masked, scalars)
     reached = [r for r in ir.refs(x) if r.tensor.name in defined]
     if not all(_plain(r) for r in reached):
         return False
-    return not numerics.may_be_neginf(_mapped(x, seen), masked, scalars)
+    scalars = frozenset(s.symbol for s in spec.scalars)
+    seen = _mapped(x, partial(_seen_diagonal, over[0]))
+    return not numerics.may_be_neginf(seen, masked(over[0]), scalars)
+
+
+def _masked_along(spec: Spec, key: Index) -> dict[str, bool]:
+    """Per tensor, whether it may hold -inf (lower/numerics.py decides), a mask that keeps the
+    key at the query's position read as 0 (`_seen_diagonal`): once per key a spec's softmaxes
+    run along, not once per softmax."""
+    masked = {t.name: numerics.maskable(t) for t in spec.arguments}
+    scalars = frozenset(s.symbol for s in spec.scalars)
+    seen = partial(_seen_diagonal, key)
+    for eq in spec.equations:
+        masked[eq.tensor.name] = numerics.may_be_neginf(_mapped(eq.rhs, seen), masked, scalars)
+    return masked
 
 
 def _seen_diagonal(key: Index, node: ir.Node) -> ir.Node:
@@ -626,18 +641,21 @@ def _terms(node: ir.Node) -> tuple[ir.Node, ...]:
 
 
 def _mapped(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
-    """The node with `fn` applied to every node below it, children first."""
-    if isinstance(node, ir.Product):
-        node = replace(node, factors=tuple(_mapped(f, fn) for f in node.factors))
-    elif isinstance(node, ir.Sum):
-        node = replace(node, terms=tuple(_mapped(t, fn) for t in node.terms))
-    elif isinstance(node, ir.Apply):
-        node = replace(node, args=tuple(_mapped(a, fn) for a in node.args))
-    elif isinstance(node, ir.Reduce):
-        node = replace(node, body=_mapped(node.body, fn))
-    elif isinstance(node, ir.Concat):
-        node = replace(node, parts=tuple(_mapped(p, fn) for p in node.parts))
+    """The node with `fn` applied to every node below it, children first; a node whose
+    children all come back as they were is kept (and what it has cached, its free indices)."""
+    if isinstance(node, ir.Reduce):
+        body = _mapped(node.body, fn)
+        return fn(node if body is node.body else replace(node, body=body))
+    name = _PARTS.get(type(node))
+    if name is not None:
+        parts = getattr(node, name)
+        mapped = tuple(_mapped(p, fn) for p in parts)
+        if any(new is not old for new, old in zip(mapped, parts)):
+            node = replace(node, **{name: mapped})
     return fn(node)
+
+
+_PARTS = {ir.Product: "factors", ir.Sum: "terms", ir.Apply: "args", ir.Concat: "parts"}
 
 
 REWRITES = (

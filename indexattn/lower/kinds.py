@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import cache
+from typing import get_args, get_type_hints
 
 import sympy
 
@@ -161,8 +162,10 @@ def reads(step: Step) -> tuple[Operand, ...]:
     found: list[Operand] = []
     for name in _inputs(type(step)):
         value = getattr(step, name)
-        values = value if isinstance(value, tuple) else (value,)
-        found += [v for v in values if isinstance(v, Operand)]
+        if type(value) is tuple:
+            found += [v for v in value if type(v) is Operand]
+        elif type(value) is Operand:
+            found.append(value)
     return tuple(found)
 
 
@@ -180,8 +183,16 @@ def with_reads(step: Step, new: dict[Operand, Operand]) -> Step:
 
 @cache
 def _inputs(kind: type) -> tuple[str, ...]:
-    """The fields of a step kind besides its result."""
-    return tuple(f.name for f in fields(kind) if f.name not in ("out", "outs"))
+    """The fields of a step kind besides its result that may hold operands, by their types."""
+    types = get_type_hints(kind)
+    return tuple(
+        f.name for f in fields(kind) if f.name not in ("out", "outs") and _holds(types[f.name])
+    )
+
+
+def _holds(hint) -> bool:
+    """Whether a field of this type may hold an operand (alone, in a tuple or as an `Arg`)."""
+    return hint is Operand or any(map(_holds, get_args(hint)))
 
 
 def over(step: Step) -> Operand | None:

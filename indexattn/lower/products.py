@@ -5,6 +5,7 @@ the best order depends on them)."""
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,7 +103,7 @@ class Products:
             return self.follow(args, node, scale, hint, found[0].path)
         steps, seen, branches = self.steps, self.seen, []
         for order in found:
-            self.steps, self.seen = [], dict(seen)
+            self.steps, self.seen = [], ChainMap({}, seen)  # the branch's own, over all before
             self.follow(args, node, scale, hint, order.path)
             branches.append(tuple(self.steps))
         self.steps, self.seen = steps, seen

@@ -133,16 +133,11 @@ class Program:
         if self.tables:
             by_blocks = ", ".join(str(v) for v in sorted(self.tables, key=lambda v: v.id))
             out.append(f"tables by blocks of rows, from positions: {by_blocks}")
-        out.append("held: " + ", ".join(self.held_line(v) for v in self.held))
+        dims = {o.var: o.dims for s in self.steps for o in made(s)}
+        sequence = ir.sequence_indices(self.spec)
+        out.append("held: " + ", ".join(_held(v, dims[v], sequence) for v in self.held))
         out.append("results: " + ", ".join(str(r.var) for r in self.results))
         return "\n".join(out)
-
-    def held_line(self, var: Var) -> str:
-        """A value kept per shape and its axes, `N²` where it runs over two sequence indices
-        (a table some step reads whole: passes/tables.py makes the others by blocks)."""
-        dims = next(o.dims for s in self.steps for o in made(s) if o.var == var)
-        wide = len(ir.sequence_indices(self.spec) & set(dims)) >= 2
-        return f"{var} {_dims(dims)}" + (" N², read whole" if wide else "")
 
     def line(self, step: Step) -> str:
         """`[constant] Contract S#4 (μ, τ, τ') <- Q#2, K#3`, `in place` where it writes over
@@ -185,6 +180,13 @@ def _swap(steps: tuple[Step, ...], new: dict[Var, Step | None]):
             yield step
         elif new[step.out.var] is not None:
             yield new[step.out.var]
+
+
+def _held(var: Var, dims: tuple[Index, ...], sequence: set[Index]) -> str:
+    """A value kept per shape and its axes, `N²` where it runs over two sequence indices
+    (a table some step reads whole: passes/tables.py makes the others by blocks)."""
+    wide = len(sequence & set(dims)) >= 2
+    return f"{var} {_dims(dims)}" + (" N², read whole" if wide else "")
 
 
 def _dims(dims: tuple[Index, ...]) -> str:

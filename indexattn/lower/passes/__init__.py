@@ -35,23 +35,28 @@ PASSES = (
 NAMES = tuple(p.name for p in PASSES)
 
 
-def stages(program: Program, passes: tuple[Pass, ...] = PASSES) -> Iterator[tuple[str, Program]]:
+def stages(
+    program: Program, passes: tuple[Pass, ...] = PASSES, *, each: bool = True
+) -> Iterator[tuple[str, Program]]:
     """The planner's program ("plan"), then the program after each pass, by name; each is
-    checked (`Program.check`) before it is handed on."""
+    checked (`Program.check`) before it is handed on, or with `each=False` the planner's and
+    the last alone (a compile's own run: tests/test_passes.py checks every pass's)."""
     program.check()
     yield "plan", program
-    for each in passes:
-        program = each.run(program)
-        program.check()
-        yield each.name, program
+    for k, one in enumerate(passes, 1):
+        program = one.run(program)
+        if each or k == len(passes):
+            program.check()
+        yield one.name, program
 
 
 def lower(program: Program, after: str | None = None) -> Program:
-    """The program after every pass, or after the one named `after` ("plan": none)."""
+    """The program after every pass, or after the one named `after` ("plan": none), checked
+    after each pass where `after` is named (`indexattn compile --dump-after`), else at the end."""
     if after is not None and after not in ("plan", *NAMES):
         raise ValueError(f"no pass named {after!r}; the passes are plan, {', '.join(NAMES)}")
     last = program
-    for name, last in stages(program):  # noqa: B007 (the last program is the one returned)
+    for name, last in stages(program, each=after is not None):  # noqa: B007 (the last one)
         if name == after:
             break
     return last

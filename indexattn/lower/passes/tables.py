@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import sympy
 
-from ...ir import sequence_indices
+from ...ir import Index, sequence_indices
 from ..kinds import reads, with_reads
 from ..program import Program
 from ..steps import (
@@ -88,16 +88,15 @@ def per_call_tables(program: Program) -> set[Var]:
     makers = {s.out.var: s for s in program.steps}
     while True:  # a reader that takes one whole keeps it whole, and what reads a wide value
         whole = {o.var for s in program.steps for o in reads(s) if not _masks(s, o, found)}
-        wide = {v for v in found for o in reads(makers[v]) if _wide(program, o, found)}
+        wide = {v for v in found for o in reads(makers[v]) if _wide(program, o, found, sequence)}
         if not found & (whole | wide):
             return found
         found -= whole | wide
 
 
-def _wide(program: Program, operand: Operand, found: set[Var]) -> bool:
-    """Whether a value runs over two sequence indices and is neither a constant nor made by
+def _wide(program: Program, operand: Operand, found: set[Var], sequence: set[Index]) -> bool:
+    """Whether a value runs over two `sequence` indices and is neither a constant nor made by
     blocks: a call's scores, say."""
-    sequence = sequence_indices(program.spec)
     known = operand.var in program.constant or operand.var in found
     return not known and len(sequence & set(operand.dims)) >= 2
 
