@@ -78,6 +78,7 @@ def main() -> None:
                 f"{strategy}: largest difference from one process, values and gradients: "
                 f"{gap.item():.2e}"
             )
+    dist.barrier()  # every rank's sends received before any rank tears gloo down
     dist.destroy_process_group()
 
 
