@@ -508,3 +508,29 @@ def test_cross_attention_is_eager_s(counted):
     assert_relative(run(encoder), want)
     assert seen == [N] * 4  # self- and cross-attention in both layers
     assert (run(torch.randn_like(encoder)) - want).abs().max() > 1e-6 * want.abs().max()
+
+
+def test_a_mask_longer_than_the_keys_is_cut_to_them_as_eager_cuts_it():
+    """transformers 5.0's BERT, left-padded, in generate: the mask covers the whole prompt while
+    the layer (no cache) hands only the new keys; its eager (and sdpa) read the mask's first
+    N_kv columns. The twin: a bit flipped inside those columns moves the output, one flipped
+    past them does not."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, 4, n, 8, dtype=torch.float64) for n in (1, 2, 2))
+    module = torch.nn.Module()
+    mask = torch.zeros(B, 1, 1, N, dtype=torch.float64)
+    mask[1, ..., 1:] = torch.finfo(torch.float64).min  # key 0 seen, key 1 not, then past them
+
+    def eager(mask):  # BERT's eager_attention_forward in transformers 5.0
+        scores = query @ key.transpose(2, 3) * 0.3 + mask[:, :, :, : key.shape[-2]]
+        return (scores.softmax(-1) @ value).transpose(1, 2)
+
+    def ours(mask):
+        return hf.CORE(module, query, key, value, mask, scaling=0.3)[0]
+
+    assert_relative(ours(mask), eager(mask))
+    inside, past = mask.clone(), mask.clone()
+    inside[1, ..., 1], past[1, ..., 3] = 0.0, 0.0
+    assert_relative(ours(past), eager(mask))
+    with pytest.raises(AssertionError):
+        assert_relative(ours(inside), eager(mask))

@@ -193,7 +193,9 @@ def core_mask(
 ) -> torch.Tensor:
     """The layer's mask as a core spec takes it: additive, [batch, queries, keys]. transformers
     gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps), or None where the
-    layer relies on is_causal (then the causal mask, windowed by sliding_window, is built)."""
+    layer relies on is_causal (then the causal mask, windowed by sliding_window, is built); a
+    mask over more keys than the layer hands (transformers 5.0's BERT in generate, no cache) is
+    read over its first N_kv, as eager and sdpa read it."""
     n, n_kv = query.shape[-2], key.shape[-2]
     if mask is None:
         causal = kwargs.get("is_causal")
@@ -205,6 +207,7 @@ def core_mask(
         if window is not None:
             seen = seen.triu(n_kv - n - window + 1)
         mask = seen[None, None]
+    mask = mask[..., :n_kv]
     if mask.shape[1] != 1:
         raise NotImplementedError(
             f"a mask of shape {tuple(mask.shape)}: one per head; a core spec takes one mask"
