@@ -352,6 +352,37 @@ def test_switching_a_bypassing_model_to_indexattn_is_refused(family):
     assert llama.config._attn_implementation == "indexattn"
 
 
+UNUSED = {  # families transformers lets set "indexattn", where it would never run: why
+    "mamba": ("MambaConfig", {"state_size": 4}, "has no attention layers"),
+    "git": (
+        "GitConfig",
+        {"num_attention_heads": 4, "intermediate_size": 48, "vision_config": {
+            "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "intermediate_size": 48, "image_size": 32, "patch_size": 16,
+        }},
+        "compute their own attention",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", UNUSED)
+def test_a_model_where_indexattn_would_never_run_is_refused_when_built_or_switched(family):
+    """transformers builds Mamba (no attention at all) and GIT (text layers computing their own)
+    with "indexattn" and runs them without it, saying nothing. The twin: the same model builds
+    with eager attention, and Llama builds and switches to indexattn."""
+    config_class, settings, why = UNUSED[family]
+    with pytest.raises(ValueError, match=why):
+        tiny(config_class, "indexattn", **settings)
+    model = tiny(config_class, "eager", **settings)
+    with pytest.raises(ValueError, match=why):
+        model.set_attn_implementation("indexattn")
+    assert model.config._attn_implementation == "eager"
+    llama = tiny("LlamaConfig", "indexattn", num_attention_heads=4, intermediate_size=48)
+    llama.set_attn_implementation("eager")
+    llama.set_attn_implementation("indexattn")
+    assert llama.config._attn_implementation == "indexattn"
+
+
 def test_output_attentions_returns_the_weights_or_is_refused():
     """A core that outputs no weights refuses output_attentions=True (it returned an empty
     tuple); one that outputs A returns eager's weights. The twin: another padding moves them."""
