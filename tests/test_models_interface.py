@@ -565,3 +565,30 @@ def test_a_mask_longer_than_the_keys_is_cut_to_them_as_eager_cuts_it():
     assert_relative(ours(past), eager(mask))
     with pytest.raises(AssertionError):
         assert_relative(ours(inside), eager(mask))
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
+    """transformers 5.0's GPT-2 passes no scaling (its eager divides by √d_v where
+    scale_attn_weights, and by the layer's index + 1 where scale_attn_by_inverse_layer_idx) and
+    masks its scores with its own causal buffer before adding the mask (a left-padding query,
+    seeing no key, spreads its weight over the keys before it): every logit, padding's too, is
+    eager's. The twin: the flag moves the logits, so the core honours it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def model(by_layer: bool):
+        config = GPT2Config(
+            vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=scaled,
+            scale_attn_by_inverse_layer_idx=by_layer, **EAGER,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(config).double().eval()
+
+    ids, padding = prompt()
+    gpt2 = model(by_layer=True)
+    want = logits(gpt2, ids, padding)
+    gpt2.set_attn_implementation("indexattn")
+    assert_relative(logits(gpt2, ids, padding), want)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model(by_layer=False), ids, padding), want)

@@ -116,7 +116,7 @@ class CoreAttention:
                 " attn_implementation for this model, or swap_attention with a layer spec"
             )
         self._refuse(module, kwargs)
-        unset = {"scaling": query.shape[-1] ** -0.5, "p": 0.0, "sliding_window": math.inf}
+        unset = {"scaling": unset_scaling(module, query), "p": 0.0, "sliding_window": math.inf}
         given = {}
         for keyword, scalar in SCALARS.items():
             if scalar in self.scalars:
@@ -150,6 +150,16 @@ class CoreAttention:
                 f"attention spec {self.name!r} takes sinks, and {layer} passes no s_aux:"
                 " use a core spec without s_aux for this model"
             )
+
+
+def unset_scaling(module: nn.Module, query: torch.Tensor) -> float:
+    """The score scale of a layer that passes none: 1/√d_k, as sdpa; where the layer scales by
+    flags of its own (GPT-2's in transformers 5.0: scale_attn_weights, 1/√d;
+    scale_attn_by_inverse_layer_idx, 1/(layer_idx + 1)), the scale its eager computes."""
+    if not hasattr(module, "scale_attn_weights"):
+        return query.shape[-1] ** -0.5
+    scale = query.shape[-1] ** -0.5 if module.scale_attn_weights else 1.0
+    return scale / (module.layer_idx + 1) if module.scale_attn_by_inverse_layer_idx else scale
 
 
 def _keyword(name: str) -> str:
@@ -214,9 +224,33 @@ def core_mask(
             " for every head, [batch, 1, queries, keys]"
         )
     if mask.dtype == torch.bool:
-        zeros = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-        mask = zeros.masked_fill(~mask, torch.finfo(query.dtype).min)
+        mask = additive(mask, query.dtype)
+    own = own_causal(module, n, n_kv)
+    if own is not None:
+        mask = mask + additive(own, query.dtype)  # eager's: where(own, S, min) + mask
     return mask[:, 0].to(query.dtype)
+
+
+def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True sees) as an additive one: 0, or the dtype's minimum."""
+    zeros = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+    return zeros.masked_fill(~seen, torch.finfo(dtype).min)
+
+
+def own_causal(module: nn.Module, n: int, n_kv: int) -> torch.Tensor | None:
+    """The causal mask a layer sets its scores by before adding the mask it hands over, [1, 1,
+    queries, keys], or None: GPT-2's in transformers 5.0, its boolean buffer `bias` (a score it
+    hides is the dtype's minimum, one both hide -inf, so a query that sees no key, a left
+    padding's, spreads its weight over the keys up to it, where other layers' spread it over
+    every key)."""
+    buffer = getattr(module, "bias", None)
+    if (
+        not torch.is_tensor(buffer)
+        or buffer.dtype != torch.bool
+        or getattr(module, "is_cross_attention", False)
+    ):
+        return None
+    return buffer[:, :, n_kv - n : n_kv, :n_kv]
 
 
 TENSOR, CAUSAL, NONE = "tensor", "causal", "none"
