@@ -592,3 +592,26 @@ def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
     assert_relative(logits(gpt2, ids, padding), want)
     with pytest.raises(AssertionError):
         assert_relative(logits(model(by_layer=False), ids, padding), want)
+
+
+def test_a_mask_per_head_is_eager_s():
+    """Doge hands a mask per query head, [batch, h, N, N_kv] (its learned dynamic bias, the
+    top keep_window_size keys of each head kept): "indexattn" runs gqa_heads_core, giving
+    eager's logits, padding's too. The twin: each head's mask made the first head's moves the
+    core's output, so it reads every head's."""
+    from transformers import DogeConfig, DogeForCausalLM
+
+    config = DogeConfig(**{**SMALL, "keep_window_size": 4, "pad_token_id": 0, **EAGER})
+    torch.manual_seed(0)
+    model = randomise(DogeForCausalLM(config)).double().eval()
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    model.set_attn_implementation("indexattn")
+    assert_relative(logits(model, ids, padding), want)
+
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.randn(B, 4, N, N, dtype=torch.float64)
+    layer = model.model.layers[0].self_attn
+    out = hf.CORE(layer, query, key, value, mask, scaling=0.3)[0]
+    first = hf.CORE(layer, query, key, value, mask[:, :1].expand_as(mask), scaling=0.3)[0]
+    assert (out - first).abs().max() > 1e-3

@@ -22,6 +22,7 @@ from ..spec import compile_spec
 
 TENSORS = ("Q", "K", "V", "M")  # a core spec's inputs, in this order
 SINKS = "s_aux"  # an optional input: a learned logit per query head joins the softmax
+HEADS = "heads"  # a core whose mask is one per query head, M_<grτσ> (gqa_heads_core)
 SCALARS = {  # transformers' keyword -> the core spec's scalar that takes it (None: see unset)
     "scaling": "scaling",
     "dropout": "p",
@@ -54,7 +55,8 @@ def shipped(name: str) -> Path:
 
 class CoreAttention:
     """transformers' attention function computed by a core spec (see specs/gqa_core.attn):
-    inputs Q_<grτa>, K_<gσa>, V_<gσc>, M_<τσ> (and s_aux_<(gr)> for sinks), a scalar
+    inputs Q_<grτa>, K_<gσa>, V_<gσc>, M_<τσ> (or M_<grτσ>, one per query head; and
+    s_aux_<(gr)> for sinks), a scalar
     `scaling`, optionally `p` (dropout), `softcap` and `sliding_window`; output O_<grτc>, and
     optionally the weights."""
 
@@ -63,7 +65,8 @@ class CoreAttention:
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
         self.mask = mask_kind(spec)
-        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
+        self.heads = "M" in spec.arguments and len(spec.ir.arguments[3].indices) == 4
+        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks, HEADS: self.heads}
         _check_core(spec, self.scalars)
 
     def __call__(
@@ -84,7 +87,7 @@ class CoreAttention:
         b, _, n, d = query.shape  # heads (g r) split by a view: no copy, no Python unflatten
         tensors = {"Q": query.view(b, key.shape[1], -1, n, d), "K": key, "V": value}
         if self.mask == TENSOR:
-            tensors["M"] = core_mask(attention_mask, query, key, kwargs, module)
+            tensors["M"] = core_mask(attention_mask, query, key, kwargs, module, self.heads)
         elif self.mask != needed:
             raise NotImplementedError(
                 f"attention spec {self.name!r} takes no mask: {MASK_KINDS[self.mask]}, and"
@@ -199,10 +202,13 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
 
 
 def core_mask(
-    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module
-) -> torch.Tensor:
-    """The layer's mask as a core spec takes it: additive, [batch, queries, keys]. transformers
-    gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps), or None where the
+    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module,
+    heads: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """The layer's mask as a core spec takes it: additive, [batch, queries, keys], or, for a
+    core with a mask per head (`heads`), [batch, h_kv, n_rep, queries, keys]. transformers
+    gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps; Doge's: [batch, h, ...],
+    one per query head), or None where the
     layer relies on is_causal (then the causal mask, windowed by sliding_window, is built); a
     mask over more keys than the layer hands (transformers 5.0's BERT in generate, no cache) is
     read over its first N_kv, as eager and sdpa read it."""
@@ -218,17 +224,21 @@ def core_mask(
             seen = seen.triu(n_kv - n - window + 1)
         mask = seen[None, None]
     mask = mask[..., :n_kv]
-    if mask.shape[1] != 1:
+    if mask.shape[1] not in (1, query.shape[1]) or (mask.shape[1] != 1 and not heads):
         raise NotImplementedError(
             f"a mask of shape {tuple(mask.shape)}: one per head; a core spec takes one mask"
-            " for every head, [batch, 1, queries, keys]"
+            " for every head, [batch, 1, queries, keys], or, declaring `input M_<grτσ>`, one"
+            " per query head (specs/gqa_heads_core.attn)"
         )
     if mask.dtype == torch.bool:
         mask = additive(mask, query.dtype)
     own = own_causal(module, n, n_kv)
     if own is not None:
         mask = mask + additive(own, query.dtype)  # eager's: where(own, S, min) + mask
-    return mask[:, 0].to(query.dtype)
+    mask = mask.to(query.dtype)
+    if heads:  # the head axis (g r), as the queries' view splits it
+        return mask.expand(-1, query.shape[1], -1, -1).unflatten(1, (key.shape[1], -1))
+    return mask[:, 0]
 
 
 def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -290,7 +300,8 @@ def needed_mask(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, modu
 
 class Cores:
     """Several core specs under one attn_implementation: each call runs one that takes what
-    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core, or
+    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; a mask per query head:
+    gqa_heads_core; none of them: gqa_core, or
     gqa_causal_core where the mask is plainly causal, or gqa_unmasked_core where the call
     needs none, `needed_mask`), or the first, which refuses what it lacks by name."""
 
@@ -299,11 +310,12 @@ class Cores:
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
         needed = needed_mask(attention_mask, query, key, kwargs, module)
-        core = self.pick(needed, kwargs)
+        core = self.pick(needed, kwargs, attention_mask)
         return core.run(module, query, key, value, attention_mask, needed, kwargs)
 
-    def pick(self, needed: str, kwargs: dict) -> CoreAttention:
+    def pick(self, needed: str, kwargs: dict, mask: torch.Tensor | None) -> CoreAttention:
         given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
+        given[HEADS] = mask is not None and mask.shape[1] != 1
         matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
         return next((c for c in matching if c.mask == needed), matching[0])
 
@@ -315,6 +327,7 @@ SHIPPED = (
     "gqa_unmasked_core.attn",
     "softcap_core.attn",
     "sinks_core.attn",
+    "gqa_heads_core.attn",
 )
 
 
