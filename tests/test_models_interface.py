@@ -615,3 +615,28 @@ def test_a_mask_per_head_is_eager_s():
     out = hf.CORE(layer, query, key, value, mask, scaling=0.3)[0]
     first = hf.CORE(layer, query, key, value, mask[:, :1].expand_as(mask), scaling=0.3)[0]
     assert (out - first).abs().max() > 1e-3
+
+
+def test_a_family_that_does_not_run_sdpa_gets_its_causal_mask_built():
+    """BigBirdPegasus's decoder layers say is_causal=False, and transformers never runs them
+    with sdpa (its mask is always built): an unpadded prompt hands them the causal mask, not
+    none, and the logits are eager's. The twin: the last token changed moves only the last
+    position's logits (a layer seeing every key would move every position's)."""
+    from transformers import BigBirdPegasusConfig, BigBirdPegasusForCausalLM
+
+    config = BigBirdPegasusConfig(
+        vocab_size=40, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+        decoder_ffn_dim=48, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+        **EAGER,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = randomise(BigBirdPegasusForCausalLM(config)).double().eval()
+    ids, _ = prompt()
+    unpadded = torch.ones_like(ids)
+    want = logits(model, ids, unpadded)
+    model.set_attn_implementation("indexattn")
+    assert_relative(logits(model, ids, unpadded), want)
+    other = ids.clone()
+    other[:, -1] = (other[:, -1] + 1) % 40
+    moved = (logits(model, other, unpadded) - want).abs().amax(dim=(0, 2))
+    assert moved[:-1].max() <= 1e-12 < moved[-1]

@@ -11,6 +11,7 @@ carried by the mask, or is refused by name.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -320,6 +321,28 @@ class Cores:
         return next((c for c in matching if c.mask == needed), matching[0])
 
 
+def layer_mask(*args, config=None, **kwargs) -> torch.Tensor | None:
+    """The mask an indexattn model's layers get: sdpa's (transformers' sdpa_mask: none where it
+    is plainly causal, or plainly sees every key), but always built for a family that does not
+    run sdpa: transformers never called its layers without a mask, and their is_causal may not
+    say what the mask did (BigBirdPegasus's decoder: False, its mask causal)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if config is not None and not runs_sdpa(config.model_type):
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
+@functools.cache
+def runs_sdpa(model_type: str) -> bool:
+    """Whether transformers runs the family's models with sdpa (True where it is not known)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    return name is None or getattr(getattr(transformers, name, None), "_supports_sdpa", True)
+
+
 DEFAULT = "indexattn"
 SHIPPED = (
     "gqa_core.attn",
@@ -342,7 +365,7 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     causal mask is built), else boolean [batch, 1, queries, keys], given to the spec additive.
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     from .guard import NAMES, install
 
@@ -351,7 +374,7 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     ]
     function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, layer_mask)
     NAMES.add(name)
     install()
     return function
