@@ -640,3 +640,43 @@ def test_a_family_that_does_not_run_sdpa_gets_its_causal_mask_built():
     other[:, -1] = (other[:, -1] + 1) % 40
     moved = (logits(model, other, unpadded) - want).abs().amax(dim=(0, 2))
     assert moved[:-1].max() <= 1e-12 < moved[-1]
+
+
+def eager_core(query, key, value, mask):
+    """transformers' eager attention (repeat_kv, scaling 0.3), float64: [batch, N, h, d_v]."""
+    key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1) for t in (key, value))
+    return ((query @ key.transpose(2, 3) * 0.3 + mask).softmax(-1) @ value).transpose(1, 2)
+
+
+def test_the_keys_each_query_selects_are_a_mask():
+    """DeepSeek-V3.2's indexer hands `indices` [batch, N, k], the keys each query selects, to
+    any implementation but eager and sdpa, whose mask hides the others: the core hides them
+    too, giving eager's output. The twin: other indices give another output."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.zeros(B, 1, N, N, dtype=torch.float64)
+    indices = torch.randperm(N)[:3].expand(B, N, 3)
+    hidden = torch.ones(B, N, N, dtype=torch.bool).scatter(-1, indices, False)[:, None]
+    want = eager_core(query, key, value, mask.masked_fill(hidden, torch.finfo(mask.dtype).min))
+    module = torch.nn.Module()
+    got = hf.CORE(module, query, key, value, mask, scaling=0.3, indices=indices)[0]
+    assert_relative(got, want)
+    other = hf.CORE(module, query, key, value, mask, scaling=0.3, indices=indices.flip(-1) % 2)
+    with pytest.raises(AssertionError):
+        assert_relative(other[0], want)
+
+
+def test_a_position_bias_is_added_to_the_scores():
+    """Inkling hands its relative position bias, [batch, h, N, N_kv], as `position_bias`, which
+    eager adds to the scores: the core adds it to its mask (one per head: gqa_heads_core),
+    giving eager's output. The twin: without the bias, another output."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.zeros(B, 1, N, N, dtype=torch.float64)
+    mask[1, ..., :2] = torch.finfo(mask.dtype).min
+    bias = torch.randn(B, 4, N, N, dtype=torch.float64)
+    module = torch.nn.Module()
+    got = hf.CORE(module, query, key, value, mask, scaling=0.3, position_bias=bias)[0]
+    assert_relative(got, eager_core(query, key, value, bias + mask))
+    with pytest.raises(AssertionError):
+        assert_relative(got, eager_core(query, key, value, mask))

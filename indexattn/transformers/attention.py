@@ -46,6 +46,10 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "shift_labels": "a keyword of the model's loss, handed to every layer",
     "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
+FOLDED = {  # keywords one with the mask: the core's M holds them (`folded`)
+    "indices": "the keys each query selects (DeepSeek-V3.2's indexer): the others hidden",
+    "position_bias": "a bias on the scores (Inkling's relative positions): added to M",
+}
 
 
 def shipped(name: str) -> Path:
@@ -112,7 +116,7 @@ class CoreAttention:
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
         error naming it."""
-        unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
+        unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - FOLDED.keys() - {SINKS})
         if unknown:
             raise TypeError(
                 f"attention spec {self.name!r} got {', '.join(unknown)} from"
@@ -225,21 +229,40 @@ def core_mask(
             seen = seen.triu(n_kv - n - window + 1)
         mask = seen[None, None]
     mask = mask[..., :n_kv]
+    if mask.dtype == torch.bool:
+        mask = additive(mask, query.dtype)
+    own = own_causal(module, n, n_kv)
+    if own is not None:
+        mask = mask + additive(own, query.dtype)  # eager's: where(own, S, min) + mask
+    mask = folded(mask.to(query.dtype), kwargs)
     if mask.shape[1] not in (1, query.shape[1]) or (mask.shape[1] != 1 and not heads):
         raise NotImplementedError(
             f"a mask of shape {tuple(mask.shape)}: one per head; a core spec takes one mask"
             " for every head, [batch, 1, queries, keys], or, declaring `input M_<grτσ>`, one"
             " per query head (specs/gqa_heads_core.attn)"
         )
-    if mask.dtype == torch.bool:
-        mask = additive(mask, query.dtype)
-    own = own_causal(module, n, n_kv)
-    if own is not None:
-        mask = mask + additive(own, query.dtype)  # eager's: where(own, S, min) + mask
-    mask = mask.to(query.dtype)
     if heads:  # the head axis (g r), as the queries' view splits it
         return mask.expand(-1, query.shape[1], -1, -1).unflatten(1, (key.shape[1], -1))
     return mask[:, 0]
+
+
+def folded(mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """The additive mask with the keywords that are one with it (FOLDED), as eager reads them:
+    `indices` [batch, queries, k], the keys each query selects (the layer hides the others in
+    eager's mask, and hands them to any other implementation), and `position_bias`, added to
+    the scores ([batch, heads, queries, keys]: a mask per head)."""
+    indices, bias = kwargs.get("indices"), kwargs.get("position_bias")
+    if indices is not None:
+        chosen = torch.zeros(*indices.shape[:2], mask.shape[-1], dtype=torch.bool)
+        chosen = chosen.to(mask.device).scatter(-1, indices.long(), True)[:, None]
+        mask = torch.where(chosen, mask, torch.finfo(mask.dtype).min)
+    return mask if bias is None else mask + bias.to(mask.dtype)
+
+
+def per_head(mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether the core's mask is one per head: the layer's, or its position_bias."""
+    given = (mask, kwargs.get("position_bias"))
+    return any(t is not None and t.shape[1] != 1 for t in given)
 
 
 def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -286,7 +309,7 @@ def needed_mask(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, modu
     function skips one that hides nothing sdpa cannot) and causal, with no window shorter than
     the keys: CAUSAL where queries and keys are the same tokens, NONE where one query follows
     its cache (it sees every key) or the layer is not causal; else TENSOR."""
-    if mask is not None:
+    if mask is not None or any(kwargs.get(keyword) is not None for keyword in FOLDED):
         return TENSOR
     n, n_kv = query.shape[-2], key.shape[-2]
     causal = kwargs.get("is_causal")
@@ -316,7 +339,7 @@ class Cores:
 
     def pick(self, needed: str, kwargs: dict, mask: torch.Tensor | None) -> CoreAttention:
         given = {name: kwargs.get(name) is not None for name in ("softcap", SINKS)}
-        given[HEADS] = mask is not None and mask.shape[1] != 1
+        given[HEADS] = per_head(mask, kwargs)
         matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
         return next((c for c in matching if c.mask == needed), matching[0])
 

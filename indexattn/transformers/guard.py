@@ -70,7 +70,9 @@ OWN_MARKS = ("softmax", "scaled_dot_product_attention")
 def layer_kind(cls) -> str | None:
     """CALLING where the code of the layer class `cls` (its own classes, base classes outside
     torch included) reads transformers' attention functions; OWN where a layer named for
-    attention computes weights itself; None for every other module (norms, MLPs, mixers)."""
+    attention, over tokens (its forward takes an attention_mask), computes weights itself (not
+    Inkling 2's BlockAttentionResidual, a softmax over blocks of layers); None for every other
+    module (norms, MLPs, mixers)."""
     code = ""
     for owner in cls.__mro__:
         if not owner.__module__.startswith("torch"):
@@ -78,7 +80,8 @@ def layer_kind(cls) -> str | None:
                 code += inspect.getsource(owner)
     if "ALL_ATTENTION_FUNCTIONS" in code:
         return CALLING
-    if LAYER.search(cls.__name__) and any(mark in code for mark in OWN_MARKS):
+    masked = "attention_mask" in inspect.signature(cls.forward).parameters  # over tokens
+    if LAYER.search(cls.__name__) and masked and any(mark in code for mark in OWN_MARKS):
         return OWN
     return None
 
