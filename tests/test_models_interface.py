@@ -274,8 +274,8 @@ def test_a_keyword_the_core_spec_lacks_is_refused_by_name():
 def test_an_unknown_keyword_is_an_error_naming_it():
     layer = model_of("llama").model.layers[0].self_attn
     q, k = torch.randn(B, 4, N, 8), torch.randn(B, 2, N, 8)
-    with pytest.raises(TypeError, match="position_bias"):
-        hf.CORE(layer, q, k, k, None, scaling=0.3, position_bias=torch.zeros(1))
+    with pytest.raises(TypeError, match="block_indices"):  # MiniMax-M3's
+        hf.CORE(layer, q, k, k, None, scaling=0.3, block_indices=torch.zeros(1))
     out, weights = hf.CORE(layer, q, k, k, None, scaling=0.3, position_ids=None)
     assert out.shape == (B, N, 4, 8) and weights is None
     layer.train()  # no dropout keyword: none applied, in training too
