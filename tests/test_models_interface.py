@@ -17,6 +17,8 @@ import indexattn
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
+# imported before `float64_softmax` patches softmax: transformers 5.0 scripts functions in it
+from transformers.models.gpt_bigcode import modeling_gpt_bigcode  # noqa: E402
 
 B, N, NEW = 2, 6, 8
 WINDOW = 3  # shorter than the prompt: the sliding layers' masks hide keys
@@ -597,17 +599,20 @@ def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
 def test_a_mask_per_head_is_eager_s():
     """Doge hands a mask per query head, [batch, h, N, N_kv] (its learned dynamic bias, the
     top keep_window_size keys of each head kept): "indexattn" runs gqa_heads_core, giving
-    eager's logits, padding's too. The twin: each head's mask made the first head's moves the
-    core's output, so it reads every head's."""
+    eager's logits, padding's too, and unpadded (the mask built: Doge's layer adds it to its
+    own, not causal without it, in transformers 5.0). The twin: each head's mask made the
+    first head's moves the core's output, so it reads every head's."""
     from transformers import DogeConfig, DogeForCausalLM
 
     config = DogeConfig(**{**SMALL, "keep_window_size": 4, "pad_token_id": 0, **EAGER})
     torch.manual_seed(0)
     model = randomise(DogeForCausalLM(config)).double().eval()
     ids, padding = prompt()
-    want = logits(model, ids, padding)
-    model.set_attn_implementation("indexattn")
-    assert_relative(logits(model, ids, padding), want)
+    for mask in (padding, torch.ones_like(padding)):  # unpadded: transformers 5.0's skips it
+        model.set_attn_implementation("eager")
+        want = logits(model, ids, mask)
+        model.set_attn_implementation("indexattn")
+        assert_relative(logits(model, ids, mask), want)
 
     query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
     mask = torch.randn(B, 4, N, N, dtype=torch.float64)
@@ -680,3 +685,24 @@ def test_a_position_bias_is_added_to_the_scores():
     assert_relative(got, eager_core(query, key, value, bias + mask))
     with pytest.raises(AssertionError):
         assert_relative(got, eager_core(query, key, value, mask))
+
+
+def test_a_layer_with_gpt2_s_flag_that_passes_its_scaling_keeps_it():
+    """GPTBigCode's layers have GPT-2's scale_attn_weights but pass their scaling (and have no
+    scale_attn_by_inverse_layer_idx): its logits are eager's. The twin: the flag moves them."""
+
+    def model(scaled: bool):
+        config = modeling_gpt_bigcode.GPTBigCodeConfig(
+            vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=scaled, **EAGER,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return modeling_gpt_bigcode.GPTBigCodeForCausalLM(config).double().eval()
+
+    ids, padding = prompt()
+    bigcode = model(scaled=False)
+    want = logits(bigcode, ids, padding)
+    bigcode.set_attn_implementation("indexattn")
+    assert_relative(logits(bigcode, ids, padding), want)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model(scaled=True), ids, padding), want)

@@ -167,7 +167,8 @@ def unset_scaling(module: nn.Module, query: torch.Tensor) -> float:
     if not hasattr(module, "scale_attn_weights"):
         return query.shape[-1] ** -0.5
     scale = query.shape[-1] ** -0.5 if module.scale_attn_weights else 1.0
-    return scale / (module.layer_idx + 1) if module.scale_attn_by_inverse_layer_idx else scale
+    by_layer = getattr(module, "scale_attn_by_inverse_layer_idx", False)  # not GPTBigCode's
+    return scale / (module.layer_idx + 1) if by_layer else scale
 
 
 def _keyword(name: str) -> str:
@@ -351,9 +352,14 @@ def layer_mask(*args, config=None, **kwargs) -> torch.Tensor | None:
     say what the mask did (BigBirdPegasus's decoder: False, its mask causal)."""
     from transformers.masking_utils import sdpa_mask
 
-    if config is not None and not runs_sdpa(config.model_type):
+    if config is not None and (config.model_type in BUILT or not runs_sdpa(config.model_type)):
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
     return sdpa_mask(*args, config=config, **kwargs)
+
+
+BUILT = {  # families whose layers read the mask as built, and sdpa's skipped one wrongly: why
+    "doge": "its dynamic mask adds the one handed over, and is not causal without it (5.0)",
+}
 
 
 @functools.cache
