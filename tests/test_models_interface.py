@@ -17,6 +17,8 @@ import indexattn
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("indexattn.transformers")
+# imported before `float64_softmax` patches softmax: transformers 5.0 scripts functions in it
+from transformers.models.gpt_bigcode import modeling_gpt_bigcode  # noqa: E402
 
 B, N, NEW = 2, 6, 8
 WINDOW = 3  # shorter than the prompt: the sliding layers' masks hide keys
@@ -280,8 +282,8 @@ def test_a_keyword_the_core_spec_lacks_is_refused_by_name():
 def test_an_unknown_keyword_is_an_error_naming_it():
     layer = model_of("llama").model.layers[0].self_attn
     q, k = torch.randn(B, 4, N, 8), torch.randn(B, 2, N, 8)
-    with pytest.raises(TypeError, match="position_bias"):
-        hf.CORE(layer, q, k, k, None, scaling=0.3, position_bias=torch.zeros(1))
+    with pytest.raises(TypeError, match="block_indices"):  # MiniMax-M3's
+        hf.CORE(layer, q, k, k, None, scaling=0.3, block_indices=torch.zeros(1))
     out, weights = hf.CORE(layer, q, k, k, None, scaling=0.3, position_ids=None)
     assert out.shape == (B, N, 4, 8) and weights is None
     layer.train()  # no dropout keyword: none applied, in training too
@@ -354,6 +356,37 @@ def test_switching_a_bypassing_model_to_indexattn_is_refused(family):
         model.set_attn_implementation("indexattn")
     assert model.config._attn_implementation == "eager"
     llama = model_of("llama")
+    llama.set_attn_implementation("indexattn")
+    assert llama.config._attn_implementation == "indexattn"
+
+
+UNUSED = {  # families transformers lets set "indexattn", where it would never run: why
+    "mamba": ("MambaConfig", {"state_size": 4}, "has no attention layers"),
+    "git": (
+        "GitConfig",
+        {"num_attention_heads": 4, "intermediate_size": 48, "vision_config": {
+            "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "intermediate_size": 48, "image_size": 32, "patch_size": 16,
+        }},
+        "compute their own attention",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", UNUSED)
+def test_a_model_where_indexattn_would_never_run_is_refused_when_built_or_switched(family):
+    """transformers builds Mamba (no attention at all) and GIT (text layers computing their own)
+    with "indexattn" and runs them without it, saying nothing. The twin: the same model builds
+    with eager attention, and Llama builds and switches to indexattn."""
+    config_class, settings, why = UNUSED[family]
+    with pytest.raises(ValueError, match=why):
+        tiny(config_class, "indexattn", **settings)
+    model = tiny(config_class, "eager", **settings)
+    with pytest.raises(ValueError, match=why):
+        model.set_attn_implementation("indexattn")
+    assert model.config._attn_implementation == "eager"
+    llama = tiny("LlamaConfig", "indexattn", num_attention_heads=4, intermediate_size=48)
+    llama.set_attn_implementation("eager")
     llama.set_attn_implementation("indexattn")
     assert llama.config._attn_implementation == "indexattn"
 
@@ -504,3 +537,168 @@ def test_cross_attention_is_eager_s(counted):
     assert_relative(run(encoder), want)
     assert seen == [N] * 4  # self- and cross-attention in both layers
     assert (run(torch.randn_like(encoder)) - want).abs().max() > 1e-6 * want.abs().max()
+
+
+def test_a_mask_longer_than_the_keys_is_cut_to_them_as_eager_cuts_it():
+    """transformers 5.0's BERT, left-padded, in generate: the mask covers the whole prompt while
+    the layer (no cache) hands only the new keys; its eager (and sdpa) read the mask's first
+    N_kv columns. The twin: a bit flipped inside those columns moves the output, one flipped
+    past them does not."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, 4, n, 8, dtype=torch.float64) for n in (1, 2, 2))
+    module = torch.nn.Module()
+    mask = torch.zeros(B, 1, 1, N, dtype=torch.float64)
+    mask[1, ..., 1:] = torch.finfo(torch.float64).min  # key 0 seen, key 1 not, then past them
+
+    def eager(mask):  # BERT's eager_attention_forward in transformers 5.0
+        scores = query @ key.transpose(2, 3) * 0.3 + mask[:, :, :, : key.shape[-2]]
+        return (scores.softmax(-1) @ value).transpose(1, 2)
+
+    def ours(mask):
+        return hf.CORE(module, query, key, value, mask, scaling=0.3)[0]
+
+    assert_relative(ours(mask), eager(mask))
+    inside, past = mask.clone(), mask.clone()
+    inside[1, ..., 1], past[1, ..., 3] = 0.0, 0.0
+    assert_relative(ours(past), eager(mask))
+    with pytest.raises(AssertionError):
+        assert_relative(ours(inside), eager(mask))
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
+    """transformers 5.0's GPT-2 passes no scaling (its eager divides by √d_v where
+    scale_attn_weights, and by the layer's index + 1 where scale_attn_by_inverse_layer_idx) and
+    masks its scores with its own causal buffer before adding the mask (a left-padding query,
+    seeing no key, spreads its weight over the keys before it): every logit, padding's too, is
+    eager's. The twin: the flag moves the logits, so the core honours it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def model(by_layer: bool):
+        config = GPT2Config(
+            vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=scaled,
+            scale_attn_by_inverse_layer_idx=by_layer, **EAGER,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(config).double().eval()
+
+    ids, padding = prompt()
+    gpt2 = model(by_layer=True)
+    want = logits(gpt2, ids, padding)
+    gpt2.set_attn_implementation("indexattn")
+    assert_relative(logits(gpt2, ids, padding), want)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model(by_layer=False), ids, padding), want)
+
+
+def test_a_mask_per_head_is_eager_s():
+    """Doge hands a mask per query head, [batch, h, N, N_kv] (its learned dynamic bias, the
+    top keep_window_size keys of each head kept): "indexattn" runs gqa_heads_core, giving
+    eager's logits, padding's too, and unpadded (the mask built: Doge's layer adds it to its
+    own, not causal without it, in transformers 5.0). The twin: each head's mask made the
+    first head's moves the core's output, so it reads every head's."""
+    from transformers import DogeConfig, DogeForCausalLM
+
+    config = DogeConfig(**{**SMALL, "keep_window_size": 4, "pad_token_id": 0, **EAGER})
+    torch.manual_seed(0)
+    model = randomise(DogeForCausalLM(config)).double().eval()
+    ids, padding = prompt()
+    for mask in (padding, torch.ones_like(padding)):  # unpadded: transformers 5.0's skips it
+        model.set_attn_implementation("eager")
+        want = logits(model, ids, mask)
+        model.set_attn_implementation("indexattn")
+        assert_relative(logits(model, ids, mask), want)
+
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.randn(B, 4, N, N, dtype=torch.float64)
+    layer = model.model.layers[0].self_attn
+    out = hf.CORE(layer, query, key, value, mask, scaling=0.3)[0]
+    first = hf.CORE(layer, query, key, value, mask[:, :1].expand_as(mask), scaling=0.3)[0]
+    assert (out - first).abs().max() > 1e-3
+
+
+def test_a_family_that_does_not_run_sdpa_gets_its_causal_mask_built():
+    """BigBirdPegasus's decoder layers say is_causal=False, and transformers never runs them
+    with sdpa (its mask is always built): an unpadded prompt hands them the causal mask, not
+    none, and the logits are eager's. The twin: the last token changed moves only the last
+    position's logits (a layer seeing every key would move every position's)."""
+    from transformers import BigBirdPegasusConfig, BigBirdPegasusForCausalLM
+
+    config = BigBirdPegasusConfig(
+        vocab_size=40, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+        decoder_ffn_dim=48, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+        **EAGER,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = randomise(BigBirdPegasusForCausalLM(config)).double().eval()
+    ids, _ = prompt()
+    unpadded = torch.ones_like(ids)
+    want = logits(model, ids, unpadded)
+    model.set_attn_implementation("indexattn")
+    assert_relative(logits(model, ids, unpadded), want)
+    other = ids.clone()
+    other[:, -1] = (other[:, -1] + 1) % 40
+    moved = (logits(model, other, unpadded) - want).abs().amax(dim=(0, 2))
+    assert moved[:-1].max() <= 1e-12 < moved[-1]
+
+
+def eager_core(query, key, value, mask):
+    """transformers' eager attention (repeat_kv, scaling 0.3), float64: [batch, N, h, d_v]."""
+    key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1) for t in (key, value))
+    return ((query @ key.transpose(2, 3) * 0.3 + mask).softmax(-1) @ value).transpose(1, 2)
+
+
+def test_the_keys_each_query_selects_are_a_mask():
+    """DeepSeek-V3.2's indexer hands `indices` [batch, N, k], the keys each query selects, to
+    any implementation but eager and sdpa, whose mask hides the others: the core hides them
+    too, giving eager's output. The twin: other indices give another output."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.zeros(B, 1, N, N, dtype=torch.float64)
+    indices = torch.randperm(N)[:3].expand(B, N, 3)
+    hidden = torch.ones(B, N, N, dtype=torch.bool).scatter(-1, indices, False)[:, None]
+    want = eager_core(query, key, value, mask.masked_fill(hidden, torch.finfo(mask.dtype).min))
+    module = torch.nn.Module()
+    got = hf.CORE(module, query, key, value, mask, scaling=0.3, indices=indices)[0]
+    assert_relative(got, want)
+    other = hf.CORE(module, query, key, value, mask, scaling=0.3, indices=indices.flip(-1) % 2)
+    with pytest.raises(AssertionError):
+        assert_relative(other[0], want)
+
+
+def test_a_position_bias_is_added_to_the_scores():
+    """Inkling hands its relative position bias, [batch, h, N, N_kv], as `position_bias`, which
+    eager adds to the scores: the core adds it to its mask (one per head: gqa_heads_core),
+    giving eager's output. The twin: without the bias, another output."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(B, h, N, 8, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.zeros(B, 1, N, N, dtype=torch.float64)
+    mask[1, ..., :2] = torch.finfo(mask.dtype).min
+    bias = torch.randn(B, 4, N, N, dtype=torch.float64)
+    module = torch.nn.Module()
+    got = hf.CORE(module, query, key, value, mask, scaling=0.3, position_bias=bias)[0]
+    assert_relative(got, eager_core(query, key, value, bias + mask))
+    with pytest.raises(AssertionError):
+        assert_relative(got, eager_core(query, key, value, mask))
+
+
+def test_a_layer_with_gpt2_s_flag_that_passes_its_scaling_keeps_it():
+    """GPTBigCode's layers have GPT-2's scale_attn_weights but pass their scaling (and have no
+    scale_attn_by_inverse_layer_idx): its logits are eager's. The twin: the flag moves them."""
+
+    def model(scaled: bool):
+        config = modeling_gpt_bigcode.GPTBigCodeConfig(
+            vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=scaled, **EAGER,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return modeling_gpt_bigcode.GPTBigCodeForCausalLM(config).double().eval()
+
+    ids, padding = prompt()
+    bigcode = model(scaled=False)
+    want = logits(bigcode, ids, padding)
+    bigcode.set_attn_implementation("indexattn")
+    assert_relative(logits(bigcode, ids, padding), want)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model(scaled=True), ids, padding), want)

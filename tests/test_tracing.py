@@ -146,7 +146,8 @@ def forward_backward(module, inputs):
 # specs whose graph dynamo specialises to the traced length (their values still checked at
 # every length, after a recompile): the interface cores and the decode specs (issue 38, open)
 RECOMPILED = {
-    "gqa_causal_core", "gqa_core", "gqa_unmasked_core", "sinks_core", "softcap_core",
+    "gqa_causal_core", "gqa_core", "gqa_heads_core", "gqa_unmasked_core", "sinks_core",
+    "softcap_core",
     "kv_decode", "models/gpt2_decode", "models/gpt_neox_decode",
 }  # fmt: skip
 

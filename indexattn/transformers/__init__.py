@@ -8,7 +8,8 @@
 
 - The attention function: importing this module registers "indexattn" with transformers'
   AttentionInterface (specs/gqa_core.attn, softcap_core.attn for soft-capping layers,
-  sinks_core.attn for layers with sinks); `register(name, spec)` adds a core spec of one's own.
+  sinks_core.attn for layers with sinks, gqa_heads_core.attn for a mask per head);
+  `register(name, spec)` adds a core spec of one's own.
   The model keeps its projections, rotary, cache and checkpoint names.
 - The whole-layer swap: `swap_attention` replaces each attention layer of GPT-2, Llama,
   Mistral, Qwen2, Qwen3, Gemma 2 and GPT-NeoX by a layer spec (specs/models/), and by its

@@ -11,6 +11,7 @@ carried by the mask, or is refused by name.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..spec import compile_spec
 
 TENSORS = ("Q", "K", "V", "M")  # a core spec's inputs, in this order
 SINKS = "s_aux"  # an optional input: a learned logit per query head joins the softmax
+HEADS = "heads"  # a core whose mask is one per query head, M_<grτσ> (gqa_heads_core)
 SCALARS = {  # transformers' keyword -> the core spec's scalar that takes it (None: see unset)
     "scaling": "scaling",
     "dropout": "p",
@@ -44,7 +46,11 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "shift_labels": "a keyword of the model's loss, handed to every layer",
     "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
-KNOWN = frozenset(SCALARS) | frozenset(CARRIED) | {SINKS}  # every keyword a core accepts
+FOLDED = {  # keywords one with the mask: the core's M holds them (`folded`)
+    "indices": "the keys each query selects (DeepSeek-V3.2's indexer): the others hidden",
+    "position_bias": "a bias on the scores (Inkling's relative positions): added to M",
+}
+KNOWN = frozenset(SCALARS) | frozenset(CARRIED) | frozenset(FOLDED) | {SINKS}  # all accepted
 
 
 def shipped(name: str) -> Path:
@@ -55,7 +61,8 @@ def shipped(name: str) -> Path:
 
 class CoreAttention:
     """transformers' attention function computed by a core spec (see specs/gqa_core.attn):
-    inputs Q_<grτa>, K_<gσa>, V_<gσc>, M_<τσ> (and s_aux_<(gr)> for sinks), a scalar
+    inputs Q_<grτa>, K_<gσa>, V_<gσc>, M_<τσ> (or M_<grτσ>, one per query head; and
+    s_aux_<(gr)> for sinks), a scalar
     `scaling`, optionally `p` (dropout), `softcap` and `sliding_window`; output O_<grτc>, and
     optionally the weights."""
 
@@ -64,7 +71,8 @@ class CoreAttention:
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
         self.mask = mask_kind(spec)
-        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks}
+        self.heads = "M" in spec.arguments and len(spec.ir.arguments[3].indices) == 4
+        self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks, HEADS: self.heads}
         self.given = tuple((k, scalar) for k, scalar in SCALARS.items() if scalar in self.scalars)
         _check_core(spec, self.scalars)
 
@@ -86,7 +94,7 @@ class CoreAttention:
         b, _, n, d = query.shape  # heads (g r) split by a view: no copy, no Python unflatten
         tensors = [query.view(b, key.shape[1], -1, n, d), key, value]  # TENSORS' order
         if self.mask == TENSOR:
-            tensors.append(core_mask(attention_mask, query, key, kwargs, module))
+            tensors.append(core_mask(attention_mask, query, key, kwargs, module, self.heads))
         elif self.mask != needed:
             raise NotImplementedError(
                 f"attention spec {self.name!r} takes no mask: {MASK_KINDS[self.mask]}, and"
@@ -121,13 +129,13 @@ class CoreAttention:
         given = {}
         for keyword, scalar in self.given:
             value = kwargs.get(keyword)
-            given[scalar] = _unset(scalar, query) if value is None else value
+            given[scalar] = _unset(scalar, module, query) if value is None else value
         return given
 
     def _refuse(self, module: nn.Module, kwargs: dict) -> None:
         """A keyword that changes the result, and that this spec has no scalar or input for."""
         asked = kwargs.get("dropout") or any(kwargs.get(n) is not None for n in ("softcap", SINKS))
-        if not asked and not any(self.taking.values()):
+        if not asked and not (self.taking["softcap"] or self.sinks):
             return  # nothing asked of a plain core: nothing to refuse
         layer = type(module).__name__
         wants = {
@@ -155,11 +163,22 @@ class CoreAttention:
             )
 
 
-def _unset(scalar: str, query: torch.Tensor) -> float:
+def _unset(scalar: str, module: nn.Module, query: torch.Tensor) -> float:
     """A scalar's value where the layer passes None for it."""
     if scalar == "scaling":
-        return query.shape[-1] ** -0.5
+        return unset_scaling(module, query)
     return {"p": 0.0, "sliding_window": math.inf}[scalar]
+
+
+def unset_scaling(module: nn.Module, query: torch.Tensor) -> float:
+    """The score scale of a layer that passes none: 1/√d_k, as sdpa; where the layer scales by
+    flags of its own (GPT-2's in transformers 5.0: scale_attn_weights, 1/√d;
+    scale_attn_by_inverse_layer_idx, 1/(layer_idx + 1)), the scale its eager computes."""
+    if not hasattr(module, "scale_attn_weights"):
+        return query.shape[-1] ** -0.5
+    scale = query.shape[-1] ** -0.5 if module.scale_attn_weights else 1.0
+    by_layer = getattr(module, "scale_attn_by_inverse_layer_idx", False)  # not GPTBigCode's
+    return scale / (module.layer_idx + 1) if by_layer else scale
 
 
 def _keyword(name: str) -> str:
@@ -199,11 +218,16 @@ def _check_core(spec: CompiledSpec, scalars: set[str]) -> None:
 
 
 def core_mask(
-    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module
-) -> torch.Tensor:
-    """The layer's mask as a core spec takes it: additive, [batch, queries, keys]. transformers
-    gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps), or None where the
-    layer relies on is_causal (then the causal mask, windowed by sliding_window, is built)."""
+    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, kwargs: dict, module,
+    heads: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """The layer's mask as a core spec takes it: additive, [batch, queries, keys], or, for a
+    core with a mask per head (`heads`), [batch, h_kv, n_rep, queries, keys]. transformers
+    gives [batch, 1, queries, keys] (float: 0 keeps; bool: True keeps; Doge's: [batch, h, ...],
+    one per query head), or None where the
+    layer relies on is_causal (then the causal mask, windowed by sliding_window, is built); a
+    mask over more keys than the layer hands (transformers 5.0's BERT in generate, no cache) is
+    read over its first N_kv, as eager and sdpa read it."""
     n, n_kv = query.shape[-2], key.shape[-2]
     if mask is None:
         causal = kwargs.get("is_causal")
@@ -215,15 +239,63 @@ def core_mask(
         if window is not None:
             seen = seen.triu(n_kv - n - window + 1)
         mask = seen[None, None]
-    if mask.shape[1] != 1:
+    mask = mask[..., :n_kv]
+    if mask.dtype == torch.bool:
+        mask = additive(mask, query.dtype)
+    own = own_causal(module, n, n_kv)
+    if own is not None:
+        mask = mask + additive(own, query.dtype)  # eager's: where(own, S, min) + mask
+    mask = folded(mask.to(query.dtype), kwargs)
+    if mask.shape[1] not in (1, query.shape[1]) or (mask.shape[1] != 1 and not heads):
         raise NotImplementedError(
             f"a mask of shape {tuple(mask.shape)}: one per head; a core spec takes one mask"
-            " for every head, [batch, 1, queries, keys]"
+            " for every head, [batch, 1, queries, keys], or, declaring `input M_<grτσ>`, one"
+            " per query head (specs/gqa_heads_core.attn)"
         )
-    if mask.dtype == torch.bool:
-        zeros = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-        mask = zeros.masked_fill(~mask, torch.finfo(query.dtype).min)
-    return mask[:, 0].to(query.dtype)
+    if heads:  # the head axis (g r), as the queries' view splits it
+        return mask.expand(-1, query.shape[1], -1, -1).unflatten(1, (key.shape[1], -1))
+    return mask[:, 0]
+
+
+def folded(mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """The additive mask with the keywords that are one with it (FOLDED), as eager reads them:
+    `indices` [batch, queries, k], the keys each query selects (the layer hides the others in
+    eager's mask, and hands them to any other implementation), and `position_bias`, added to
+    the scores ([batch, heads, queries, keys]: a mask per head)."""
+    indices, bias = kwargs.get("indices"), kwargs.get("position_bias")
+    if indices is not None:
+        chosen = torch.zeros(*indices.shape[:2], mask.shape[-1], dtype=torch.bool)
+        chosen = chosen.to(mask.device).scatter(-1, indices.long(), True)[:, None]
+        mask = torch.where(chosen, mask, torch.finfo(mask.dtype).min)
+    return mask if bias is None else mask + bias.to(mask.dtype)
+
+
+def per_head(mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether the core's mask is one per head: the layer's, or its position_bias."""
+    given = (mask, kwargs.get("position_bias"))
+    return any(t is not None and t.shape[1] != 1 for t in given)
+
+
+def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True sees) as an additive one: 0, or the dtype's minimum."""
+    zeros = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+    return zeros.masked_fill(~seen, torch.finfo(dtype).min)
+
+
+def own_causal(module: nn.Module, n: int, n_kv: int) -> torch.Tensor | None:
+    """The causal mask a layer sets its scores by before adding the mask it hands over, [1, 1,
+    queries, keys], or None: GPT-2's in transformers 5.0, its boolean buffer `bias` (a score it
+    hides is the dtype's minimum, one both hide -inf, so a query that sees no key, a left
+    padding's, spreads its weight over the keys up to it, where other layers' spread it over
+    every key)."""
+    buffer = getattr(module, "bias", None)
+    if (
+        not torch.is_tensor(buffer)
+        or buffer.dtype != torch.bool
+        or getattr(module, "is_cross_attention", False)
+    ):
+        return None
+    return buffer[:, :, n_kv - n : n_kv, :n_kv]
 
 
 TENSOR, CAUSAL, NONE = "tensor", "causal", "none"
@@ -248,7 +320,7 @@ def needed_mask(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, modu
     function skips one that hides nothing sdpa cannot) and causal, with no window shorter than
     the keys: CAUSAL where queries and keys are the same tokens, NONE where one query follows
     its cache (it sees every key) or the layer is not causal; else TENSOR."""
-    if mask is not None:
+    if mask is not None or any(kwargs.get(keyword) is not None for keyword in FOLDED):
         return TENSOR
     n, n_kv = query.shape[-2], key.shape[-2]
     causal = kwargs.get("is_causal")
@@ -263,27 +335,56 @@ def needed_mask(mask, query: torch.Tensor, key: torch.Tensor, kwargs: dict, modu
 
 class Cores:
     """Several core specs under one attn_implementation: each call runs one that takes what
-    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; neither: gqa_core, or
+    the layer hands over (a soft cap: softcap_core; sinks: sinks_core; a mask per query head:
+    gqa_heads_core; none of them: gqa_core, or
     gqa_causal_core where the mask is plainly causal, or gqa_unmasked_core where the call
     needs none, `needed_mask`), or the first, which refuses what it lacks by name."""
 
     def __init__(self, cores: list[CoreAttention]) -> None:
         self.cores = cores
-        self.picked: dict[tuple, CoreAttention] = {}  # (mask needed, softcap?, sinks?): core
+        self.picked: dict[tuple, CoreAttention] = {}  # (mask, softcap?, sinks?, per head?): core
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
         needed = needed_mask(attention_mask, query, key, kwargs, module)
-        core = self.pick(needed, kwargs)
+        core = self.pick(needed, kwargs, attention_mask)
         return core.run(module, query, key, value, attention_mask, needed, kwargs)
 
-    def pick(self, needed: str, kwargs: dict) -> CoreAttention:
-        key = (needed, kwargs.get("softcap") is not None, kwargs.get(SINKS) is not None)
+    def pick(self, needed: str, kwargs: dict, mask: torch.Tensor | None) -> CoreAttention:
+        heads = per_head(mask, kwargs)
+        key = (needed, kwargs.get("softcap") is not None, kwargs.get(SINKS) is not None, heads)
         found = self.picked.get(key)
         if found is None:
-            given = {"softcap": key[1], SINKS: key[2]}
+            given = {"softcap": key[1], SINKS: key[2], HEADS: heads}
             matching = [c for c in self.cores if c.taking == given] or self.cores[:1]
             found = self.picked[key] = next((c for c in matching if c.mask == needed), matching[0])
         return found
+
+
+def layer_mask(*args, config=None, **kwargs) -> torch.Tensor | None:
+    """The mask an indexattn model's layers get: sdpa's (transformers' sdpa_mask: none where it
+    is plainly causal, or plainly sees every key), but always built for a family that does not
+    run sdpa: transformers never called its layers without a mask, and their is_causal may not
+    say what the mask did (BigBirdPegasus's decoder: False, its mask causal)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if config is not None and (config.model_type in BUILT or not runs_sdpa(config.model_type)):
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
+BUILT = {  # families whose layers read the mask as built, and sdpa's skipped one wrongly: why
+    "doge": "its dynamic mask adds the one handed over, and is not causal without it (5.0)",
+}
+
+
+@functools.cache
+def runs_sdpa(model_type: str) -> bool:
+    """Whether transformers runs the family's models with sdpa (True where it is not known)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    return name is None or getattr(getattr(transformers, name, None), "_supports_sdpa", True)
 
 
 DEFAULT = "indexattn"
@@ -293,6 +394,7 @@ SHIPPED = (
     "gqa_unmasked_core.attn",
     "softcap_core.attn",
     "sinks_core.attn",
+    "gqa_heads_core.attn",
 )
 
 
@@ -307,7 +409,7 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     causal mask is built), else boolean [batch, 1, queries, keys], given to the spec additive.
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     from .guard import NAMES, install
 
@@ -316,7 +418,7 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     ]
     function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, layer_mask)
     NAMES.add(name)
     install()
     return function
