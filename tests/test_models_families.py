@@ -26,6 +26,7 @@ where they differ; with INDEXATTN_WRITE_FAMILIES=1 it writes it there.
 """
 
 import functools
+import inspect
 import os
 import re
 import tempfile
@@ -57,10 +58,24 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     "v_head_dim": 8, "index_head_dim": 8, "n_routed_experts": 2, "n_shared_experts": 1,
     "rotary_dim": 4,  # partial rotary (GPT-J's): within the head
     "pronunciation_embed_dim": 8, "shape_embed_dim": 8,  # RoCBert's extra embeddings
+    "shared_expert_intermediate_size": 16, "shared_experts_intermediate_size": 16,
+    # state-space and linear-attention mixers (Mamba's, Zamba's, Qwen3-Next's, Kimi's)
+    "mamba_n_heads": 4, "n_mamba_heads": 4, "mamba_d_state": 8, "state_size": 8,
+    "mamba_d_ssm": 64, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_head_dim": 8,
+    "linear_num_heads": 4, "use_mamba_kernels": False,
+    # embeddings of their own (Gemma 4's per layer, BLT's hashed bytes, Inkling's)
+    "vocab_size_per_layer_input": 64, "hidden_size_per_layer_input": 8,
+    "encoder_hash_byte_group_vocab": 64, "unpadded_vocab_size": 64,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8,
+    # encoders of other inputs (Phi-4-multimodal's audio)
+    "num_blocks": 2, "nemo_conv_channels": 8, "ext_pw_out_channel": 32,
+    "depthwise_separable_out_channel": 32,
+    "num_kv_shared_layers": 0,  # Gemma 3n's: layers reading another's cache
+    "num_codebooks": 1,  # MusicGen's: one codebook, its ids a batch of token ids
 }  # fmt: skip
 LATENT = {"num_key_value_heads": TINY["num_attention_heads"]}  # latent attention's tiny size
 EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
-LOADED = {**EAGER, "attn_implementation": "indexattn"}
 DROPOUT = re.compile(r"drop")  # a config field of a dropout or layer-drop probability
 TOO_BIG = 2_000_000  # parameters: a tiny config left larger than this was not shrunk by TINY
 
@@ -86,24 +101,37 @@ def causal_lm(family: str):
 
 
 def tiny(config_class, **settings):
-    """The config class's defaults, each TINY field it has set to its tiny size, and every
-    sub-config (a vision tower's, a text model's) shrunk alike."""
+    """The config class's defaults, each TINY field it has set to its tiny size, its per-layer
+    lists cut to the tiny model's layers, and every sub-config (a vision tower's, a text
+    model's) shrunk alike."""
     default = config_class()
     names = getattr(config_class, "attribute_map", {})
-    given = {}
-    latent = hasattr(default, "kv_lora_rank")  # its keys have every head: none shared
-    for field, size in {**TINY, **(LATENT if latent else {})}.items():
-        name = names.get(field, field)
-        if hasattr(default, name):
-            given[name] = size
-    if "num_hidden_layers" in given:
-        given["num_hidden_layers"] = max(TINY["num_hidden_layers"], first_attending(default) + 1)
-    for name, value in vars(default).items():
+    fields = vars(default)  # not a property (xLSTM's head widths) nor a per-layer attribute
+    latent = "kv_lora_rank" in fields  # its keys have every head: none shared
+    given = {
+        names.get(field, field): size
+        for field, size in {**TINY, **(LATENT if latent else {})}.items()
+        if names.get(field, field) in fields
+    }
+    layers = names.get("num_hidden_layers", "num_hidden_layers")
+    if layers in given:
+        given[layers] = max(TINY["num_hidden_layers"], first_attending(default) + 1)
+    if {"expand", "num_heads", "head_dim", "hidden_size"} <= fields.keys():  # Mamba-2's heads
+        given["num_heads"] = fields["expand"] * given["hidden_size"] // given["head_dim"]
+    for name, value in fields.items():
         if isinstance(value, transformers.PretrainedConfig):
             given[name] = tiny(type(value), **settings)
         elif DROPOUT.search(name) and isinstance(value, float):
             given[name] = 0.0  # training mode draws no mask: eager's and ours see the same
-    return config_class(**given, **settings)
+        elif isinstance(value, list | tuple) and layers in given and len(value) == fields[layers]:
+            # one entry a layer (Zamba's layer kinds, Gemma 3n's widths): the tiny model's
+            given[name] = [given[name]] * given[layers] if name in given else value[: given[layers]]
+    if fields.get("languages") and fields.get("default_language", "") is None:
+        given["default_language"] = fields["languages"][0]  # X-MOD's adapters: the first's
+    config = config_class(**given, **settings)
+    if not hasattr(config, "pad_token_id"):  # transformers 5.0's Phi, StableLM, ... read it
+        config.pad_token_id = TINY["pad_token_id"]
+    return config
 
 
 def first_attending(config) -> int:
@@ -125,7 +153,9 @@ def float64_softmax(x, dim=None, dtype=None, **kw):
     return SOFTMAX(x, dim=dim, **kw)
 
 
-SOFTMAX = torch.nn.functional.softmax
+def float64_tensor_softmax(x, dim=None, dtype=None, **kw):
+    """`Tensor.softmax` without its float32 upcast (DeepSeek-V4's compressor gates)."""
+    return TENSOR_SOFTMAX(x, dim, **kw)
 
 
 def float64_kept(x, *args, **kw):
@@ -134,17 +164,43 @@ def float64_kept(x, *args, **kw):
     return x if x.dtype == torch.float64 else FLOAT(x, *args, **kw)
 
 
-FLOAT = torch.Tensor.float
+def float64_to(x, *args, **kw):
+    """`Tensor.to(torch.float32)` leaving float64 as it is: CodeGen's, GPT-J's and Granite's
+    eager attentions compute their scores (or sinks) in float32 on purpose."""
+    if x.dtype == torch.float64:
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        if kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+    return TO(x, *args, **kw)
+
+
+SOFTMAX, TENSOR_SOFTMAX = torch.nn.functional.softmax, torch.Tensor.softmax
+FLOAT, TO = torch.Tensor.float, torch.Tensor.to
+
+
+def float64_throughout(monkeypatch, cls) -> None:
+    """Eager's reference computed in float64 throughout: its softmax, `.float()` and
+    `.to(torch.float32)` keep float64, and no module is kept in float32 when the model is
+    built or loaded (MoE routers: `_keep_in_fp32_modules`). Patched after the modeling file's
+    import: some of its functions are scripts."""
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+    monkeypatch.setattr(torch.Tensor, "softmax", float64_tensor_softmax)
+    monkeypatch.setattr(torch.Tensor, "float", float64_kept)
+    monkeypatch.setattr(torch.Tensor, "to", float64_to)
+    for name in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+        monkeypatch.setattr(cls, name, None)
 
 
 class Ran:
     """Counts the calls of the attention function registered as "indexattn"; `nudge`: its
-    outputs are multiplied by 1 + nudge (the twin's planted error)."""
+    outputs are multiplied by 1 + nudge (the twin's planted error). `ours`: the implementation
+    the checks compare with eager, "indexattn", or "eager" itself where a check raised (does
+    transformers fail alike?)."""
 
     def __init__(self, monkeypatch):
         from transformers import AttentionInterface
 
-        self.calls, self.nudge = 0, 0.0
+        self.calls, self.nudge, self.ours = 0, 0.0, "indexattn"
         function = AttentionInterface._global_mapping["indexattn"]
 
         def counting(*args, **kwargs):
@@ -154,8 +210,9 @@ class Ran:
 
         monkeypatch.setitem(AttentionInterface._global_mapping, "indexattn", counting)
 
-    def since(self, start: int) -> int:
-        return self.calls - start
+    def missed(self, start: int) -> bool:
+        """Whether the core, ours being indexattn, was not called since `start` calls."""
+        return self.ours == "indexattn" and self.calls == start
 
 
 def relative(got, want, floor: float = 1e-300) -> float:
@@ -196,7 +253,11 @@ def gradients(model, ids, padding):
     labels = ids.masked_fill(padding == 0, -100)
     labels[:, 1:][padding[:, :-1] == 0] = -100
     model.zero_grad()
-    model(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False).loss.backward()
+    kinds = {"token_type_ids": torch.zeros_like(ids)}  # Gemma 3's, required when training
+    kinds = {k: v for k, v in kinds.items() if k in inspect.signature(model.forward).parameters}
+    model(
+        input_ids=ids, attention_mask=padding, labels=labels, use_cache=False, **kinds
+    ).loss.backward()
     model.eval()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -205,8 +266,8 @@ def check_logits(model, ran):
     ids, padding = prompt(padded=True)
     want = forward(model, ids, padding)
     start = ran.calls
-    got = switched(model, forward, ids, padding)
-    if ran.since(start) == 0:
+    got = switched(model, ran, forward, ids, padding)
+    if ran.missed(start):
         return "the core never ran"
     return close(relative(got, want), 1e-10)
 
@@ -216,8 +277,8 @@ def check_generate(padded: bool):
         ids, padding = prompt(padded)
         tokens, steps = greedy(model, ids, padding)
         start = ran.calls
-        tokens_ours, steps_ours = switched(model, greedy, ids, padding)
-        if ran.since(start) == 0:
+        tokens_ours, steps_ours = switched(model, ran, greedy, ids, padding)
+        if ran.missed(start):
             return "the core never ran"
         if not torch.equal(tokens_ours, tokens):
             return "other tokens"
@@ -228,15 +289,19 @@ def check_generate(padded: bool):
 
 def check_save_load(model, ran):
     ids, padding = prompt(padded=True)
-    model.set_attn_implementation("indexattn")
+    model.set_attn_implementation(ran.ours)
     want = forward(model, ids, padding)
     with tempfile.TemporaryDirectory() as path:
         model.save_pretrained(path)
-        loaded = type(model).from_pretrained(path, dtype=torch.float64, **LOADED).eval()
+        loaded = (
+            type(model)
+            .from_pretrained(path, dtype=torch.float64, **EAGER | {"attn_implementation": ran.ours})
+            .double()
+        )
     model.set_attn_implementation("eager")
     start = ran.calls
-    got = forward(loaded, ids, padding)
-    if ran.since(start) == 0:
+    got = forward(loaded.eval(), ids, padding)
+    if ran.missed(start):
         return "the core never ran"
     return close(relative(got, want), 1e-10)
 
@@ -244,7 +309,7 @@ def check_save_load(model, ran):
 def check_gradients(model, ran):
     ids, padding = prompt(padded=True)
     want = gradients(model, ids, padding)
-    got = switched(model, gradients, ids, padding)
+    got = switched(model, ran, gradients, ids, padding)
     if got.keys() != want.keys():
         return "other weights have gradients"
     return close(max(relative(got[n], want[n], floor=VANISHING * top(want)) for n in want), 1e-9)
@@ -258,9 +323,9 @@ def top(grads: dict) -> float:
     return max(g.abs().max().item() for g in grads.values())
 
 
-def switched(model, work, *args):
-    """`work` run with "indexattn", then the model back on eager."""
-    model.set_attn_implementation("indexattn")
+def switched(model, ran, work, *args):
+    """`work` run with ours ("indexattn"), then the model back on eager."""
+    model.set_attn_implementation(ran.ours)
     try:
         return work(model, *args)
     finally:
@@ -293,8 +358,7 @@ def row(cls, ran) -> dict:
     """One family's five cells (or one cell saying why it was not built), eager's softmax kept
     in float64 meanwhile (patched after the modeling file's import: some script functions)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
-        monkeypatch.setattr(torch.Tensor, "float", float64_kept)
+        float64_throughout(monkeypatch, cls)
         return _row(cls, ran)
 
 
@@ -303,23 +367,56 @@ def _row(cls, ran) -> dict:
         return {"whole": f"not run: {SLOW[cls.config_class.model_type]}"}
     try:
         config = tiny(cls.config_class, **EAGER)
-        with torch.device("meta"):
-            count = sum(p.numel() for p in cls(config).parameters())
+        count = size(cls, config)
         if count > TOO_BIG:
             return {"whole": f"not built: {count:,} parameters at the tiny size (sizes of its own)"}
         torch.manual_seed(0)
-        model = cls._from_config(config, dtype=torch.float64).eval()  # buffers made in float64 too
+        model = cls._from_config(config, dtype=torch.float64).double().eval()
     except Exception as error:  # the row says what it was
-        return {"whole": f"not built: {reason(error)}"}
-    cells = {}
-    for column, check in CHECKS.items():
-        try:
-            cells[column] = check(model, ran)
-        except Exception as error:
-            cells[column] = reason(error)
-        finally:
-            model.set_attn_implementation("eager")
-    return cells
+        return {"whole": f"not built: {unbuilt(cls, error)}"}
+    return {column: cell(check, model, ran) for column, check in CHECKS.items()}
+
+
+def size(cls, config) -> int:
+    """The parameters of the model `config` makes (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in cls(config).parameters())
+
+
+def unbuilt(cls, error: Exception) -> str:
+    """Why the tiny model was not built: a library this machine lacks, transformers failing
+    alike with the config class's own defaults, or else the error."""
+    library = re.search(r"requires the (\S+) library", str(error))
+    if isinstance(error, ImportError) and library:
+        return f"needs {library[1]}, not installed here"
+    try:
+        size(cls, cls.config_class(**EAGER))
+    except Exception as default_error:
+        return f"transformers' default config fails too: {reason(default_error)}"
+    return reason(error)
+
+
+def cell(check, model, ran) -> str:
+    """The check's outcome; where it raises, the same check with eager in indexattn's place
+    says whether transformers fails alike ("eager fails too"), so that no cell blames indexattn
+    for transformers' own failure."""
+    try:
+        return check(model, ran)
+    except Exception as error:
+        ours = reason(error)
+    finally:
+        model.set_attn_implementation("eager")
+        model.eval()
+    ran.ours = "eager"
+    try:
+        check(model, ran)
+    except Exception as error:
+        return f"eager fails too: {reason(error)}"
+    finally:
+        ran.ours = "indexattn"
+        model.set_attn_implementation("eager")
+        model.eval()
+    return ours
 
 
 def table(rows: dict) -> str:
@@ -390,6 +487,7 @@ class Stopped(BaseException):
 
 
 LIMIT = 60  # seconds of wall time a family's row may take in the sweep
+STOPPED = "stopped after"
 
 
 def timed(cls, ran) -> dict:
@@ -404,21 +502,27 @@ def timed(cls, ran) -> dict:
     try:
         return row(cls, ran)
     except Stopped:
-        return {"whole": f"not run: stopped after {LIMIT} s (the machine was loaded)"}
+        return {"whole": f"not run: {STOPPED} {LIMIT} s (the machine was loaded)"}
     finally:
         signal.alarm(0)
 
 
-def sweep() -> int:
-    """Every family's row: the table written into docs/models.md (with INDEXATTN_WRITE_FAMILIES
-    set) or compared with it; 1 where it differs (`python tests/test_models_families.py`)."""
+def every_row() -> dict:
+    """Every family's row (each stopped after LIMIT seconds), and the CPU time they took."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     with pytest.MonkeyPatch.context() as monkeypatch:
         start = time.process_time()
-        made = table({family: timed(cls, Ran(monkeypatch)) for family, cls in families().items()})
-    print(f"{len(families())} families: {time.process_time() - start:.1f} s of CPU")
+        rows = {family: timed(cls, Ran(monkeypatch)) for family, cls in families().items()}
+    print(f"{len(rows)} families: {time.process_time() - start:.1f} s of CPU")
+    return rows
+
+
+def sweep() -> int:
+    """Every family's row: the table written into docs/models.md (with INDEXATTN_WRITE_FAMILIES
+    set) or compared with it; 1 where it differs (`python tests/test_models_families.py`)."""
+    made = table(every_row())
     version = transformers.__version__
     if os.environ.get(WRITE):
         write(version, made)
@@ -426,6 +530,30 @@ def sweep() -> int:
         print(f"docs/models.md's family table for transformers {version} differs: {WRITE}=1")
         return 1
     return 0
+
+
+SWEEP = "INDEXATTN_FAMILY_SWEEP"  # set to 1: the suite runs the whole table (minutes)
+
+
+def ticked(text: str) -> set:
+    """The families whose every cell is ✓ in a family table's text."""
+    rows = (line.strip("| ").split(" | ") for line in text.splitlines()[2:])
+    return {cells[0] for cells in rows if cells[1:] == ["✓"] * len(COLUMNS)}
+
+
+@pytest.mark.skipif(not os.environ.get(SWEEP), reason=f"the whole table: minutes ({SWEEP}=1)")
+def test_every_family_docs_marks_ticked_stays_ticked():
+    """The whole table on the running transformers (printed): a family whose row in
+    docs/models.md is every cell ✓ still is; a row stopped for time is printed, not failed."""
+    version = transformers.__version__
+    documented = in_docs(version)
+    assert documented is not None, f"no family table for {version}: {WRITE}=1 writes it"
+    rows = every_row()
+    print(table(rows))
+    stopped = {family for family, cells in rows.items() if STOPPED in cells.get("whole", "")}
+    print("stopped for time:", sorted(stopped))
+    lost = ticked(documented) - ticked(table(rows)) - stopped
+    assert not lost, {family: rows.get(family, "no longer a family") for family in sorted(lost)}
 
 
 def test_a_core_that_is_not_eager_s_is_seen_in_every_column_it_computes(ran):
