@@ -66,12 +66,13 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     "linear_num_heads": 4, "use_mamba_kernels": False,
     # embeddings of their own (Gemma 4's per layer, BLT's hashed bytes, Inkling's)
     "vocab_size_per_layer_input": 64, "hidden_size_per_layer_input": 8,
-    "encoder_hash_byte_group_vocab": 64, "unpadded_vocab_size": 64,
+    "encoder_hash_byte_group_vocab": 64, "hidden_size_global": 32, "unpadded_vocab_size": 64,
     "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8,
     # encoders of other inputs (Phi-4-multimodal's audio)
     "num_blocks": 2, "nemo_conv_channels": 8, "ext_pw_out_channel": 32,
     "depthwise_separable_out_channel": 32,
     "num_kv_shared_layers": 0,  # Gemma 3n's: layers reading another's cache
+    "attn_layer_indices": [1],  # Bamba's: which layers attend (by default none)
     "num_codebooks": 1,  # MusicGen's: one codebook, its ids a batch of token ids
 }  # fmt: skip
 LATENT = {"num_key_value_heads": TINY["num_attention_heads"]}  # latent attention's tiny size
@@ -145,7 +146,8 @@ def first_attending(config) -> int:
     return attending[0] if attending else 0
 
 
-ATTENDING = re.compile(r"^(?!linear).*attention$|^attention$")  # a layer kind that attends
+# a layer kind that attends (Zamba's "hybrid": a Mamba mixer and the shared attention)
+ATTENDING = re.compile(r"^(?!linear).*attention$|^attention$|^hybrid$")
 
 
 def float64_softmax(x, dim=None, dtype=None, **kw):
@@ -349,11 +351,6 @@ def reason(error: Exception) -> str:
     return f"{type(error).__name__}: {text[:90]}" + ("…" if len(text) > 90 else "")
 
 
-SLOW = {  # model type: why it is not run (the suite's time)
-    "falcon_h1": "its Mamba mixers run transformers' reference scan (no mamba_ssm): a minute",
-}
-
-
 def row(cls, ran) -> dict:
     """One family's five cells (or one cell saying why it was not built), eager's softmax kept
     in float64 meanwhile (patched after the modeling file's import: some script functions)."""
@@ -363,8 +360,6 @@ def row(cls, ran) -> dict:
 
 
 def _row(cls, ran) -> dict:
-    if cls.config_class.model_type in SLOW:
-        return {"whole": f"not run: {SLOW[cls.config_class.model_type]}"}
     try:
         config = tiny(cls.config_class, **EAGER)
         count = size(cls, config)
