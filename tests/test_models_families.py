@@ -545,10 +545,57 @@ def test_every_family_docs_marks_ticked_stays_ticked():
     assert documented is not None, f"no family table for {version}: {WRITE}=1 writes it"
     rows = every_row()
     print(table(rows))
+    assert not untick(documented, rows), untick(documented, rows)
+
+
+def untick(documented: str, rows: dict) -> dict:
+    """The families ticked in `documented` (every cell ✓) whose row now is not, but for rows
+    stopped for time: each with its row."""
     stopped = {family for family, cells in rows.items() if STOPPED in cells.get("whole", "")}
-    print("stopped for time:", sorted(stopped))
     lost = ticked(documented) - ticked(table(rows)) - stopped
-    assert not lost, {family: rows.get(family, "no longer a family") for family in sorted(lost)}
+    return {family: rows.get(family, "no longer a family") for family in sorted(lost)}
+
+
+def test_a_ticked_family_whose_row_is_not_fails_the_sweep_unless_stopped_for_time():
+    """`untick` against a table of two ticked families: one cell apart is caught; the twins,
+    every cell ✓ and a row stopped for time, are not."""
+    ticks = dict.fromkeys(COLUMNS, "✓")
+    documented = table({"llama": ticks, "qwen2": ticks, "bloom": {"whole": "not built: x"}})
+    stopped = {"whole": f"not run: {STOPPED} {LIMIT} s"}
+    assert untick(documented, {"llama": ticks, "qwen2": {**ticks, "gradients": "1e-08 apart"}}) == {
+        "qwen2": {**ticks, "gradients": "1e-08 apart"}
+    }
+    assert untick(documented, {"llama": ticks, "qwen2": ticks}) == {}
+    assert untick(documented, {"llama": ticks, "qwen2": stopped}) == {}
+
+
+class Failing:
+    """A model stand-in whose check raises with the implementations in `failing`."""
+
+    def __init__(self, failing):
+        self.failing, self.name = failing, "eager"
+
+    def set_attn_implementation(self, name):
+        self.name = name
+
+    def eval(self):
+        return self
+
+
+def raising(model, ran):
+    model.set_attn_implementation(ran.ours)
+    if model.name in model.failing:
+        raise TypeError(f"{model.name} failed")
+    return "✓"
+
+
+def test_a_check_that_raises_with_eager_too_says_so(ran):
+    """A check raising with indexattn and with eager: "eager fails too", eager's reason; the
+    twin, raising with indexattn alone: indexattn's reason."""
+    both, ours = Failing({"indexattn", "eager"}), Failing({"indexattn"})
+    assert cell(raising, both, ran) == "eager fails too: TypeError: eager failed"
+    assert cell(raising, ours, ran) == "TypeError: indexattn failed"
+    assert ran.ours == "indexattn"
 
 
 def test_a_core_that_is_not_eager_s_is_seen_in_every_column_it_computes(ran):
