@@ -56,6 +56,7 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     # latent attention (DeepSeek's): ranks and head widths
     "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
     "v_head_dim": 8, "index_head_dim": 8, "n_routed_experts": 2, "n_shared_experts": 1,
+    "n_group": 1, "topk_group": 1,  # expert groups (DeepSeek-V3's routing): one
     "rotary_dim": 4,  # partial rotary (GPT-J's): within the head
     "pronunciation_embed_dim": 8, "shape_embed_dim": 8,  # RoCBert's extra embeddings
     "shared_expert_intermediate_size": 16, "shared_experts_intermediate_size": 16,
@@ -72,6 +73,7 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     "num_blocks": 2, "nemo_conv_channels": 8, "ext_pw_out_channel": 32,
     "depthwise_separable_out_channel": 32,
     "num_kv_shared_layers": 0,  # Gemma 3n's: layers reading another's cache
+    "layer_group_size": 2,  # Bailing's hybrid: each group's last layer attends
     "attn_layer_indices": [1],  # Bamba's: which layers attend (by default none)
     "num_codebooks": 1,  # MusicGen's: one codebook, its ids a batch of token ids
 }  # fmt: skip
@@ -115,8 +117,10 @@ def tiny(config_class, **settings):
         if names.get(field, field) in fields
     }
     layers = names.get("num_hidden_layers", "num_hidden_layers")
-    if layers in given:
-        given[layers] = max(TINY["num_hidden_layers"], first_attending(default) + 1)
+    every_layer = {layers: fields[layers]} if layers in given else {}
+    every = sized(config_class, given | every_layer)  # the tiny sizes, every layer kept
+    if layers in given:  # up to the first attention layer at the tiny sizes
+        given[layers] = max(TINY["num_hidden_layers"], first_attending(every) + 1)
     if {"expand", "num_heads", "head_dim", "hidden_size"} <= fields.keys():  # Mamba-2's heads
         given["num_heads"] = fields["expand"] * given["hidden_size"] // given["head_dim"]
     for name, value in fields.items():
@@ -126,13 +130,23 @@ def tiny(config_class, **settings):
             given[name] = 0.0  # training mode draws no mask: eager's and ours see the same
         elif isinstance(value, list | tuple) and layers in given and len(value) == fields[layers]:
             # one entry a layer (Zamba's layer kinds, Gemma 3n's widths): the tiny model's
-            given[name] = [given[name]] * given[layers] if name in given else value[: given[layers]]
+            kept = vars(every).get(name, value)  # as the tiny sizes make it (Bailing's kinds)
+            given[name] = [given[name]] * given[layers] if name in given else kept[: given[layers]]
     if fields.get("languages") and fields.get("default_language", "") is None:
         given["default_language"] = fields["languages"][0]  # X-MOD's adapters: the first's
     config = config_class(**given, **settings)
     if not hasattr(config, "pad_token_id"):  # transformers 5.0's Phi, StableLM, ... read it
         config.pad_token_id = TINY["pad_token_id"]
     return config
+
+
+def sized(config_class, given: dict):
+    """The config at the tiny sizes but with every layer (Bailing's group size decides where
+    the first attention layer is), or else its defaults."""
+    try:
+        return config_class(**given)
+    except Exception:  # the tiny sizes alone break a rule of the config's
+        return config_class()
 
 
 def first_attending(config) -> int:
