@@ -180,29 +180,35 @@ def float64_kept(x, *args, **kw):
     return x if x.dtype == torch.float64 else FLOAT(x, *args, **kw)
 
 
-def float64_to(x, *args, **kw):
-    """`Tensor.to(torch.float32)` leaving float64 as it is: CodeGen's, GPT-J's and Granite's
-    eager attentions compute their scores (or sinks) in float32 on purpose."""
-    if x.dtype == torch.float64:
-        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-        if kw.get("dtype") is torch.float32:
-            kw["dtype"] = torch.float64
-    return TO(x, *args, **kw)
+def float64_kept_by(function):
+    """`function(x, ..., torch.float32)` leaving a float64 `x` float64: `Tensor.to` (CodeGen's,
+    GPT-J's and Granite's eager attentions compute their scores or sinks in float32 on
+    purpose) and `torch.zeros_like` (Hunyuan's routing weights)."""
+
+    def kept(x, *args, **kw):
+        if x.dtype == torch.float64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kw.get("dtype") is torch.float32:
+                kw["dtype"] = torch.float64
+        return function(x, *args, **kw)
+
+    return kept
 
 
 SOFTMAX, TENSOR_SOFTMAX = torch.nn.functional.softmax, torch.Tensor.softmax
-FLOAT, TO = torch.Tensor.float, torch.Tensor.to
+FLOAT, TO, ZEROS_LIKE = torch.Tensor.float, torch.Tensor.to, torch.zeros_like
 
 
 def float64_throughout(monkeypatch, cls) -> None:
-    """Eager's reference computed in float64 throughout: its softmax, `.float()` and
-    `.to(torch.float32)` keep float64, and no module is kept in float32 when the model is
-    built or loaded (MoE routers: `_keep_in_fp32_modules`). Patched after the modeling file's
-    import: some of its functions are scripts."""
+    """Eager's reference computed in float64 throughout: its softmax, `.float()`,
+    `.to(torch.float32)` and `zeros_like(dtype=torch.float32)` keep float64, and no module is
+    kept in float32 when the model is built or loaded (MoE routers: `_keep_in_fp32_modules`).
+    Patched after the modeling file's import: some of its functions are scripts."""
     monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
     monkeypatch.setattr(torch.Tensor, "softmax", float64_tensor_softmax)
     monkeypatch.setattr(torch.Tensor, "float", float64_kept)
-    monkeypatch.setattr(torch.Tensor, "to", float64_to)
+    monkeypatch.setattr(torch.Tensor, "to", float64_kept_by(TO))
+    monkeypatch.setattr(torch, "zeros_like", float64_kept_by(ZEROS_LIKE))
     for name in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
         monkeypatch.setattr(cls, name, None)
 
@@ -309,11 +315,10 @@ def check_save_load(model, ran):
     want = forward(model, ids, padding)
     with tempfile.TemporaryDirectory() as path:
         model.save_pretrained(path)
-        loaded = (
-            type(model)
-            .from_pretrained(path, dtype=torch.float64, **EAGER | {"attn_implementation": ran.ours})
-            .double()
+        loaded = type(model).from_pretrained(
+            path, dtype=torch.float64, **EAGER | {"attn_implementation": ran.ours}
         )
+        float64(loaded)
     model.set_attn_implementation("eager")
     start = ran.calls
     got = forward(loaded.eval(), ids, padding)
@@ -380,10 +385,18 @@ def _row(cls, ran) -> dict:
         if count > TOO_BIG:
             return {"whole": f"not built: {count:,} parameters at the tiny size (sizes of its own)"}
         torch.manual_seed(0)
-        model = cls._from_config(config, dtype=torch.float64).double().eval()
+        model = float64(cls._from_config(config, dtype=torch.float64)).eval()
     except Exception as error:  # the row says what it was
         return {"whole": f"not built: {unbuilt(cls, error)}"}
     return {column: cell(check, model, ran) for column, check in CHECKS.items()}
+
+
+def float64(model):
+    """Every weight in float64, those built in float32 too (Hunyuan's router); the buffers as
+    built (a rotary table's float32 frequencies meet float32 positions in transformers 5.0)."""
+    for weight in model.parameters():
+        weight.data = weight.data.double()
+    return model
 
 
 def size(cls, config) -> int:
