@@ -46,6 +46,7 @@ COLUMNS = ("logits", "generate", "left-padded generate", "save/load", "gradients
 B, N, NEW = 2, 5, 3
 TINY = {  # a config field (by transformers' common name): its tiny size
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
+    "num_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
     "max_position_embeddings": 64, "num_local_experts": 2, "num_experts": 2,
     "num_experts_per_tok": 1, "moe_intermediate_size": 16, "attention_dropout": 0.0,
@@ -60,6 +61,7 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     "rotary_dim": 4,  # partial rotary (GPT-J's): within the head
     "pronunciation_embed_dim": 8, "shape_embed_dim": 8,  # RoCBert's extra embeddings
     "shared_expert_intermediate_size": 16, "shared_experts_intermediate_size": 16,
+    "ffn_hidden_size": 32, "expert_ffn_hidden_size": 16, "zero_expert_num": 1, "moe_topk": 2,
     # state-space and linear-attention mixers (Mamba's, Zamba's, Qwen3-Next's, Kimi's)
     "mamba_n_heads": 4, "n_mamba_heads": 4, "mamba_d_state": 8, "state_size": 8,
     "mamba_d_ssm": 64, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
