@@ -5,9 +5,10 @@ The families are transformers' own list: every model type AutoModelForCausalLM k
 modeling file calls transformers' attention functions (`_can_set_attn_implementation`, the test
 indexattn/transformers/guard.py refuses by). Each is built from its config class's defaults
 shrunk to a tiny size (`tiny`: 2 layers, width 32, 4 heads on 2, vocabulary 64, its
-sub-configs shrunk alike), random weights, float64, nothing downloaded, and checked in five
-columns against the same model with eager attention, its softmax kept in float64
-(transformers' eager softmax upcasts to float32):
+sub-configs and per-layer lists shrunk alike), random weights, float64, nothing downloaded,
+and checked in five columns against the same model with eager attention, computed in float64
+throughout (`float64_throughout`: transformers' eager softmax, and some eager attentions and
+MoE routers, work in float32 on purpose):
 
 - logits: a left-padded batch's logits within 1e-10 of the largest, the core having run;
 - generate, left-padded generate: greedy generate() with the cache on, the same tokens and
@@ -16,13 +17,17 @@ columns against the same model with eager attention, its softmax kept in float64
 - gradients: in training mode, the gradient of every weight within 1e-9 relative (a gradient
   below 1e-6 of the model's largest, zero but rounding, relative to that 1e-6).
 
-A cell is ✓ or why not, in one line. A family transformers cannot build at the tiny size, or
-that needs inputs other than token ids, is a row saying so by name (SKIPPED).
+A cell is ✓ or why not, in one line; where a check raises, the same check with eager in
+indexattn's place says whether transformers fails alike ("eager fails too: ..."). A family
+not built at the tiny size says why in its first cell (a library missing here, transformers'
+own default config failing too, its error, or its size).
 
 The suite runs the rows of QUICK (seconds); the whole table (every family: minutes of CPU, too
 slow for the suite) is `sweep`, run as `python tests/test_models_families.py`: it compares the
 table it makes with docs/models.md's for the running transformers (between markers) and exits 1
-where they differ; with INDEXATTN_WRITE_FAMILIES=1 it writes it there.
+where they differ; with INDEXATTN_WRITE_FAMILIES=1 it writes it there. With
+INDEXATTN_FAMILY_SWEEP=1 the suite runs it too and fails where a family docs/models.md marks
+every cell ✓ no longer is (.ci/run, on the oldest and newest transformers).
 """
 
 import functools
