@@ -156,11 +156,14 @@ def sized(config_class, given: dict):
         return config_class()
 
 
+BLOCKS = "layers_block_type"
+
+
 def first_attending(config) -> int:
     """The index of a hybrid model's first attention layer (Jamba's, Qwen3-Next's: after Mamba
     or linear layers), so that the tiny model has one; 0 where its layers say nothing."""
-    try:
-        kinds = list(getattr(config, "layer_types", None) or [])
+    try:  # transformers 5.0's Jamba and Zamba name them layers_block_type
+        kinds = list(getattr(config, "layer_types", None) or getattr(config, BLOCKS, None) or [])
     except Exception:  # a per-layer property some configs raise on
         return 0
     attending = [i for i, kind in enumerate(kinds) if ATTENDING.search(str(kind))]
