@@ -284,7 +284,7 @@ def gradients(model, ids, padding):
     model.train()
     labels = ids.masked_fill(padding == 0, -100)
     labels[:, 1:][padding[:, :-1] == 0] = -100
-    if getattr(model.config, "num_codebooks", None):  # MusicGen's: a label a codebook
+    if hasattr(model, "lm_heads"):  # MusicGen's: a head a codebook, a label a codebook
         labels = labels[..., None]
     model.zero_grad()
     kinds = {"token_type_ids": torch.zeros_like(ids)}  # Gemma 3's, required when training
