@@ -66,12 +66,14 @@ TINY = {  # a config field (by transformers' common name): its tiny size
     "rotary_dim": 4,  # partial rotary (GPT-J's): within the head
     "pronunciation_embed_dim": 8, "shape_embed_dim": 8,  # RoCBert's extra embeddings
     "shared_expert_intermediate_size": 16, "shared_experts_intermediate_size": 16,
+    "moe_shared_expert_intermediate_size": 16,
     "ffn_hidden_size": 32, "expert_ffn_hidden_size": 16, "zero_expert_num": 1, "moe_topk": 2,
     # state-space and linear-attention mixers (Mamba's, Zamba's, Qwen3-Next's, Kimi's)
     "mamba_n_heads": 4, "n_mamba_heads": 4, "mamba_d_state": 8, "state_size": 8,
     "mamba_d_ssm": 64, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_head_dim": 8,
     "linear_num_heads": 4, "use_mamba_kernels": False,
+    "ssm_state_size": 8, "mamba_num_heads": 8, "mamba_head_dim": 8,
     # embeddings of their own (Gemma 4's per layer, BLT's hashed bytes, Inkling's)
     "vocab_size_per_layer_input": 64, "hidden_size_per_layer_input": 8,
     "encoder_hash_byte_group_vocab": 64, "hidden_size_global": 32, "unpadded_vocab_size": 64,
