@@ -507,9 +507,9 @@ def ran(monkeypatch):
     return Ran(monkeypatch)
 
 
-# The suite's rows: ✓ on 5.0.0, 5.23.0 and 5.24.0. Not GPT-2 (on 5.0.0 its logits are 0.3 from
-# eager's, not yet understood) nor Cohere (5.0.0's own check_model_inputs raises TypeError).
-QUICK = ("llama", "qwen2", "gemma2", "phi3", "olmo2")
+# The suite's rows: ✓ on 5.0.0, 5.23.0 and 5.24.0. GPT-2 and Cohere among them: on 5.0.0 GPT-2
+# scales and masks by flags of its own, and Cohere's layers are handed output_hidden_states.
+QUICK = ("llama", "qwen2", "gemma2", "phi3", "olmo2", "gpt2", "cohere")
 
 
 @pytest.mark.parametrize("family", QUICK)

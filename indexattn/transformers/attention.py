@@ -44,6 +44,8 @@ CARRIED = {  # keywords a spec never sees, and why that loses nothing
     "output_router_logits": "a flag of the model's experts (Mixtral), not of attention",
     "num_items_in_batch": "a keyword of the model's loss, handed to every layer",
     "shift_labels": "a keyword of the model's loss, handed to every layer",
+    "labels": "the model's loss targets, handed to every layer (Gemma 4)",
+    "output_hidden_states": "a flag of the model's outputs, handed to every layer (Cohere, 5.0)",
     "encoder_hidden_states": "the layer computed its keys and values from it (cross-attention)",
 }
 FOLDED = {  # keywords one with the mask: the core's M holds them (`folded`)
