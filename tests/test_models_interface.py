@@ -293,6 +293,10 @@ def test_an_unknown_keyword_is_an_error_naming_it():
 def test_a_spec_that_is_not_a_core_is_refused():
     with pytest.raises(ValueError, match=r"not an attention core.*its inputs are X"):
         hf.register("broken", ROOT / "specs/gqa.attn")
+    three = "index τ : N\nindex σ : N_kv\nindex a : d\ninput Q_<τa>\ninput K_<σa>\ninput M_<τσ>\n"
+    three += "scalar scaling = 1\nO_<τσ> = softmax_<σ>(Q_<τa> K_<σa> scaling + M_<τσ>)\noutput O"
+    with pytest.raises(ValueError, match=r"its inputs are Q, K, M, in this order"):  # no V
+        hf.register("broken", three)
 
 
 def test_the_core_spec_runs_under_torch_compile():

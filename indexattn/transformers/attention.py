@@ -73,10 +73,10 @@ class CoreAttention:
         self.scalars = {s for s, _ in spec.plain.scalars}
         self.sinks = SINKS in spec.arguments
         self.mask = mask_kind(spec)
+        _check_core(spec, self.scalars)  # first: M, where declared, is the fourth argument
         self.heads = "M" in spec.arguments and len(spec.ir.arguments[3].indices) == 4
         self.taking = {"softcap": "softcap" in self.scalars, SINKS: self.sinks, HEADS: self.heads}
         self.given = tuple((k, scalar) for k, scalar in SCALARS.items() if scalar in self.scalars)
-        _check_core(spec, self.scalars)
 
     def __call__(
         self,
@@ -266,8 +266,10 @@ def folded(mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
     the scores ([batch, heads, queries, keys]: a mask per head)."""
     indices, bias = kwargs.get("indices"), kwargs.get("position_bias")
     if indices is not None:
-        chosen = torch.zeros(*indices.shape[:2], mask.shape[-1], dtype=torch.bool)
-        chosen = chosen.to(mask.device).scatter(-1, indices.long(), True)[:, None]
+        chosen = torch.zeros(
+            *indices.shape[:2], mask.shape[-1], dtype=torch.bool, device=mask.device
+        )
+        chosen = chosen.scatter(-1, indices.long(), True)[:, None]
         mask = torch.where(chosen, mask, torch.finfo(mask.dtype).min)
     return mask if bias is None else mask + bias.to(mask.dtype)
 
