@@ -158,3 +158,77 @@ def whole(spec: str, name: str, value) -> int:
     if isinstance(value, bool) or not float(value).is_integer() or int(value) <= 0:
         raise ShapeError(f"{spec}: the size {name} must be a positive whole number, got {value!r}")
     return int(value)
+
+
+def straight_line(rules: Rules):
+    """`rules` as one function of the shapes alone: every rank, read, quotient and check of
+    `Rules.solve` in one straight line of comparisons, no loop and no lookup. It returns the
+    sizes, or None where any of them fails: then `Rules.solve` runs and says which, in its
+    words. A spec with a size no axis gives (one passed by keyword) has none: None always. Its
+    source holds only numbers and the local names it allocates (`s0` an argument's shape, `v0`
+    a size), never the spec's text."""
+    slots = {size: f"v{k}" for k, size in enumerate(dict.fromkeys(r.size for r in rules.reads))}
+    trees = [t for r in rules.reads for t in (r.divisor, r.offset)]
+    trees += [t for q in rules.quotients for t in (q.numerator, q.denominator)]
+    trees += [c.expected for c in rules.checks]
+    read = set().union(*map(names, trees)) <= slots.keys()
+    if rules.required or not read or not all(map(_printable, trees)):
+        return lambda shapes: None
+    namespace = {"NAMES": tuple(slots)}
+    source = "\n".join(_lines(rules, slots))
+    exec(compile(source, f"<the sizes of {rules.spec}>", "exec"), namespace)
+    solve = namespace["solve"]
+
+    def guarded(shapes: Sequence[tuple[int, ...]]) -> dict[str, int] | None:
+        try:
+            return solve(shapes)
+        except (ArithmeticError, IndexError):  # as Rules.solve's: its words then
+            return None
+
+    return guarded
+
+
+def _lines(rules: Rules, slots: dict[str, str]) -> list[str]:
+    """`straight_line`'s function, line by line."""
+    used = sorted({r.argument for r in (*rules.ranks, *rules.reads, *rules.checks)})
+    lines = ["def solve(shapes):", *(f"    s{k} = shapes[{k}]" for k in used)]
+    for rank in rules.ranks:
+        fails = "<" if rank.batched else "!="
+        lines.append(f"    if len(s{rank.argument}) {fails} {int(rank.rank)}: return None")
+    for read in rules.reads:
+        lines += [
+            f"    rest = s{read.argument}[{int(read.axis)}] - {_printed(read.offset, slots)}",
+            f"    divisor = {_printed(read.divisor, slots)}",
+            "    if divisor == 0 or rest < 0 or rest % divisor: return None",
+            f"    {slots[read.size]} = rest // divisor",
+        ]
+    for q in rules.quotients:
+        over, under = _printed(q.numerator, slots), _printed(q.denominator, slots)
+        lines.append(f"    if {over} % {under}: return None")
+    for check in rules.checks:
+        expected = _printed(check.expected, slots)
+        lines.append(f"    if s{check.argument}[{int(check.axis)}] != {expected}: return None")
+    return [*lines, f"    return dict(zip(NAMES, ({''.join(v + ', ' for v in slots.values())})))"]
+
+
+PRINTED = {"*": " * ", "+": " + ", "//": " // "}  # a tree's operators, ceil aside
+
+
+def _printable(node: Tree) -> bool:
+    """Whether `_printed` can print a tree: integers, sizes and the operators it knows (a tree
+    from a cache entry is data, never code)."""
+    if isinstance(node, (int, str)):
+        return True
+    return (node[0] in PRINTED or node[0] == "ceil") and all(map(_printable, node[1:]))
+
+
+def _printed(node: Tree, slots: dict[str, str]) -> str:
+    """A tree as a Python expression over the sizes' local names (`evaluate`'s arithmetic)."""
+    if isinstance(node, str):
+        return slots[node]
+    if isinstance(node, int):
+        return str(int(node))
+    parts = [_printed(part, slots) for part in node[1:]]
+    if node[0] == "ceil":
+        return f"(-(-{parts[0]} // {parts[1]}))"
+    return "(" + PRINTED[node[0]].join(parts) + ")"

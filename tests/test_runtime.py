@@ -191,7 +191,8 @@ def test_constants_built_under_inference_mode_serve_a_later_backward():
 def test_a_call_of_a_kind_seen_before_is_looked_up_and_still_checked(monkeypatch):
     spec = indexattn.compile_spec(MHA.read_text(encoding="utf-8") + "\n", name="mha")
     solved = []
-    monkeypatch.setattr(spec, "_solve", lambda *a: solved.append(1) or type(spec)._solve(spec, *a))
+    prepare = type(spec)._prepare
+    monkeypatch.setattr(spec, "_prepare", lambda *a: solved.append(1) or prepare(spec, *a))
     args = mha_args()
     first = spec(**args, h=3)
     assert torch.equal(spec(**args, h=3), first) and len(solved) == 1  # looked up

@@ -22,6 +22,7 @@ import torch
 from .. import catalog
 from ..errors import ShapeError
 from ..notation.names import ascii_name, normalise
+from ..sizes import straight_line
 from . import cache
 from .cache import Plain
 
@@ -181,6 +182,9 @@ class CompiledSpec:
         self.size_names = frozenset(plain.sizes)
         self.arguments = plain.arguments
         self._calls: dict = {}  # per kind of call: its sizes and the function's keywords
+        self._kinds: dict = {}  # per dtypes, devices, given sizes and scalars: the longs
+        self._straight = straight_line(self.rules)
+        self._every_call = self.positions.every_call
         self._constants: dict = {}
         self._checked: dict = {}
         self._lock = threading.Lock()
@@ -264,12 +268,13 @@ class CompiledSpec:
             key = (
                 tuple([(t.shape, t.dtype, t.device) for t in tensors]),
                 tuple(given.items()),
-                tuple((name, _value_key(v)) for name, v in scalars.items()),
+                tuple(scalars),
+                tuple(map(_value_key, scalars.values())),
             )
             found = self._calls.get(key)
             if found is None:
                 found = self._prepare(key, tensors, given, scalars)
-            elif self.positions.every_call:  # positions read from inputs: checked every call
+            elif self._every_call:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
             sizes, keywords, widen, longs = found
         if widen or longs:
@@ -288,16 +293,27 @@ class CompiledSpec:
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
 
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
-        """Sizes and the function's keywords for a call of a new kind, every check done."""
-        _no_nan(self.name, scalars)
-        sizes, widen = self._solve(tensors, given)
-        self._same_kind(tensors)
+        """Sizes and the function's keywords for a call of a new kind, every check done. What
+        depends on the dtypes, devices, given sizes and scalars alone is checked once for them
+        (`_kinds`): a decode step, a new length each, checks only its shapes."""
+        kinds = (tuple([entry[1:] for entry in key[0]]), *key[1:])
+        longs = self._kinds.get(kinds)
+        if longs is None:
+            _no_nan(self.name, scalars)
+            self._same_kind(tensors)
+            longs = self._longs(tensors)
+        shapes = [tuple(t.shape) for t in tensors]
+        sizes = None if given else self._straight(shapes)
+        if sizes is None:  # a size given, or a shape that does not fit: the rules say which
+            sizes = self.rules.solve(shapes, given)
+        widen = self._widen(shapes)
         self.positions.check_arguments(self.name, tensors, sizes)
         keywords = {name: sizes[name] for name in self.required}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
-        found = (sizes, keywords, widen, self._longs(tensors))
+        found = (sizes, keywords, widen, longs)
         with self._lock:
+            _bounded(self._kinds)[kinds] = longs
             _bounded(self._calls)[key] = found
         return found
 

@@ -136,8 +136,8 @@ class CoreAttention:
 
     def _refuse(self, module: nn.Module, kwargs: dict) -> None:
         """A keyword that changes the result, and that this spec has no scalar or input for."""
-        asked = kwargs.get("dropout") or any(kwargs.get(n) is not None for n in ("softcap", SINKS))
-        if not asked and not (self.taking["softcap"] or self.sinks):
+        asked = kwargs.get("softcap") is not None or kwargs.get(SINKS) is not None
+        if not (asked or kwargs.get("dropout") or self.taking["softcap"] or self.sinks):
             return  # nothing asked of a plain core: nothing to refuse
         layer = type(module).__name__
         wants = {
@@ -276,8 +276,8 @@ def folded(mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
 
 def per_head(mask: torch.Tensor | None, kwargs: dict) -> bool:
     """Whether the core's mask is one per head: the layer's, or its position_bias."""
-    given = (mask, kwargs.get("position_bias"))
-    return any(t is not None and t.shape[1] != 1 for t in given)
+    bias = kwargs.get("position_bias")
+    return (mask is not None and mask.shape[1] != 1) or (bias is not None and bias.shape[1] != 1)
 
 
 def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
