@@ -132,6 +132,38 @@ def test_an_input_mask_with_or_without_batch_axes_takes_the_fused_kernel(mask_ba
     assert masks[-1].shape == (3, 1, 1, 5)
 
 
+KEYS_KEPT = """
+index τ : N
+index τ' : N
+index h : heads
+index a : d
+input Q_<hτa>
+input K_<hτ'a>
+input V_<hτ'a>
+input P_<τ'> : int
+S_<hττ'> = Q_<hτa> K_<hτ'a> + where(P_<τ'> == 0, -inf, 0)
+A_<hττ'> = softmax_<τ'>(S_<hττ'>)
+O_<hτa> = A_<hττ'> V_<hτ'a>
+output O
+"""
+
+
+@pytest.mark.parametrize("batch", [(8,), (), (2, 3)])
+def test_a_mask_along_the_keys_alone_with_batch_axes(batch):
+    """A mask of the keys alone (padding ids P_<τ'>) with batch axes: its batch is not read as
+    queries (a batch of 8 against 5 keys failed), with or without batch axes; the twin: one
+    more key hidden changes the result."""
+    spec = indexattn.compile_spec(KEYS_KEPT, name="keys_kept")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*batch, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in "qkv")
+    p = torch.randint(0, 3, (*batch, 5), generator=gen)
+    p[..., 0] = 1  # every query sees a key
+    (literal,) = reference.evaluate(spec.ir, Q=q, K=k, V=v, P=p)
+    torch.testing.assert_close(spec(Q=q, K=k, V=v, P=p), literal, rtol=0, atol=1e-12)
+    p[..., 0], p[..., 4] = 0, 1  # key 0 hidden from every query, key 4 kept
+    assert (spec(Q=q, K=k, V=v, P=p) - literal).abs().max() > 1e-3
+
+
 def test_a_three_axis_mask_goes_the_math_way():
     """The twin: torch's rule that the test above steers clear of."""
     q, kv = torch.randn(3, 4, 1, 4), torch.randn(3, 4, 5, 4)

@@ -55,7 +55,7 @@ class KernelSteps:
         """The kernel's call; queries or keys of several parts are joined on lines before it."""
         out, joins = self.var(step.out), []
         inputs = [
-            self.features(step.q, step.q_dims, step.widths, step.heads),
+            self.features(step.q, step.q_dims, step.widths, step.heads, step.packed),
             self.features(step.k, step.k_dims, step.widths, step.kv_heads),
         ]
         for k, (hint, parts) in enumerate((("queries", step.q), ("keys", step.k))):
@@ -86,11 +86,21 @@ class KernelSteps:
             lines.append(f"del {', '.join(j.split(' = ')[0] for j in joins)}")
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
-        if step.heads == 0:
-            lines.append(f"{out} = {out}.squeeze(-3)")
-        elif step.heads > 1:
-            sizes = ", ".join(self.size(i) for i in step.out.dims[-2 - step.heads : -2])
-            lines.append(f"{out} = {out}.unflatten(-3, ({sizes}))")
+        return lines + self.unmerged(step, out)
+
+    def unmerged(self, step: Attention, out: str) -> list[str]:
+        """The kernel's result with its heads unmerged: the query heads run as rows
+        (`packed`) out of the rows, then the heads merged into one axis out of that axis."""
+        heads, packed, dims = step.heads - step.packed, step.packed, step.out.dims
+        lines = []
+        if packed:
+            rows = ", ".join(self.size(i) for i in dims[-2 - packed : -1])
+            lines.append(f"{out} = {out}.unflatten(-2, ({rows}))")
+        if heads == 0:
+            lines.append(f"{out} = {out}.squeeze({-3 - packed})")
+        elif heads > 1:
+            sizes = ", ".join(self.size(i) for i in dims[-2 - step.heads : -2 - packed])
+            lines.append(f"{out} = {out}.unflatten({-3 - packed}, ({sizes}))")
         return lines
 
     def attention_blocks(self, step: Attention, inputs: list[str], names: list[str]):
@@ -144,7 +154,7 @@ class KernelSteps:
         if step.causal:
             args.append("is_causal=True")
         args.append(f"scale={self.number(step.scale)}")
-        if step.grouped:
+        if step.grouped and not step.packed:
             args.append("enable_gqa=True")
         self.use("F")
         return f"F.scaled_dot_product_attention({', '.join(args)})"
@@ -232,18 +242,23 @@ class KernelSteps:
         note = "devices whose values a call may read back: no synchronisation there"
         return self.knob("HOST_READS", '("cpu",)', note)
 
-    def features(self, parts, lead: tuple[Index, ...], widths, heads: int) -> str:
+    def features(self, parts, lead: tuple[Index, ...], widths, heads: int, rows: int = 0) -> str:
         """Queries or keys as the kernel wants them: each part's features flattened, the
         parts side by side."""
-        codes = [self.heads(p, (*lead, *w), heads, len(w)) for p, w in zip(parts, widths)]
+        codes = [self.heads(p, (*lead, *w), heads, len(w), rows) for p, w in zip(parts, widths)]
         self.use("torch")
         return codes[0] if len(codes) == 1 else f"torch.cat([{', '.join(codes)}], dim=-1)"
 
-    def heads(self, arg: Operand, dims: tuple[Index, ...], heads: int, width: int = 1) -> str:
-        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants."""
+    def heads(
+        self, arg: Operand, dims: tuple[Index, ...], heads: int, width: int = 1, rows: int = 0
+    ) -> str:
+        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants; the
+        last `rows` heads merged into the sequence instead (Attention.packed)."""
         code = relayout(self.ref(arg), arg.dims, tuple(i for i in dims if i in arg.dims))
         code += f".flatten({-width})" if width > 1 else ""
         code = self.spread(code, arg, dims[: len(dims) - width])
+        code += f".flatten({-2 - rows}, -2)" if rows else ""
+        heads -= rows
         if heads == 0:
             return code + ".unsqueeze(-3)"
         return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
@@ -278,7 +293,7 @@ class KernelSteps:
         if head in mask.dims:
             batch = f"{q}.shape[:-3]" if q else f"{self.ref(first)}.shape[:-{len(first.dims)}]"
             return f"{code}.expand(*{batch}, -1, -1, -1)"
-        if not mask.batched:
+        if not mask.batched or not set(target[1:]) <= set(mask.dims):  # (…, key): no doubt
             return code
         plain = relayout(ref, mask.dims, target[1:])
         return f"{plain} if {wrap(plain)}.dim() == 2 else {code}"

@@ -317,6 +317,16 @@ class Attention:
         """Several query heads share a key head: the kernel's enable_gqa."""
         return self.heads != self.kv_heads
 
+    @property
+    def packed(self) -> int:
+        """How many query head axes no key head has that run as rows of queries: with no mask,
+        a key head's query heads are more queries against its keys (one call on (…, key heads,
+        query heads × queries, width), no enable_gqa; transformers' pack_gqa of a decode
+        step). 0 where a mask or the causal flag tells the rows apart, or keys lead otherwise."""
+        plain = self.mask is None and not self.causal and self.spans is None
+        shared = self.q_dims[: self.kv_heads] == self.k_dims[: self.kv_heads]
+        return self.heads - self.kv_heads if self.grouped and plain and shared else 0
+
 
 @dataclass(frozen=True)
 class Spans:

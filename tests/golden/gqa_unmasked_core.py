@@ -6,12 +6,12 @@ import torch.nn.functional as F
 
 
 def gqa_unmasked_core(Q, K, V, *, scaling=0.125, p=0, training=False):
-    h_kv = Q.shape[-4]
     n_rep = Q.shape[-3]
+    N = Q.shape[-2]
     # S_<grτσ> = Q_<grτa> K_<gσa> scaling
     # A_<grτσ> = softmax_<σ>(S_<grτσ>)
     # Ã_<grτσ> = dropout(A_<grτσ>, p)
     # O_<grτc> = Ã_<grτσ> V_<gσc>
-    O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, dropout_p=p if training else 0.0, scale=scaling, enable_gqa=True)
-    O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, c)
+    O = F.scaled_dot_product_attention(Q.flatten(-3, -2), K, V, dropout_p=p if training else 0.0, scale=scaling)
+    O = O.unflatten(-2, (n_rep, N))  # (…, g, r, τ, c)
     return O
