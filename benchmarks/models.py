@@ -5,8 +5,10 @@
 
 One tiny-config Llama with random weights (nothing downloaded), float32, eval, one thread; the
 same model switched between implementations (set_attn_implementation), so everything but the
-attention core is the same code. Two measurements: a forward at sequence N (no cache), and
-greedy generate() of NEW tokens from a prompt of P tokens with the cache on (tokens/s). Rounds
+attention core is the same code. Three measurements: a forward at sequence N (no cache), and
+greedy generate() of NEW tokens with the cache on from a prompt of P tokens (where the Python
+around each decode step's call counts most) and from one of N tokens. Token ids are drawn
+above 0, generate()'s pad id, so that no prompt token is read as padding. Rounds
 are interleaved (each round times every implementation, in a shuffled order, so a noisy
 neighbour slows them alike); the result is the median over rounds of each implementation's time
 over sdpa's in the same round, and each one's median time. Prints one JSON line.
@@ -15,6 +17,7 @@ over sdpa's in the same round, and each one's median time. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -56,22 +59,26 @@ def measure(n: int, prompt: int, new: int, rounds: int) -> dict:
     torch.set_num_threads(1)
     llama = model()
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, LLAMA["vocab_size"], (1, n), generator=gen)
-    start = ids[:, :prompt]
+    ids = torch.randint(1, LLAMA["vocab_size"], (1, n), generator=gen)  # 0 pads
 
     def forward():
         with torch.no_grad():
             llama(input_ids=ids, use_cache=False)
 
-    def generate():
+    def generate(start: torch.Tensor):
         with torch.no_grad():
             llama.generate(
                 start, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
             )
 
+    def generated(length: int) -> dict:
+        work = functools.partial(generate, ids[:, :length])
+        return interleaved(llama, work, rounds) | {"prompt": length, "new": new}
+
     return {
         "forward": interleaved(llama, forward, rounds) | {"N": n},
-        "generate": interleaved(llama, generate, rounds) | {"prompt": prompt, "new": new},
+        "generate": generated(prompt),
+        "generate_long": generated(n),
         "threads": torch.get_num_threads(),
         "dtype": "float32",
         "rounds": rounds,
