@@ -486,8 +486,8 @@ class _RingSetup:
 class RingParallelModule(HeadParallelModule):
     """A SpecModule whose forward takes and returns blocks of the sequence (ring), over this
     rank's heads when `parallelize` split them first (a 2-D mesh, heads × sequence); the last
-    call's elements sent (its backward's too, once run) and score elements computed are in
-    `last_ring`."""
+    call's elements sent (its backward's too, once run), score elements computed and elements
+    received from each rank in its forward are in `last_ring`."""
 
     _head_parallel: _Shards | None = None
     _ring: _RingSetup

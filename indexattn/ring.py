@@ -296,6 +296,7 @@ class _Step:
         self.recv, self.send = ring.need[r][self.src], ring.need[self.dst][r]
         self.names, self.mine = names, mine
         self.received = [_fresh(t) for t in mine] if self.recv else []
+        ring.counts["received"][self.src] += sum(t.numel() for t in self.received)
         out = [t.detach() for t in mine] if self.send else []
         self.works = self.post(out, self.received, reverse=False)
 
@@ -355,7 +356,8 @@ class _Ring(Interpreter):
         self.pairing = None
         self.online: ir.Reduce | None = None
         self.tile_lse = None
-        self.counts = {"sent": 0, "work": 0}  # elements sent (backward too), scores
+        # elements sent (backward too), scores, elements received from each rank (forward)
+        self.counts = {"sent": 0, "work": 0, "received": [0] * self.world}
         self.token = torch.zeros((), dtype=self.dtype, requires_grad=True)
         hiding = _Hiding(spec, self.query, self.keys)
         subs = {**self.sizes, **self.scalars}

