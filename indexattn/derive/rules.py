@@ -74,7 +74,10 @@ def rebuilt(node: Node, inner: tuple[Node, ...]) -> Node:
 
 
 def constant_first(node: Node) -> Node:
-    """A sum with its number first (`1 - x`, not `-x + 1`), as rules are written."""
-    if isinstance(node, Sum) and isinstance(node.terms[-1], Field):
-        return Sum((node.terms[-1], *node.terms[:-1]), node.span)
+    """A sum or product with its number first (`1 - x`, `2 x`, not `-x + 1`, `x (2)`), as
+    rules are written."""
+    parts = children(node)
+    if isinstance(node, (Sum, Product)) and isinstance(parts[-1], Field):
+        moved = (parts[-1], *parts[:-1])
+        return Sum(moved, node.span) if isinstance(node, Sum) else Product(moved, (), node.span)
     return node
