@@ -1,11 +1,12 @@
 """Reverse mode over the IR: each equation, last to first, sends its left side's cotangent to
-what its right side reads, as IR nodes. A contraction's cotangent is the other factors times
-the cotangent, its indices renamed, never transposed; the cotangents of one tensor are summed
-in one equation (derive/accumulate.py); a literal slice or a computed position is scattered
-back by `where` on the index it selects; a where's branches are differentiated as the forward
-evaluates them; an operator's slope is its rule in ops.DERIVATIVES (derive/rules.py). This
-alone is correct; the rewrites of derive/rewrites.py then write some steps otherwise. The
-backward is text only when derive/__init__.py prints it."""
+what its right side reads, as IR nodes (each node kind's rule: derive/adjoints.py). A
+contraction's cotangent is the other factors times the cotangent, its indices renamed, never
+transposed; the cotangents of one tensor are summed in one equation (derive/accumulate.py); a
+literal slice or a computed position is scattered back by `where` on the index it selects; a
+where's branches are differentiated as the forward evaluates them; an operator's slope is its
+rule in ops.DERIVATIVES (derive/rules.py). This alone is correct; the rewrites of
+derive/rewrites.py then write some steps otherwise. The backward is text only when
+derive/__init__.py prints it."""
 
 from __future__ import annotations
 
@@ -16,14 +17,11 @@ import sympy
 from ..errors import SpecError
 from ..ir import (
     Apply,
-    At,
-    Concat,
     Equation,
     Field,
     Index,
     Node,
     Product,
-    Reduce,
     Ref,
     Scalar,
     Spec,
@@ -34,22 +32,15 @@ from ..ir import (
     is_condition,
     walk,
 )
-from ..lower.numerics import guarded
 from ..notation.names import ascii_name, fresh
-from ..ops import DERIVATIVES
-from . import accumulate, rules
+from . import accumulate, adjoints
 from .cotangents import (
-    MINUS,
-    ZERO,
     Cot,
     Line,
     Part,
     is_reference,
     mentioned,
-    negated,
-    product,
     restrict,
-    where,
 )
 
 
@@ -221,41 +212,13 @@ class Derivation:
 
     def back(self, node: Node, cot: Cot) -> None:
         if self.needs(node):
-            getattr(self, "back_" + type(node).__name__.lower())(node, cot)
-
-    def back_ref(self, node: Ref, cot: Cot) -> None:
-        cot = restrict(cot, node.free)
-        if self.precision() and not is_reference(cot.node):  # computed in it, then read
-            cot = self.materialize(cot, "d" + node.tensor.name, node.free)
-        self.parts.setdefault(node.tensor, []).append(Part(node, cot))
+            adjoints.BACK[type(node)](self, node, cot)
 
     def precision(self) -> str:
         """The precision of the equation being differentiated (`ρ_<μτ> : float32 = ...`):
         what its backward computes is declared in it too, as autograd differentiates the
         widened steps in their own dtype (differential's rsqrt slope overflows float16)."""
         return self.eq.tensor.precision if self.eq else ""
-
-    def back_field(self, node: Field, cot: Cot) -> None:
-        """A field that reads a scalar sends the cotangent times its derivative in that
-        scalar, summed over every index, to the scalar."""
-        for symbol, scalar in self.symbols.items():
-            slope = sympy.diff(node.expr, symbol)
-            if slope != 0:
-                free = frozenset(node.free)
-                factor = Cot(Field(slope, node.free, node.span), free, mentioned(node))
-                self.scalar_parts.setdefault(scalar, []).append(
-                    product([cot, factor], frozenset()).node
-                )
-
-    def back_sum(self, node: Sum, cot: Cot) -> None:
-        for term in node.terms:
-            self.back(term, restrict(cot, term.free))
-
-    def back_product(self, node: Product, cot: Cot) -> None:
-        for k, f in enumerate(node.factors):
-            if self.needs(f):
-                others = [self.value(g) for j, g in enumerate(node.factors) if j != k]
-                self.back(f, self.into(f, product([cot, *others], frozenset(f.free))))
 
     def into(self, node: Node, cot: Cot) -> Cot:
         """A cotangent handed to `node`: named first unless `node` is a reference, so that
@@ -289,130 +252,10 @@ class Derivation:
 
     # -- functions
 
-    def back_apply(self, node: Apply, cot: Cot) -> None:
-        if node.fn in ("where", "dropout"):
-            getattr(self, "apply_" + node.fn)(node, cot)
-            return
-        if DERIVATIVES.get(node.fn) is None:
-            raise self.refuse(node.fn, node, "ops.DERIVATIVES has no rule for it.")
-        for k, arg in enumerate(node.args):
-            if DERIVATIVES[node.fn][k] == "0" or not self.needs(arg):
-                continue
-            self.back(arg, self.into(arg, product([cot, self.slope(node, k)], frozenset(arg.free))))
-
-    def apply_where(self, node: Apply, cot: Cot) -> None:
-        """Each branch gets the cotangent where it is chosen, as the forward evaluates it
-        (numerics.guarded): a branch that can overflow reads a finite value where it is
-        hidden, so its slope there is finite and the zero cotangent gives zero, not
-        0 × inf = NaN (and a read kept inside its axis by the where is differentiated where
-        the forward reads it)."""
-        condition = node.args[0]
-        branches = guarded(node).args[1:]
-        mentions = cot.all | mentioned(condition)
-        free = cot.free | frozenset(condition.free)
-        for k, arg in enumerate(branches):
-            if self.needs(arg):
-                chosen = (cot.node, ZERO) if k == 0 else (ZERO, cot.node)
-                self.back(arg, self.into(arg, Cot(where(condition, *chosen), free, mentions)))
-
-    def apply_dropout(self, node: Apply, cot: Cot) -> None:
-        """The cotangent times the mask the forward drew (in training)."""
-        if self.training:
-            mask = self.out.masks[id(node)]
-            free = frozenset(mask.indices)
-            cot = product([cot, Cot(Ref(mask, mask.layout, None), free, free)], free)
-        self.back(node.args[0], self.into(node.args[0], cot))
-
-    def slope(self, node: Apply, k: int) -> Cot:
-        """∂ fn / ∂ argument k, at the forward's arguments, by the rule of ops.DERIVATIVES.
-        Where the rule reads the function's own value (tanh's 1 - tanh(x)^2), that value is
-        named once, as the forward's."""
-        read: list[Cot] = []
-
-        def value(of: Node) -> Node:
-            read.append(self.value(of))
-            return read[-1].node
-
-        slope = rules.slope(node, k, value)
-        return Cot(slope, frozenset(node.free), frozenset().union(*(v.all for v in read)))
-
-    # -- reductions
-
-    def back_reduce(self, node: Reduce, cot: Cot) -> None:
-        getattr(self, "reduce_" + node.fn)(node, cot)
-
-    def reduce_sum(self, node: Reduce, cot: Cot) -> None:
-        self.back(node.body, self.into(node.body, cot))
-
-    def reduce_mean(self, node: Reduce, cot: Cot) -> None:
-        count = sympy.Mul(*(i.size for i in node.over))
-        scale = Cot(Field(1 / count, (), None), frozenset())
-        self.reduce_sum(node, product([cot, scale], frozenset(node.free)))
-
-    def reduce_softmax(self, node: Reduce, cot: Cot) -> None:
-        """A (g - Σ_j A g), the row sum as a rewrite may write it."""
-        a = self.value(node)
-        cot = self.named(cot, node)
-        rows = Reduce("sum", node.over, Product((a.node, cot.node), (), None), None)
-        rows = self.rewritten("rows", Cot(rows, frozenset()), node)
-        g = Sum((cot.node, negated(rows.node)), None)
-        free = frozenset(node.free)
-        slope = Cot(Product((a.node, g), (), None), free, free | a.all | rows.all)
-        self.back(node.body, self.into(node.body, slope))
-
     def named(self, cot: Cot, node: Node) -> Cot:
         if is_reference(cot.node):
             return cot
         return self.materialize(cot, "d" + self.eq.tensor.name, node.free)
-
-    def scaled(self, node: Node, cot: Cot, slope: Cot) -> None:
-        """The cotangent times the derivative `slope` (which carries node's indices), to
-        `node`."""
-        free = frozenset(node.free)
-        slope = Cot(slope.node, free, slope.all)
-        self.back(node, self.into(node, product([cot, slope], free)))
-
-    def reduce_logsumexp(self, node: Reduce, cot: Cot) -> None:
-        weights = self.value(Reduce("softmax", node.over, node.body, node.span))
-        self.scaled(node.body, cot, weights)
-
-    def reduce_max(self, node: Reduce, cot: Cot) -> None:
-        """The cotangent where the argument equals the result, split evenly among the tied
-        entries (as autograd's amax and the literal interpreter split it)."""
-        body, top = self.value(node.body), self.value(node)
-        tie = where(
-            Apply("==", (body.node, top.node), None), Field(sympy.Integer(1), (), None), ZERO
-        )
-        chosen = self.materialize(
-            Cot(tie, body.free, body.all | top.all), self.eq.tensor.name + "_tie", node.body.free
-        )
-        count = Apply("pow", (Reduce("sum", node.over, chosen.node, None), MINUS), None)
-        share = Cot(Product((chosen.node, count), (), None), frozenset(), chosen.all)
-        self.scaled(node.body, cot, share)
-
-    reduce_min = reduce_max
-
-    def reduce_cumsum(self, node: Reduce, cot: Cot) -> None:
-        """The reverse running sum, Σ over j' ≥ j: the total, less the running sum, plus the
-        term itself (or as a rewrite of BACKWARD_REWRITES writes it)."""
-        g = self.named(cot, node)
-        total = Reduce("sum", node.over, g.node, None)
-        running = negated(Reduce("cumsum", node.over, g.node, None))
-        plain = Cot(Sum((total, running, g.node), None), g.free, g.all)
-        self.back(node.body, self.into(node.body, self.rewritten("running", plain, node, g)))
-
-    def back_concat(self, node: Concat, cot: Cot) -> None:
-        """Each part's cotangent is the whole's, read where the part was written: at
-        [c] for the first, [N_c + τ] for the second."""
-        if not cot.layout or node.over not in cot.free:
-            cot = self.materialize(cot, "d" + self.eq.tensor.name, node.free)
-        offset = sympy.Integer(0)
-        for part, along in zip(node.parts, node.along):
-            slot = At(Field(offset + along.symbol, (along,), None), None)
-            axes = tuple(tuple(slot if i == node.over else i for i in a) for a in cot.layout)
-            free = (cot.free - {node.over}) | {along}
-            self.back(part, self.into(part, Cot(Ref(cot.node.tensor, axes, None), free, free)))
-            offset += along.size
 
 
 def reads(node: Node, tensor: Tensor) -> bool:
