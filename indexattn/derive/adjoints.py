@@ -14,6 +14,7 @@ from ..ops import DERIVATIVES
 from . import rules
 from .cotangents import (
     MINUS,
+    ONE,
     ZERO,
     Cot,
     Part,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 
 def back_ref(d: Derivation, node: Ref, cot: Cot) -> None:
+    """A part of the tensor's cotangent, summed over what the reference does not carry."""
     cot = restrict(cot, node.free)
     if d.precision() and not is_reference(cot.node):  # computed in it, then read
         cot = d.materialize(cot, "d" + node.tensor.name, node.free)
@@ -48,11 +50,13 @@ def back_field(d: Derivation, node: Field, cot: Cot) -> None:
 
 
 def back_sum(d: Derivation, node: Sum, cot: Cot) -> None:
+    """Each term gets the cotangent, summed over the indices the term does not carry."""
     for term in node.terms:
         d.back(term, restrict(cot, term.free))
 
 
 def back_product(d: Derivation, node: Product, cot: Cot) -> None:
+    """Each factor gets the cotangent times the other factors' values."""
     for k, f in enumerate(node.factors):
         if d.needs(f):
             others = [d.value(g) for j, g in enumerate(node.factors) if j != k]
@@ -60,7 +64,8 @@ def back_product(d: Derivation, node: Product, cot: Cot) -> None:
 
 
 def back_apply(d: Derivation, node: Apply, cot: Cot) -> None:
-    if node.fn in ("where", "dropout"):
+    """Each argument gets the cotangent times the function's slope in it."""
+    if node.fn in STRUCTURAL:
         STRUCTURAL[node.fn](d, node, cot)
         return
     if DERIVATIVES.get(node.fn) is None:
@@ -106,8 +111,8 @@ def slope(d: Derivation, node: Apply, k: int) -> Cot:
         read.append(d.value(of))
         return read[-1].node
 
-    slope = rules.slope(node, k, value)
-    return Cot(slope, frozenset(node.free), frozenset().union(*(v.all for v in read)))
+    rule = rules.slope(node, k, value)
+    return Cot(rule, frozenset(node.free), frozenset().union(*(v.all for v in read)))
 
 
 def back_reduce(d: Derivation, node: Reduce, cot: Cot) -> None:
@@ -115,6 +120,7 @@ def back_reduce(d: Derivation, node: Reduce, cot: Cot) -> None:
 
 
 def reduce_sum(d: Derivation, node: Reduce, cot: Cot) -> None:
+    """The cotangent, spread along the summed indices."""
     d.back(node.body, d.into(node.body, cot))
 
 
@@ -145,6 +151,7 @@ def scaled(d: Derivation, node: Node, cot: Cot, slope: Cot) -> None:
 
 
 def reduce_logsumexp(d: Derivation, node: Reduce, cot: Cot) -> None:
+    """The cotangent times the softmax of the argument."""
     weights = d.value(Reduce("softmax", node.over, node.body, node.span))
     scaled(d, node.body, cot, weights)
 
@@ -153,7 +160,7 @@ def reduce_max(d: Derivation, node: Reduce, cot: Cot) -> None:
     """The cotangent where the argument equals the result, split evenly among the tied
     entries (as autograd's amax and the literal interpreter split it)."""
     body, top = d.value(node.body), d.value(node)
-    tie = where(Apply("==", (body.node, top.node), None), Field(sympy.Integer(1), (), None), ZERO)
+    tie = where(Apply("==", (body.node, top.node), None), ONE, ZERO)
     chosen = d.materialize(
         Cot(tie, body.free, body.all | top.all), d.eq.tensor.name + "_tie", node.body.free
     )

@@ -12,6 +12,7 @@ import sympy
 from ..ir import Apply, Field, Index, Node, Product, Reduce, Ref, children, printer, walk
 
 ZERO = Field(sympy.Integer(0), (), None)
+ONE = Field(sympy.Integer(1), (), None)
 MINUS = Field(sympy.Integer(-1), (), None)
 
 

@@ -250,9 +250,8 @@ class Derivation:
             self.values[node] = self.materialize(plain, self.eq.tensor.name + "_v", node.free)
         return self.values[node]
 
-    # -- functions
-
     def named(self, cot: Cot, node: Node) -> Cot:
+        """The cotangent as a reference: itself if it is one, else named."""
         if is_reference(cot.node):
             return cot
         return self.materialize(cot, "d" + self.eq.tensor.name, node.free)

@@ -155,19 +155,23 @@ def apply(node: Apply, rename: Rename) -> str:
 
 def side(node: Node, rename: Rename) -> str:
     """A side of a comparison: a name or a whole number as it is, else as a factor."""
-    if isinstance(node, Field) and (node.expr.is_Symbol or node.expr.is_Integer):
-        written = text(node, rename)
-        return written if not written.startswith("-") else f"({written})"
-    return factor(node, rename)
+    return text(node, rename) if atom(node) else factor(node, rename)
 
 
 def summand(node: Node, rename: Rename) -> str:
     """A term of a sum: a product binds tighter than + and -, so it is bracketed only where
-    it carries a sign of its own."""
+    it carries a sign of its own; a name or a whole number as it is."""
     if isinstance(node, Product):
         written = text(node, rename)
         return f"({written})" if written.startswith("-") else written
-    return factor(node, rename)
+    return side(node, rename)
+
+
+def atom(node: Node) -> bool:
+    """A name or a whole number of no sign: never bracketed as a side or a term."""
+    if not isinstance(node, Field):
+        return False
+    return node.expr.is_Symbol or (node.expr.is_Integer and node.expr >= 0)
 
 
 def factor(node: Node, rename: Rename) -> str:
