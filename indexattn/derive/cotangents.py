@@ -92,10 +92,12 @@ def restrict(cot: Cot, free) -> Cot:
 
 
 def negated(node: Node) -> Node:
+    """-node, as the checker reads `-x`."""
     return Product((MINUS, node), (), None)
 
 
 def where(condition: Node, chosen: Node, other: Node) -> Node:
+    """`where(condition, chosen, other)`."""
     return Apply("where", (condition, chosen, other), None)
 
 
@@ -126,6 +128,7 @@ def is_reference(node: Node) -> bool:
 
 
 def mentioned(node: Node) -> frozenset[Index]:
+    """Every index a node carries or sums inside."""
     found: set[Index] = set(node.free)
     if isinstance(node, Reduce):
         found |= set(node.over)
