@@ -227,6 +227,25 @@ def test_a_perturbed_rule_gives_wrong_gradients(perturbed):
     assert min(errors(path)) > 1e-3
 
 
+POWER = "index i : n\nscalar p = 2.5\ninput x_<i>\ny_<i> = (x_<i>^2 + 1)^{c}\n"
+
+
+@pytest.mark.parametrize("c", ["1", "2", "3", "0.5", "p"])
+def test_a_power_s_slope_is_its_rule_with_the_numbers_folded(c, tmp_path):
+    """pow's rule y x^(y - 1) at a number: y - 1 worked out, x^1 as x, x^0 as 1."""
+    path = tmp_path / "power.attn"
+    path.write_text(POWER.format(c=c), encoding="utf-8")
+    autograd, oracle = errors(path)
+    assert autograd < 1e-10 and oracle < 1e-10
+
+
+def test_twin_a_perturbed_power_rule_is_seen(perturbed, tmp_path):
+    path = tmp_path / "power.attn"
+    path.write_text(POWER.format(c="3"), encoding="utf-8")
+    perturbed.setitem(ops.DERIVATIVES, "pow", ("y x^(y - 2)", "x^y log(x)"))
+    assert min(errors(path)) > 1e-3
+
+
 @settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_specs())
 def test_random_specs_derived_gradients_equal_autograd(tmp_path_factory, text):
@@ -844,3 +863,34 @@ def test_twin_without_the_fallback_torch_func_refuses_the_function(monkeypatch):
     monkeypatch.setattr(function, "_transformed", lambda: False)
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda q: spec(Q=q, K=k, V=v, backward="derived")[0].sum())(q)
+
+
+# -- the backward built as IR, printed once
+
+PRINTED = "index i, j : n\ninput x_<ij>\ninput b_<i>\ny_<ij> = {}\n"
+
+
+def reread(rhs: str) -> ir.Node:
+    return ir.check(PRINTED.format(rhs), "p").equations[-1].rhs
+
+
+@pytest.mark.parametrize(
+    "rhs",
+    [
+        "where(i == 0 and j > i, x_<ij> - b_<i> b_<i>, 0)",
+        "where((i == j) or (j == 1), -x_<ij> x_<ij> + b_<i>, x_<ij>)",
+        "x_<ij> (1 - sum_<j>(x_<ij> x_<ij>)) + where(x_<ij> == b_<i>, 1, 0)",
+    ],
+)
+def test_the_printer_writes_what_reads_back_as_the_same_ir(rhs):
+    """What the derivation builds is printed by ir/printer.py only: comparisons with their
+    names and numbers bare, a product in a sum unbracketed, and the text checks to the IR."""
+    node = reread(rhs)
+    assert reread(ir.printer.text(node)) == node
+
+
+def test_twin_the_printer_tells_one_number_apart():
+    node = reread("where(i == 0 and j > i, x_<ij> - b_<i> b_<i>, 0)")
+    other = reread("where(i == 1 and j > i, x_<ij> - b_<i> b_<i>, 0)")
+    assert ir.printer.text(other) != ir.printer.text(node)
+    assert reread(ir.printer.text(other)) != node

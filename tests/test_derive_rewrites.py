@@ -14,7 +14,7 @@ from test_robustness import valid_specs
 import indexattn
 from indexattn import cli
 from indexattn.derive import derive, rewrites
-from indexattn.derive.reverse import Cot
+from indexattn.derive.cotangents import Cot, negated
 from indexattn.derive.rewrites import BACKWARD_REWRITES, NAMES, Rewrite
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
@@ -147,7 +147,7 @@ def planted(run, hook: str) -> tuple[Rewrite, ...]:
 def flash_sign_flipped(d, rows, node):
     """FlashAttention's identity with D's sign flipped."""
     found = rewrites.flash(d, rows, node)
-    return found if found is rows else Cot(f"(-{found.text})", found.free, found.all)
+    return found if found is rows else Cot(negated(found.node), found.free, found.all)
 
 
 def stack_one_part_twice(d, parts, glyphs, tensor):

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir import At, Field, Index, Node, Product, Reduce, Ref, Tensor, printer
-from .reverse import Cot, Derivation, Part, product, reads
+from ..ir import At, Field, Index, Node, Product, Reduce, Ref, Tensor
+from .cotangents import ZERO, Cot, Part, equal, product, where
+from .reverse import Derivation, reads
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,13 @@ def flash(d: Derivation, plain: Cot, node: Reduce) -> Cot:
     if reader is None:
         return plain
     a, (o, written) = d.eq.tensor, reader
-    rename = {w: i.glyph for w, i in zip(written, a.indices)}
+    rename = dict(zip(written, a.indices))
     for extra in o.indices:
-        if extra not in rename and extra.glyph in {i.glyph for i in a.indices}:
+        if extra not in rename and extra in a.indices:
             rename[extra] = d.fresh_index(extra)
-    do = printer.ref(d.names[o], o.layout, rename)
-    return Cot(f"{do} {printer.ref(o.name, o.layout, rename)}", frozenset(), frozenset(a.indices))
+    axes = tuple(tuple(rename.get(i, i) for i in axis) for axis in o.layout)
+    rows = Product((Ref(d.names[o], axes, None), Ref(o, axes, None)), (), None)
+    return Cot(rows, frozenset(), frozenset(a.indices))
 
 
 def single_reader(d: Derivation, node: Reduce) -> tuple[Tensor, tuple[Index, ...]] | None:
@@ -82,16 +84,19 @@ def reverse_cumsum(d: Derivation, running: Cot, node: Reduce, g: Cot) -> Cot:
     read backwards along j, read backwards (flip, cumsum, flip; the total less the
     running sum cancels in the tail: 2.7 relative error in bfloat16 at N = 1024 where this
     gives autograd's 0.004)."""
-    over = "".join(i.glyph for i in node.over)
     if not g.layout:  # a reference with a sign: named first
         g = d.materialize(g, "d" + d.eq.tensor.name, node.free)
+    reversal = Reduce("cumsum", node.over, flipped(g.node, node), None)
+    back = d.materialize(
+        Cot(reversal, g.free, g.all), "d" + d.eq.tensor.name + "_rev", node.body.free
+    )
+    return Cot(flipped(back.node, node), g.free, g.all)
+
+
+def flipped(ref: Ref, node: Reduce) -> Ref:
+    """The reference read backwards along the cumsum's indices."""
     flip = {i: At(reversed_position(i, node.span), node.span) for i in node.over}
-    axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in g.layout)
-    name = g.text.split("_<")[0]
-    running = Cot(f"cumsum_<{over}>({printer.ref(name, axes)})", g.free, g.all)
-    back = d.materialize(running, "d" + d.eq.tensor.name + "_rev", node.body.free)
-    axes = tuple(tuple(flip.get(i, i) for i in axis) for axis in back.layout)
-    return Cot(printer.ref(back.text.split("_<")[0], axes), g.free, g.all)
+    return Ref(ref.tensor, tuple(tuple(flip.get(i, i) for i in axis) for axis in ref.axes), None)
 
 
 def reversed_position(index: Index, span) -> Node:
@@ -99,7 +104,7 @@ def reversed_position(index: Index, span) -> Node:
     return Field(index.size - 1 - index.symbol, (index,), span)
 
 
-def stack(d: Derivation, parts: tuple[Part, ...], glyphs: list[str], tensor: Tensor):
+def stack(d: Derivation, parts: tuple[Part, ...], names: list[Index], tensor: Tensor):
     """Parts differing in one constant along one index are one product, cotangents stacked.
 
     Parts that differ only in their cotangent and in one constant along one index,
@@ -109,7 +114,7 @@ def stack(d: Derivation, parts: tuple[Part, ...], glyphs: list[str], tensor: Ten
     (mha's dW and dX: one matmul each, not three and their sum)."""
     groups: dict[tuple, list[tuple[int, Part]]] = {}
     for p in parts:
-        found = stackable(d, p, glyphs, tensor)
+        found = stackable(d, p, names, tensor)
         if found:
             key, const = found
             groups.setdefault(key, []).append((const, p))
@@ -121,7 +126,7 @@ def stack(d: Derivation, parts: tuple[Part, ...], glyphs: list[str], tensor: Ten
     return tuple(merged.get(id(p), p) for p in parts if merged.get(id(p), p) is not None)
 
 
-def stackable(d: Derivation, part: Part, glyphs: list[str], tensor: Tensor):
+def stackable(d: Derivation, part: Part, names: list[Index], tensor: Tensor):
     """(what the parts of one stack share, this part's constant), or None: the part's
     cotangent is a product whose first factor is a named cotangent, and either the part
     writes one constant where the tensor has an index (dW's B) or, written plainly, the
@@ -130,27 +135,25 @@ def stackable(d: Derivation, part: Part, glyphs: list[str], tensor: Tensor):
     if len(cot.factors) < 2 or not cot.factors[0].layout:
         return None
     head, rest = cot.factors[0], cot.factors[1:]
-    mentions = {i.glyph for i in cot.all}
     written = part.ref.written
-    slots = [k for k, (g, w) in enumerate(zip(glyphs, written)) if not isinstance(w, Index)]
-    if any(isinstance(w, Index) and w.glyph != g for g, w in zip(glyphs, written)):
+    slots = [k for k, w in enumerate(written) if not isinstance(w, Index)]
+    if any(isinstance(w, Index) and w != g for g, w in zip(names, written)):
         return None
     if len(slots) == 1 and isinstance(written[slots[0]], int):
-        k = slots[0]  # the index the tensor's cotangent is written with there
-        index = next(i for i in d.spec.indices if i.glyph == glyphs[k])
-        if glyphs[k] in mentions:
+        index = names[slots[0]]  # the index the tensor's cotangent is written with there
+        if index in cot.all:
             return None
-        key = ("slot", index, glyphs[k], tuple(f.text for f in rest), head.free)
-        return key, written[k]
+        key = ("slot", index, tuple(f.node for f in rest), head.free)
+        return key, written[slots[0]]
     read = [(n, f) for n, f in enumerate(rest) if f.ref and constants(f.ref) == 1]
     if slots or len(read) != 1:
         return None
     n, f = read[0]
     k = next(k for k, w in enumerate(f.ref.written) if isinstance(w, int))
     index = f.ref.tensor.indices[k]
-    if index.glyph in mentions:
+    if index in cot.all:
         return None
-    others = tuple(g.text for g in rest if g is not f)
+    others = tuple(g.node for g in rest if g is not f)
     key = ("read", index, n, f.ref.tensor, k, others, head.free, cot.free)
     return key, f.ref.written[k]
 
@@ -158,42 +161,40 @@ def stackable(d: Derivation, part: Part, glyphs: list[str], tensor: Tensor):
 def stacked(d: Derivation, key: tuple, members: list[tuple[int, Part]], tensor: Tensor) -> Part:
     """One part for a group of `stackable` ones: their cotangents stacked along the index
     (an equation of its own), times what they share."""
-    index, glyph = key[1], key[1].glyph if key[0] == "read" else key[2]
+    index = key[1]
     members = sorted(members, key=lambda m: m[0])
     heads = [p.cot.factors[0] for _, p in members]
     consts = [c for c, _ in members]
     whole = index.size == len(consts) and consts == list(range(len(consts)))
-    text = heads[-1].text if whole else "0"
+    chain = heads[-1].node if whole else ZERO
     for c, head in reversed(list(zip(consts, heads))[: -1 if whole else None]):
-        text = f"where({glyph} == {c}, {head.text}, {text})"
-    stems = [h.text.split("_<")[0].removeprefix("d") for h in heads]
+        chain = where(equal(index, c), head.node, chain)
+    stems = [h.node.tensor.name.removeprefix("d") for h in heads]
     plain = all(s.isalpha() for s in stems) and len("".join(stems)) <= 8
     base = "d" + ("".join(stems) if plain else tensor.name + "_stack")  # dQKV
     order = [i for axis in heads[0].layout for i in axis]
     order.insert(1, index)
     free = heads[0].free | {index}
-    once = ("stack", text, tuple(order))
+    once = ("stack", chain, tuple(order))
     if once not in d.once:  # dX and dW stack the same cotangents
-        d.once[once] = d.materialize(Cot(text, free, free), base, order)
+        d.once[once] = d.materialize(Cot(chain, free, free), base, order)
     stack = d.once[once]
     first = members[0][1]
     if key[0] == "slot":
-        axes = tuple(
-            tuple(index if isinstance(w, int) else w for w in axis) for axis in first.ref.axes
-        )
-        whole_ref = Ref(first.ref.tensor, axes, first.ref.span)
-        target = first.cot.free | {index}
+        whole_ref = Ref(first.ref.tensor, along(first.ref, index), first.ref.span)
         rest = list(first.cot.factors[1:])
-        return Part(whole_ref, product([stack, *rest], frozenset(target)))
+        return Part(whole_ref, product([stack, *rest], frozenset(first.cot.free | {index})))
     rest = []
     for f in first.cot.factors[1:]:
         if f.ref is not None and constants(f.ref) == 1 and f.ref.tensor == key[3]:
-            axes = tuple(
-                tuple(index if isinstance(w, int) else w for w in axis) for axis in f.ref.axes
-            )
-            f = Cot(printer.ref(f.ref.tensor.name, axes), f.free | {index}, f.all | {index})
+            f = Cot(Ref(f.ref.tensor, along(f.ref, index), None), f.free | {index}, f.all | {index})
         rest.append(f)
     return Part(first.ref, product([stack, *rest], first.cot.free))
+
+
+def along(ref: Ref, index: Index) -> tuple:
+    """The reference's axes with its one constant replaced by `index`."""
+    return tuple(tuple(index if isinstance(w, int) else w for w in axis) for axis in ref.axes)
 
 
 def constants(ref: Ref) -> int:

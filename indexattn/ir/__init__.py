@@ -22,6 +22,7 @@ from .nodes import (
     children,
     is_condition,
     refs,
+    renamed,
     walk,
 )
 from .sequence import sequence_indices
@@ -47,6 +48,7 @@ __all__ = [
     "children",
     "is_condition",
     "refs",
+    "renamed",
     "sequence_indices",
     "walk",
 ]

@@ -316,3 +316,27 @@ def is_condition(node: Node) -> bool:
     if isinstance(node, Field):
         return isinstance(node.expr, CONDITIONS)
     return isinstance(node, Apply) and node.condition
+
+
+def renamed(node: Node, names: dict[Index, Index]) -> Node:
+    """The node with its indices renamed (a contraction transposes by renaming)."""
+
+    def index(i: Index) -> Index:
+        return names.get(i, i)
+
+    def item(i):
+        return At(renamed(i.value, names), i.span) if isinstance(i, At) else names.get(i, i)
+
+    inner = tuple(renamed(c, names) for c in children(node)) if not isinstance(node, Ref) else ()
+    if isinstance(node, Field):
+        subs = {i.symbol: names[i].symbol for i in node.free if i in names}
+        return Field(node.expr.subs(subs), tuple(map(index, node.free)), node.span)
+    if isinstance(node, Ref):
+        return Ref(node.tensor, tuple(tuple(map(item, a)) for a in node.axes), node.span)
+    if isinstance(node, Product):
+        return Product(inner, tuple(map(index, node.summed)), node.span)
+    if isinstance(node, Reduce):
+        return Reduce(node.fn, tuple(map(index, node.over)), inner[0], node.span)
+    if isinstance(node, Concat):
+        return Concat(index(node.over), inner, tuple(map(index, node.along)), node.span)
+    return Sum(inner, node.span) if isinstance(node, Sum) else Apply(node.fn, inner, node.span)

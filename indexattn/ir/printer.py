@@ -43,7 +43,12 @@ class FieldPrinter(StrPrinter):
 
     def _print_Relational(self, expr) -> str:
         op = {"==": "==", "!=": "!="}.get(expr.rel_op, expr.rel_op)
-        return f"({self._print(expr.lhs)}) {op} ({self._print(expr.rhs)})"
+        return f"{self._side(expr.lhs)} {op} {self._side(expr.rhs)}"
+
+    def _side(self, expr) -> str:
+        """A side of a comparison, bracketed unless it is a name or a whole number."""
+        written = self._print(expr)
+        return written if expr.is_Symbol or (expr.is_Integer and expr >= 0) else f"({written})"
 
     def _call(self, name: str, expr) -> str:
         args = [self._print(a) for a in expr.args]
@@ -103,6 +108,12 @@ def ref(name: str, axes, rename: Rename | None = None) -> str:
     return f"{name}_<{''.join(axis(a) for a in axes)}>"
 
 
+def equation(target: Ref, value: Node, precision: str = "") -> str:
+    """`target : precision = value`, as a spec writes an equation."""
+    declared = f" : {precision}" if precision else ""
+    return f"{text(target)}{declared} = {text(value)}"
+
+
 def text(node: Node, rename: Rename | None = None) -> str:
     """The node as the language writes it; `h_<node.free> = text(node)` defines its value."""
     rename = rename or {}
@@ -118,7 +129,7 @@ def text(node: Node, rename: Rename | None = None) -> str:
         out = ""
         for k, (term, sign) in enumerate(signed(t) for t in node.terms):
             joint = ("-" if sign < 0 else "") if k == 0 else (" - " if sign < 0 else " + ")
-            out += joint + factor(term, rename)
+            out += joint + summand(term, rename)
         return out
     if isinstance(node, Reduce):
         over = "".join(rename.get(i, i.glyph) for i in node.over)
@@ -134,12 +145,33 @@ def apply(node: Apply, rename: Rename) -> str:
         base, exponent = (factor(a, rename) for a in node.args)
         return f"{base}^{exponent}"
     op = lookup(node.fn)
-    args = [factor(a, rename) for a in node.args]
+    args = [(side if op.kind == "comparison" else factor)(a, rename) for a in node.args]
     if op.kind == "function":
         return f"{node.fn}({', '.join(text(a, rename) for a in node.args)})"
     if op.arity == 1:
         return f"{node.fn} {args[0]}"
     return f" {node.fn} ".join(args)
+
+
+def side(node: Node, rename: Rename) -> str:
+    """A side of a comparison: a name or a whole number as it is, else as a factor."""
+    return text(node, rename) if atom(node) else factor(node, rename)
+
+
+def summand(node: Node, rename: Rename) -> str:
+    """A term of a sum: a product binds tighter than + and -, so it is bracketed only where
+    it carries a sign of its own; a name or a whole number as it is."""
+    if isinstance(node, Product):
+        written = text(node, rename)
+        return f"({written})" if written.startswith("-") else written
+    return side(node, rename)
+
+
+def atom(node: Node) -> bool:
+    """A name or a whole number of no sign: never bracketed as a side or a term."""
+    if not isinstance(node, Field):
+        return False
+    return node.expr.is_Symbol or (node.expr.is_Integer and node.expr >= 0)
 
 
 def factor(node: Node, rename: Rename) -> str:
