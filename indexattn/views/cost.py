@@ -58,6 +58,7 @@ from ..lower.steps import (
     SoftmaxValues,
     Spans,
     Split,
+    Stack,
     Unfuse,
     Whole,
 )
@@ -233,6 +234,7 @@ def _(step: Grid) -> Cost:
 
 
 @step_cost.register(Cat)
+@step_cost.register(Stack)
 @step_cost.register(Pad)
 @step_cost.register(Gather)
 @step_cost.register(Flip)
