@@ -17,7 +17,7 @@ STAGES = ("canonical", "plan", *passes.NAMES)
 
 def stages(
     spec: Spec,
-    rewrites: tuple[canonical.Rewrite, ...] = canonical.REWRITES,
+    rewrites: tuple[canonical.Rewrite, ...] | None = None,
     pipeline: tuple[passes.Pass, ...] = passes.PASSES,
     *,
     each: bool = True,
@@ -25,8 +25,7 @@ def stages(
     """("canonical", the spec the planner reads), ("plan", its program), then the program
     after each pass, by name; `each`: every program checked (`Program.check`), else the
     planner's and the last alone (a compile's own run)."""
-    for rewrite in rewrites:
-        spec = rewrite.run(spec)
+    spec = canonical.canonical(spec, rewrites)
     yield "canonical", spec
     yield from passes.stages(Planner(spec).plan(), pipeline, each=each)
 
@@ -41,6 +40,12 @@ def pipeline(spec: Spec, after: str | None = None) -> Spec | Program:
         if name == after:
             return found
     return found
+
+
+def plan(spec: Spec) -> Program:
+    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform:
+    the plan of the spec's canonical form, the "plan" stage."""
+    return pipeline(spec, after="plan")
 
 
 def dump(spec: Spec, after: str) -> str:

@@ -17,7 +17,6 @@ from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import decay, numerics, prefix
-from .canonical import canonical
 from .conv import Convolves
 from .fusion import (
     LinearForm,
@@ -59,12 +58,6 @@ from .steps import (
     Var,
     Whole,
 )
-
-
-def plan(spec: Spec) -> Program:
-    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform:
-    the plan of the spec's canonical form (lower/canonical.py)."""
-    return Planner(canonical(spec)).plan()
 
 
 class Planner(Products, PrefixProducts, Scatters, Convolves):
