@@ -79,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     _output_options(compile_, "OUT.py")
     compile_.add_argument(
         "--dump-after",
-        metavar="PASS",
-        help="print the program after the pass PASS (plan: the planner's) instead of the Python",
+        metavar="STAGE",
+        help="print the stage STAGE instead of the Python: canonical (the spec the planner "
+        "reads), plan (the planner's program) or a pass's name (the program after it)",
     )
     compile_.set_defaults(run=run_compile)
 
@@ -218,14 +219,13 @@ def run_compile(args: argparse.Namespace) -> int:
     if args.dump_after is None:
         emit(_compiled(args.spec).source, args.output, args.force)
         return 0
-    from .lower.passes import lower
-    from .lower.plan import plan
+    from .lower.pipeline import dump
 
     try:
-        program = lower(plan(_checked(args.spec)), after=args.dump_after)
+        text = dump(_checked(args.spec), args.dump_after)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    emit(str(program) + "\n", args.output, args.force)
+    emit(text + "\n", args.output, args.force)
     return 0
 
 
@@ -452,8 +452,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _report(spec, sizes: list[tuple[str, int]]):
-    from .lower.passes import lower
-    from .lower.plan import plan
+    from .lower.pipeline import pipeline
     from .views.cost import sizes_for
     from .views.report import report
 
@@ -463,7 +462,7 @@ def _report(spec, sizes: list[tuple[str, int]]):
         raise UsageError(error.args[0]) from None
     except ValueError as error:
         raise UsageError(f"{spec.name}: {error}") from None
-    return report(spec, lower(plan(spec)), values)
+    return report(spec, pipeline(spec), values)
 
 
 def run_latex(args: argparse.Namespace) -> int:

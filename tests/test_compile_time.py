@@ -16,8 +16,8 @@ from indexattn import ir
 from indexattn.errors import SpecError
 from indexattn.lower import canonical
 from indexattn.lower.codegen import generate
-from indexattn.lower.passes import lower
-from indexattn.lower.plan import Planner, plan
+from indexattn.lower.pipeline import pipeline
+from indexattn.lower.plan import Planner
 from indexattn.runtime.compiled import _collector_paused
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -35,7 +35,7 @@ def seconds(text: str) -> float:
 
 
 def compile_chain(text: str) -> None:
-    generate(lower(plan(ir.check(text, "chain"))))
+    generate(pipeline(ir.check(text, "chain")))
 
 
 def softmaxes(n: int) -> str:

@@ -471,7 +471,11 @@ def test_language_reference_shows_what_the_derivation_writes():
 
 
 def both_modes(name: str, batch=(2,)) -> tuple[dict, dict]:
-    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    return both_modes_of(indexattn.compile_spec(ROOT / "specs" / f"{name}.attn"), batch)
+
+
+def both_modes_of(spec, batch=(2,)) -> tuple[dict, dict]:
+    """The gradients of one random loss under autograd's backward and the derived one."""
     sizes = sample_sizes(spec.ir)
     args = sample_arguments(spec.ir, sizes, batch)
     given = {k: v for k, v in sizes.items() if k in spec.required}

@@ -214,7 +214,7 @@ def assert_inert(markdown: str) -> None:
 
 
 def evil_page() -> docs.Page:
-    from indexattn.lower.plan import plan
+    from indexattn.lower.pipeline import plan
     from indexattn.views.cost import sizes_for
     from indexattn.views.report import report
 

@@ -11,7 +11,7 @@ import indexattn
 from indexattn.ir import Index
 from indexattn.lower import kinds, products, steps
 from indexattn.lower.emit import Emitter
-from indexattn.lower.plan import plan
+from indexattn.lower.pipeline import plan
 from indexattn.lower.steps import Contract, Elementwise, Linear, Operand, Reduction, Var
 from indexattn.oracle.verify import compare
 from indexattn.views import cost

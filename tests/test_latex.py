@@ -11,7 +11,7 @@ import pytest
 
 from indexattn.cli import main
 from indexattn.ir import check
-from indexattn.lower.plan import plan
+from indexattn.lower.pipeline import plan
 from indexattn.views import cost, latex, texdoc
 from indexattn.views.report import report
 

@@ -21,8 +21,8 @@ from indexattn.ir.shapes import recipe, rules
 from indexattn.lower import canonical, passes
 from indexattn.lower.codegen import generate
 from indexattn.lower.kinds import made
-from indexattn.lower.passes import PASSES, Pass, inplace, rows, spans, stages
-from indexattn.lower.plan import plan
+from indexattn.lower.passes import PASSES, Pass, inplace, rows, spans
+from indexattn.lower.pipeline import pipeline, plan, stages
 from indexattn.lower.steps import Contract
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
@@ -82,17 +82,16 @@ def _callable(spec: ir.Spec, program) -> CompiledSpec:
     return compiled
 
 
-def first_wrong(spec: ir.Spec, pipeline=PASSES, rewrites=canonical.REWRITES) -> str | None:
+def first_wrong(spec: ir.Spec, pipeline=PASSES, rewrites=None) -> str | None:
     """The first stage ("canonical", "plan" or a pass's name) whose spec or program differs
     from the literal interpreter or fails to run; None where every one agrees. A stage that
     prints the same source as the one before it runs the same code and is not run again."""
     case, before = Case(spec), None
-    written = spec
-    for rewrite in rewrites:
-        spec = rewrite.run(spec)
-    if spec is not written and not case.literally(spec):
-        return "canonical"
-    for name, program in stages(plan(spec), pipeline):
+    for name, program in stages(spec, rewrites, pipeline):
+        if name == "canonical":
+            if program is not spec and not case.literally(program):
+                return name
+            continue
         source = generate(program).text
         if source == before:
             continue
@@ -179,7 +178,7 @@ def test_the_canonical_form_is_checked_and_a_wrong_rewrite_named(path):
     spec = ir.check(path.read_text(encoding="utf-8"), path.stem)
     assert canonical.canonical(spec) is not spec
     assert first_wrong(spec) is None
-    wrong = (*canonical.REWRITES, canonical.Rewrite("halved", _halved, "nothing"))
+    wrong = (*canonical.REWRITES, _halved_rewrite())
     assert first_wrong(spec, rewrites=wrong) == "canonical"
 
 
@@ -204,16 +203,17 @@ def test_an_in_place_pass_that_overwrites_a_value_read_twice_is_caught(monkeypat
 
 def test_the_dump_names_every_stage():
     spec = ir.check((ROOT / "specs" / "softcap_window.attn").read_text(), "softcap_window")
-    names = [name for name, _ in stages(plan(spec))]
-    assert names == ["plan", *passes.NAMES]
-    final = passes.lower(plan(spec))
+    names = [name for name, _ in stages(spec)]
+    assert names == ["canonical", "plan", *passes.NAMES]
+    final = pipeline(spec)
     assert "[rows]" in str(final) and "[constant] Spans" in str(final)
-    assert "[rows]" not in str(passes.lower(plan(spec), after="hoist"))
-    with pytest.raises(ValueError, match="no pass named 'hoisting'"):
-        passes.lower(plan(spec), after="hoisting")
+    assert "[rows]" not in str(pipeline(spec, after="hoist"))
+    with pytest.raises(ValueError, match="no stage named 'hoisting'"):
+        pipeline(spec, after="hoisting")
 
 
 TWO = "index i : n\ninput x_<i>\ny_<i> = exp(x_<i>)\nz_<i> = tanh(y_<i>)\n"
+FIRST = ["canonical", "plan"]  # the stages before the passes
 # loses the block that makes y, which z's block reads
 LOSES = Pass("loses_a_block", lambda p: replace(p, blocks=p.blocks[1:]), "")
 
@@ -222,26 +222,26 @@ def names_until_refused(pipeline, each: bool = True) -> list[str]:
     """The stages handed on before `Program.check` refuses one."""
     names = []
     with pytest.raises(AssertionError, match="is read, never made"):
-        for name, _ in stages(plan(ir.check(TWO, "two")), pipeline, each=each):
+        for name, _ in stages(ir.check(TWO, "two"), pipeline=pipeline, each=each):
             names.append(name)
     return names
 
 
 def test_a_pass_that_loses_a_value_is_refused_before_it_is_handed_on():
-    assert names_until_refused((PASSES[0], LOSES, *PASSES[1:])) == ["plan", PASSES[0].name]
+    assert names_until_refused((PASSES[0], LOSES, *PASSES[1:])) == [*FIRST, PASSES[0].name]
 
 
 def test_twin_a_compile_checks_the_planners_program_and_the_last_alone():
     """each=False (a compile's own run): the last program is still checked; the others not."""
-    assert names_until_refused((*PASSES, LOSES), each=False) == ["plan", *passes.NAMES]
-    clean = [name for name, _ in stages(plan(ir.check(TWO, "two")), each=False)]
-    assert clean == ["plan", *passes.NAMES]
+    assert names_until_refused((*PASSES, LOSES), each=False) == [*FIRST, *passes.NAMES]
+    clean = [name for name, _ in stages(ir.check(TWO, "two"), each=False)]
+    assert clean == [*FIRST, *passes.NAMES]
 
 
 def test_fresh_values_come_from_the_one_allocator():
     spec = ir.check((ROOT / "specs" / "softcap_window.attn").read_text(), "softcap_window")
     planned = plan(spec)
-    final = passes.lower(planned)
+    final = pipeline(spec)
     spans = final.spans.step.out.var
     assert spans.id == planned.next_id and final.next_id == planned.next_id + 1
     assert spans.id not in {o.var.id for s in planned.steps for o in made(s)}
@@ -258,7 +258,30 @@ def test_the_command_line_dumps_the_program_after_a_pass(capsys):
     assert "SoftmaxValues" in after and "SoftmaxValues" not in before
     assert before.startswith("program gpt2")
     assert cli.main(["compile", path, "--dump-after", "fusion"]) == 2
-    assert "no pass named 'fusion'" in capsys.readouterr().err
+    assert "no stage named 'fusion'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["mha_one_equation", "mha_masked_fill"])
+def test_the_command_line_dumps_the_canonical_form_as_a_spec(name, capsys, monkeypatch):
+    """`--dump-after canonical`: the spec the planner reads (the projections split out of
+    the one equation, the masked fill made a sum), printed as a spec that checks again and
+    computes the written spec's values and gradients. The twin: with a wrong rewrite
+    planted, the dump is that rewrite's spec, and its values differ."""
+    from indexattn import cli
+
+    path = ROOT / "benchmarks" / "specs" / f"{name}.attn"
+    spec = ir.check(path.read_text(encoding="utf-8"), name)
+    case = Case(spec)
+    assert cli.main(["compile", str(path), "--dump-after", "canonical"]) == 0
+    dumped = ir.check(capsys.readouterr().out, name)
+    assert dumped.equations != spec.equations and case.literally(dumped)
+    monkeypatch.setattr(canonical, "REWRITES", (*canonical.REWRITES, _halved_rewrite()))
+    assert cli.main(["compile", str(path), "--dump-after", "canonical"]) == 0
+    assert not case.literally(ir.check(capsys.readouterr().out, name))
+
+
+def _halved_rewrite() -> canonical.Rewrite:
+    return canonical.Rewrite("halved", _halved, "nothing")
 
 
 # -- each pass on its own: what it marks in a small program, and where it has nothing to do
@@ -282,7 +305,7 @@ WEIGHTS = ROOT / "specs" / "simple.attn"  # returns its weights: softmax times v
 
 def before_after(text: str, name: str):
     """The program before and after the named pass."""
-    found = dict(stages(plan(ir.check(text, "one_pass"))))
+    found = dict(stages(ir.check(text, "one_pass")))
     k = [*found].index(name)
     return found[[*found][k - 1]], found[name]
 
@@ -370,7 +393,7 @@ def test_rows_that_sum_the_rows_away_add_up_the_blocks(weights, monkeypatch):
     no row of the block sees (A), the blocks skip them; where it is not (A + 1), they go over
     every key. The twin: without that rule, the spans pass makes a program that is wrong."""
     spec = ir.check(SUMMED.format(weights=weights), "summed")
-    program = passes.lower(plan(spec))
+    program = pipeline(spec)
     assert program.rows is not None and program.rows.summed
     assert (program.spans is None) == ("+ 1" in weights)
     assert first_wrong(spec) is None
@@ -398,7 +421,7 @@ def test_rows_that_give_a_value_over_the_keys_go_over_every_key(monkeypatch):
     scores' key taken for the spans) give part of dB's rows, and the spans pass is wrong."""
     text = derive.backward_text(ir.check(BIASED, "biased"), BIASED)
     spec = ir.check(text, "biased_backward")
-    program = passes.lower(plan(spec))
+    program = pipeline(spec)
     assert program.rows is not None and program.rows.summed and program.spans is None
     assert first_wrong(spec) is None
     key = next(i for i in program.rows.scores.dims if i != program.rows.row)

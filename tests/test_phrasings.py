@@ -13,8 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
 from indexattn import ir
-from indexattn.lower import passes
-from indexattn.lower.plan import plan
+from indexattn.lower.pipeline import pipeline
 from indexattn.lower.steps import Attention, Elementwise, PrefixProduct, Reduction
 from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import compare, sample_arguments
@@ -615,7 +614,7 @@ def test_a_decay_that_multiplies_the_scores_runs_by_chunks_or_skips_the_keys_it_
     row, spans of two queries and chunks of two positions (tests/test_passes.py)."""
     text, path = DECAYS[phrasing]
     spec = ir.check(text, "retention")
-    program = passes.lower(plan(spec))
+    program = pipeline(spec)
     chunked = [s for s in program.steps if isinstance(s, PrefixProduct)]
     assert len(chunked) == (path == "chunks")
     if path != "chunks":
@@ -704,7 +703,7 @@ def test_a_flip_along_the_keys_keeps_the_blocks_of_rows(phrasing):
     equal the literal reading in blocks of one row."""
     text, by_rows = FLIPS[phrasing]
     spec = ir.check(text, "suffix")
-    program = passes.lower(plan(spec))
+    program = pipeline(spec)
     flips = [s for s in program.steps if type(s).__name__ == "Flip"]
     inside = program.rows.steps if program.rows is not None else set()
     assert len(flips) == 2 and all(s.out.var in inside for s in flips) == by_rows

@@ -7,7 +7,7 @@ import torch
 import indexattn
 from indexattn import ir
 from indexattn.lower.passes import scales
-from indexattn.lower.plan import plan
+from indexattn.lower.pipeline import plan
 from indexattn.lower.steps import Contract
 from indexattn.oracle.verify import compare
 

@@ -185,3 +185,17 @@ def factor(node: Node, rename: Rename) -> str:
     if isinstance(node, Apply) and lookup(node.fn).kind == "function" and node.fn != "pow":
         return written
     return f"({written})"
+
+
+def spec_text(spec) -> str:
+    """A checked spec as the language writes it, from its IR (its sizes, arguments, scalars,
+    equations and outputs): the canonical form's dump (`indexattn compile --dump-after
+    canonical`). Comments and the spec's own spelling of numbers are not kept."""
+    lines = [f"index {i.glyph} : {field(i.size)}" for i in spec.indices]
+    lines += [f"{t.role} {t!r}" + (" : int" if t.dtype == "int" else "") for t in spec.arguments]
+    lines += [f"scalar {s.name} = {s.value!r}" for s in spec.scalars]
+    for eq in spec.equations:
+        precision = f" : {eq.tensor.precision}" if eq.tensor.precision else ""
+        lines.append(f"{eq.tensor!r}{precision} = {text(eq.rhs)}")
+    lines.append("output " + ", ".join(t.name for t in spec.outputs))
+    return "\n".join(lines)

@@ -11,4 +11,7 @@ Three rooms, in order (docs/architecture.md draws them):
 - **printing** (`codegen.py`, `emit.py`, `kernels_emit.py`, `rows_emit.py`): the final
   program as Python, one operation per line, every name from one allocator (`naming.py`).
   The printer decides nothing a pass could: it reads the program.
+
+`pipeline.pipeline(spec)` runs the canonical form, the planner and the passes, the one way
+the runtime, the command line and the tests take (`pipeline(spec, after=STAGE)` stops at any).
 """

@@ -30,9 +30,10 @@ class Rewrite:
     guarantees: str
 
 
-def canonical(spec: Spec) -> Spec:
-    """`canonical(check(text, "mha"))` -> the spec the planner reads: every rewrite in order."""
-    for rewrite in REWRITES:
+def canonical(spec: Spec, rewrites: tuple[Rewrite, ...] | None = None) -> Spec:
+    """`canonical(check(text, "mha"))` -> the spec the planner reads: every rewrite of
+    `rewrites` (REWRITES) in order."""
+    for rewrite in REWRITES if rewrites is None else rewrites:
         spec = rewrite.run(spec)
     return spec
 

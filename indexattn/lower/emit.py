@@ -35,6 +35,7 @@ from .steps import (
     Slice,
     SoftmaxValues,
     Spans,
+    Stack,
     Unfuse,
     Whole,
 )
@@ -415,6 +416,17 @@ class Emitter(KernelSteps, Values):
         dim = out.index(step.over) - len(out)
         self.use("torch")
         return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
+
+    def step_Stack(self, step: Stack) -> str:
+        """One torch.stack: each part viewed in the result's axis order without `over`; parts
+        that lack an axis (or the batch) broadcast to one shape first."""
+        rest = tuple(i for i in step.out.dims if i != step.over)
+        parts = ", ".join(expand(self.ref(p), p.dims, rest, p.batched) for p in step.parts)
+        same = all(set(p.dims) == set(rest) and p.batched == step.out.batched for p in step.parts)
+        parts = f"[{parts}]" if same else f"torch.broadcast_tensors({parts})"
+        dim = step.out.dims.index(step.over) - len(step.out.dims)
+        self.use("torch")
+        return f"{self.var(step.out)} = torch.stack({parts}, dim={dim})"
 
     def step_PrefixProduct(self, step: PrefixProduct) -> list[str]:
         """The positions padded with zeros to whole chunks (they add nothing to the sums; their

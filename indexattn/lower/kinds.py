@@ -42,6 +42,7 @@ from .steps import (
     SoftmaxValues,
     Spans,
     Split,
+    Stack,
     Step,
     Unfuse,
     Var,
@@ -114,6 +115,8 @@ KINDS: dict[type, Kind] = {
     Full: Kind(pure=True, view=False, fresh=False),
     Reduction: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: row not in s.over),
     Cat: Kind(pure=True, view=False, fresh=False, row_wise=lambda s, row: s.over != row),
+    # a copy of each part; its backward keeps nothing
+    Stack: Kind(pure=True, view=False, fresh=True, row_wise=lambda s, row: s.over != row),
     Pad: Kind(pure=False, view=False, fresh=False),
     Fuse: Kind(pure=False, view=True, fresh=False),
     Linear: Kind(pure=False, view=False, fresh=False, row_wise=lambda s, row: row not in s.inner),

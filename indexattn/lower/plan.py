@@ -17,7 +17,6 @@ from ..ir.einstein import signed
 from ..ir.kinds import integer_tensors, whole_form
 from ..ir.shapes import recipe
 from . import decay, numerics, prefix
-from .canonical import canonical
 from .conv import Convolves
 from .fusion import (
     LinearForm,
@@ -35,6 +34,7 @@ from .products import Products, Rule
 from .program import Block, Program
 from .scatter import Scatters, scatter_positions
 from .sinks import Sink, absorbed
+from .stacks import stack_form
 from .steps import (
     Add,
     Arg,
@@ -52,17 +52,12 @@ from .steps import (
     Rename,
     Slice,
     Split,
+    Stack,
     Step,
     Unfuse,
     Var,
     Whole,
 )
-
-
-def plan(spec: Spec) -> Program:
-    """`plan(check(text, "mha"))` -> the program of steps that the passes then transform:
-    the plan of the spec's canonical form (lower/canonical.py)."""
-    return Planner(canonical(spec)).plan()
 
 
 class Planner(Products, PrefixProducts, Scatters, Convolves):
@@ -306,6 +301,9 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         return self.add(Unfuse(out, tensor))
 
     def node_Sum(self, node: ir.Sum, hint: str) -> Arg:
+        stacked = stack_form(node)
+        if stacked is not None:
+            return self.stack(*stacked, node, hint)
         form = linear_form(node)
         if form is not None and form.bias is not None and direct(form):
             return self.linear(form, hint + "_proj")
@@ -319,6 +317,9 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         return self.add(Add(out, args, signs if -1 in signs else ()))
 
     def node_Apply(self, node: ir.Apply, hint: str) -> Arg:
+        stacked = stack_form(node)
+        if stacked is not None:
+            return self.stack(*stacked, node, hint)
         node = numerics.guarded(node)
         top = self.top_k(node, hint)
         if top is not None:
@@ -343,6 +344,14 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
                 keep = Number(bound.expr + more)
                 return self.add(Reduction(out, "rank", body, rank.over, below=keep))
         return None
+
+    def stack(self, over: Index, parts: tuple[ir.Node, ...], node: ir.Node, hint: str) -> Arg:
+        """A `where` chain on every value of `over`, or a sum of chains (lower/stacks.py):
+        its parts stacked."""
+        values = tuple(self.as_tensor(self.node(p, hint), hint) for p in parts)
+        batched = any(v.batched for v in values)
+        out = Operand(self.var(hint + "_stack"), self.ordered(node.free), batched)
+        return self.add(Stack(out, values, over))
 
     def node_Concat(self, node: ir.Concat, hint: str) -> Arg:
         parts = tuple(self.as_tensor(self.node(p, hint), hint) for p in node.parts)

@@ -233,6 +233,16 @@ class Cat:
 
 
 @dataclass(frozen=True)
+class Stack:
+    """`torch.stack` of parts along `over`, part c at position c: each part has the other
+    axes of `out` (or broadcasts to them), none of them `over`."""
+
+    out: Operand
+    parts: tuple[Operand, ...]
+    over: Index
+
+
+@dataclass(frozen=True)
 class Pad:
     """`arg` with zero features appended along `over` up to `width` where it is narrower (the
     same tensor where not): attention's values as wide as its queries and keys, which the
@@ -411,6 +421,7 @@ Step = (
     | Full
     | Reduction
     | Cat
+    | Stack
     | Pad
     | Fuse
     | Linear

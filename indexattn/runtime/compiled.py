@@ -198,16 +198,16 @@ class CompiledSpec:
     @cached_property
     def plan(self) -> Program:
         """The planner's program, before the passes."""
-        from ..lower.plan import plan
+        from ..lower.pipeline import pipeline
 
-        return plan(self.ir)
+        return pipeline(self.ir, after="plan")
 
     @cached_property
     def program(self) -> Program:
         """The program after every pass: what the generated module prints."""
-        from ..lower.passes import lower
+        from ..lower.pipeline import pipeline
 
-        return lower(self.plan)
+        return pipeline(self.ir)
 
     @cached_property
     def module_source(self) -> Module:

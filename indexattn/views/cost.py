@@ -58,6 +58,7 @@ from ..lower.steps import (
     SoftmaxValues,
     Spans,
     Split,
+    Stack,
     Unfuse,
     Whole,
 )
@@ -133,7 +134,7 @@ def flops(plan: Program) -> sympy.Expr:
     """Floating-point operations of one forward pass, per batch element.
 
     >>> from indexattn.ir import check
-    >>> from indexattn.plan import plan as make_plan
+    >>> from indexattn.lower.pipeline import plan as make_plan
     >>> text = "index i, j : d\\nindex t : n\\ninput x_<ti>\\nparam W_<ji>\\ny_<tj> = W_<ji> x_<ti>"
     >>> flops(make_plan(check(text, "linear")))
     2*d**2*n
@@ -233,6 +234,7 @@ def _(step: Grid) -> Cost:
 
 
 @step_cost.register(Cat)
+@step_cost.register(Stack)
 @step_cost.register(Pad)
 @step_cost.register(Gather)
 @step_cost.register(Flip)

@@ -48,15 +48,3 @@ def stages(
         if each or k == len(passes):
             program.check()
         yield one.name, program
-
-
-def lower(program: Program, after: str | None = None) -> Program:
-    """The program after every pass, or after the one named `after` ("plan": none), checked
-    after each pass where `after` is named (`indexattn compile --dump-after`), else at the end."""
-    if after is not None and after not in ("plan", *NAMES):
-        raise ValueError(f"no pass named {after!r}; the passes are plan, {', '.join(NAMES)}")
-    last = program
-    for name, last in stages(program, each=after is not None):  # noqa: B007 (the last one)
-        if name == after:
-            break
-    return last

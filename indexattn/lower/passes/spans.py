@@ -38,6 +38,7 @@ from ..steps import (
     Reduction,
     Rename,
     Spans,
+    Stack,
     Step,
     Var,
 )
@@ -224,7 +225,7 @@ class Proof:
             return _reduction(step.fn, key in step.over, at(step.arg))
         if isinstance(step, Elementwise):
             return self.elementwise(step)
-        if isinstance(step, Cat):
+        if isinstance(step, Cat | Stack):
             return FAIL if step.over == key else _either([at(p) for p in step.parts])
         if isinstance(step, Gather):  # a table's entries at positions: finite numbers
             return FAIL if key in step.arg.dims else None
