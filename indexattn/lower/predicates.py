@@ -8,6 +8,8 @@ import sympy
 from sympy.logic.boolalg import to_nnf
 
 from .. import ir
+from ..ops import lookup
+from . import steps
 
 # Each comparison and its negation; `and` and `or` swap (De Morgan).
 NEGATED = {"<": ">=", ">=": "<", ">": "<=", "<=": ">", "==": "!=", "!=": "==", "and": "or"}
@@ -52,3 +54,61 @@ def conjunction(keeps: list, free: tuple[ir.Index, ...], span) -> ir.Node:
 
 def _free(expr: sympy.Basic, indices: tuple[ir.Index, ...]) -> tuple[ir.Index, ...]:
     return tuple(i for i in indices if i.symbol in expr.free_symbols)
+
+
+def table_keep(steps, var, hides: str) -> tuple[sympy.Basic, bool] | None:
+    """The condition on the positions under which a table made by blocks (`steps`: its chain,
+    lower/tables_emit.py) keeps an entry, and whether the mask changes nothing at every entry
+    it keeps (so, not where a bias is added to it); None where it is read otherwise. A boolean
+    table (`hides` "false" or "true") keeps where its value is true or false, a float one
+    ("-inf") where it is not -inf. A part read off values a call makes (document ids) is an
+    unknown: the condition tells nothing of it."""
+    makers = {s.out.var: s for s in steps}
+    if hides in ("false", "true"):
+        value = _boolean(makers, makers[var].out)
+        return (value if hides == "false" else sympy.Not(value)), True
+    return _added(makers, var) if hides == "-inf" else None
+
+
+def _boolean(makers: dict, arg) -> sympy.Basic:
+    """A boolean value as a condition on the positions: a grid's expression, `and`, `or`,
+    `not` and comparisons of such; anything else an unknown."""
+    step = makers.get(getattr(arg, "var", None))
+    if isinstance(arg, steps.Number):
+        return arg.expr
+    if isinstance(step, steps.Grid) and not step.index:
+        return step.expr
+    if isinstance(step, steps.Elementwise) and lookup(step.fn).kind in ("logic", "comparison"):
+        return lookup(step.fn).sympy(*(_boolean(makers, a) for a in step.args))
+    return sympy.Dummy()
+
+
+def _added(makers: dict, var) -> tuple[sympy.Basic, bool]:
+    """A float table's condition: a grid `where(c, -inf, 0)` keeps where not c, and changes
+    nothing where it keeps; a sum keeps where each term does (the values a mask does not make
+    are finite: passes/spans.py), changing nothing where each term is such a mask; any other
+    value is kept everywhere, a bias (so is a sum that subtracts a mask)."""
+    step = makers.get(var)
+    if isinstance(step, steps.Add):
+        parts = [
+            _added(makers, a.var) if isinstance(a, steps.Operand) else _number(a.expr)
+            for a in step.args
+        ]
+        signs = step.signs or (1,) * len(parts)
+        if any(s < 0 and k is not sympy.true for (k, _), s in zip(parts, signs)):
+            return sympy.true, False  # a mask subtracted: +inf
+        return sympy.And(*(k for k, _ in parts)), all(p for _, p in parts)
+    expr = step.expr if isinstance(step, steps.Grid) else None
+    if (
+        isinstance(expr, sympy.Piecewise)
+        and len(expr.args) == 2
+        and expr.args[1].cond is sympy.true
+    ):
+        (first, cond), (second, _) = expr.args
+        if {first, second} == {-sympy.oo, sympy.S.Zero}:
+            return (sympy.Not(cond) if first == -sympy.oo else cond), True
+    return sympy.true, False
+
+
+def _number(expr: sympy.Basic) -> tuple[sympy.Basic, bool]:
+    return sympy.sympify(expr != -sympy.oo), expr == 0
