@@ -62,53 +62,67 @@ def chain(steps, var: Var):
 def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[str]) -> str | None:
     """The call, at the queries q0:q1 and keys k0:k1 of `block`, of the module's function that
     tells what the table's condition holds at all of those entries (ir/boxes.py: a test on
-    the first and last positions of each), made once per table; None where it tells nothing
-    (a table of values a call makes, a bias alone)."""
-    found = table_keep(table.steps, var, hides)
-    if found is None:
+    the first and last positions of each, and on the least and greatest of a call's tensor
+    read there), made once per table; None where it tells nothing (a bias alone)."""
+    kept = table_keep(table.steps, var, hides)
+    if kept is None:
         return None
-    keep, plain = found
     names, spec = emitter.names, emitter.spec
-    positions = [names.index(i) for i in table.dims[-2:]]
-    ends = {
-        i.symbol: (sympy.Symbol(f"{p}[0]"), sympy.Symbol(f"{p}[1]"))
-        for i, p in zip(table.dims[-2:], positions)
-    }
+    ends, reads = {}, {}  # reads: a tensor's (least, greatest) at positions, by its local name
+    for index in table.dims[-2:]:
+        ends[index.symbol] = _ends(names.index(index))
+    for symbol, (arg, index) in kept.values.items():
+        local = f"{emitter.var(arg)}_{names.index(index)}"
+        ends[symbol], reads[local] = _ends(local), (emitter.var(arg), names.index(index))
     known = frozenset(spec.sizes) | {s.symbol for s in spec.scalars}
-    tests = [(2 if plain else 1, holds_on_box(keep, ends, known))]
-    tests.append((0, holds_on_box(sympy.Not(keep), ends, known)))
+    tests = [(2 if kept.plain else 1, holds_on_box(kept.condition, ends, known))]
+    tests.append((0, holds_on_box(sympy.Not(kept.condition), ends, known)))
     tests = [(value, test) for value, test in tests if test is not sympy.false]
     if not tests:
         return None
+    used = {str(s).split("[")[0] for _, test in tests for s in test.free_symbols}
+    reads = {local: read for local, read in reads.items() if local in used}
+    inputs = list(dict.fromkeys(tensor for tensor, _ in reads.values()))
     read = sorted(set().union(*(t.free_symbols for _, t in tests)) & known, key=str)
     keywords = [emitter.scalar(s) for s in read]
-    text = partial(
-        _box,
-        table=names.var(var),
-        positions=positions,
-        keywords=keywords,
-        tests=[(value, emitter.scalar(test)) for value, test in tests],
-    )
+    positions = [names.index(i) for i in table.dims[-2:]]
+    head = [*positions, *inputs, *(["*", *keywords] if keywords else [])]
+    lines = [
+        f"if {tensor}.numel() == 0:  # no entries at all\n        return 2" for tensor in inputs
+    ]
+    lines += [
+        f"{local} = torch.aminmax({tensor}[..., {at}[0] : {at}[1] + 1])"
+        for local, (tensor, at) in reads.items()
+    ]
+    tests = [(value, emitter.scalar(test)) for value, test in tests]
+    text = partial(_box, table=names.var(var), head=head, lines=lines, tests=tests)
     name = emitter.helper(text, f"{names.var(var)}_box")
     q0, q1, k0, k1 = block
-    args = [f"({q0}, {q1} - 1)", f"({k0}, {k1} - 1)", *(f"{w}={w}" for w in keywords)]
+    args = [f"({q0}, {q1} - 1)", f"({k0}, {k1} - 1)", *inputs, *(f"{w}={w}" for w in keywords)]
     return f"{name}({', '.join(args)})"
 
 
-def _box(name: str, table: str, positions: list[str], keywords: list[str], tests) -> str:
+def _ends(name: str) -> tuple[sympy.Symbol, sympy.Symbol]:
+    """The symbols of a pair's first and second: `tau[0]`, `tau[1]`."""
+    return sympy.Symbol(f"{name}[0]"), sympy.Symbol(f"{name}[1]")
+
+
+def _box(name: str, table: str, head: list[str], lines: list[str], tests) -> str:
     """The module's function that tells what a table's condition holds on a box of
-    positions."""
-    params = ", ".join([*positions, *(["*", *keywords] if keywords else [])])
-    lines = [
-        f"def {name}({params}):",
-        f'    """What {table}\'s condition holds at every entry of positions {positions[0]}[0]'
-        f" to {positions[0]}[1]",
-        f"    by {positions[1]}[0] to {positions[1]}[1], from those alone: 2, kept and the mask"
-        " changes nothing;",
-        '    1, kept; 0, hidden; None where it cannot tell."""',
+    positions (`head`: its parameters, `lines`: the least and greatest of each tensor read
+    there, `tests`: each answer and its condition)."""
+    first, second = head[:2]
+    out = [
+        f"def {name}({', '.join(head)}):",
+        f'    """What {table}\'s condition holds at every entry of positions {first}[0] to'
+        f" {first}[1] by",
+        f"    {second}[0] to {second}[1] (first and last): 2, kept and the mask changes"
+        " nothing; 1, kept;",
+        '    0, hidden; None where it cannot tell."""',
+        *("    " + line for line in lines),
     ]
     for value, test in tests:
         if test == "True":
-            return "\n".join([*lines, f"    return {value}"])
-        lines += [f"    if {test}:", f"        return {value}"]
-    return "\n".join([*lines, "    return None"])
+            return "\n".join([*out, f"    return {value}"])
+        out += [f"    if {test}:", f"        return {value}"]
+    return "\n".join([*out, "    return None"])
