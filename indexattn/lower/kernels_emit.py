@@ -184,12 +184,12 @@ class KernelSteps:
         shape = f"({self.size(query)}, {self.size(key)})"
         if step.hides == "none":
             return [f"{out} = {spans}(None, 'none', {shape}, blocks=True)  # blocks of queries"]
-        hints = (f"{out}_entries", f"{out}_box", "q0", "q1", "k0", "k1")
+        hints = (f"{out}_entries", f"{out}_box", "q_start", "q_end", "k_start", "k_end")
         entries, box, *block = (self.names.fresh(h) for h in hints)
         q0, q1, k0, k1 = block
         made = tables_emit.call(table, self, {query: f"{q0}:{q1}", key: f"{k0}:{k1}"})
         lines = [
-            f"def {entries}({', '.join(block)}):  # the mask at queries {q0}:{q1}, keys {k0}:{k1}",
+            f"def {entries}({', '.join(block)}):  # the mask at these queries and keys",
             f"    return {made}",
         ]
         told = tables_emit.box_call(table, step.mask.var, step.hides, self, block)
