@@ -32,16 +32,17 @@ MASKED = (
 )
 
 
-def spans(text: str, n: int, block: int, **scalars) -> list[dict]:
+def spans(text: str, n: int, block: int, batch=(), runs=True, **scalars) -> list[dict]:
     """Per `key_spans` call of one forward at N = n, `block` queries a block: the spans told
     with the condition and those read off the values, and the entries each read. Scalars of
-    16 or more (windows, chunks, a prefix) are 11 unless given; document ids in 4 runs."""
+    16 or more (windows, chunks, a prefix) are 11 unless given; document ids in 4 runs (or,
+    without `runs`, drawn at random, for each of a `batch`)."""
     spec = indexattn.compile_spec(text, name=f"spans_{next(FRESH)}")
     namespace = spec.function.__globals__
     namespace["QUERY_BLOCK"] = block  # the compiled module's own: each test compiles afresh
     original, calls = namespace["key_spans"], []
 
-    def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None):
+    def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None, values=()):
         counts, found = [0, 0], {}
         for k, told in enumerate((box, None)):
 
@@ -49,15 +50,15 @@ def spans(text: str, n: int, block: int, **scalars) -> list[dict]:
                 counts[k] += (q1 - q0) * (k1 - k0)
                 return mask(q0, q1, k0, k1)
 
-            found[k] = original(counted, hides, shape, every_call, blocks, told)
+            found[k] = original(counted, hides, shape, every_call, blocks, told, values)
         entries = shape[0] * shape[1]
         calls.append({"told": found[0], "read": found[1], "counts": counts, "all": entries})
         return found[0]
 
     namespace["key_spans"] = key_spans
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": n, "h": 2}
-    args = sample_arguments(spec.ir, sizes, (), torch.float64)
-    if "D" in args:
+    args = sample_arguments(spec.ir, sizes, batch, torch.float64)
+    if "D" in args and runs:
         args["D"] = (torch.arange(n) * 4 // n).to(args["D"].dtype).expand_as(args["D"])
     given = {k: v for k, v in sizes.items() if k in spec.required}
     given |= {s.ascii: 11 for s in spec.ir.scalars if s.value >= 16} | scalars
@@ -93,3 +94,12 @@ def test_twin_a_wider_window_gives_other_spans():
     (narrow,), (wide,) = spans(text, 64, 8, w=12), spans(wider, 64, 8, w=12)
     assert narrow["told"] == narrow["read"] and wide["told"] == wide["read"]
     assert narrow["told"] != wide["told"]
+
+
+def test_documents_drawn_at_random_in_a_batch_give_the_spans_read():
+    """Ids in no order, each batch entry its own: the least and greatest ids of a box over
+    the batch tell less, and the keys they cannot tell are read."""
+    text = (ROOT / "specs" / "doc_mask.attn").read_text(encoding="utf-8")
+    for n in (37, 64):
+        (call,) = spans(text, n, 8, batch=(3,), runs=False)
+        assert call["told"] == call["read"]

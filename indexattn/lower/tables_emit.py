@@ -59,11 +59,13 @@ def chain(steps, var: Var):
     return out[::-1]
 
 
-def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[str]) -> str | None:
+def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[str]):
     """The call, at the queries q0:q1 and keys k0:k1 of `block`, of the module's function that
     tells what the table's condition holds at all of those entries (ir/boxes.py: a test on
     the first and last positions of each, and on the least and greatest of a call's tensor
-    read there), made once per table; None where it tells nothing (a bias alone)."""
+    read there), made once per table, and the tensors it reads (`key_spans` hands it each as
+    a function of a first and last position: their least and greatest entries there); None
+    where it tells nothing (a bias alone)."""
     kept = table_keep(table.steps, var, hides)
     if kept is None:
         return None
@@ -88,18 +90,14 @@ def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[st
     positions = [names.index(i) for i in table.dims[-2:]]
     head = [*positions, *inputs, *(["*", *keywords] if keywords else [])]
     lines = [
-        f"if {tensor}.numel() == 0:  # no entries at all\n        return 2" for tensor in inputs
-    ]
-    lines += [
-        f"{local} = torch.aminmax({tensor}[..., {at}[0] : {at}[1] + 1])"
-        for local, (tensor, at) in reads.items()
+        f"{local} = {tensor}(*{at})  # least, greatest" for local, (tensor, at) in reads.items()
     ]
     tests = [(value, emitter.scalar(test)) for value, test in tests]
     text = partial(_box, table=names.var(var), head=head, lines=lines, tests=tests)
     name = emitter.helper(text, f"{names.var(var)}_box")
     q0, q1, k0, k1 = block
     args = [f"({q0}, {q1} - 1)", f"({k0}, {k1} - 1)", *inputs, *(f"{w}={w}" for w in keywords)]
-    return f"{name}({', '.join(args)})"
+    return f"{name}({', '.join(args)})", inputs
 
 
 def _ends(name: str) -> tuple[sympy.Symbol, sympy.Symbol]:

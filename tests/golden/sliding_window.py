@@ -13,7 +13,7 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None, values=()):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
     that the block runs without it. `mask`: a tensor, or a function of queries and keys
@@ -22,7 +22,9 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None)
     "false"; "none", not read: every key for each block). `box`: with such a function, one
     of the same arguments telling what the mask's condition holds at all those entries (2:
     kept, the mask changing nothing; 1: kept; 0: hidden; None: it cannot tell), so that only
-    the keys it cannot tell, at the edges of what a block sees, are read. One span of every
+    the keys it cannot tell, at the edges of what a block sees, are read; `values`: tensors
+    (..., position) the condition reads, given to `box` as functions of a first and last
+    position giving their least and greatest entries there (by tiles of QUERY_BLOCK). One span of every
     query and key where the mask changes nothing anywhere; when traced, None; where blocks
     would skip less than a fifth of the scores, None, or with `blocks` every key for each
     block of queries. The values are read back at once: on every call (`every_call`, a mask
@@ -39,11 +41,25 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None)
     if every_call and (mask if shape is None else mask(0, 0, 0, 0)).device.type not in HOST_READS:
         return every if blocks else None
 
+    if any(x.numel() == 0 for x in values):  # no entries at all: nothing to tell
+        box = None
+    if box is not None and values:  # their least and greatest by tiles, in one read
+        tiles = [x.reshape(-1, x.shape[-1]).double() for x in values]
+        tiles = [torch.cat([x, x[:, -1:].expand(-1, -x.shape[-1] % QUERY_BLOCK)], -1) for x in tiles]
+        tiles = [x.unflatten(-1, (-1, QUERY_BLOCK)) for x in tiles]
+        ends = torch.stack([e for x in tiles for e in (x.amin((0, 2)), x.amax((0, 2)))]).tolist()
+        values = [
+            lambda a, b, lo=lo, hi=hi: (min(lo[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]),
+                                        max(hi[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]))
+            for lo, hi in zip(ends[::2], ends[1::2])
+        ]
+
     def told(t, u, k, l):  # the keys k:l in parts, each with what the condition holds there
-        said = box(t, u, k, l)
+        said = box(t, u, k, l, *values)
         if said is not None or l - k <= QUERY_BLOCK:
             return [(k, l, said)]
-        return told(t, u, k, (k + l) // 2) + told(t, u, (k + l) // 2, l)
+        half = k + max(1, (l - k) // (2 * QUERY_BLOCK)) * QUERY_BLOCK  # at a tile's edge
+        return told(t, u, k, half) + told(t, u, half, l)
 
     read, parts = [], []  # the counts read, and each block's parts: (first key, counts)
     for t in range(0, n_q, QUERY_BLOCK):
@@ -113,7 +129,7 @@ def sliding_window_constants(N, w, *, device, dtype):
     # O_<μτa> = Ã_<μττ'> V_<μτ'a>
     def M_keep_spans_entries(q_start, q_end, k_start, k_end):  # the mask at these queries and keys
         return M_keep_at(tau[q_start:q_end], tau_p[k_start:k_end], w=w, device=device, dtype=dtype)
-    def M_keep_spans_box(q_start, q_end, k_start, k_end):  # what its condition holds at all of them
+    def M_keep_spans_box(q_start, q_end, k_start, k_end):  # what its condition holds at all
         return M_keep_box((q_start, q_end - 1), (k_start, k_end - 1), w=w)
     M_keep_spans = key_spans(M_keep_spans_entries, 'false', (N, N), blocks=True, box=M_keep_spans_box)  # blocks of queries
     return M_keep_spans,
