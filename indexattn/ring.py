@@ -19,7 +19,6 @@ Imported only when used (`import indexattn.distributed`): it imports torch.distr
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -28,11 +27,11 @@ import sympy
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from sympy.logic.boolalg import to_nnf
 from torch.utils.checkpoint import checkpoint
 
 from . import ir
 from .errors import SpecError
+from .ir.boxes import holds_on_box
 from .ir.shapes import recipe, solve
 from .oracle.reference import REDUCTIONS, Interpreter, lambdified
 from .sequence import SequencePlan
@@ -193,35 +192,17 @@ def _body_free(node: ir.Node) -> tuple[ir.Index, ...]:
     return node.body.free if isinstance(node, ir.Reduce) else node.free
 
 
-def _bounds(expr: sympy.Expr, box: dict) -> tuple[float, float] | None:
-    """Least and greatest value of an expression linear in the box's symbols, else None."""
-    symbols = sorted(expr.free_symbols, key=str)
-    if not set(symbols) <= set(box):
-        return None
-    if symbols and sympy.Poly(expr, *symbols).total_degree() > 1:
-        return None
-    at = lambdified(expr, tuple(symbols))
-    values = [float(at(*corner)) for corner in itertools.product(*(box[s] for s in symbols))]
-    return min(values), max(values)
-
-
 def always(cond: sympy.Basic, box: dict) -> bool:
-    """Whether `cond` holds at every point of the box (False where it cannot tell). A negation
-    is pushed down to the comparisons first (`to_nnf`: not τ > u is τ <= u)."""
-    cond = to_nnf(cond)
-    if cond is sympy.true:
-        return True
-    if isinstance(cond, sympy.Or):
-        return any(always(c, box) for c in cond.args)
-    if isinstance(cond, sympy.And):
-        return all(always(c, box) for c in cond.args)
-    if isinstance(cond, sympy.core.relational.Relational):
-        found = _bounds(cond.lhs - cond.rhs, box)
-        if found is None:
-            return False
-        lo, hi = found
-        return {">": lo > 0, ">=": lo >= 0, "<": hi < 0, "<=": hi <= 0}.get(cond.rel_op, False)
-    return False
+    """Whether `cond` holds at every point of the box (False where it cannot tell): the test
+    on the box's ends (ir/boxes.py), made once per condition, run on the box's numbers."""
+    order = tuple(sorted(box, key=str))
+    return bool(_box_test(cond, order)(*(end for s in order for end in box[s])))
+
+
+@functools.cache
+def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
+    ends = {s: (sympy.Dummy(), sympy.Dummy()) for s in order}
+    return lambdified(holds_on_box(cond, ends), tuple(e for s in order for e in ends[s]))
 
 
 # -- log-sum-exp without NaN: a row of -inf only has -inf, and no NaN in its gradient

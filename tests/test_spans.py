@@ -136,7 +136,7 @@ def test_spans_are_the_keys_each_block_sees(monkeypatch):
 
 
 def test_spans_of_a_table_made_by_blocks_are_those_of_the_whole(monkeypatch):
-    """A mask given as a function of a block of queries (a table never made whole,
+    """A mask given as a function of a block of queries and keys (a table never made whole,
     passes/tables.py) has the spans of the same mask given whole; the twin, a function that
     gives another block's rows, does not."""
     spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
@@ -145,9 +145,9 @@ def test_spans_of_a_table_made_by_blocks_are_those_of_the_whole(monkeypatch):
     keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
     zeros = torch.zeros(12, 12).masked_fill(~keep, -torch.inf)
     for mask, hides in ((keep, "false"), (~keep, "true"), (zeros, "-inf")):
-        rows = spans(lambda t, u, m=mask: m[t:u], hides, (12, 12))
+        rows = spans(lambda t, u, k, e, m=mask: m[t:u, k:e], hides, (12, 12))
         assert rows == spans(mask, hides)
-        assert spans(lambda t, u, m=mask: m[: u - t], hides, (12, 12)) != rows
+        assert spans(lambda t, u, k, e, m=mask: m[: u - t, k:e], hides, (12, 12)) != rows
 
 
 def test_a_block_whose_mask_hides_nothing_is_whole(monkeypatch):

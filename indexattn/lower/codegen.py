@@ -258,6 +258,6 @@ def table_functions(
         text = "\n".join([f"def {name}({', '.join(params)}):", *("    " + x for x in lines)])
         main.needs.imports |= needs.imports
         out[step.out.var] = tables_emit.TableFunction(
-            name, indices, inputs, keywords, step.out.dims, text
+            name, indices, inputs, keywords, step.out.dims, text, tuple(chain)
         )
     return out

@@ -342,7 +342,9 @@ class Attention:
 class Spans:
     """The blocks of queries a mask (…, query, key) lets the kernel run one by one, each on the
     keys any of its queries sees: `(first query, end, first key, end)` per block, read off the
-    mask's values; None where blocks would skip too little, or when traced. `hides`: the
+    mask's values (for a table made by blocks, told from its condition where it can tell:
+    lower/tables_emit.py's `box_call`); None where blocks would skip too little, or when
+    traced. `hides`: the
     entries that hide a key, "false" (a boolean mask that keeps where true), "true" (one that
     hides where true), "-inf" (a float mask added) or "0" (one that multiplies); "none": a
     mask made by blocks (passes/tables.py) not read, every key for each block of queries.

@@ -5,16 +5,22 @@ and the calls of them, wherever a block of the table is read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+
+import sympy
 
 from ..ir import Index
+from ..ir.boxes import holds_on_box
 from .kinds import reads
-from .steps import Var
+from .predicates import table_keep
+from .steps import Step, Var
 
 
 @dataclass(frozen=True)
 class TableFunction:
     """One table's function: its name, the indices whose positions it takes (in order), the
-    constants it reads, its keywords (sizes and scalars), and the table's own axes."""
+    constants it reads, its keywords (sizes and scalars), the table's own axes, its text and
+    the steps it runs."""
 
     name: str
     indices: tuple[Index, ...]
@@ -22,6 +28,7 @@ class TableFunction:
     keywords: tuple[str, ...]
     dims: tuple[Index, ...]
     text: str
+    steps: tuple[Step, ...]  # the steps it runs (its chain)
 
 
 def call(table: TableFunction, emitter, pieces: dict[Index, str]) -> str:
@@ -50,3 +57,70 @@ def chain(steps, var: Var):
             out.append(step)
             needed |= {o.var for o in reads(step)}
     return out[::-1]
+
+
+def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[str]):
+    """The call, at the queries q0:q1 and keys k0:k1 of `block`, of the module's function that
+    tells what the table's condition holds at all of those entries (ir/boxes.py: a test on
+    the first and last positions of each, and on the least and greatest of a call's tensor
+    read there), made once per table, and the tensors it reads (`key_spans` hands it each as
+    a function of a first and last position: their least and greatest entries there); None
+    where it tells nothing (a bias alone)."""
+    kept = table_keep(table.steps, var, hides)
+    if kept is None:
+        return None
+    names, spec = emitter.names, emitter.spec
+    ends, reads = {}, {}  # reads: a tensor's (least, greatest) at positions, by its local name
+    for index in table.dims[-2:]:
+        ends[index.symbol] = _ends(names.index(index))
+    for symbol, (arg, index) in kept.values.items():
+        local = f"{emitter.var(arg)}_{names.index(index)}"
+        ends[symbol], reads[local] = _ends(local), (emitter.var(arg), names.index(index))
+    known = frozenset(spec.sizes) | {s.symbol for s in spec.scalars}
+    tests = [(2 if kept.plain else 1, holds_on_box(kept.condition, ends, known))]
+    tests.append((0, holds_on_box(sympy.Not(kept.condition), ends, known)))
+    tests = [(value, test) for value, test in tests if test is not sympy.false]
+    if not tests:
+        return None
+    used = {str(s).split("[")[0] for _, test in tests for s in test.free_symbols}
+    reads = {local: read for local, read in reads.items() if local in used}
+    inputs = list(dict.fromkeys(tensor for tensor, _ in reads.values()))
+    read = sorted(set().union(*(t.free_symbols for _, t in tests)) & known, key=str)
+    keywords = [emitter.scalar(s) for s in read]
+    positions = [names.index(i) for i in table.dims[-2:]]
+    head = [*positions, *inputs, *(["*", *keywords] if keywords else [])]
+    lines = [
+        f"{local} = {tensor}(*{at})  # least, greatest" for local, (tensor, at) in reads.items()
+    ]
+    tests = [(value, emitter.scalar(test)) for value, test in tests]
+    text = partial(_box, table=names.var(var), head=head, lines=lines, tests=tests)
+    name = emitter.helper(text, f"{names.var(var)}_box")
+    q0, q1, k0, k1 = block
+    args = [f"({q0}, {q1} - 1)", f"({k0}, {k1} - 1)", *inputs, *(f"{w}={w}" for w in keywords)]
+    return f"{name}({', '.join(args)})", inputs
+
+
+def _ends(name: str) -> tuple[sympy.Symbol, sympy.Symbol]:
+    """The symbols of a pair's first and second: `tau[0]`, `tau[1]`."""
+    return sympy.Symbol(f"{name}[0]"), sympy.Symbol(f"{name}[1]")
+
+
+def _box(name: str, table: str, head: list[str], lines: list[str], tests) -> str:
+    """The module's function that tells what a table's condition holds on a box of
+    positions (`head`: its parameters, `lines`: the least and greatest of each tensor read
+    there, `tests`: each answer and its condition)."""
+    first, second = head[:2]
+    out = [
+        f"def {name}({', '.join(head)}):",
+        f'    """What {table}\'s condition holds at every entry of positions {first}[0] to'
+        f" {first}[1] by",
+        f"    {second}[0] to {second}[1] (first and last): 2, kept and the mask changes"
+        " nothing; 1, kept;",
+        '    0, hidden; None where it cannot tell."""',
+        *("    " + line for line in lines),
+    ]
+    for value, test in tests:
+        if test == "True":
+            return "\n".join([*out, f"    return {value}"])
+        out += [f"    if {test}:", f"        return {value}"]
+    return "\n".join([*out, "    return None"])

@@ -14,16 +14,21 @@ HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchroni
 QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
 
 
-def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
+def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None, values=()):
     """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
     mask (..., query, key) lets any of them see, and whether it changes nothing there, so
-    that the block runs without it. `mask`: a tensor, or a function of a block of queries
-    (t, u) giving its rows, of `shape` (query, key) in all (a table made by blocks, never
-    whole). `hides`: the entries that hide a key ("-inf", "0", "true", "false"; "none", not
-    read: every key for each block). One span of every query and key where the mask
-    changes nothing anywhere; when traced, None; where blocks would skip less than a fifth
-    of the scores, None, or with `blocks` every key for each block of queries. The spans
-    are read off the mask's values, in one read back: on every call (`every_call`, a mask
+    that the block runs without it. `mask`: a tensor, or a function of queries and keys
+    (t, u, k, l) giving its entries there, of `shape` (query, key) in all (a table made by
+    blocks, never whole). `hides`: the entries that hide a key ("-inf", "0", "true",
+    "false"; "none", not read: every key for each block). `box`: with such a function, one
+    of the same arguments telling what the mask's condition holds at all those entries (2:
+    kept, the mask changing nothing; 1: kept; 0: hidden; None: it cannot tell), so that only
+    the keys it cannot tell, at the edges of what a block sees, are read; `values`: tensors
+    (..., position) the condition reads, given to `box` as functions of a first and last
+    position giving their least and greatest entries there (by tiles of QUERY_BLOCK). One span of every
+    query and key where the mask changes nothing anywhere; when traced, None; where blocks
+    would skip less than a fifth of the scores, None, or with `blocks` every key for each
+    block of queries. The values are read back at once: on every call (`every_call`, a mask
     of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
     device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
     if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
@@ -34,30 +39,73 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False):
         return every if blocks else None
     if hides == "none":  # a mask made by blocks that hides no key: every key for each block
         return every
-    if every_call and (mask if shape is None else mask(0, 0)).device.type not in HOST_READS:
+    if every_call and (mask if shape is None else mask(0, 0, 0, 0)).device.type not in HOST_READS:
         return every if blocks else None
-    seen, fit = [], []
+
+    if any(x.numel() == 0 for x in values):  # no entries at all: nothing to tell
+        box = None
+    if box is not None and values:  # their least and greatest by tiles, in one read
+        tiles = [x.reshape(-1, x.shape[-1]).double() for x in values]
+        tiles = [torch.cat([x, x[:, -1:].expand(-1, -x.shape[-1] % QUERY_BLOCK)], -1) for x in tiles]
+        tiles = [x.unflatten(-1, (-1, QUERY_BLOCK)) for x in tiles]
+        ends = torch.stack([e for x in tiles for e in (x.amin((0, 2)), x.amax((0, 2)))]).tolist()
+        values = [
+            lambda a, b, lo=lo, hi=hi: (min(lo[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]),
+                                        max(hi[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]))
+            for lo, hi in zip(ends[::2], ends[1::2])
+        ]
+
+    def told(t, u, k, l):  # the keys k:l in parts, each with what the condition holds there
+        said = box(t, u, k, l, *values)
+        if said is not None or l - k <= QUERY_BLOCK:
+            return [(k, l, said)]
+        half = k + max(1, (l - k) // (2 * QUERY_BLOCK)) * QUERY_BLOCK  # at a tile's edge
+        return told(t, u, k, half) + told(t, u, half, l)
+
+    read, parts = [], []  # the counts read, and each block's parts: (first key, counts)
     for t in range(0, n_q, QUERY_BLOCK):
-        rows = mask(t, min(t + QUERY_BLOCK, n_q)) if shape is not None else mask[..., t : t + QUERY_BLOCK, :]
-        keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
-        keep = ~rows if hides == "true" else keep
-        plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
-        seen.append(keep.any(-2).reshape(-1, n_k).any(0))
-        fit.append(plain.all(-2).reshape(-1, n_k).all(0))
-    # a block that sees no key: 0 to n_k; only keys a block sees can fit
-    seen, fit = torch.stack(seen), torch.stack(fit)
-    first, end, fits = torch.stack(
-        [seen.int().argmax(-1), n_k - seen.flip(-1).int().argmax(-1), fit.sum(-1)]
-    ).tolist()
+        u, told_apart, part = min(t + QUERY_BLOCK, n_q), [], []
+        for k, l, said in [(0, n_k, None)] if box is None else told(t, u, 0, n_k):
+            if said is None and told_apart and told_apart[-1][2] is None:
+                k = told_apart.pop()[0]  # keys not told apart side by side: read at once
+            told_apart.append((k, l, said))
+        for k, l, said in told_apart:
+            if said is not None:  # (seen, first seen, end, keys where it changes nothing)
+                part.append((k, (int(said > 0), 0, l - k, (l - k) * (said == 2))))
+                continue
+            rows = mask(t, u, k, l) if shape is not None else mask[..., t:u, k:l]
+            keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
+            keep = ~rows if hides == "true" else keep
+            plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
+            seen = keep.any(-2).reshape(-1, l - k).any(0).long()
+            fit = plain.all(-2).reshape(-1, l - k).all(0)
+            end = l - k - seen.flip(0).argmax()
+            read.append(torch.stack([seen.amax(), seen.argmax(), end, fit.sum()]))
+            part.append((k, len(read) - 1))
+        parts.append(part)
+    counts = torch.stack(read).tolist() if read else []
+    spans, fits = [], []
+    for t, part in zip(range(0, n_q, QUERY_BLOCK), parts):
+        part = [(k, counts[c] if isinstance(c, int) else c) for k, c in part]
+        seen = [(k + first, k + end) for k, (any_, first, end, _) in part if any_]
+        k0, k1 = (seen[0][0], seen[-1][1]) if seen else (0, n_k)  # none seen: 0 to n_k
+        fits.append(sum(count for _, (*_, count) in part))  # only keys a block sees can fit
+        spans.append((t, min(t + QUERY_BLOCK, n_q), k0, k1, fits[-1] == k1 - k0))
     if all(count == n_k for count in fits):
         return [(0, n_q, 0, n_k, True)]
-    starts = range(0, n_q, QUERY_BLOCK)
-    spans = [
-        (t, min(t + QUERY_BLOCK, n_q), k0, k1, count == k1 - k0)
-        for t, k0, k1, count in zip(starts, first, end, fits)
-    ]
     kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
     return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
+
+
+def M_box(tau, tau_p):
+    """What M's condition holds at every entry of positions tau[0] to tau[1] by
+    tau_p[0] to tau_p[1] (first and last): 2, kept and the mask changes nothing; 1, kept;
+    0, hidden; None where it cannot tell."""
+    if (tau[0] - tau_p[1] >= 0):
+        return 2
+    if (tau[1] - tau_p[0] < 0):
+        return 0
+    return None
 
 
 def safe_softmax(scores, dim=-1, overwrite=False):
@@ -104,9 +152,11 @@ def differential_constants(N, *, device, dtype):
     tau = torch.arange(N, device=device, dtype=torch.float64)
     tau_p = torch.arange(N, device=device, dtype=torch.float64)
     # M_<ττ'> = where(τ' > τ, -inf, 0)
-    def M_spans_rows(t, u):  # the mask's rows t:u, made from their positions
-        return M_at(tau[t:u], tau_p, device=device, dtype=dtype)
-    M_spans = key_spans(M_spans_rows, '-inf', (N, N), blocks=True)  # blocks of queries
+    def M_spans_entries(q_start, q_end, k_start, k_end):  # the mask at these queries and keys
+        return M_at(tau[q_start:q_end], tau_p[k_start:k_end], device=device, dtype=dtype)
+    def M_spans_box(q_start, q_end, k_start, k_end):  # what its condition holds at all
+        return M_box((q_start, q_end - 1), (k_start, k_end - 1))
+    M_spans = key_spans(M_spans_entries, '-inf', (N, N), blocks=True, box=M_spans_box)  # blocks of queries
     return M_spans,
 
 
@@ -179,10 +229,10 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            for t_2 in range(q0, q1, rows):
-                u_2 = min(t_2 + rows, q1)
-                M_block = M_at(tau[t_2:u_2], tau_p[k0:k1], device=device, dtype=dtype)
-                blocks.append(recomputed(differential_rows, Q_scaled[..., t_2:u_2, :], K[..., k0:k1, :], M_block, lambda__scaled, V[..., k0:k1, :]))
+            for t in range(q0, q1, rows):
+                u = min(t + rows, q1)
+                M_block = M_at(tau[t:u], tau_p[k0:k1], device=device, dtype=dtype)
+                blocks.append(recomputed(differential_rows, Q_scaled[..., t:u, :], K[..., k0:k1, :], M_block, lambda__scaled, V[..., k0:k1, :]))
         O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     # ρ_<μτ> : float32 = rsqrt(mean_<e>(O_<μτe>^2) + eps)
     rho_float32 = O.to(torch.promote_types(dtype, torch.float32))  # (…, μ, τ, e)
