@@ -90,5 +90,6 @@ def test_a_new_length_each_call_is_checked_as_the_first():
         spec(**_decode_step(8, values=9), scaling=0.5)
     mixed = _decode_step(10)
     mixed["V"] = mixed["V"].double()  # a kind checked once: a new one is checked again
-    with pytest.raises(ShapeError, match="V is torch.float64 on cpu, but it must be torch.float32"):
+    wrong = r"V is torch\.float64 on cpu, but it must be torch\.float32"
+    with pytest.raises(ShapeError, match=wrong):
         spec(**mixed, scaling=0.5)
