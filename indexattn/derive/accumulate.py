@@ -4,16 +4,12 @@ position scattered back by `where` on the index it selects."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..ir import At, Index, Node, Reduce, Ref, Sum, Tensor, renamed
 from .cotangents import ZERO, Cot, Line, Part, conjunction, equal, where
-
-if TYPE_CHECKING:
-    from .reverse import Derivation
+from .walk import Walk
 
 
-def accumulate(d: Derivation, tensor: Tensor) -> Cot:
+def accumulate(d: Walk, tensor: Tensor) -> Cot:
     """One equation for the cotangent of `tensor`: the sum of its parts; returns it read
     with the tensor's own layout."""
     parts = d.parts.pop(tensor)
@@ -42,7 +38,7 @@ def accumulate(d: Derivation, tensor: Tensor) -> Cot:
     return Cot(Ref(cotangent, tensor.layout, None), free, free)
 
 
-def uncovered(d: Derivation, tensor: Tensor, parts: list[Part], names: list[Index]) -> None:
+def uncovered(d: Walk, tensor: Tensor, parts: list[Part], names: list[Index]) -> None:
     """Every index of a cotangent must vary in some part (a cotangent constant along an
     index alone would need a tensor of ones, which the language has no name for)."""
     covered = set()
@@ -59,7 +55,7 @@ def uncovered(d: Derivation, tensor: Tensor, parts: list[Part], names: list[Inde
             )
 
 
-def term(d: Derivation, part: Part, names: list[Index], tensor: Tensor) -> Node:
+def term(d: Walk, part: Part, names: list[Index], tensor: Tensor) -> Node:
     """A part read in `names`: as it is, where its reference writes them; placed by `where`
     on a slice's index, where it writes a literal there; else scattered."""
     written, cot = part.ref.written, part.cot
@@ -72,7 +68,7 @@ def term(d: Derivation, part: Part, names: list[Index], tensor: Tensor) -> Node:
     return scatter(d, part, names, tensor)
 
 
-def scatter(d: Derivation, part: Part, names: list[Index], tensor: Tensor) -> Node:
+def scatter(d: Walk, part: Part, names: list[Index], tensor: Tensor) -> Node:
     """A part whose reference selects a slice or reads computed positions: named, then
     placed by `where` on the index of the slot, summed over the positions' indices."""
     ref, cot = part.ref, part.cot

@@ -4,8 +4,6 @@ given its own cotangent. An operator's slope is its rule in ops.DERIVATIVES (der
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy
 
 from ..ir import Apply, At, Concat, Field, Node, Product, Reduce, Ref, Sum
@@ -25,12 +23,10 @@ from .cotangents import (
     restrict,
     where,
 )
-
-if TYPE_CHECKING:
-    from .reverse import Derivation
+from .walk import Walk
 
 
-def back_ref(d: Derivation, node: Ref, cot: Cot) -> None:
+def back_ref(d: Walk, node: Ref, cot: Cot) -> None:
     """A part of the tensor's cotangent, summed over what the reference does not carry."""
     cot = restrict(cot, node.free)
     if d.precision() and not is_reference(cot.node):  # computed in it, then read
@@ -38,7 +34,7 @@ def back_ref(d: Derivation, node: Ref, cot: Cot) -> None:
     d.parts.setdefault(node.tensor, []).append(Part(node, cot))
 
 
-def back_field(d: Derivation, node: Field, cot: Cot) -> None:
+def back_field(d: Walk, node: Field, cot: Cot) -> None:
     """A field that reads a scalar sends the cotangent times its derivative in that
     scalar, summed over every index, to the scalar."""
     for symbol, scalar in d.symbols.items():
@@ -49,13 +45,13 @@ def back_field(d: Derivation, node: Field, cot: Cot) -> None:
             d.scalar_parts.setdefault(scalar, []).append(product([cot, factor], frozenset()).node)
 
 
-def back_sum(d: Derivation, node: Sum, cot: Cot) -> None:
+def back_sum(d: Walk, node: Sum, cot: Cot) -> None:
     """Each term gets the cotangent, summed over the indices the term does not carry."""
     for term in node.terms:
         d.back(term, restrict(cot, term.free))
 
 
-def back_product(d: Derivation, node: Product, cot: Cot) -> None:
+def back_product(d: Walk, node: Product, cot: Cot) -> None:
     """Each factor gets the cotangent times the other factors' values."""
     for k, f in enumerate(node.factors):
         if d.needs(f):
@@ -63,7 +59,7 @@ def back_product(d: Derivation, node: Product, cot: Cot) -> None:
             d.back(f, d.into(f, product([cot, *others], frozenset(f.free))))
 
 
-def back_apply(d: Derivation, node: Apply, cot: Cot) -> None:
+def back_apply(d: Walk, node: Apply, cot: Cot) -> None:
     """Each argument gets the cotangent times the function's slope in it."""
     if node.fn in STRUCTURAL:
         STRUCTURAL[node.fn](d, node, cot)
@@ -76,7 +72,7 @@ def back_apply(d: Derivation, node: Apply, cot: Cot) -> None:
         d.back(arg, d.into(arg, product([cot, slope(d, node, k)], frozenset(arg.free))))
 
 
-def back_where(d: Derivation, node: Apply, cot: Cot) -> None:
+def back_where(d: Walk, node: Apply, cot: Cot) -> None:
     """Each branch gets the cotangent where it is chosen, as the forward evaluates it
     (numerics.guarded): a branch that can overflow reads a finite value where it is
     hidden, so its slope there is finite and the zero cotangent gives zero, not
@@ -92,7 +88,7 @@ def back_where(d: Derivation, node: Apply, cot: Cot) -> None:
             d.back(arg, d.into(arg, Cot(where(condition, *chosen), free, mentions)))
 
 
-def back_dropout(d: Derivation, node: Apply, cot: Cot) -> None:
+def back_dropout(d: Walk, node: Apply, cot: Cot) -> None:
     """The cotangent times the mask the forward drew (in training)."""
     if d.training:
         mask = d.out.masks[id(node)]
@@ -101,7 +97,7 @@ def back_dropout(d: Derivation, node: Apply, cot: Cot) -> None:
     d.back(node.args[0], d.into(node.args[0], cot))
 
 
-def slope(d: Derivation, node: Apply, k: int) -> Cot:
+def slope(d: Walk, node: Apply, k: int) -> Cot:
     """∂ fn / ∂ argument k, at the forward's arguments, by the rule of ops.DERIVATIVES.
     Where the rule reads the function's own value (tanh's 1 - tanh(x)^2), that value is
     named once, as the forward's."""
@@ -115,22 +111,22 @@ def slope(d: Derivation, node: Apply, k: int) -> Cot:
     return Cot(rule, frozenset(node.free), frozenset().union(*(v.all for v in read)))
 
 
-def back_reduce(d: Derivation, node: Reduce, cot: Cot) -> None:
+def back_reduce(d: Walk, node: Reduce, cot: Cot) -> None:
     REDUCTIONS[node.fn](d, node, cot)
 
 
-def reduce_sum(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_sum(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent, spread along the summed indices."""
     d.back(node.body, d.into(node.body, cot))
 
 
-def reduce_mean(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_mean(d: Walk, node: Reduce, cot: Cot) -> None:
     count = sympy.Mul(*(i.size for i in node.over))
     scale = Cot(Field(1 / count, (), None), frozenset())
     reduce_sum(d, node, product([cot, scale], frozenset(node.free)))
 
 
-def reduce_softmax(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_softmax(d: Walk, node: Reduce, cot: Cot) -> None:
     """A (g - Σ_j A g), the row sum as a rewrite may write it."""
     a = d.value(node)
     cot = d.named(cot, node)
@@ -142,7 +138,7 @@ def reduce_softmax(d: Derivation, node: Reduce, cot: Cot) -> None:
     d.back(node.body, d.into(node.body, slope))
 
 
-def scaled(d: Derivation, node: Node, cot: Cot, slope: Cot) -> None:
+def scaled(d: Walk, node: Node, cot: Cot, slope: Cot) -> None:
     """The cotangent times the derivative `slope` (which carries node's indices), to
     `node`."""
     free = frozenset(node.free)
@@ -150,13 +146,13 @@ def scaled(d: Derivation, node: Node, cot: Cot, slope: Cot) -> None:
     d.back(node, d.into(node, product([cot, slope], free)))
 
 
-def reduce_logsumexp(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_logsumexp(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent times the softmax of the argument."""
     weights = d.value(Reduce("softmax", node.over, node.body, node.span))
     scaled(d, node.body, cot, weights)
 
 
-def reduce_max(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_max(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent where the argument equals the result, split evenly among the tied
     entries (as autograd's amax and the literal interpreter split it)."""
     body, top = d.value(node.body), d.value(node)
@@ -169,7 +165,7 @@ def reduce_max(d: Derivation, node: Reduce, cot: Cot) -> None:
     scaled(d, node.body, cot, share)
 
 
-def reduce_cumsum(d: Derivation, node: Reduce, cot: Cot) -> None:
+def reduce_cumsum(d: Walk, node: Reduce, cot: Cot) -> None:
     """The reverse running sum, Σ over j' ≥ j: the total, less the running sum, plus the
     term itself (or as a rewrite of BACKWARD_REWRITES writes it)."""
     g = d.named(cot, node)
@@ -179,7 +175,7 @@ def reduce_cumsum(d: Derivation, node: Reduce, cot: Cot) -> None:
     d.back(node.body, d.into(node.body, d.rewritten("running", plain, node, g)))
 
 
-def back_concat(d: Derivation, node: Concat, cot: Cot) -> None:
+def back_concat(d: Walk, node: Concat, cot: Cot) -> None:
     """Each part's cotangent is the whole's, read where the part was written: at
     [c] for the first, [N_c + τ] for the second."""
     if not cot.layout or node.over not in cot.free:
