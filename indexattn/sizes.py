@@ -163,10 +163,11 @@ def whole(spec: str, name: str, value) -> int:
 def straight_line(rules: Rules):
     """`rules` as one function of the shapes alone: every rank, read, quotient and check of
     `Rules.solve` in one straight line of comparisons, no loop and no lookup. It returns the
-    sizes, or None where any of them fails: then `Rules.solve` runs and says which, in its
-    words. A spec with a size no axis gives (one passed by keyword) has none: None always. Its
-    source holds only numbers and the local names it allocates (`s0` an argument's shape, `v0`
-    a size), never the spec's text."""
+    sizes where every one holds and the batched arguments have one batch (none to widen), or
+    None: then `Rules.solve` runs and says what does not fit, in its words. A spec with a size
+    no axis gives (one passed by keyword) has none: None always. Its source holds only numbers
+    and the local names it allocates (`s0` an argument's shape, `v0` a size), never the
+    spec's text."""
     slots = {size: f"v{k}" for k, size in enumerate(dict.fromkeys(r.size for r in rules.reads))}
     trees = [t for r in rules.reads for t in (r.divisor, r.offset)]
     trees += [t for q in rules.quotients for t in (q.numerator, q.denominator)]
@@ -195,9 +196,16 @@ def _lines(rules: Rules, slots: dict[str, str]) -> list[str]:
     for rank in rules.ranks:
         fails = "<" if rank.batched else "!="
         lines.append(f"    if len(s{rank.argument}) {fails} {int(rank.rank)}: return None")
+    batched = [r for r in rules.ranks if r.batched]
+    batches = [f"s{r.argument}[: len(s{r.argument}) - {int(r.rank)}]" for r in batched]
+    lines += [f"    if {batch} != {batches[0]}: return None" for batch in batches[1:]]
     for read in rules.reads:
+        axis = f"s{read.argument}[{int(read.axis)}]"
+        if (read.divisor, read.offset) == (1, 0):  # the axis is the size
+            lines.append(f"    {slots[read.size]} = {axis}")
+            continue
         lines += [
-            f"    rest = s{read.argument}[{int(read.axis)}] - {_printed(read.offset, slots)}",
+            f"    rest = {axis} - {_printed(read.offset, slots)}",
             f"    divisor = {_printed(read.divisor, slots)}",
             "    if divisor == 0 or rest < 0 or rest % divisor: return None",
             f"    {slots[read.size]} = rest // divisor",
@@ -205,7 +213,11 @@ def _lines(rules: Rules, slots: dict[str, str]) -> list[str]:
     for q in rules.quotients:
         over, under = _printed(q.numerator, slots), _printed(q.denominator, slots)
         lines.append(f"    if {over} % {under}: return None")
+    once = [r for r in rules.reads if [q.size for q in rules.reads].count(r.size) == 1]
+    plain = {(r.argument, r.axis, r.size) for r in once if (r.divisor, r.offset) == (1, 0)}
     for check in rules.checks:
+        if (check.argument, check.axis, check.expected) in plain:
+            continue  # the very axis its size was read off, alone
         expected = _printed(check.expected, slots)
         lines.append(f"    if s{check.argument}[{int(check.axis)}] != {expected}: return None")
     return [*lines, f"    return dict(zip(NAMES, ({''.join(v + ', ' for v in slots.values())})))"]

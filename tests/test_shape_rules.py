@@ -22,14 +22,20 @@ def _shapes(spec, seed: int, batch: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def _interpreted(rules, shapes):
+    """The interpreter's sizes, where they fit and the batched arguments share one batch (the
+    straight line leaves a batch to widen to the interpreter and the call's `_widen`)."""
     try:
-        return rules.solve(shapes, {})
+        sizes = rules.solve(shapes, {})
     except ShapeError:
         return None
+    batched = [r for r in rules.ranks if r.batched]
+    batches = {shapes[r.argument][: len(shapes[r.argument]) - r.rank] for r in batched}
+    return sizes if len(batches) <= 1 else None
 
 
 def _perturbed(shapes: list[tuple[int, ...]]):
-    """Every shape with one axis one longer, one axis dropped, or one axis added in front."""
+    """Every shape with one axis one longer, one axis dropped, or one axis added in front (a
+    batch axis of one argument alone, or a shape that does not fit)."""
     for k, shape in enumerate(shapes):
         for axis in range(len(shape)):
             longer = (*shape[:axis], shape[axis] + 1, *shape[axis + 1 :])

@@ -303,17 +303,18 @@ class CompiledSpec:
             self._same_kind(tensors)
             longs = self._longs(tensors)
         shapes = [tuple(t.shape) for t in tensors]
-        sizes = None if given else self._straight(shapes)
-        if sizes is None:  # a size given, or a shape that does not fit: the rules say which
-            sizes = self.rules.solve(shapes, given)
-        widen = self._widen(shapes)
-        self.positions.check_arguments(self.name, tensors, sizes)
-        keywords = {name: sizes[name] for name in self.required}
+        sizes, widen = None if given else self._straight(shapes), ()  # one batch: no widening
+        if sizes is None:  # a size given, batches to widen, or a shape that does not fit
+            sizes, widen = self._solve(tensors, given)
+        if self._every_call:  # positions read from inputs, or computed
+            self.positions.check_arguments(self.name, tensors, sizes)
+        keywords = {name: sizes[name] for name in self.required} if self.required else {}
         if self.constants_function is not None:
             keywords["constants"] = self._constants_for(sizes, scalars, tensors[self.plain.like])
         found = (sizes, keywords, widen, longs)
         with self._lock:
-            _bounded(self._kinds)[kinds] = longs
+            if kinds not in self._kinds:
+                _bounded(self._kinds)[kinds] = longs
             _bounded(self._calls)[key] = found
         return found
 

@@ -368,17 +368,31 @@ def layer_mask(*args, config=None, **kwargs) -> torch.Tensor | None:
     """The mask an indexattn model's layers get: sdpa's (transformers' sdpa_mask: none where it
     is plainly causal, or plainly sees every key), but always built for a family that does not
     run sdpa: transformers never called its layers without a mask, and their is_causal may not
-    say what the mask did (BigBirdPegasus's decoder: False, its mask causal)."""
-    from transformers.masking_utils import sdpa_mask
-
-    if config is not None and (config.model_type in BUILT or not runs_sdpa(config.model_type)):
+    say what the mask did (BigBirdPegasus's decoder: False, its mask causal). Once a decode
+    step: the family is read off the config's class (a config instance's attributes go through
+    transformers' own lookup)."""
+    if config is not None and builds_mask(getattr(type(config), "model_type", "")):
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
-    return sdpa_mask(*args, config=config, **kwargs)
+    return sdpa_mask()(*args, config=config, **kwargs)
 
 
 BUILT = {  # families whose layers read the mask as built, and sdpa's skipped one wrongly: why
     "doge": "its dynamic mask adds the one handed over, and is not causal without it (5.0)",
 }
+
+
+@functools.cache
+def sdpa_mask():
+    """transformers' sdpa mask function (imported when first asked for)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask
+
+
+@functools.cache
+def builds_mask(model_type: str) -> bool:
+    """Whether the family's layers always get a mask built: BUILT, or not run with sdpa."""
+    return model_type in BUILT or not runs_sdpa(model_type)
 
 
 @functools.cache
