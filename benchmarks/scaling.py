@@ -7,7 +7,9 @@ retention and causal linear attention by chunks). Float32, d_m 512, 8 heads of 6
 One thread; every figure comes from a fresh process: peak resident growth over the first
 call at N (after a call at N = 16 for the lazy imports; the spec's per-shape constants are
 built in it), and the median time of `--rounds` calls after it (with 0, the time of that
-first call, which is kept too).
+first call, which is kept too). Each record keeps the machine's load average (1, 5 and 15
+minutes) at the run's end; `--who spec` or `--who hand` runs one side only (a spec and its
+baseline side by side, in two invocations).
 
 A training step is the forward, then `backward` of the mean square (the spec through
 autograd). Each measurement is kept in benchmarks/scaling.json (the newest per spec, N,
@@ -15,6 +17,7 @@ implementation and mode); `--write` regenerates from it the tables and the plot
 (docs/scaling.svg) between the markers of docs/performance.md ("Scaling").
 
     .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--specs mha ...]
+    .venv/bin/python benchmarks/scaling.py --n 32768 --train --specs mha --who hand --rounds 0
     .venv/bin/python benchmarks/scaling.py --write
 """
 
@@ -121,6 +124,7 @@ def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
     )
     keys = ("name", "n", "who", "mode")
     got = {**dict(zip(keys, [name, n, *flags[2:]])), "device": "cpu", "rounds": rounds}
+    got["load"] = [round(x, 1) for x in os.getloadavg()]
     return {**got, **json.loads(done.stdout)}
 
 
@@ -187,6 +191,7 @@ def main() -> None:
     parser.add_argument("--specs", nargs="*", default=list(SPECS))
     parser.add_argument("--train", action="store_true", help="a training step, not a forward")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after the first")
+    parser.add_argument("--who", choices=("spec", "hand"), nargs="*", default=["spec", "hand"])
     parser.add_argument("--write", action="store_true", help="tables and plot into docs/")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,7 +202,7 @@ def main() -> None:
         return
     for n in args.n:
         for name in args.specs:
-            for hand in (False, True):
+            for hand in (who == "hand" for who in args.who):
                 record = measure(name, n, hand, args.train, args.rounds)
                 keep(record)
                 print(json.dumps(record, ensure_ascii=False), flush=True)
