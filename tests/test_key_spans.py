@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import indexattn
+from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,3 +104,34 @@ def test_documents_drawn_at_random_in_a_batch_give_the_spans_read():
     for n in (37, 64):
         (call,) = spans(text, n, 8, batch=(3,), runs=False)
         assert call["told"] == call["read"]
+
+
+def _row_blocks(scores: int, monkeypatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """softcap_window at N = 64, a window of 8, 2 heads, 8 queries a span: how many blocks its
+    rows' function runs on, with `scores` the budget of a block; its output and the oracle's."""
+    text = (ROOT / "specs" / "softcap_window.attn").read_text(encoding="utf-8")
+    spec = indexattn.compile_spec(text, name=f"row_blocks_{next(FRESH)}")
+    namespace, calls = spec.function.__globals__, []
+    name = f"{spec.name}_rows"  # the rows' function, named after the spec
+    rows = namespace[name]
+    monkeypatch.setitem(namespace, name, lambda *a, **k: calls.append(1) or rows(*a, **k))
+    monkeypatch.setitem(namespace, "QUERY_BLOCK", 8)
+    monkeypatch.setitem(namespace, "BLOCK_SCORES", scores)
+    sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": 64, "h": 2}
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    out = spec(**args, h=2, w=8, c=5.0)
+    (want,) = reference.evaluate(spec.ir, **args, h=2, w=8, c=5.0)
+    return len(calls), out, want
+
+
+def test_a_block_of_rows_spends_its_scores_on_the_keys_of_its_span(monkeypatch):
+    """Eight spans of 8 queries, each over at most 16 keys: a budget of 2 heads × 8 rows × 16
+    keys runs one block a span (budgeted against every key, 4 blocks a span); the twin, half
+    that budget, runs two where a span sees more than 8 keys. Values are the oracle's either
+    way."""
+    blocks, out, want = _row_blocks(2 * 8 * 16, monkeypatch)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    assert blocks == 8
+    blocks, out, want = _row_blocks(2 * 8 * 16 // 2, monkeypatch)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    assert 8 < blocks <= 16

@@ -76,12 +76,9 @@ class RowsWriter:
         main.needs.scalars |= self.emitter.needs.scalars
         main.needs.dtype |= self.casts
         main.use("torch")
-        per_row = [wrap(main.size(i)) for i in rows.scores.dims if i != rows.row]
-        batch = self._batch()
-        per_row = ([batch] if batch and rows.scores.batched else []) + per_row
         head = [
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
-            f"{count} = max(1, {self.knob} // ({' * '.join(per_row) or '1'}))",
+            f"{count} = max(1, {self.knob} // ({' * '.join(self._per_row(main)) or '1'}))",
             f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
             f"    {count} = {size}",
         ]
@@ -91,6 +88,15 @@ class RowsWriter:
         if self.spans is None:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
+
+    def _per_row(self, main: Emitter, keys: str | None = None) -> list[str]:
+        """The factors of a row's scores: its batch, heads and keys (`keys`: a span's count)."""
+        rows, key = self.rows, self.spans.hidden.key if keys else None
+        per_row = [
+            keys if i == key else wrap(main.size(i)) for i in rows.scores.dims if i != rows.row
+        ]
+        batch = self._batch()
+        return ([batch] if batch and rows.scores.batched else []) + per_row
 
     def _blocks(self, size: str, count: str, whole: list[str]) -> list[str]:
         """Every key for every block of rows."""
@@ -136,6 +142,7 @@ class RowsWriter:
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
             f"    {blocks} = []",
             f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
+            *("        " + line for line in self._span_rows(main, count, k0, k1)),
             f"        for {start} in range({q0}, {q1}, {count}):",
             f"            {end} = min({start} + {count}, {q1})",
             *("            " + line for line in made),
@@ -175,10 +182,20 @@ class RowsWriter:
             f"    {', '.join(lists[e.var] for e in joins)} = {', '.join('[]' for _ in joins)}",
             f"    {' = '.join(sums)} = None",
             f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
+            *("        " + line for line in self._span_rows(main, count, k0, k1)),
             f"        for {start} in range({q0}, {q1}, {count}):",
             *("            " + line for line in loop),
             *(f"    {names.var(e.var)} = {joined(lists[e.var], self._dim(e))}" for e in joins),
         ]
+
+    def _span_rows(self, main: Emitter, count: str, k0: str, k1: str) -> list[str]:
+        """The rows of a block over a span's keys alone: the scores' budget spent on the keys
+        the block reads, not on every key (a window's block of rows is then as long as the
+        span; fewer, longer blocks cost autograd fewer full-size slice gradients)."""
+        if self.spans is None:
+            return []
+        factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))
+        return [f"{count} = max(1, {self.knob} // ({factors}))  # rows a block over these keys"]
 
     def _into_keys(self, main: Emitter, exit: Operand, out: str, piece: str, k0: str, k1: str):
         """A block's part of a sum over the rows, over the keys it sees: added into them."""

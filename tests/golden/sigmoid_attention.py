@@ -184,6 +184,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
         for q0, q1, k0, k1, _ in A_grid_spans or [(0, N, 0, N, False)]:
+            rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 u = min(t + rows, q1)
                 A_grid_block = A_grid_at(tau[t:u], tau_p[k0:k1], device=device, dtype=dtype)

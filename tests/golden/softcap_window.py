@@ -219,6 +219,7 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     else:  # by blocks of τ, each over the keys the mask lets them see
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
+            rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 u = min(t + rows, q1)
                 M_block = M_at(tau[t:u], tau_p[k0:k1], w=w, device=device, dtype=dtype)
