@@ -183,11 +183,16 @@ class CompiledSpec:
         self.arguments = plain.arguments
         self._calls: dict = {}  # per kind of call: its sizes and the function's keywords
         self._kinds: dict = {}  # per dtypes, devices, given sizes and scalars: the longs
-        self._straight = straight_line(self.rules)
         self._every_call = self.positions.every_call
         self._constants: dict = {}
         self._checked: dict = {}
         self._lock = threading.Lock()
+
+    @cached_property
+    def _straight(self):
+        """The shape rules as one straight-line function (sizes.straight_line), printed when a
+        call of a new shape first asks for it: a spec compiled and never called prints none."""
+        return straight_line(self.rules)
 
     @cached_property
     def ir(self) -> ir.Spec:
