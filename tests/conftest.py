@@ -57,3 +57,21 @@ def default_dtype():
     torch.set_default_dtype(torch.float32)
     yield
     torch.set_default_dtype(torch.float32)
+
+
+@pytest.fixture
+def saving(monkeypatch):
+    """patch(namespace): a generated module's `by_blocks` runs its blocks through autograd's
+    own steps, every block's scores and weights saved and none made again (the twin of a
+    step that recomputes them)."""
+    import torch
+
+    def patch(namespace: dict) -> None:
+        pieces = namespace["pieces"]
+
+        def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
+            return torch.cat([block(*s, *pieces(tensors, cuts, s)) for s in spans], dim)
+
+        monkeypatch.setitem(namespace, "by_blocks", by_blocks)
+
+    return patch

@@ -30,6 +30,7 @@ def counted(spec, monkeypatch, budget: int | None) -> list[int]:
     monkeypatch.setitem(namespace, f"{spec.name}_rows", counting)
     if budget is not None:
         monkeypatch.setitem(namespace, "BLOCK_SCORES", budget)
+        monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     return calls
 
 

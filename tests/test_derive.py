@@ -666,6 +666,7 @@ def blocked(name: str, monkeypatch, lost: int | None = None) -> list[int]:
 
     monkeypatch.setitem(namespace, f"{backward.name}_rows", counting)
     monkeypatch.setitem(namespace, "BLOCK_SCORES", 1)
+    monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     if "QUERY_BLOCK" in namespace:  # blocks of two queries, over the keys they see
         monkeypatch.setitem(namespace, "QUERY_BLOCK", 2)
         monkeypatch.setattr(backward, "_constants", {})
@@ -714,7 +715,9 @@ def keep(counts: list[int], tensor: torch.Tensor) -> torch.Tensor:
         ("layers/gemma2", {"h_kv": 1, "n_rep": 2}, {"h_kv": 1}),  # the rest of the layer too
     ],
 )
-def test_a_training_step_holds_no_tensor_of_every_score(name, heads, given, budget, monkeypatch):
+def test_a_training_step_holds_no_tensor_of_every_score(
+    name, heads, given, budget, monkeypatch, saving
+):
     """softcap_window, and a whole Gemma 2 decoder layer, at 2 heads and N = 32: with four
     query rows per block, no tensor the derived backward makes, and none saved for it, has
     h N² elements; nor any autograd saves, the forward's blocks recomputed in its backward.
@@ -727,8 +730,9 @@ def test_a_training_step_holds_no_tensor_of_every_score(name, heads, given, budg
     every = 2 * 32 * 32
     for namespace in (backward.function.__globals__, spec.function.__globals__):
         monkeypatch.setitem(namespace, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+        monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     if budget is None:
-        monkeypatch.setitem(spec.function.__globals__, "recomputed", lambda f, *a, **k: f(*a, **k))
+        saving(spec.function.__globals__)
     saved = {}
     for mode in ("autograd", "derived"):
         leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
@@ -759,6 +763,7 @@ def test_a_block_holds_as_many_rows_as_its_scores_allow(budget, monkeypatch):
         namespace, f"{backward.name}_rows", lambda *a, **k: calls.append(1) or rows(*a, **k)
     )
     monkeypatch.setitem(namespace, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+    monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
     given = {k: v for k, v in sizes.items() if k in spec.required}
     out = spec(**leaves, **given, backward="derived")
@@ -782,6 +787,7 @@ def test_the_forward_that_keeps_runs_by_blocks_as_the_forward(name, heads, budge
     args = sample_arguments(spec.ir, sizes)
     keeping = function.keeping(spec, True)
     monkeypatch.setitem(keeping.function.__globals__, "BLOCK_SCORES", 2 * 32 * (budget or 32))
+    monkeypatch.setitem(keeping.function.__globals__, "BLOCK_ROWS", 1)
     given = {k: v for k, v in sizes.items() if k in spec.required}
     with Widest() as widest:
         keeping(**args, **given, w=8)

@@ -239,6 +239,7 @@ def test_blocks_of_rows_never_write_over_what_they_are_given(monkeypatch):
     assert targets and targets.isdisjoint(program.rows.inputs)
     assert ("Elementwise:tanh", "Add") in overwritten(spec)  # tanh writes over S, its own
     monkeypatch.setitem(spec.function.__globals__, "BLOCK_SCORES", 1)
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_ROWS", 1)
     gradients(spec)
 
 

@@ -117,6 +117,7 @@ def _row_blocks(scores: int, monkeypatch) -> tuple[int, torch.Tensor, torch.Tens
     monkeypatch.setitem(namespace, name, lambda *a, **k: calls.append(1) or rows(*a, **k))
     monkeypatch.setitem(namespace, "QUERY_BLOCK", 8)
     monkeypatch.setitem(namespace, "BLOCK_SCORES", scores)
+    monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": 64, "h": 2}
     args = sample_arguments(spec.ir, sizes, (), torch.float64)
     out = spec(**args, h=2, w=8, c=5.0)

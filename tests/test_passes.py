@@ -31,7 +31,7 @@ from indexattn.runtime.compiled import CompiledSpec, _plain
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn")) + sorted((ROOT / "specs" / "models").glob("*.attn"))
 # one row per block, two queries per span, chunks of two positions
-KNOBS = {"BLOCK_SCORES": 1, "QUERY_BLOCK": 2, "CHUNK": 2, "DECAY_CHUNK": 2}
+KNOBS = {"BLOCK_SCORES": 1, "BLOCK_ROWS": 1, "QUERY_BLOCK": 2, "CHUNK": 2, "DECAY_CHUNK": 2}
 
 
 class Case:

@@ -43,7 +43,7 @@ def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, to
     text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_blocks_{next(FRESH)}")
     namespace = spec.function.__globals__
-    for knob, value in {"QUERY_BLOCK": 32, "BLOCK_SCORES": HEADS * N * 32}.items():
+    for knob, value in {"QUERY_BLOCK": 32, "BLOCK_SCORES": HEADS * N * 32, "BLOCK_ROWS": 1}.items():
         if knob in namespace:
             monkeypatch.setitem(namespace, knob, value)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": N, "h": HEADS}
@@ -88,7 +88,7 @@ def test_a_table_a_call_reads_whole_stays_per_shape(name, blocked, capsys):
     assert ("(τ, τ') N², read whole" in dump) != blocked
 
 
-def saved(name: str, recompute: bool, monkeypatch) -> tuple[int, dict]:
+def saved(name: str, recompute: bool, monkeypatch, saving) -> tuple[int, dict]:
     """The elements autograd saves, all together, over a forward at N = 256 (two heads, 32
     queries a block), and the gradients of a backward after it; with each block recomputed
     in the backward, or its scores, weights and mask saved (`recompute` off)."""
@@ -100,7 +100,7 @@ def saved(name: str, recompute: bool, monkeypatch) -> tuple[int, dict]:
     namespace = spec.function.__globals__
     monkeypatch.setitem(namespace, "QUERY_BLOCK", 32)
     if not recompute:
-        monkeypatch.setitem(namespace, "recomputed", lambda f, *a, **k: f(*a, **k))
+        saving(namespace)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": n, "h": HEADS}
     args = sample_arguments(spec.ir, sizes, (), torch.float64)
     leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
@@ -111,12 +111,12 @@ def saved(name: str, recompute: bool, monkeypatch) -> tuple[int, dict]:
     return sum(counts), {k: v.grad for k, v in leaves.items() if v.grad is not None}
 
 
-def test_a_training_step_recomputes_each_block_of_the_kernel(monkeypatch):
+def test_a_training_step_recomputes_each_block_of_the_kernel(monkeypatch, saving):
     """T5's bias made by blocks, through the kernel by blocks of queries, under autograd: all
     the step saves is less than one h·N² tensor; the same gradients as with every block's
     mask and weights saved (the twin), which saves more than h·N² in all."""
-    blocked, grads = saved("t5_bias", True, monkeypatch)
-    whole, want = saved("t5_bias", False, monkeypatch)
+    blocked, grads = saved("t5_bias", True, monkeypatch, saving)
+    whole, want = saved("t5_bias", False, monkeypatch, saving)
     assert blocked < HEADS * 256 * 256 < whole
     for k, grad in want.items():
         torch.testing.assert_close(grads[k], grad, atol=1e-10, rtol=1e-10)

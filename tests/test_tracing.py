@@ -67,7 +67,7 @@ if os.environ.get("INDEXATTN_TRACE_ALL"):  # the complete run (docs/testing.md)
 
 # the module's knobs at sizes that reach several blocks of rows, spans and chunks at N of 9 to
 # 20 (the generated code's names; a second knob of a kind gets a suffix)
-SMALL = {"BLOCK_SCORES": 16, "QUERY_BLOCK": 4, "CHUNK": 4, "DECAY_CHUNK": 4}
+SMALL = {"BLOCK_SCORES": 16, "BLOCK_ROWS": 1, "QUERY_BLOCK": 4, "CHUNK": 4, "DECAY_CHUNK": 4}
 
 
 def small_blocks(spec, monkeypatch) -> None:

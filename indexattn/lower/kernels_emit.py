@@ -7,7 +7,7 @@ from functools import partial
 
 from ..ir import Index
 from . import tables_emit
-from .printers import joined, wrap
+from .printers import tuple_text, wrap
 from .steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from .values import axes_comment, expand, relayout
 
@@ -68,7 +68,7 @@ class KernelSteps:
         lines = [*joins, *made, f"{out} = {call()}"]
         if step.spans is not None:  # a loop, not a comprehension: that would close over
             spans = self.var(step.spans)  # the tensors, and torch.compile cannot trace their del
-            hints = ("blocks", "q0", "q1", "k0", "k1", "whole")
+            hints = ("q0", "q1", "k0", "k1", "whole")
             names = [self.names.fresh(hint) for hint in hints]
             # in training, dropout draws one mask of every score, as the derived backward's
             # forward and an unblocked call draw it (blocks would each draw their own)
@@ -79,8 +79,7 @@ class KernelSteps:
                 f"if {spans} is None{whole}:",
                 *("    " + line for line in lines[len(joins) :]),
                 "else:  # by blocks of queries, each over the keys its mask lets it see",
-                *("    " + line for line in self.attention_blocks(step, inputs, names)),
-                f"    {out} = {joined(names[0], -2)}",
+                *("    " + line for line in self.attention_blocks(step, inputs, out, names)),
             ]
         if joins:  # freed as the kernel's own arguments would be
             lines.append(f"del {', '.join(j.split(' = ')[0] for j in joins)}")
@@ -103,49 +102,60 @@ class KernelSteps:
             lines.append(f"{out} = {out}.unflatten({-3 - packed}, ({sizes}))")
         return lines
 
-    def attention_blocks(self, step: Attention, inputs: list[str], names: list[str]):
-        """The loop over the blocks of queries (`names`: the list, then a block's first query,
-        end, first key, end, whole). A mask made by blocks is made inside a function of the
-        block, recomputed in the backward with the block's scores (so autograd keeps no
-        block's mask or weights)."""
-        spans, blocks, block = self.var(step.spans), names[0], names[1:]
-        if step.mask is None or step.mask.var not in self.blocked:
-            return [
-                f"{blocks} = []",
-                f"for {', '.join(block)} in {spans}:",
-                *("    " + line for line in self.mask_block(step, block)),
-                f"    {blocks}.append({self.attention_call(step, *inputs, block)})",
-            ]
+    def attention_blocks(self, step: Attention, inputs: list[str], out: str, block: list[str]):
+        """The blocks of queries into `out` (`block`: the names of a block's first query,
+        end, first key, end, whole), through the module's `by_blocks`: a function of one
+        block, which makes the mask's block where it is a table made by blocks, recomputed in
+        the backward with the block's scores (so autograd keeps no block's mask or weights);
+        the queries, keys and values cut to the block by `by_blocks`, and every other tensor
+        the block reads passed whole (never closed over: their gradients are made)."""
+        spans = self.var(step.spans)
         q, k, v = (self.names.fresh(h) for h in ("q", "k", "v"))
         function = self.names.fresh(self.var(step.out) + "_block")
         values = self.heads(step.v, step.v_dims, step.kv_heads)
-        recomputed = self.helper(recomputed_text, "recomputed")
+        tensors = [inputs[0], inputs[1], values]
+        cuts = ['{-2: "q"}', '{-2: "k"}', '{-2: "k"}']
+        params = [q, k, v]
+        if step.mask is not None:
+            table = self.blocked.get(step.mask.var)
+            read = table.inputs if table is not None else (self.var(step.mask),)
+            if table is not None:  # a scalar may be a tensor too
+                scalars = {s.ascii for s in self.spec.scalars}
+                read += tuple(name for name in table.keywords if name in scalars)
+            params += [name for name in read if name not in params]
+            tensors += params[3:]
+            cuts += ["{}"] * (len(params) - 3)
+        by_blocks = self.helper(by_blocks_text, "by_blocks", "Blocks", "pieces")
+        call = self.attention_call(step, q, k, block, v, cut=True)
         return [
-            f"def {function}({', '.join([q, k, v, *block])}):  # recomputed in the backward",
+            f"def {function}({', '.join([*block, *params])}):  # made again in the backward",
             *("    " + line for line in self.mask_block(step, block)),
-            f"    return {self.attention_call(step, q, k, block, v)}",
-            f"{blocks} = []",
-            f"for {', '.join(block)} in {spans}:",
-            f"    {blocks}.append({recomputed}({', '.join([function, *inputs, values, *block])}))",
+            f"    return {call}",
+            f"{out} = {by_blocks}({function}, {spans}, {tuple_text(tensors)}, {tuple_text(cuts)})",
         ]
 
     def attention_call(
-        self, step: Attention, q: str, k: str, block: list | None = None, v: str | None = None
+        self,
+        step: Attention,
+        q: str,
+        k: str,
+        block: list | None = None,
+        v: str | None = None,
+        cut: bool = False,
     ) -> str:
         """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
         end, first key, end, and whether the mask changes nothing there), on those queries and
-        keys alone, and without the mask where it changes nothing."""
+        keys alone (`cut`: `q`, `k` and `v` are cut to them already), and without the mask
+        where it changes nothing."""
         rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
-        args = [
-            _sliced(q, rows),
-            _sliced(k, keys),
-            _sliced(v or self.heads(step.v, step.v_dims, step.kv_heads), keys),
-        ]
+        args = [q, k, v or self.heads(step.v, step.v_dims, step.kv_heads)]
+        if not cut:
+            args = [_sliced(args[0], rows), _sliced(args[1], keys), _sliced(args[2], keys)]
         if step.mask is not None and step.mask.var in self.blocked:  # made for the block
             mask = self.attention_mask(step, self.block_name(step.mask.var), q if v else "")
             args.append(f"attn_mask={f'None if {block[4]} else ' if block else ''}{mask}")
         elif step.mask is not None:
-            mask = self.attention_mask(step)
+            mask = self.attention_mask(step, None, q if v else "")
             if block:  # as the kernel takes it, the mask ends in (query, key)
                 mask = f"None if {block[4]} else {wrap(mask)}[..., {rows}, {keys}]"
             args.append(f"attn_mask={mask}")
@@ -544,3 +554,107 @@ def recomputed_text(name: str) -> str:
     if torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return function(*args, **kwargs)
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)'''
+
+
+def by_blocks_text(name: str, function: str, pieces: str) -> str:
+    """The module's function that runs a block function over blocks of queries (or rows) and
+    joins the results, and the autograd Function and the cutting it runs."""
+    return f'''def {pieces}(tensors, cuts, span):
+    """Each tensor cut to a block, along each axis its cut names: to the span's queries
+    ("q": span[0]:span[1]) or keys ("k": span[2]:span[3]). Views: nothing is copied."""
+    out = []
+    for tensor, cut in zip(tensors, cuts):
+        for axis, which in cut.items():
+            start, end = span[0:2] if which == "q" else span[2:4]
+            tensor = tensor.narrow(axis, start, end - start)
+        out.append(tensor)
+    return out
+
+
+class {function}(torch.autograd.Function):
+    """The blocks of `{name}` as one autograd step. The forward keeps no block's scores; the
+    backward makes each block again from its pieces and adds its gradients into one per
+    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
+    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
+    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+
+    @staticmethod
+    def forward(ctx, block, spans, cuts, dim, draws, *values):
+        tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
+        ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        outs, ctx.states = [], []
+        for span in spans:
+            if draws:  # the random state the block draws from, replayed in the backward
+                devices = torch.utils.checkpoint.get_device_states(*tensors)
+                ctx.states.append((torch.get_rng_state(), devices))
+            outs.append(block(*span, *{pieces}(values, cuts, span)))
+        ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
+        ctx.sizes = [out.shape[dim] for out in outs]
+        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.save_for_backward(*tensors)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "{name}: no second derivative (its backward adds into its gradients in place); "
+                "differentiate twice under torch.func, which runs the plain blocks"
+            )
+        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
+        values = [next(saved) if number is None else number for number in ctx.numbers]
+        sums = [  # float32 or wider
+            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
+            for v, n in zip(values, needs)
+            if n
+        ]
+        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
+            cut = {pieces}(leaves, ctx.cuts, span)
+            cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
+            state = ctx.states[k] if ctx.states else None  # as the forward drew, if it drew
+            devices = state[1][0] if state else []
+            with torch.random.fork_rng(devices, state is not None, device_type=ctx.kind):
+                if state is not None:
+                    torch.set_rng_state(state[0])
+                    torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
+                with torch.enable_grad():
+                    out = ctx.block(*span, *cut)
+            if out.requires_grad:
+                part = grad.narrow(ctx.dim, start, size)
+                wanted = [p for p, n in zip(cut, needs) if n]
+                found = torch.autograd.grad(out, wanted, part, allow_unused=True)
+                for total, got in zip({pieces}(sums, into, span), found):
+                    if got is not None:
+                        total.add_(got)
+            start += size
+        made = iter(sums)
+        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
+        return None, None, None, None, None, *grads
+
+
+def {name}(block, spans, tensors, cuts, dim=-2, draws=False):
+    """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
+    along `dim`: each tensor cut to the span as `cuts` says ({pieces}); a number (a scalar,
+    which may be a tensor too) passed as it is. Under autograd one
+    step ({function}) whose backward makes each block again (`draws`: dropout's draws
+    replayed), so that a training step holds one block's scores at a time; traced or under
+    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
+    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
+    if torch._C._are_functorch_transforms_active():
+        grads = False
+    traced = torch.compiler.is_compiling()
+    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+        return {function}.apply(block, spans, cuts, dim, draws, *tensors)
+    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
+        outs = [
+            torch.utils.checkpoint.checkpoint(
+                block, *span, *{pieces}(tensors, cuts, span), use_reentrant=False
+            )
+            for span in spans
+        ]
+    else:
+        outs = [block(*span, *{pieces}(tensors, cuts, span)) for span in spans]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim)'''

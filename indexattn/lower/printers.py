@@ -233,3 +233,9 @@ def _closing(code: str, start: int) -> int:
 def joined(blocks: str, dim: int) -> str:
     """The list `blocks` of tensors as one along `dim`: the one block itself, uncopied."""
     return f"{blocks}[0] if len({blocks}) == 1 else torch.cat({blocks}, dim={dim})"
+
+
+def tuple_text(items) -> str:
+    """A tuple's text: `(a,)` for one item."""
+    items = list(items)
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"

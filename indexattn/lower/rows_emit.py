@@ -8,9 +8,9 @@ from .. import ops
 from ..ir import Index, Spec
 from . import tables_emit
 from .emit import Emitter
-from .kernels_emit import recomputed_text
+from .kernels_emit import by_blocks_text, recomputed_text
 from .naming import Names
-from .printers import joined, wrap
+from .printers import joined, tuple_text, wrap
 from .program import KeySpans, Rows
 from .steps import Elementwise, Operand, Step, Var
 
@@ -24,6 +24,7 @@ class RowsWriter:
         self.emitter = Emitter(spec, names)
         self.function = names.fresh(names.function + "_rows")
         self.knob = names.fresh("BLOCK_SCORES")
+        self.floor = names.fresh("BLOCK_ROWS")
         self.body: list[str] = []
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
@@ -65,7 +66,11 @@ class RowsWriter:
         knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
         if self.rows.summed:  # a backward holds four to nine tensors of the scores' size
             knob = f"{self.knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
-        return knob + "\n\n\n" + "\n".join([head, *("    " + line for line in lines)])
+        knob += f" (but {self.floor} rows)"
+        floor = f"{self.floor} = 64  # rows a block holds at least: its keys' gradients cost"
+        floor += " a 64th of its work"
+        lines = [knob, floor, "", "", head, *("    " + line for line in lines)]
+        return "\n".join(lines)
 
     def call(self, main: Emitter) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
@@ -76,9 +81,10 @@ class RowsWriter:
         main.needs.scalars |= self.emitter.needs.scalars
         main.needs.dtype |= self.casts
         main.use("torch")
+        per_row = " * ".join(self._per_row(main)) or "1"
         head = [
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
-            f"{count} = max(1, {self.knob} // ({' * '.join(self._per_row(main)) or '1'}))",
+            f"{count} = max({self.floor}, {self.knob} // ({per_row}))",
             f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
             f"    {count} = {size}",
         ]
@@ -101,54 +107,95 @@ class RowsWriter:
     def _blocks(self, size: str, count: str, whole: list[str]) -> list[str]:
         """Every key for every block of rows."""
         names, rows = self.names, self.rows
-        start, blocks, out = names.fresh("t"), names.fresh("blocks"), names.var(rows.exits[0].var)
-        piece = f"{start}:{start} + {count}"
-        made, call = (
-            self._made({rows.row: piece}),
-            self._call(self._arguments({rows.row: piece}), True),
-        )
-        head = [f"if {count} >= {size}:", *_ending(whole, f"{out} = "), "else:"]
-        if made:  # the tables' blocks on lines of their own: a loop
-            return [
-                *head,
-                f"    {blocks} = []",
-                f"    for {start} in range(0, {size}, {count}):",
-                *("        " + line for line in made),
-                f"        {blocks}.append({call})",
-                f"    {out} = torch.cat({blocks}, dim={self._dim()})",
-            ]
+        start, end = names.fresh("t"), names.fresh("u")
+        blocks, out = names.fresh("blocks"), names.var(rows.exits[0].var)
+        function, call = self._by_blocks({rows.row: f"{start}:{end}"}, [start, end], blocks)
         return [
-            *head,
-            f"    {blocks} = [",
-            f"        {call}",
-            f"        for {start} in range(0, {size}, {count})",
-            "    ]",
-            f"    {out} = torch.cat({blocks}, dim={self._dim()})",
+            f"if {count} >= {size}:",
+            *_ending(whole, f"{out} = "),
+            "else:",
+            *("    " + line for line in function),
+            f"    {blocks} = []",
+            f"    for {start} in range(0, {size}, {count}):",
+            f"        {blocks}.append(({start}, min({start} + {count}, {size})))",
+            f"    {out} = {call}",
         ]
 
     def _spans(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
         """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
         names, rows, spans = self.names, self.rows, self.spans
-        q0, q1, k0, k1, start, end, blocks = (
-            names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "u", "blocks")
+        q0, q1, k0, k1, start, blocks = (
+            names.fresh(hint) for hint in ("q0", "q1", "k0", "k1", "t", "blocks")
         )
         out, read = names.var(rows.exits[0].var), names.var(spans.step.out.var)
+        end = names.fresh("u")  # the block function's parameters: t, u, k0, k1
         cuts = {rows.row: f"{start}:{end}", spans.hidden.key: f"{k0}:{k1}"}
-        made, call = self._made(cuts), self._call(self._arguments(cuts), True)
+        function, call = self._by_blocks(cuts, [start, end, k0, k1], blocks)
         every = f"0, {size}, 0, {main.size(spans.hidden.key)}"  # every query and key
         return [  # one call where the blocks skip nothing, or the mask hides nothing
             f"if {count} >= {size} and {read} in (None, [({every}, True)]):",
             *_ending(whole, f"{out} = "),
             f"else:  # by blocks of {rows.row.glyph}, each over the keys the mask lets them see",
+            *("    " + line for line in function),
             f"    {blocks} = []",
             f"    for {q0}, {q1}, {k0}, {k1}, _ in {read} or [({every}, False)]:",
             *("        " + line for line in self._span_rows(main, count, k0, k1)),
             f"        for {start} in range({q0}, {q1}, {count}):",
-            f"            {end} = min({start} + {count}, {q1})",
-            *("            " + line for line in made),
-            f"            {blocks}.append({call})",
-            f"    {out} = {joined(blocks, self._dim())}",
+            f"            {blocks}.append(({start}, min({start} + {count}, {q1}), {k0}, {k1}))",
+            f"    {out} = {call}",
         ]
+
+    def _by_blocks(self, cuts: dict[Index, str], span: list[str], blocks: str):
+        """The function of one block (its parameters: the names of `span`, then the tensors
+        it reads), and the module's `by_blocks` call that runs it on each of `blocks`, each
+        tensor cut to the block's rows and keys by `by_blocks` (so that the backward adds
+        each block's gradients into one per tensor): the rows' inputs, the tensors the
+        tables made by block read, and the scalars, which may be tensors (passed, never
+        closed over: their gradients are made)."""
+        tables = self._tables()
+        function = self.names.fresh(self.names.function + "_block")
+        inputs = self.rows.inputs
+        tensors = {self.names.var(v): self._cut(v, cuts) for v in inputs if v not in tables}
+        scalars = {s.ascii for s in self.spec.scalars}
+        read = [name for name in self.keywords() if name in scalars]
+        for var in tables:
+            table = self.emitter.blocked[var]
+            read += [*table.inputs, *(name for name in table.keywords if name in scalars)]
+        tensors |= {name: "{}" for name in read if name not in tensors}
+        arguments = [self._block(v) if v in tables else self.names.var(v) for v in inputs]
+        lines = [
+            f"def {function}({', '.join([*span, *tensors])}):  # made again in the backward",
+            *("    " + line for line in self._made(cuts)),
+            f"    return {self._call(arguments)}",
+        ]
+        by_blocks = self.main.helper(by_blocks_text, "by_blocks", "Blocks", "pieces")
+        args = [function, blocks, tuple_text(tensors), tuple_text(tensors.values())]
+        args += [f"dim={self._dim()}"] if self._dim() != -2 else []
+        args += ["draws=training"] if self.dropout else []
+        return lines, f"{by_blocks}({', '.join(args)})"
+
+    def _cut(self, var: Var, cuts: dict[Index, str]) -> str:
+        """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
+        from the end when batched, else from the start."""
+        found = self._axes(var, cuts)
+        if not found:
+            return "{}"
+        _, count, batched = self._layout(var)
+        which = {self.rows.row: "q"} | ({self.spans.hidden.key: "k"} if self.spans else {})
+        axes = {(axis - count if batched else axis): which[i] for axis, i in found.items()}
+        return "{" + ", ".join(f'{axis}: "{w}"' for axis, w in axes.items()) + "}"
+
+    def _axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
+        """The axes of the input along which it is cut to `pieces`: its row axis and key axis
+        (by their place in its layout), where `pieces` has one."""
+        found = [(self.rows.sliced, self.rows.row)]
+        found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
+        return {t[var][0]: i for t, i in found if var in t and i in pieces}
+
+    def _layout(self, var: Var) -> tuple:
+        """(axis, axes, batched) of an input cut along the rows or keys."""
+        tables = [self.rows.sliced] + ([self.spans.hidden.keyed] if self.spans else [])
+        return next(table[var] for table in tables if var in table)
 
     def _parts(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
@@ -195,7 +242,8 @@ class RowsWriter:
         if self.spans is None:
             return []
         factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))
-        return [f"{count} = max(1, {self.knob} // ({factors}))  # rows a block over these keys"]
+        count = f"{count} = max({self.floor}, {self.knob} // ({factors}))"
+        return [count + "  # rows a block over these keys"]
 
     def _into_keys(self, main: Emitter, exit: Operand, out: str, piece: str, k0: str, k1: str):
         """A block's part of a sum over the rows, over the keys it sees: added into them."""
@@ -244,16 +292,14 @@ class RowsWriter:
         """The input cut to `pieces` along its row and key axes: counted from the end when
         batched (after `...`), else from the start."""
         name = self.names.var(var)
-        found = [(self.rows.sliced, self.rows.row)]
-        found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
-        cuts = {t[var][0]: pieces[i] for t, i in found if var in t and i in pieces}
+        cuts = {axis: pieces[i] for axis, i in self._axes(var, pieces).items()}
         made = self.emitter.blocked.get(var)
         if made is not None:  # a table made per block from its positions (passes/tables.py)
             own = {made.dims[axis]: piece for axis, piece in cuts.items()}
             return tables_emit.call(made, self.main, own)
         if not cuts:
             return name
-        _, axes, batched = next(table[var] for table, _ in found if var in table)
+        _, axes, batched = self._layout(var)
         kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
         items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
         return f"{name}[{', '.join(items)}]"

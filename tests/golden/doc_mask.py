@@ -109,15 +109,105 @@ def M_keep_and_box(tau, tau_p, D):
     return None
 
 
-def recomputed(function, *args, **kwargs):
-    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
-    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
-    so that a training step holds one block's at a time, never every row's; the random
-    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
-    call."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return function(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+def pieces(tensors, cuts, span):
+    """Each tensor cut to a block, along each axis its cut names: to the span's queries
+    ("q": span[0]:span[1]) or keys ("k": span[2]:span[3]). Views: nothing is copied."""
+    out = []
+    for tensor, cut in zip(tensors, cuts):
+        for axis, which in cut.items():
+            start, end = span[0:2] if which == "q" else span[2:4]
+            tensor = tensor.narrow(axis, start, end - start)
+        out.append(tensor)
+    return out
+
+
+class Blocks(torch.autograd.Function):
+    """The blocks of `by_blocks` as one autograd step. The forward keeps no block's scores; the
+    backward makes each block again from its pieces and adds its gradients into one per
+    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
+    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
+    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+
+    @staticmethod
+    def forward(ctx, block, spans, cuts, dim, draws, *values):
+        tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
+        ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        outs, ctx.states = [], []
+        for span in spans:
+            if draws:  # the random state the block draws from, replayed in the backward
+                devices = torch.utils.checkpoint.get_device_states(*tensors)
+                ctx.states.append((torch.get_rng_state(), devices))
+            outs.append(block(*span, *pieces(values, cuts, span)))
+        ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
+        ctx.sizes = [out.shape[dim] for out in outs]
+        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.save_for_backward(*tensors)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "by_blocks: no second derivative (its backward adds into its gradients in place); "
+                "differentiate twice under torch.func, which runs the plain blocks"
+            )
+        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
+        values = [next(saved) if number is None else number for number in ctx.numbers]
+        sums = [  # float32 or wider
+            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
+            for v, n in zip(values, needs)
+            if n
+        ]
+        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
+            cut = pieces(leaves, ctx.cuts, span)
+            cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
+            state = ctx.states[k] if ctx.states else None  # as the forward drew, if it drew
+            devices = state[1][0] if state else []
+            with torch.random.fork_rng(devices, state is not None, device_type=ctx.kind):
+                if state is not None:
+                    torch.set_rng_state(state[0])
+                    torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
+                with torch.enable_grad():
+                    out = ctx.block(*span, *cut)
+            if out.requires_grad:
+                part = grad.narrow(ctx.dim, start, size)
+                wanted = [p for p, n in zip(cut, needs) if n]
+                found = torch.autograd.grad(out, wanted, part, allow_unused=True)
+                for total, got in zip(pieces(sums, into, span), found):
+                    if got is not None:
+                        total.add_(got)
+            start += size
+        made = iter(sums)
+        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
+        return None, None, None, None, None, *grads
+
+
+def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
+    """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
+    along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,
+    which may be a tensor too) passed as it is. Under autograd one
+    step (Blocks) whose backward makes each block again (`draws`: dropout's draws
+    replayed), so that a training step holds one block's scores at a time; traced or under
+    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
+    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
+    if torch._C._are_functorch_transforms_active():
+        grads = False
+    traced = torch.compiler.is_compiling()
+    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+        return Blocks.apply(block, spans, cuts, dim, draws, *tensors)
+    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
+        outs = [
+            torch.utils.checkpoint.checkpoint(
+                block, *span, *pieces(tensors, cuts, span), use_reentrant=False
+            )
+            for span in spans
+        ]
+    else:
+        outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
 
 
 def M_keep_and_at(tau, tau_p, D, *, device, dtype):
@@ -164,13 +254,10 @@ def doc_mask(X, D, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight, *
         M_keep_and_block = M_keep_and_at(tau, tau_p, D, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
-        def O_block(q, k, v, q0, q1, k0, k1, whole):  # recomputed in the backward
+        def O_block(q0, q1, k0, k1, whole, q, k, v, D):  # made again in the backward
             M_keep_and_block = None if whole else M_keep_and_at(tau[q0:q1], tau_p[k0:k1], D, device=device, dtype=dtype)
-            return F.scaled_dot_product_attention(q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=None if whole else M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
-        blocks = []
-        for q0, q1, k0, k1, whole in M_keep_and_spans:
-            blocks.append(recomputed(O_block, Q, K, V, q0, q1, k0, k1, whole))
-        O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None if whole else M_keep_and_block if M_keep_and_block.dim() == 2 else M_keep_and_block[..., None, :, :], scale=1/math.sqrt(d_k))
+        O = by_blocks(O_block, M_keep_and_spans, (Q, K, V, D), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V, M_keep_and_spans
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

@@ -137,6 +137,107 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None,
     return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
 
 
+def pieces(tensors, cuts, span):
+    """Each tensor cut to a block, along each axis its cut names: to the span's queries
+    ("q": span[0]:span[1]) or keys ("k": span[2]:span[3]). Views: nothing is copied."""
+    out = []
+    for tensor, cut in zip(tensors, cuts):
+        for axis, which in cut.items():
+            start, end = span[0:2] if which == "q" else span[2:4]
+            tensor = tensor.narrow(axis, start, end - start)
+        out.append(tensor)
+    return out
+
+
+class Blocks(torch.autograd.Function):
+    """The blocks of `by_blocks` as one autograd step. The forward keeps no block's scores; the
+    backward makes each block again from its pieces and adds its gradients into one per
+    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
+    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
+    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+
+    @staticmethod
+    def forward(ctx, block, spans, cuts, dim, draws, *values):
+        tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
+        ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        outs, ctx.states = [], []
+        for span in spans:
+            if draws:  # the random state the block draws from, replayed in the backward
+                devices = torch.utils.checkpoint.get_device_states(*tensors)
+                ctx.states.append((torch.get_rng_state(), devices))
+            outs.append(block(*span, *pieces(values, cuts, span)))
+        ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
+        ctx.sizes = [out.shape[dim] for out in outs]
+        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.save_for_backward(*tensors)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "by_blocks: no second derivative (its backward adds into its gradients in place); "
+                "differentiate twice under torch.func, which runs the plain blocks"
+            )
+        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
+        values = [next(saved) if number is None else number for number in ctx.numbers]
+        sums = [  # float32 or wider
+            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
+            for v, n in zip(values, needs)
+            if n
+        ]
+        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
+            cut = pieces(leaves, ctx.cuts, span)
+            cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
+            state = ctx.states[k] if ctx.states else None  # as the forward drew, if it drew
+            devices = state[1][0] if state else []
+            with torch.random.fork_rng(devices, state is not None, device_type=ctx.kind):
+                if state is not None:
+                    torch.set_rng_state(state[0])
+                    torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
+                with torch.enable_grad():
+                    out = ctx.block(*span, *cut)
+            if out.requires_grad:
+                part = grad.narrow(ctx.dim, start, size)
+                wanted = [p for p, n in zip(cut, needs) if n]
+                found = torch.autograd.grad(out, wanted, part, allow_unused=True)
+                for total, got in zip(pieces(sums, into, span), found):
+                    if got is not None:
+                        total.add_(got)
+            start += size
+        made = iter(sums)
+        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
+        return None, None, None, None, None, *grads
+
+
+def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
+    """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
+    along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,
+    which may be a tensor too) passed as it is. Under autograd one
+    step (Blocks) whose backward makes each block again (`draws`: dropout's draws
+    replayed), so that a training step holds one block's scores at a time; traced or under
+    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
+    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
+    if torch._C._are_functorch_transforms_active():
+        grads = False
+    traced = torch.compiler.is_compiling()
+    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+        return Blocks.apply(block, spans, cuts, dim, draws, *tensors)
+    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
+        outs = [
+            torch.utils.checkpoint.checkpoint(
+                block, *span, *pieces(tensors, cuts, span), use_reentrant=False
+            )
+            for span in spans
+        ]
+    else:
+        outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
+
+
 def nsa_constants(N, l, w, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     table = torch.promote_types(dtype, torch.float32)  # docs/language.md, Numerics
@@ -211,10 +312,9 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     if Ss_keep_and_spans is None:
         Os = F.scaled_dot_product_attention(Q, K, V, attn_mask=Ss_keep_and, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
-        blocks = []
-        for q0, q1, k0, k1, whole in Ss_keep_and_spans:
-            blocks.append(F.scaled_dot_product_attention(Q[..., q0:q1, :], K[..., k0:k1, :], V[..., k0:k1, :], attn_mask=None if whole else Ss_keep_and[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k)))
-        Os = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)  # (…, μ, τ, a)
+        def Os_block(q0, q1, k0, k1, whole, q, k, v, Ss_keep_and):  # made again in the backward
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None if whole else Ss_keep_and[..., q0:q1, k0:k1], scale=1/math.sqrt(d_k))
+        Os = by_blocks(Os_block, Ss_keep_and_spans, (Q, K, V, Ss_keep_and), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))  # (…, μ, τ, a)
     del Sc, Ms_keep_top, Ms_keep_or, Ms_keep_at, Ss_keep_and, Ss_keep_and_spans
     # Mw_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
     # Aw_<μττ'> = softmax_<τ'>(Q_<μτa> K_<μτ'a> / sqrt(d_k) + Mw_<ττ'>)
@@ -222,10 +322,9 @@ def nsa(X, q_proj_weight, k_proj_weight, v_proj_weight, g_proj_weight, phi, o_pr
     if Mw_keep_spans is None:
         Ow = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mw_keep, scale=1/math.sqrt(d_k))
     else:  # by blocks of queries, each over the keys its mask lets it see
-        blocks_2 = []
-        for q0_2, q1_2, k0_2, k1_2, whole_2 in Mw_keep_spans:
-            blocks_2.append(F.scaled_dot_product_attention(Q[..., q0_2:q1_2, :], K[..., k0_2:k1_2, :], V[..., k0_2:k1_2, :], attn_mask=None if whole_2 else Mw_keep[..., q0_2:q1_2, k0_2:k1_2], scale=1/math.sqrt(d_k)))
-        Ow = blocks_2[0] if len(blocks_2) == 1 else torch.cat(blocks_2, dim=-2)  # (…, μ, τ, a)
+        def Ow_block(q0_2, q1_2, k0_2, k1_2, whole_2, q_2, k_2, v_2, Mw_keep):  # made again in the backward
+            return F.scaled_dot_product_attention(q_2, k_2, v_2, attn_mask=None if whole_2 else Mw_keep[..., q0_2:q1_2, k0_2:k1_2], scale=1/math.sqrt(d_k))
+        Ow = by_blocks(Ow_block, Mw_keep_spans, (Q, K, V, Mw_keep), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V
     # G_<μτg> = sigmoid(g_proj_weight_<(μg)i> X_<τi>)
     G_proj = F.linear(X, g_proj_weight).unflatten(-1, (h, 3))  # (…, τ, μ, g)

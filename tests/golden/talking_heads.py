@@ -135,15 +135,105 @@ def safe_softmax(scores, dim=-1, overwrite=False):
     return weights
 
 
-def recomputed(function, *args, **kwargs):
-    """function(*args, **kwargs) for one block of rows or queries. Under autograd its scores
-    and weights are made again in the backward rather than saved (torch.utils.checkpoint),
-    so that a training step holds one block's at a time, never every row's; the random
-    state is replayed, so dropout draws the same mask. Traced, or without gradients: the
-    call."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return function(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+def pieces(tensors, cuts, span):
+    """Each tensor cut to a block, along each axis its cut names: to the span's queries
+    ("q": span[0]:span[1]) or keys ("k": span[2]:span[3]). Views: nothing is copied."""
+    out = []
+    for tensor, cut in zip(tensors, cuts):
+        for axis, which in cut.items():
+            start, end = span[0:2] if which == "q" else span[2:4]
+            tensor = tensor.narrow(axis, start, end - start)
+        out.append(tensor)
+    return out
+
+
+class Blocks(torch.autograd.Function):
+    """The blocks of `by_blocks` as one autograd step. The forward keeps no block's scores; the
+    backward makes each block again from its pieces and adds its gradients into one per
+    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
+    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
+    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+
+    @staticmethod
+    def forward(ctx, block, spans, cuts, dim, draws, *values):
+        tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
+        ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        outs, ctx.states = [], []
+        for span in spans:
+            if draws:  # the random state the block draws from, replayed in the backward
+                devices = torch.utils.checkpoint.get_device_states(*tensors)
+                ctx.states.append((torch.get_rng_state(), devices))
+            outs.append(block(*span, *pieces(values, cuts, span)))
+        ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
+        ctx.sizes = [out.shape[dim] for out in outs]
+        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.save_for_backward(*tensors)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError(
+                "by_blocks: no second derivative (its backward adds into its gradients in place); "
+                "differentiate twice under torch.func, which runs the plain blocks"
+            )
+        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
+        values = [next(saved) if number is None else number for number in ctx.numbers]
+        sums = [  # float32 or wider
+            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
+            for v, n in zip(values, needs)
+            if n
+        ]
+        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
+            cut = pieces(leaves, ctx.cuts, span)
+            cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
+            state = ctx.states[k] if ctx.states else None  # as the forward drew, if it drew
+            devices = state[1][0] if state else []
+            with torch.random.fork_rng(devices, state is not None, device_type=ctx.kind):
+                if state is not None:
+                    torch.set_rng_state(state[0])
+                    torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
+                with torch.enable_grad():
+                    out = ctx.block(*span, *cut)
+            if out.requires_grad:
+                part = grad.narrow(ctx.dim, start, size)
+                wanted = [p for p, n in zip(cut, needs) if n]
+                found = torch.autograd.grad(out, wanted, part, allow_unused=True)
+                for total, got in zip(pieces(sums, into, span), found):
+                    if got is not None:
+                        total.add_(got)
+            start += size
+        made = iter(sums)
+        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
+        return None, None, None, None, None, *grads
+
+
+def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
+    """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
+    along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,
+    which may be a tensor too) passed as it is. Under autograd one
+    step (Blocks) whose backward makes each block again (`draws`: dropout's draws
+    replayed), so that a training step holds one block's scores at a time; traced or under
+    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
+    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
+    if torch._C._are_functorch_transforms_active():
+        grads = False
+    traced = torch.compiler.is_compiling()
+    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+        return Blocks.apply(block, spans, cuts, dim, draws, *tensors)
+    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
+        outs = [
+            torch.utils.checkpoint.checkpoint(
+                block, *span, *pieces(tensors, cuts, span), use_reentrant=False
+            )
+            for span in spans
+        ]
+    else:
+        outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
 
 
 def talking_heads_constants(N, *, device, dtype):
@@ -159,7 +249,8 @@ def talking_heads_constants(N, *, device, dtype):
     return M_spans,
 
 
-BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most
+BLOCK_SCORES = 2 ** 22  # on long sequences, scores held at once, at most (but BLOCK_ROWS rows)
+BLOCK_ROWS = 64  # rows a block holds at least: its keys' gradients cost a 64th of its work
 
 
 def talking_heads_rows(Q_scaled, K, P_l, M, P_w, V):
@@ -214,21 +305,22 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
-    rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
         M_block = M_at(tau, tau_p, device=device, dtype=dtype)
         O = talking_heads_rows(Q_scaled, K, P_l, M_block, P_w, V)
     else:  # by blocks of τ, each over the keys the mask lets them see
+        def talking_heads_block(t, u, k0, k1, Q_scaled, K, P_l, P_w, V):  # made again in the backward
+            M_block = M_at(tau[t:u], tau_p[k0:k1], device=device, dtype=dtype)
+            return talking_heads_rows(Q_scaled, K, P_l, M_block, P_w, V)
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            rows = max(1, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
+            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
-                u = min(t + rows, q1)
-                M_block = M_at(tau[t:u], tau_p[k0:k1], device=device, dtype=dtype)
-                blocks.append(recomputed(talking_heads_rows, Q_scaled[..., t:u, :], K[..., k0:k1, :], P_l, M_block, P_w, V[..., k0:k1, :]))
-        O = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
+                blocks.append((t, min(t + rows, q1), k0, k1))
+        O = by_blocks(talking_heads_block, blocks, (Q_scaled, K, P_l, P_w, V), ({-2: "q"}, {-2: "k"}, {}, {}, {-2: "k"}))
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)
