@@ -53,16 +53,16 @@ def spec_in_blocks(name: str, monkeypatch, text: str | None = None):
     return spec
 
 
-def step(spec, name: str, seed: int = 0, **given):
+def step(spec, name: str, seed: int = 0, dtype=torch.float64, n: int = N, **given):
     """A training step (the mean square's backward) on fixed data: the output, the gradients,
     and how many tensors the backward made of at least the queries' size (h · N · d_k)."""
-    sizes = sample_sizes(spec.ir) | {"N": N, "h": 3}
+    sizes = sample_sizes(spec.ir) | {"N": n, "h": 3}
     given = {k: v for k, v in sizes.items() if k in spec.required} | given
-    args = sample_arguments(spec.ir, sizes, (), torch.float64, seed=1)
+    args = sample_arguments(spec.ir, sizes, (), dtype, seed=1)
     leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
     torch.manual_seed(seed)
     out = spec(**leaves, **given, **CASES.get(name, ({}, {}))[0], backward="autograd")
-    whole = Whole(3 * N * sizes.get("d_k", 1))
+    whole = Whole(3 * n * sizes.get("d_k", 1))
     with whole:
         out.square().mean().backward()
     return out, {k: v.grad for k, v in leaves.items() if v.grad is not None}, whole.count
@@ -113,9 +113,10 @@ def test_dropout_in_blocks_draws_again_what_the_forward_drew(monkeypatch, saving
     assert not torch.allclose(other["X"], want["X"])
 
 
-def test_a_second_derivative_raises_and_torch_func_gives_it(monkeypatch):
+def test_a_second_derivative_raises_and_torch_func_gives_it(monkeypatch, saving):
     """create_graph through the blocks raises, naming torch.func; under torch.func the blocks
-    run through torch.utils.checkpoint and the gradient equals autograd's."""
+    run plain, and the first and second derivatives equal autograd's through the plain
+    blocks (the twin)."""
     spec = spec_in_blocks("softcap_window", monkeypatch)
     sizes = sample_sizes(spec.ir) | {"N": N, "h": 3}
     args = sample_arguments(spec.ir, sizes, (), torch.float64, seed=1)
@@ -131,7 +132,11 @@ def test_a_second_derivative_raises_and_torch_func_gives_it(monkeypatch):
     (want,) = torch.autograd.grad(loss(x), x)
     torch.testing.assert_close(torch.func.grad(loss)(x.detach()), want, rtol=0, atol=1e-12)
     twice = torch.func.grad(lambda x: torch.func.grad(loss)(x).sum())(x.detach())
-    assert twice.isfinite().all() and twice.abs().sum() > 0
+    saving(spec.function.__globals__)
+    (grad,) = torch.autograd.grad(loss(x), x, create_graph=True)
+    (want,) = torch.autograd.grad(grad.sum(), x)
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(twice, want, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("floor", [64, 1])
@@ -156,3 +161,31 @@ def test_a_block_holds_at_least_block_rows_rows(floor, monkeypatch):
     args = sample_arguments(spec.ir, sizes, (), torch.float64)
     spec(**args, **{k: v for k, v in sizes.items() if k in spec.required})
     assert rows == [64] * 4 if floor == 64 else rows == [1] * 256
+
+
+def test_under_autocast_the_backward_makes_the_blocks_as_the_forward_did(monkeypatch, saving):
+    """In float32 under the CPU's bfloat16 autocast, the backward makes each block again under
+    the same autocast, as its forward ran (every call of the rows' function sees it, with
+    gradients and without); the gradients equal those of the twin that saved every block's,
+    to bfloat16's rounding of sums made in float32 (the twin's are made in bfloat16)."""
+    spec = spec_in_blocks("softcap_window", monkeypatch)
+    namespace, seen = spec.function.__globals__, []
+    name = spec.function.__name__ + "_rows"
+    rows = namespace[name]
+
+    def recording(*args, **kwargs):
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+        return rows(*args, **kwargs)
+
+    monkeypatch.setitem(namespace, name, recording)
+    twin = spec_in_blocks("softcap_window", monkeypatch)
+    saving(twin.function.__globals__)
+    with torch.autocast("cpu", torch.bfloat16):
+        _, grads, _ = step(spec, "softcap_window", dtype=torch.float32)
+        _, want, _ = step(twin, "softcap_window", dtype=torch.float32)
+    assert set(seen) == {(False, True), (True, True)}  # the forward's blocks, the backward's
+    for k in want:
+        torch.testing.assert_close(grads[k], want[k], rtol=1e-2, atol=2**-12)
+    seen.clear()
+    step(spec, "softcap_window", dtype=torch.float32)  # the twin: no autocast
+    assert set(seen) == {(False, False), (True, False)}

@@ -126,7 +126,7 @@ class KernelSteps:
             tensors += params[3:]
             cuts += ["{}"] * (len(params) - 3)
         by_blocks = self.helper(by_blocks_text, "by_blocks", "Blocks", "pieces")
-        call = self.attention_call(step, q, k, block, v, cut=True)
+        call = self.attention_call(step, q, k, block, v)
         return [
             f"def {function}({', '.join([*block, *params])}):  # made again in the backward",
             *("    " + line for line in self.mask_block(step, block)),
@@ -135,22 +135,14 @@ class KernelSteps:
         ]
 
     def attention_call(
-        self,
-        step: Attention,
-        q: str,
-        k: str,
-        block: list | None = None,
-        v: str | None = None,
-        cut: bool = False,
+        self, step: Attention, q: str, k: str, block: list | None = None, v: str | None = None
     ) -> str:
         """`F.scaled_dot_product_attention(...)`; for a block (the names of its first query,
-        end, first key, end, and whether the mask changes nothing there), on those queries and
-        keys alone (`cut`: `q`, `k` and `v` are cut to them already), and without the mask
-        where it changes nothing."""
+        end, first key, end, and whether the mask changes nothing there; `q`, `k` and `v` cut
+        to those queries and keys already), without the mask where it changes nothing, and
+        with the mask cut to the block."""
         rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
         args = [q, k, v or self.heads(step.v, step.v_dims, step.kv_heads)]
-        if not cut:
-            args = [_sliced(args[0], rows), _sliced(args[1], keys), _sliced(args[2], keys)]
         if step.mask is not None and step.mask.var in self.blocked:  # made for the block
             mask = self.attention_mask(step, self.block_name(step.mask.var), q if v else "")
             args.append(f"attn_mask={f'None if {block[4]} else ' if block else ''}{mask}")
@@ -330,11 +322,6 @@ def _matrix(weight, out_axes: int, transposed: bool) -> str:
     first = n - out_axes if transposed else out_axes
     code = weight.ascii + (f".flatten({first})" if n - first > 1 else "")
     return code + (f".flatten(0, {first - 1})" if first > 1 else "")
-
-
-def _sliced(code: str, piece: str) -> str:
-    """`code` (…, sequence, features) at the positions `piece`; all of them for none."""
-    return f"{wrap(code)}[..., {piece}, :]" if piece else code
 
 
 def _key_spans(name: str, knob: str, reads: str) -> str:
@@ -573,15 +560,18 @@ def by_blocks_text(name: str, function: str, pieces: str) -> str:
 
 class {function}(torch.autograd.Function):
     """The blocks of `{name}` as one autograd step. The forward keeps no block's scores; the
-    backward makes each block again from its pieces and adds its gradients into one per
-    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
-    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
-    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+    backward makes each block again from its pieces (under the forward's autocast) and adds
+    its gradients into one per tensor (float32 or wider), at the queries and keys the block
+    read, as FlashAttention's backward accumulates dK and dV: no block makes a gradient the
+    size of a whole tensor, as autograd's own backward of a slice does (work that grows as
+    blocks times N)."""
 
     @staticmethod
     def forward(ctx, block, spans, cuts, dim, draws, *values):
         tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
         ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        kind = tensors[0].device.type
+        ctx.autocast = kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
         outs, ctx.states = [], []
         for span in spans:
             if draws:  # the random state the block draws from, replayed in the backward
@@ -590,7 +580,8 @@ class {function}(torch.autograd.Function):
             outs.append(block(*span, *{pieces}(values, cuts, span)))
         ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
         ctx.sizes = [out.shape[dim] for out in outs]
-        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.tensors = [k for k, v in enumerate(values) if torch.is_tensor(v)]
+        ctx.values = [None if torch.is_tensor(v) else v for v in values]
         ctx.save_for_backward(*tensors)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
 
@@ -601,15 +592,15 @@ class {function}(torch.autograd.Function):
                 "{name}: no second derivative (its backward adds into its gradients in place); "
                 "differentiate twice under torch.func, which runs the plain blocks"
             )
-        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
-        values = [next(saved) if number is None else number for number in ctx.numbers]
-        sums = [  # float32 or wider
-            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
-            for v, n in zip(values, needs)
-            if n
-        ]
-        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        values, needs = list(ctx.values), ctx.needs_input_grad[5:]
+        for k, tensor in zip(ctx.tensors, ctx.saved_tensors):
+            values[k] = tensor
+        kept = [v for v, n in zip(values, needs) if n]  # those whose gradients are made
+        wide = [torch.promote_types(v.dtype, torch.float32) for v in kept]
+        sums = [v.new_zeros(v.shape, dtype=w) for v, w in zip(kept, wide)]  # float32 or wider
+        into, made = [cut for cut, n in zip(ctx.cuts, needs) if n], [False] * len(kept)
         leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        kind, autocast, dtype = ctx.autocast
         for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
             cut = {pieces}(leaves, ctx.cuts, span)
             cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
@@ -619,42 +610,31 @@ class {function}(torch.autograd.Function):
                 if state is not None:
                     torch.set_rng_state(state[0])
                     torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
-                with torch.enable_grad():
+                with torch.enable_grad(), torch.autocast(kind, dtype, autocast):
                     out = ctx.block(*span, *cut)
             if out.requires_grad:
                 part = grad.narrow(ctx.dim, start, size)
                 wanted = [p for p, n in zip(cut, needs) if n]
                 found = torch.autograd.grad(out, wanted, part, allow_unused=True)
-                for total, got in zip({pieces}(sums, into, span), found):
+                for j, (total, got) in enumerate(zip({pieces}(sums, into, span), found)):
                     if got is not None:
                         total.add_(got)
+                        made[j] = True
             start += size
-        made = iter(sums)
-        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
-        return None, None, None, None, None, *grads
+        sums = iter(s.to(v.dtype) if m else None for s, m, v in zip(sums, made, kept))
+        return None, None, None, None, None, *(next(sums) if n else None for n in needs)
 
 
 def {name}(block, spans, tensors, cuts, dim=-2, draws=False):
     """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
     along `dim`: each tensor cut to the span as `cuts` says ({pieces}); a number (a scalar,
-    which may be a tensor too) passed as it is. Under autograd one
-    step ({function}) whose backward makes each block again (`draws`: dropout's draws
-    replayed), so that a training step holds one block's scores at a time; traced or under
-    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
-    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    which may be a tensor too) passed as it is. Under autograd one step ({function}) whose
+    backward makes each block again (`draws`: dropout's draws replayed), so that a training
+    step holds one block's scores at a time; under torch.func (its own autograd), traced
+    (never by blocks) and without gradients, the blocks."""
     grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
-    if torch._C._are_functorch_transforms_active():
-        grads = False
-    traced = torch.compiler.is_compiling()
-    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+    plain = torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()
+    if grads and not plain:
         return {function}.apply(block, spans, cuts, dim, draws, *tensors)
-    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
-        outs = [
-            torch.utils.checkpoint.checkpoint(
-                block, *span, *{pieces}(tensors, cuts, span), use_reentrant=False
-            )
-            for span in spans
-        ]
-    else:
-        outs = [block(*span, *{pieces}(tensors, cuts, span)) for span in spans]
+    outs = [block(*span, *{pieces}(tensors, cuts, span)) for span in spans]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim)'''

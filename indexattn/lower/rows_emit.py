@@ -69,6 +69,8 @@ class RowsWriter:
         knob += f" (but {self.floor} rows)"
         floor = f"{self.floor} = 64  # rows a block holds at least: its keys' gradients cost"
         floor += " a 64th of its work"
+        if self.rows.summed:  # a backward's blocks: as few rows as its budget asks
+            floor = f"{self.floor} = 1  # rows a block holds at least"
         lines = [knob, floor, "", "", head, *("    " + line for line in lines)]
         return "\n".join(lines)
 
@@ -188,14 +190,17 @@ class RowsWriter:
     def _axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
         """The axes of the input along which it is cut to `pieces`: its row axis and key axis
         (by their place in its layout), where `pieces` has one."""
-        found = [(self.rows.sliced, self.rows.row)]
-        found += [(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else []
-        return {t[var][0]: i for t, i in found if var in t and i in pieces}
+        return {t[var][0]: i for t, i in self._found() if var in t and i in pieces}
 
     def _layout(self, var: Var) -> tuple:
         """(axis, axes, batched) of an input cut along the rows or keys."""
-        tables = [self.rows.sliced] + ([self.spans.hidden.keyed] if self.spans else [])
-        return next(table[var] for table in tables if var in table)
+        return next(table[var] for table, _ in self._found() if var in table)
+
+    def _found(self) -> list[tuple[dict, Index]]:
+        """The inputs cut along the rows and along the keys (each by its layout), with the
+        index each is cut along."""
+        found = [(self.rows.sliced, self.rows.row)]
+        return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
 
     def _parts(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
@@ -238,7 +243,7 @@ class RowsWriter:
     def _span_rows(self, main: Emitter, count: str, k0: str, k1: str) -> list[str]:
         """The rows of a block over a span's keys alone: the scores' budget spent on the keys
         the block reads, not on every key (a window's block of rows is then as long as the
-        span; fewer, longer blocks cost autograd fewer full-size slice gradients)."""
+        span, and writes its keys' gradients once)."""
         if self.spans is None:
             return []
         factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))

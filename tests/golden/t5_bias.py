@@ -110,15 +110,18 @@ def pieces(tensors, cuts, span):
 
 class Blocks(torch.autograd.Function):
     """The blocks of `by_blocks` as one autograd step. The forward keeps no block's scores; the
-    backward makes each block again from its pieces and adds its gradients into one per
-    tensor (float32 or wider), at the queries and keys the block read, as FlashAttention's
-    backward accumulates dK and dV: no block makes a gradient the size of a whole tensor,
-    as autograd's own backward of a slice does (work that grows as blocks times N)."""
+    backward makes each block again from its pieces (under the forward's autocast) and adds
+    its gradients into one per tensor (float32 or wider), at the queries and keys the block
+    read, as FlashAttention's backward accumulates dK and dV: no block makes a gradient the
+    size of a whole tensor, as autograd's own backward of a slice does (work that grows as
+    blocks times N)."""
 
     @staticmethod
     def forward(ctx, block, spans, cuts, dim, draws, *values):
         tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
         ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
+        kind = tensors[0].device.type
+        ctx.autocast = kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
         outs, ctx.states = [], []
         for span in spans:
             if draws:  # the random state the block draws from, replayed in the backward
@@ -127,7 +130,8 @@ class Blocks(torch.autograd.Function):
             outs.append(block(*span, *pieces(values, cuts, span)))
         ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
         ctx.sizes = [out.shape[dim] for out in outs]
-        ctx.numbers = [None if torch.is_tensor(v) else v for v in values]
+        ctx.tensors = [k for k, v in enumerate(values) if torch.is_tensor(v)]
+        ctx.values = [None if torch.is_tensor(v) else v for v in values]
         ctx.save_for_backward(*tensors)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
 
@@ -138,15 +142,15 @@ class Blocks(torch.autograd.Function):
                 "by_blocks: no second derivative (its backward adds into its gradients in place); "
                 "differentiate twice under torch.func, which runs the plain blocks"
             )
-        saved, needs = iter(ctx.saved_tensors), ctx.needs_input_grad[5:]
-        values = [next(saved) if number is None else number for number in ctx.numbers]
-        sums = [  # float32 or wider
-            v.new_zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32))
-            for v, n in zip(values, needs)
-            if n
-        ]
-        into = [cut for cut, n in zip(ctx.cuts, needs) if n]  # how each sum is cut
+        values, needs = list(ctx.values), ctx.needs_input_grad[5:]
+        for k, tensor in zip(ctx.tensors, ctx.saved_tensors):
+            values[k] = tensor
+        kept = [v for v, n in zip(values, needs) if n]  # those whose gradients are made
+        wide = [torch.promote_types(v.dtype, torch.float32) for v in kept]
+        sums = [v.new_zeros(v.shape, dtype=w) for v, w in zip(kept, wide)]  # float32 or wider
+        into, made = [cut for cut, n in zip(ctx.cuts, needs) if n], [False] * len(kept)
         leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
+        kind, autocast, dtype = ctx.autocast
         for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
             cut = pieces(leaves, ctx.cuts, span)
             cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
@@ -156,44 +160,33 @@ class Blocks(torch.autograd.Function):
                 if state is not None:
                     torch.set_rng_state(state[0])
                     torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
-                with torch.enable_grad():
+                with torch.enable_grad(), torch.autocast(kind, dtype, autocast):
                     out = ctx.block(*span, *cut)
             if out.requires_grad:
                 part = grad.narrow(ctx.dim, start, size)
                 wanted = [p for p, n in zip(cut, needs) if n]
                 found = torch.autograd.grad(out, wanted, part, allow_unused=True)
-                for total, got in zip(pieces(sums, into, span), found):
+                for j, (total, got) in enumerate(zip(pieces(sums, into, span), found)):
                     if got is not None:
                         total.add_(got)
+                        made[j] = True
             start += size
-        made = iter(sums)
-        grads = [next(made).to(v.dtype) if n else None for v, n in zip(values, needs)]
-        return None, None, None, None, None, *grads
+        sums = iter(s.to(v.dtype) if m else None for s, m, v in zip(sums, made, kept))
+        return None, None, None, None, None, *(next(sums) if n else None for n in needs)
 
 
 def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
     """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
     along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,
-    which may be a tensor too) passed as it is. Under autograd one
-    step (Blocks) whose backward makes each block again (`draws`: dropout's draws
-    replayed), so that a training step holds one block's scores at a time; traced or under
-    autocast, each block through torch.utils.checkpoint instead; under torch.func (its own
-    autograd, which takes no checkpoint) and without gradients, the blocks."""
+    which may be a tensor too) passed as it is. Under autograd one step (Blocks) whose
+    backward makes each block again (`draws`: dropout's draws replayed), so that a training
+    step holds one block's scores at a time; under torch.func (its own autograd), traced
+    (never by blocks) and without gradients, the blocks."""
     grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
-    if torch._C._are_functorch_transforms_active():
-        grads = False
-    traced = torch.compiler.is_compiling()
-    if grads and not (traced or torch.is_autocast_enabled(tensors[0].device.type)):
+    plain = torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()
+    if grads and not plain:
         return Blocks.apply(block, spans, cuts, dim, draws, *tensors)
-    if grads:  # traced, or under autocast (the backward would mix dtypes): checkpointed
-        outs = [
-            torch.utils.checkpoint.checkpoint(
-                block, *span, *pieces(tensors, cuts, span), use_reentrant=False
-            )
-            for span in spans
-        ]
-    else:
-        outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
+    outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
 
 
