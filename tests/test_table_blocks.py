@@ -16,6 +16,7 @@ from test_derive import Widest
 
 import indexattn
 from indexattn.cli import main
+from indexattn.lower import tables_emit
 from indexattn.lower.passes import tables
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
@@ -124,3 +125,36 @@ def test_a_training_step_recomputes_each_block_of_the_kernel(monkeypatch, saving
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+@pytest.mark.parametrize(
+    "name, distance",
+    [("t5_bias", True), ("alibi", False), ("doc_mask", False), ("forgetting", False)],
+)
+def test_a_table_of_the_distance_alone_is_a_row_made_once_a_call(name, distance, monkeypatch):
+    """T5's bias reads τ and τ' only through τ' − τ, through a sum and a gather: its blocks
+    are gathered from one row over the 2N − 1 distances, made once a call; values and
+    gradients by blocks of 32 queries equal those of the twin that makes each block's table
+    from its positions (test_spans checks both against the literal). ALiBi's (a product per
+    entry, cheaper than a gather), doc_mask's and forgetting's (values read at one position,
+    D_<[τ]>, C_<[τ]>) are made per block."""
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    assert ("_row = " in spec.source) == distance
+    if not distance:
+        return
+    found = []
+    for made in ("row", "blocks"):
+        if made == "blocks":
+            monkeypatch.setattr(tables_emit, "by_distance", lambda steps, dims: False)
+        text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
+        fresh = indexattn.compile_spec(text, name=f"{name}_distance_{next(FRESH)}")
+        assert ("_row = " in fresh.source) == (made == "row")
+        monkeypatch.setitem(fresh.function.__globals__, "QUERY_BLOCK", 32)
+        sizes = dict.fromkeys(sample_sizes(fresh.ir), 4) | {"N": 100, "h": HEADS}
+        args = sample_arguments(fresh.ir, sizes, (), torch.float64)
+        leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
+        out = fresh(**leaves, backward="autograd")
+        out.square().sum().backward()
+        found.append({"out": out, **{k: v.grad for k, v in leaves.items() if v.grad is not None}})
+    for k, want in found[1].items():
+        torch.testing.assert_close(found[0][k], want, rtol=1e-12, atol=1e-12)

@@ -115,11 +115,14 @@ class KernelSteps:
         values = self.heads(step.v, step.v_dims, step.kv_heads)
         tensors = [inputs[0], inputs[1], values]
         cuts = ['{-2: "q"}', '{-2: "k"}', '{-2: "k"}']
-        params = [q, k, v]
+        params, before = [q, k, v], []
         if step.mask is not None:
             table = self.blocked.get(step.mask.var)
             read = table.inputs if table is not None else (self.var(step.mask),)
-            if table is not None:  # a scalar may be a tensor too
+            if table is not None and table.distance:  # its row, made once for every block
+                read = (self.distance_row(step.mask.var),)
+                before = [f"{read[0]} = {tables_emit.row_call(table, self)}"]
+            elif table is not None:  # a scalar may be a tensor too
                 scalars = {s.ascii for s in self.spec.scalars}
                 read += tuple(name for name in table.keywords if name in scalars)
             params += [name for name in read if name not in params]
@@ -128,6 +131,7 @@ class KernelSteps:
         by_blocks = self.helper(by_blocks_text, "by_blocks", "Blocks", "pieces")
         call = self.attention_call(step, q, k, block, v)
         return [
+            *before,
             f"def {function}({', '.join([*block, *params])}):  # made again in the backward",
             *("    " + line for line in self.mask_block(step, block)),
             f"    return {call}",
@@ -170,10 +174,15 @@ class KernelSteps:
         if block is None:
             return [f"{self.block_name(step.mask.var)} = {tables_emit.call(table, self, {})}"]
         q0, q1, k0, k1, whole = block
-        made = tables_emit.call(
-            table, self, dict(zip(table.dims[-2:], (f"{q0}:{q1}", f"{k0}:{k1}")))
-        )
+        pieces = dict(zip(table.dims[-2:], (f"{q0}:{q1}", f"{k0}:{k1}")))
+        made = tables_emit.call(table, self, pieces, self.distance_rows.get(step.mask.var))
         return [f"{self.block_name(step.mask.var)} = None if {whole} else {made}"]
+
+    def distance_row(self, var) -> str:
+        """The name of a table's row over the differences of its positions (by_distance)."""
+        if var not in self.distance_rows:
+            self.distance_rows[var] = self.names.fresh(self.names.var(var) + "_row")
+        return self.distance_rows[var]
 
     def block_name(self, var) -> str:
         """The name of a table's block in the spec's function, one per table."""

@@ -159,13 +159,18 @@ class RowsWriter:
         inputs = self.rows.inputs
         tensors = {self.names.var(v): self._cut(v, cuts) for v in inputs if v not in tables}
         scalars = {s.ascii for s in self.spec.scalars}
-        read = [name for name in self.keywords() if name in scalars]
+        read, before = [name for name in self.keywords() if name in scalars], []
         for var in tables:
             table = self.emitter.blocked[var]
+            if table.distance:  # its row, made once for every block
+                read.append(self.main.distance_row(var))
+                before.append(f"{read[-1]} = {tables_emit.row_call(table, self.main)}")
+                continue
             read += [*table.inputs, *(name for name in table.keywords if name in scalars)]
         tensors |= {name: "{}" for name in read if name not in tensors}
         arguments = [self._block(v) if v in tables else self.names.var(v) for v in inputs]
         lines = [
+            *before,
             f"def {function}({', '.join([*span, *tensors])}):  # made again in the backward",
             *("    " + line for line in self._made(cuts)),
             f"    return {self._call(arguments)}",
@@ -301,7 +306,7 @@ class RowsWriter:
         made = self.emitter.blocked.get(var)
         if made is not None:  # a table made per block from its positions (passes/tables.py)
             own = {made.dims[axis]: piece for axis, piece in cuts.items()}
-            return tables_emit.call(made, self.main, own)
+            return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
         if not cuts:
             return name
         _, axes, batched = self._layout(var)

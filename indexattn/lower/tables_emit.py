@@ -13,7 +13,8 @@ from ..ir import Index
 from ..ir.boxes import holds_on_box
 from .kinds import reads
 from .predicates import table_keep
-from .steps import Step, Var
+from .printers import wrap
+from .steps import Gather, Grid, Reduction, Step, Var
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,62 @@ class TableFunction:
     dims: tuple[Index, ...]
     text: str
     steps: tuple[Step, ...]  # the steps it runs (its chain)
+    distance: bool = False  # made per call over the differences of its positions (by_distance)
 
 
-def call(table: TableFunction, emitter, pieces: dict[Index, str]) -> str:
+def by_distance(steps, dims: tuple[Index, ...]) -> bool:
+    """Whether a table over (…, τ, τ') is made once a call as a row over the differences
+    τ' − τ, each block gathered from it (T5's buckets: 2N − 1 of them, where a block of 128
+    rows makes 128·N, seven comparisons each): where every grid of positions reads the two
+    only through τ' − τ (a value read at one position, D_<[τ]>, does not), and some step
+    costs more per entry than the gather (a sum, a gather)."""
+    if len(dims) < 2:
+        return False
+    query, key = dims[-2:]
+    shift = sympy.Dummy("shift")
+    for step in steps:
+        if isinstance(step, Grid):
+            moved = step.expr.subs(key.symbol, query.symbol + shift)
+            moved = moved.replace(  # τ < τ + shift: each comparison as a difference with 0
+                lambda e: isinstance(e, sympy.core.relational.Relational),
+                lambda e: e.func(e.lhs - e.rhs, 0),
+            )
+            if query.symbol in moved.free_symbols:
+                return False
+    return any(isinstance(s, (Reduction, Gather)) for s in steps)
+
+
+def row_call(table: TableFunction, emitter) -> str:
+    """The table's row over the differences of its positions: at the last query's position
+    against positions 0 to n_q + n_k − 2, so that entry τ' − τ + n_q − 1 is the table at
+    (τ, τ') (the query axis of length one)."""
+    query, key = table.dims[-2:]
+    n_q, n_k = emitter.size(query), emitter.size(key)
+    emitter.use("torch")
+    every = f"torch.arange({n_q} + {n_k} - 1, device=device, dtype=torch.float64)"
+    return _call(table, emitter, {query: f"{emitter.names.index(query)}[-1:]", key: every})
+
+
+def call(table: TableFunction, emitter, pieces: dict[Index, str], row: str | None = None) -> str:
     """The table at the positions of `pieces` (each index's slice; every position where an
-    index has none), in a function whose lines `emitter` (an Emitter) prints."""
+    index has none), in a function whose lines `emitter` (an Emitter) prints; a table made
+    by distance gathered from its `row` (row_call), where given."""
+    names = emitter.names
+    positions = {
+        i: names.index(i) + (f"[{pieces[i]}]" if i in pieces else "") for i in table.indices
+    }
+    if row is None or not pieces:
+        return _call(table, emitter, positions)
+    query, key = table.dims[-2:]
+    for index in (query, key):
+        emitter.needs.indices[index] = None
+    offset = wrap(f"{emitter.size(query)} - 1")
+    shift = f"({positions[key]}[None, :] - {positions[query]}[:, None]).long() + {offset}"
+    return f"{row}[..., 0, {shift}]"
+
+
+def _call(table: TableFunction, emitter, positions: dict[Index, str]) -> str:
+    """The call of the table's function at `positions` (each index's)."""
     for index in table.indices:
         emitter.needs.indices[index] = None
     emitter.needs.device = emitter.needs.dtype = True
@@ -43,10 +95,9 @@ def call(table: TableFunction, emitter, pieces: dict[Index, str]) -> str:
     for scalar in emitter.spec.scalars:
         if scalar.ascii in table.keywords:
             emitter.needs.scalars.add(scalar.symbol)
-    names = emitter.names
-    positions = [names.index(i) + (f"[{pieces[i]}]" if i in pieces else "") for i in table.indices]
     keywords = [f"{k}={k}" for k in (*table.keywords, "device", "dtype")]
-    return f"{table.name}({', '.join([*positions, *table.inputs, *keywords])})"
+    args = [*(positions[i] for i in table.indices), *table.inputs, *keywords]
+    return f"{table.name}({', '.join(args)})"
 
 
 def chain(steps, var: Var):

@@ -49,6 +49,7 @@ class Values:
         self.positional = False  # printing a table's function: grids span the positions given
         self.blocked: dict = {}  # the tables made per block: their functions (tables_emit.py)
         self.block_names: dict = {}  # the names of those tables' blocks, one per table
+        self.distance_rows: dict = {}  # a table made by distance: the name of its row
 
     # -- values
 

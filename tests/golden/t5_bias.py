@@ -247,10 +247,11 @@ def t5_bias(X, q_weight, k_weight, v_weight, o_weight, relative_attention_bias_w
         relative_attention_bias_weight_at_block = relative_attention_bias_weight_at_at(tau, tau_p, beta_grid, relative_attention_bias_weight, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=relative_attention_bias_weight_at_block.expand(*Q.shape[:-3], -1, -1, -1), scale=1.0)
     else:  # by blocks of queries, each over the keys its mask lets it see
-        def O_block(q0, q1, k0, k1, whole, q, k, v, beta_grid, relative_attention_bias_weight):  # made again in the backward
-            relative_attention_bias_weight_at_block = None if whole else relative_attention_bias_weight_at_at(tau[q0:q1], tau_p[k0:k1], beta_grid, relative_attention_bias_weight, device=device, dtype=dtype)
+        relative_attention_bias_weight_at_row = relative_attention_bias_weight_at_at(tau[-1:], torch.arange(N + N - 1, device=device, dtype=torch.float64), beta_grid, relative_attention_bias_weight, device=device, dtype=dtype)
+        def O_block(q0, q1, k0, k1, whole, q, k, v, relative_attention_bias_weight_at_row):  # made again in the backward
+            relative_attention_bias_weight_at_block = None if whole else relative_attention_bias_weight_at_row[..., 0, (tau_p[k0:k1][None, :] - tau[q0:q1][:, None]).long() + (N - 1)]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if whole else relative_attention_bias_weight_at_block.expand(*q.shape[:-3], -1, -1, -1), scale=1.0)
-        O = by_blocks(O_block, relative_attention_bias_weight_at_spans, (Q, K, V, beta_grid, relative_attention_bias_weight), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}, {}))  # (…, μ, τ, a)
+        O = by_blocks(O_block, relative_attention_bias_weight_at_spans, (Q, K, V, relative_attention_bias_weight_at_row), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))  # (…, μ, τ, a)
     del Q_proj, Q, K_proj, K, V_proj, V, relative_attention_bias_weight_at_spans
     # Y_<τi> = o_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
