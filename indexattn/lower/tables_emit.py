@@ -13,7 +13,6 @@ from ..ir import Index
 from ..ir.boxes import holds_on_box
 from .kinds import reads
 from .predicates import table_keep
-from .printers import wrap
 from .steps import Gather, Grid, Reduction, Step, Var
 
 
@@ -79,7 +78,7 @@ def call(table: TableFunction, emitter, pieces: dict[Index, str], row: str | Non
     query, key = table.dims[-2:]
     for index in (query, key):
         emitter.needs.indices[index] = None
-    offset = wrap(f"{emitter.size(query)} - 1")
+    offset = f"({emitter.size(query)} - 1)"  # printers.py imports torch: not here
     shift = f"({positions[key]}[None, :] - {positions[query]}[:, None]).long() + {offset}"
     return f"{row}[..., 0, {shift}]"
 
