@@ -145,7 +145,7 @@ def test_a_table_of_the_distance_alone_is_a_row_made_once_a_call(name, distance,
     found = []
     for made in ("row", "blocks"):
         if made == "blocks":
-            monkeypatch.setattr(tables_emit, "by_distance", lambda steps, dims: False)
+            monkeypatch.setattr(tables_emit, "by_distance", lambda steps, dims, indices: False)
         text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
         fresh = indexattn.compile_spec(text, name=f"{name}_distance_{next(FRESH)}")
         assert ("_row = " in fresh.source) == (made == "row")

@@ -257,9 +257,7 @@ def table_functions(
         lines = [doc, *_table_dtype(needs.table), *body, f"return {names.var(step.out.var)}"]
         text = "\n".join([f"def {name}({', '.join(params)}):", *("    " + x for x in lines)])
         main.needs.imports |= needs.imports
-        distance = set(indices) == set(step.out.dims[-2:]) and tables_emit.by_distance(
-            chain, step.out.dims
-        )
+        distance = tables_emit.by_distance(chain, step.out.dims, indices)
         out[step.out.var] = tables_emit.TableFunction(
             name, indices, inputs, keywords, step.out.dims, text, tuple(chain), distance
         )

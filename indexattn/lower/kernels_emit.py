@@ -118,13 +118,9 @@ class KernelSteps:
         params, before = [q, k, v], []
         if step.mask is not None:
             table = self.blocked.get(step.mask.var)
-            read = table.inputs if table is not None else (self.var(step.mask),)
-            if table is not None and table.distance:  # its row, made once for every block
-                read = (self.distance_row(step.mask.var),)
-                before = [f"{read[0]} = {tables_emit.row_call(table, self)}"]
-            elif table is not None:  # a scalar may be a tensor too
-                scalars = {s.ascii for s in self.spec.scalars}
-                read += tuple(name for name in table.keywords if name in scalars)
+            read = [self.var(step.mask)]
+            if table is not None:
+                read, before = tables_emit.block_reads(table, self, step.mask.var)
             params += [name for name in read if name not in params]
             tensors += params[3:]
             cuts += ["{}"] * (len(params) - 3)

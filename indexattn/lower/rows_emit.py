@@ -161,12 +161,8 @@ class RowsWriter:
         scalars = {s.ascii for s in self.spec.scalars}
         read, before = [name for name in self.keywords() if name in scalars], []
         for var in tables:
-            table = self.emitter.blocked[var]
-            if table.distance:  # its row, made once for every block
-                read.append(self.main.distance_row(var))
-                before.append(f"{read[-1]} = {tables_emit.row_call(table, self.main)}")
-                continue
-            read += [*table.inputs, *(name for name in table.keywords if name in scalars)]
+            more, lines = tables_emit.block_reads(self.emitter.blocked[var], self.main, var)
+            read, before = read + more, before + lines
         tensors |= {name: "{}" for name in read if name not in tensors}
         arguments = [self._block(v) if v in tables else self.names.var(v) for v in inputs]
         lines = [

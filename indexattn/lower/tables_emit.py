@@ -32,13 +32,14 @@ class TableFunction:
     distance: bool = False  # made per call over the differences of its positions (by_distance)
 
 
-def by_distance(steps, dims: tuple[Index, ...]) -> bool:
+def by_distance(steps, dims: tuple[Index, ...], indices: tuple[Index, ...]) -> bool:
     """Whether a table over (…, τ, τ') is made once a call as a row over the differences
     τ' − τ, each block gathered from it (T5's buckets: 2N − 1 of them, where a block of 128
     rows makes 128·N, seven comparisons each): where every grid of positions reads the two
     only through τ' − τ (a value read at one position, D_<[τ]>, does not), and some step
-    costs more per entry than the gather (a sum, a gather)."""
-    if len(dims) < 2:
+    costs more per entry than the gather (a sum, a gather). `indices`: those whose positions
+    the table's function takes, which must be its last two axes."""
+    if len(dims) < 2 or set(indices) != set(dims[-2:]):
         return False
     query, key = dims[-2:]
     shift = sympy.Dummy("shift")
@@ -63,6 +64,19 @@ def row_call(table: TableFunction, emitter) -> str:
     emitter.use("torch")
     every = f"torch.arange({n_q} + {n_k} - 1, device=device, dtype=torch.float64)"
     return _call(table, emitter, {query: f"{emitter.names.index(query)}[-1:]", key: every})
+
+
+def block_reads(table: TableFunction, emitter, var: Var) -> tuple[list[str], list[str]]:
+    """What a function of one block that makes the table's block reads, besides positions,
+    sizes, device and dtype, and the lines the spec's function prints before it: the
+    table's row (made once for every block) where it is made by distance; else the tensors
+    it reads and its scalars (a scalar may be a tensor). Passed to the block, never closed
+    over, so that their gradients are made."""
+    if table.distance:
+        row = emitter.distance_row(var)
+        return [row], [f"{row} = {row_call(table, emitter)}"]
+    scalars = {s.ascii for s in emitter.spec.scalars}
+    return [*table.inputs, *(name for name in table.keywords if name in scalars)], []
 
 
 def call(table: TableFunction, emitter, pieces: dict[Index, str], row: str | None = None) -> str:
