@@ -57,8 +57,8 @@ def worker(rank: int, world: int, n: int, port: int, ring: int, tile: int) -> di
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        import indexattn.distributed as cp
-        from indexattn.sequence import ring_sent, ulysses_sent
+        import indexattn.parallel.distributed as cp
+        from indexattn.parallel.sequence import ring_sent, ulysses_sent
 
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world

@@ -83,7 +83,7 @@ def literal() -> None:
     """Plans without the convolve rules: the shifted reads as gathers, as before them."""
     import os
 
-    from indexattn.lower import plan, products
+    from indexattn.lower.planner import plan, products
 
     os.environ["INDEXATTN_CACHE"] = "0"
     products.PRODUCT_RULES = tuple(r for r in products.PRODUCT_RULES if r.name != "convolve")

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn
-import indexattn.distributed as cp
-from indexattn.sequence import ring_sent, ulysses_sent
+import indexattn.parallel.distributed as cp
+from indexattn.parallel.sequence import ring_sent, ulysses_sent
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mha.attn"
 SIZES = {"d_m": 32, "h": 4, "d_k": 8}

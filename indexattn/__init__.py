@@ -7,7 +7,9 @@ LaTeX, and exact symbolic counts.
 
 from .catalog import shipped, shipped_specs
 from .errors import IndexAttnError, ShapeError, SpecError
-from .relayout import relayout  # needs no torch until called; the function hides the module
+from .parallel.relayout import (
+    relayout,  # needs no torch until called; the function hides the module
+)
 
 __all__ = [
     "CompiledSpec",

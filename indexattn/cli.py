@@ -503,7 +503,7 @@ def run_count(args: argparse.Namespace) -> int:
     report = _report(spec, args.size)
     sys.stdout.write(str(report))
     if args.context is not None:
-        from .sequence import sent_table, sequence_plan
+        from .parallel.sequence import sent_table, sequence_plan
 
         if args.context < 1:
             raise UsageError(f"--context takes a number of ranks, 1 or more: {args.context}")
@@ -514,7 +514,7 @@ def run_count(args: argparse.Namespace) -> int:
 
 
 def run_docs(args: argparse.Namespace) -> int:
-    from .lower.codegen import generate
+    from .lower.printers.codegen import generate
     from .views import markdown as docs
     from .views.cost import size_names
 

@@ -279,7 +279,8 @@ COMPARISONS = tuple(name for name, op in OPERATORS.items() if op.kind == "compar
 
 
 # The casts the planner adds around a tensor computed in a precision of its own (`A_<ττ'> :
-# float32 = ...`, lower/numerics.py): never written in a spec, no FLOPs. `dtype` is the call's.
+# float32 = ...`, lower/program/numerics.py): never written in a spec, no FLOPs. `dtype` is the
+# call's.
 CASTS: dict[str, Op] = {
     op.name: op
     for op in (

@@ -20,7 +20,7 @@ from distributed_worker import error_of, run_checks, start  # tests/ is on a scr
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from indexattn.distributed import context_parallel_model, sequence_block, sum_gradients
+from indexattn.parallel.distributed import context_parallel_model, sequence_block, sum_gradients
 
 B, N = 2, 8  # zig-zag chunks of 2 tokens on 2 ranks
 CONFIG = {

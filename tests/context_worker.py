@@ -18,10 +18,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import indexattn
-import indexattn.distributed
-import indexattn.ring
-from indexattn.distributed import CountSent, context_parallel, sequence_block
-from indexattn.sequence import ring_sent, ulysses_sent
+import indexattn.parallel.distributed
+import indexattn.parallel.ring
+from indexattn.parallel.distributed import CountSent, context_parallel, sequence_block
+from indexattn.parallel.sequence import ring_sent, ulysses_sent
 
 B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
@@ -207,7 +207,7 @@ RING = [
 
 def ring_work(mesh) -> dict:
     """mha's score elements this rank computed and sent in one step, against the schedule
-    (indexattn.ring.work) and the count (indexattn.sequence.ring_sent)."""
+    (indexattn.parallel.ring.work) and the count (indexattn.sequence.ring_sent)."""
     torch.manual_seed(0)
     module = cases()["mha"]().eval()
     xs = inputs(module)
@@ -215,7 +215,7 @@ def ring_work(mesh) -> dict:
     run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
     plan = module.spec.sequence_plan()
     sizes = {**module.sizes, "N": N}
-    schedule = indexattn.ring.work(module.spec.ir, plan, sizes, mesh.size(), zigzag=True)
+    schedule = indexattn.parallel.ring.work(module.spec.ir, plan, sizes, mesh.size(), zigzag=True)
     symbols = {s: sizes[a] for s, a in module.spec.ir.size_names.items()}
     counted = sum(
         B * item.at(symbols, mesh.size())
@@ -240,7 +240,7 @@ def received(mesh, name: str, window: int) -> dict:
     run(parallel, inputs(module), lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
     held = [
         [p for a, b in spans for p in range(a, b)]
-        for spans in indexattn.ring.chunks(N, mesh.size(), zigzag=True)
+        for spans in indexattn.parallel.ring.chunks(N, mesh.size(), zigzag=True)
     ]
     me = mesh.get_local_rank()
     sees = [

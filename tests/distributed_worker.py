@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import indexattn
-import indexattn.distributed
+import indexattn.parallel.distributed
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 torch.set_default_dtype(torch.float64)

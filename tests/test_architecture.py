@@ -7,7 +7,8 @@ import typing
 from pathlib import Path
 
 from indexattn.derive import rewrites
-from indexattn.lower import canonical, passes, plan, products, steps
+from indexattn.lower.planner import canonical, plan, products
+from indexattn.lower.program import passes, steps
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")

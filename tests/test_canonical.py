@@ -1,5 +1,5 @@
-"""The canonical form (lower/canonical.py) on small specs: what each rewrite makes of a spec,
-where it must leave one alone, and that the outputs read literally as before (values and
+"""The canonical form (lower/planner/canonical.py) on small specs: what each rewrite makes of a
+spec, where it must leave one alone, and that the outputs read literally as before (values and
 gradients, float64). Whole phrasings planned alike: tests/test_phrasings.py; every shipped
 spec's canonical form against the literal reading: tests/test_passes.py."""
 
@@ -10,7 +10,7 @@ import torch
 
 import indexattn
 from indexattn import ir
-from indexattn.lower.canonical import (
+from indexattn.lower.planner.canonical import (
     canonical,
     groups,
     projections,
@@ -18,7 +18,7 @@ from indexattn.lower.canonical import (
     softmaxes,
     sums,
 )
-from indexattn.lower.steps import Attention
+from indexattn.lower.program.steps import Attention
 from indexattn.oracle.verify import compare
 
 ROOT = Path(__file__).resolve().parent.parent

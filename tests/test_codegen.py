@@ -160,9 +160,9 @@ def test_tracebacks_show_the_generated_line():
 def scalar_code(text: str) -> str:
     import sympy
 
-    from indexattn.lower.printers import ScalarPrinter
+    from indexattn.lower.printers.expressions import ScalarPrinter
 
-    # sizes are whole and positive (lower/values.py), scalars real
+    # sizes are whole and positive (lower/printers/values.py), scalars real
     names = {name: sympy.Symbol(name, integer=True, positive=True) for name in ("N", "d", "d_r")}
     names["C"] = sympy.Symbol("C", real=True)
     return ScalarPrinter().doprint(sympy.sympify(text, locals=names))
@@ -195,7 +195,7 @@ def test_a_floor_or_ceiling_of_whole_sizes_prints_as_integer_division():
 
 
 def test_whole_scalars_print_as_integers_and_others_as_floats():
-    from indexattn.lower.printers import number_text
+    from indexattn.lower.printers.expressions import number_text
 
     assert [number_text(v) for v in (128.0, 0.0, 0.1, 1e-06)] == ["128", "0", "0.1", "1e-06"]
 

@@ -14,10 +14,10 @@ import pytest
 import indexattn
 from indexattn import ir
 from indexattn.errors import SpecError
-from indexattn.lower import canonical
-from indexattn.lower.codegen import generate
 from indexattn.lower.pipeline import pipeline
-from indexattn.lower.plan import Planner
+from indexattn.lower.planner import canonical
+from indexattn.lower.planner.plan import Planner
+from indexattn.lower.printers.codegen import generate
 from indexattn.runtime.compiled import _collector_paused
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

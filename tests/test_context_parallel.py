@@ -14,11 +14,11 @@ import sympy
 from test_distributed import _free_port, _largest, _result, launch
 
 import indexattn
-from indexattn import ring
 from indexattn.cli import main
 from indexattn.ir import check
-from indexattn.ring import work
-from indexattn.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
+from indexattn.parallel import ring
+from indexattn.parallel.ring import work
+from indexattn.parallel.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "context_worker.py"

@@ -1,9 +1,9 @@
 """Retention (specs/retention.attn): a causal decay γ^(τ - τ') times the scores, read through
-the values, is computed by chunks of positions (lower/decay.py, the step of lower/prefix.py
-with a rate), never as an N×N tensor: it equals the literal interpreter in float64, values
-and gradients, when the sequence is several chunks and not a multiple of one, a whole number
-of them, and shorter than one. In float32 at a length where exp(τ' |λ|) overflows, it stays
-finite and equal to float64, where the same decay split into per-query and per-key factors
+the values, is computed by chunks of positions (lower/planner/decay.py, the step of
+lower/planner/prefix.py with a rate), never as an N×N tensor: it equals the literal interpreter in
+float64, values and gradients, when the sequence is several chunks and not a multiple of one, a
+whole number of them, and shorter than one. In float32 at a length where exp(τ' |λ|) overflows, it
+stays finite and equal to float64, where the same decay split into per-query and per-key factors
 (the one way around a negative power that needs no chunks) overflows. Decays that are not
 causal 0-masks times γ^(τ - τ') take the general steps and still equal the literal reading."""
 
@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
-from indexattn.lower.steps import PrefixProduct
+from indexattn.lower.program.steps import PrefixProduct
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 from indexattn.views import cost

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import indexattn
-from indexattn.shard import ONCE, PARTIAL, RELAYOUT, REPLICATED, SPLIT
+from indexattn.parallel.shard import ONCE, PARTIAL, RELAYOUT, REPLICATED, SPLIT
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"

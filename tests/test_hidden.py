@@ -1,6 +1,6 @@
 """Scores by blocks of queries skip the keys a mask hides from a whole block only where the
-rows' steps prove those keys add nothing (lower/passes/spans.py): a mask of -inf added before a
-softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidden entries.
+rows' steps prove those keys add nothing (lower/program/passes/spans.py): a mask of -inf added
+before a softmax, an exp or a sigmoid over the keys, or a `where` that puts 0 at the hidden entries.
 Each phrasing below is compiled with a sliding window and run in blocks of two queries; it
 equals the literal interpreter in values and gradients whether it skips keys or not, and it
 skips them exactly where the proof holds (tanh(-inf) is -1, not 0: those keys count; 0 times
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower.passes import spans
+from indexattn.lower.program.passes import spans
 from indexattn.oracle import reference
 
 FRESH = itertools.count()
@@ -55,7 +55,7 @@ WEIGHTS = {
     # where on another mask picks either branch: a finite number or 0, finite
     "where(τ' > τ, 0, sigmoid(S_<ττ'> + M_<ττ'>))": True,
     "where(τ' > τ, -inf, sigmoid(S_<ττ'> + M_<ττ'>))": False,
-    # the branch the mask drops: sqrt reads 1 there (lower/numerics.py, guarded), so its
+    # the branch the mask drops: sqrt reads 1 there (lower/program/numerics.py, guarded), so its
     # gradient is 0, not 0 times sqrt's infinite derivative; the pass does not prove it
     WHERE_SQRT: False,
     # a decay, RetNet's, as a mask that multiplies: 0 where hidden, the exponent a polynomial

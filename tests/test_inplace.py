@@ -1,6 +1,7 @@
-"""Scores that take their masks in place (lower/passes/inplace.py) and a scale spread over a sum of
-contractions (lower/products.py): the generated code adds onto the product it owns, leaves a
-product it returns alone, and equals the literal interpreter in values and gradients."""
+"""Scores that take their masks in place (lower/program/passes/inplace.py) and a scale spread over
+a sum of contractions (lower/planner/products.py): the generated code adds onto the product it
+owns, leaves a product it returns alone, and equals the literal interpreter in values and
+gradients."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -11,8 +12,8 @@ from test_kernels import mla_key_with_query
 
 import indexattn
 from indexattn import ops
-from indexattn.lower.kinds import over
-from indexattn.lower.steps import Contract
+from indexattn.lower.program.kinds import over
+from indexattn.lower.program.steps import Contract
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower.steps import Attention, Linear, Pad, Split
+from indexattn.lower.program.steps import Attention, Linear, Pad, Split
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 

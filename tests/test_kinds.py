@@ -1,5 +1,5 @@
-"""The step kinds' table (lower/kinds.py) covers every kind of step as tests/test_ops.py checks
-the operator table: each kind has its facts, a printer and a cost, and a kind missing one is
+"""The step kinds' table (lower/program/kinds.py) covers every kind of step as tests/test_ops.py
+checks the operator table: each kind has its facts, a printer and a cost, and a kind missing one is
 seen. The planner's product rules are a table it follows in order."""
 
 import dataclasses
@@ -9,10 +9,11 @@ import sympy
 
 import indexattn
 from indexattn.ir import Index
-from indexattn.lower import kinds, products, steps
-from indexattn.lower.emit import Emitter
 from indexattn.lower.pipeline import plan
-from indexattn.lower.steps import Contract, Elementwise, Linear, Operand, Reduction, Var
+from indexattn.lower.planner import products
+from indexattn.lower.printers.emit import Emitter
+from indexattn.lower.program import kinds, steps
+from indexattn.lower.program.steps import Contract, Elementwise, Linear, Operand, Reduction, Var
 from indexattn.oracle.verify import compare
 from indexattn.views import cost
 
@@ -23,7 +24,7 @@ def missing(kind: type) -> list[str]:
     """What a step kind lacks of the facts every stage reads."""
     gaps = []
     if kind not in kinds.KINDS:
-        gaps.append("facts (lower/kinds.py)")
+        gaps.append("facts (lower/program/kinds.py)")
     if not callable(getattr(Emitter, "step_" + kind.__name__, None)):
         gaps.append(f"a printer (Emitter.step_{kind.__name__})")
     if cost.step_cost.dispatch(kind) is cost.step_cost.dispatch(object):
@@ -97,9 +98,9 @@ WHOLE = (
 
 
 def test_one_answer_to_which_steps_make_floats_of_integers():
-    """kinds.makes_floats, which the casts of tables (lower/numerics.py) and the in-place
-    pass (lower/passes/inplace.py) both read (they disagreed on the running sum): a maximum or
-    running sum of integers stays whole, a quotient and a product with 0.5 do not."""
+    """kinds.makes_floats, which the casts of tables (lower/program/numerics.py) and the in-place
+    pass (lower/program/passes/inplace.py) both read (they disagreed on the running sum): a maximum
+    or running sum of integers stays whole, a quotient and a product with 0.5 do not."""
     program = plan(indexattn.compile_spec(WHOLE, name="whole").ir)
     found = {s.out.var.hint: kinds.makes_floats(s) for s in program.steps if hasattr(s, "out")}
     assert {k: found[k] for k in "CTHA"} == {"C": False, "T": False, "H": True, "A": True}

@@ -1,4 +1,4 @@
-"""Convolutions over positions (lower/conv.py): a kernel over relative offsets read as the
+"""Convolutions over positions (lower/planner/conv.py): a kernel over relative offsets read as the
 papers write it, `sum_<pr>(where(τ >= p ..., θ_<μpr> S_<μ[τ - p][...]>, 0))`, compiles to one
 grouped F.conv1d/F.conv2d and equals the literal reading and a hand-written conv in values and
 gradients (float64); Multi-Token Attention (specs/mta.attn) against its hand-written module."""
@@ -192,7 +192,7 @@ def test_mta_counts():
 
 
 def test_without_the_convolve_rules_the_same_spec_is_its_gathers_equal_in_value(monkeypatch):
-    from indexattn.lower import plan, products
+    from indexattn.lower.planner import plan, products
 
     args = inputs()
     want = core(CONV2D)(**args)

@@ -1,4 +1,4 @@
-"""Translation validation: the program after every pass (lower/passes/), printed and run,
+"""Translation validation: the program after every pass (lower/program/passes/), printed and run,
 equals the literal interpreter in values and in gradients (float64), on every shipped spec
 and on random specs; rows run in blocks of one row and key spans by blocks of two queries, so
 that the passes' blocked paths run at these small sizes. A wrong pass planted in the list is
@@ -18,12 +18,13 @@ from test_robustness import valid_specs
 import indexattn
 from indexattn import derive, ir
 from indexattn.ir.shapes import recipe, rules
-from indexattn.lower import canonical, passes
-from indexattn.lower.codegen import generate
-from indexattn.lower.kinds import made
-from indexattn.lower.passes import PASSES, Pass, inplace, rows, spans
 from indexattn.lower.pipeline import pipeline, plan, stages
-from indexattn.lower.steps import Contract
+from indexattn.lower.planner import canonical
+from indexattn.lower.printers.codegen import generate
+from indexattn.lower.program import passes
+from indexattn.lower.program.kinds import made
+from indexattn.lower.program.passes import PASSES, Pass, inplace, rows, spans
+from indexattn.lower.program.steps import Contract
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 from indexattn.runtime.compiled import CompiledSpec, _plain

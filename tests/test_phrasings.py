@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import indexattn
 from indexattn import ir
 from indexattn.lower.pipeline import pipeline
-from indexattn.lower.steps import Attention, Elementwise, PrefixProduct, Reduction
+from indexattn.lower.program.steps import Attention, Elementwise, PrefixProduct, Reduction
 from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import compare, sample_arguments
 from indexattn.views import cost
@@ -561,7 +561,7 @@ ONE_EQUATION_TWINS = {
 
 def test_the_whole_of_mha_in_one_equation_is_mha_with_the_kernel():
     """The projections inline in the softmax's argument and in the values: the canonical form
-    (lower/canonical.py) makes each an equation of its own, so the plan is mha.attn's (one
+    (lower/planner/canonical.py) makes each an equation of its own, so the plan is mha.attn's (one
     fused projection, the kernel with is_causal, no N×N softmax)."""
     assert body(ONE_EQUATION) == body(shipped("specs/mha.attn"))
     spec = indexattn.compile_spec(ONE_EQUATION, name="t")
@@ -608,8 +608,8 @@ DECAYS = {  # RetNet's decay times the scores: by chunks, or by rows (skipping t
 @pytest.mark.parametrize("phrasing", DECAYS)
 def test_a_decay_that_multiplies_the_scores_runs_by_chunks_or_skips_the_keys_it_zeroes(phrasing):
     """Retention (no softmax): a causal 0-mask times γ^(τ - τ'), however written, is computed
-    by chunks of positions (lower/decay.py); other decays by blocks of queries, which go over
-    the keys at or before the block's last query only where the decay is 0 above the
+    by chunks of positions (lower/planner/decay.py); other decays by blocks of queries, which go
+    over the keys at or before the block's last query only where the decay is 0 above the
     diagonal. Every stage equals the literal reading in values and gradients, in blocks of one
     row, spans of two queries and chunks of two positions (tests/test_passes.py)."""
     text, path = DECAYS[phrasing]

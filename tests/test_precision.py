@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower.steps import Contract
+from indexattn.lower.program.steps import Contract
 from indexattn.oracle import reference
 from indexattn.oracle.verify import TOLERANCE, _error, sample_arguments, sample_sizes
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import indexattn
-from indexattn.lower.steps import PrefixProduct, Reduction
+from indexattn.lower.program.steps import PrefixProduct, Reduction
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 from indexattn.views import cost

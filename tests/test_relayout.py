@@ -21,14 +21,15 @@ from reference.classic import GPT2Attention, causal_mask
 from torch import nn
 
 import indexattn
-from indexattn import ShapeError, SpecError, relayout
+from indexattn import ShapeError, SpecError
 from indexattn.notation.names import ascii_name
+from indexattn.parallel import relayout
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
 def test_docstring_examples_run():
-    module = importlib.import_module("indexattn.relayout")  # the attribute is the function
+    module = importlib.import_module("indexattn.parallel.relayout")  # the attribute is the function
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 

@@ -1,14 +1,14 @@
-"""The scales pass (lower/passes/scales.py): a scale of a scale that nothing else reads is one
-scale, in values equal to the literal interpreter; a scale read twice stays."""
+"""The scales pass (lower/program/passes/scales.py): a scale of a scale that nothing else reads is
+one scale, in values equal to the literal interpreter; a scale read twice stays."""
 
 import sympy
 import torch
 
 import indexattn
 from indexattn import ir
-from indexattn.lower.passes import scales
 from indexattn.lower.pipeline import plan
-from indexattn.lower.steps import Contract
+from indexattn.lower.program.passes import scales
+from indexattn.lower.program.steps import Contract
 from indexattn.oracle.verify import compare
 
 HEAD = "index i : n\ninput x_<i>\n"

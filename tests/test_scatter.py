@@ -1,5 +1,5 @@
-"""The planner's scatter rule (lower/scatter.py): a sum over J of `where(b == P, E, 0)`, P whole
-numbers over indices all summed, is one scatter-add, never the b × J tensor of the `where`;
+"""The planner's scatter rule (lower/planner/scatter.py): a sum over J of `where(b == P, E, 0)`, P
+whole numbers over indices all summed, is one scatter-add, never the b × J tensor of the `where`;
 it equals the literal interpreter, with positions out of range adding nothing, in values and
 gradients, batched or not, traced by torch.compile; a `where` that is no scatter (another else
 branch, positions that read b) is planned as written and equals the interpreter too."""
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower import kinds, plan
-from indexattn.lower.steps import Elementwise, Flip, Rename, Scatter
+from indexattn.lower.planner import plan
+from indexattn.lower.program import kinds
+from indexattn.lower.program.steps import Elementwise, Flip, Rename, Scatter
 from indexattn.oracle import reference
 from indexattn.oracle.verify import compare
 

@@ -1,4 +1,4 @@
-"""A `where` chain on every value of a literal index is one `torch.stack` (lower/stacks.py,
+"""A `where` chain on every value of a literal index is one `torch.stack` (lower/planner/stacks.py,
 the `Stack` step): how the derived backward's regrouped cotangents of a fused projection
 (`dQKV_<μBτa> = where(B == 0, dQ, where(B == 1, dK, dV))`) are computed, one copy of each
 part rather than a `torch.where` per part over the whole result. Its values equal the literal
@@ -9,8 +9,8 @@ import torch
 from test_derive import both_modes, both_modes_of
 
 import indexattn
-from indexattn.lower import stacks
-from indexattn.lower.steps import Stack
+from indexattn.lower.planner import stacks
+from indexattn.lower.program.steps import Stack
 from indexattn.oracle.verify import compare, sample_arguments, sample_sizes
 
 HEAD = "index τ : N\nindex a : d\nindex B : 3\ninput P_<τa>\ninput Q_<τa>\ninput R_<τa>\n"
@@ -87,7 +87,7 @@ def test_twin_a_stack_in_the_wrong_order_is_seen(monkeypatch):
         return None if found is None else (found[0], found[1][::-1])
 
     stack_form = stacks.stack_form
-    monkeypatch.setattr("indexattn.lower.plan.stack_form", reversed_form)
+    monkeypatch.setattr("indexattn.lower.planner.plan.stack_form", reversed_form)
     monkeypatch.setenv("INDEXATTN_CACHE", "0")
     text = indexattn.compile_spec("mha").text
     planted = indexattn.compile_spec(text + "\n", name="mha_planted")

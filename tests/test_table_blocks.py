@@ -16,8 +16,8 @@ from test_derive import Widest
 
 import indexattn
 from indexattn.cli import main
-from indexattn.lower import tables_emit
-from indexattn.lower.passes import tables
+from indexattn.lower.printers import tables_emit
+from indexattn.lower.program.passes import tables
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 

@@ -215,7 +215,8 @@ def scores_call(precision: str, mask: str = ">"):
 @pytest.mark.parametrize("precision", [" : float32", " : float64"])
 def test_scores_declared_wide_are_computed_apart_from_the_kernel_as_written(precision):
     """The attention kernel takes the scores in the call's dtype, so scores declared wide are
-    planned apart (lower/plan.py, `precise`); values and gradients are the literal reading."""
+    planned apart (lower/planner/plan.py, `precise`); values and gradients are the literal
+    reading."""
     for g, w in zip(*scores_call(precision)):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 

@@ -1,6 +1,6 @@
 """Softmax weights times the values outside the kernel, as one autograd step
-(lower/passes/softmax_values.py): where a spec returns its weights, `softmax_values` computes
-them and their product with V, and its backward makes the scores' gradient in place. Each
+(lower/program/passes/softmax_values.py): where a spec returns its weights, `softmax_values`
+computes them and their product with V, and its backward makes the scores' gradient in place. Each
 phrasing equals the literal interpreter in values and in gradients (through the product alone,
 the weights alone, or both) and draws F.dropout's masks in train mode; near misses that would
 compute something else if fused keep autograd's own steps; where the step cannot run
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import indexattn
-from indexattn.lower.steps import SoftmaxValues
+from indexattn.lower.program.steps import SoftmaxValues
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sympy
 
 from ..ir import Apply, At, Concat, Field, Node, Product, Reduce, Ref, Sum
-from ..lower.numerics import guarded
+from ..lower.program.numerics import guarded
 from ..ops import DERIVATIVES
 from . import rules
 from .cotangents import (

@@ -1,4 +1,4 @@
-"""The rewrites of the derived backward, in the order they apply (as lower/passes' PASSES).
+"""The rewrites of the derived backward, in the order they apply (as lower/program/passes' PASSES).
 Reverse mode proper (derive/reverse.py) writes each step plainly and hands it, a frozen value
 that prints (a cotangent, the parts of a sum), to each rewrite of that step in
 this order; a rewrite returns it rewritten, or as it found it where it does not apply. Each

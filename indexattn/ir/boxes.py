@@ -1,8 +1,8 @@
 """Whether a condition on positions holds at every point of a box of them, read off the
 condition as a test on the box's ends: ring attention runs it on each tile pair's numbers
-(indexattn/ring.py), the generated code prints it for the key spans of each block of queries
-(lower/tables_emit.py, `box_call`). The test is sufficient, not necessary: false where it
-cannot tell."""
+(indexattn/parallel/ring.py), the generated code prints it for the key spans of each block of
+queries (lower/printers/tables_emit.py, `box_call`). The test is sufficient, not necessary: false
+where it cannot tell."""
 
 from __future__ import annotations
 

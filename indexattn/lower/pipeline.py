@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..ir import Spec, printer
-from . import canonical, passes
-from .plan import Planner
-from .program import Program
+from .planner import canonical
+from .planner.plan import Planner
+from .program import passes
+from .program.program import Program
 
 STAGES = ("canonical", "plan", *passes.NAMES)
 

@@ -67,7 +67,7 @@ ACCENTS = {
 }
 
 # Names the generated module itself uses (imports, keywords of the function, builtins, the
-# unread `_`); a spec name equal to one of them gets a trailing "_". lower/naming.py
+# unread `_`); a spec name equal to one of them gets a trailing "_". lower/printers/naming.py
 # allocates every other name.
 RESERVED = frozenset(
     {"torch", "F", "math", "einsum", "rearrange", "training", "constants", "device", "dtype", "_"}
@@ -111,7 +111,7 @@ def _unicode_word(ch: str) -> str:
 
 def fresh(base: str, taken: set[str]) -> str:
     """`base` if not taken, else `base_2`, `base_3`, ...; added to `taken`: the one way a
-    name is allocated, for generated code (lower/naming.py) and derived specs (derive/)."""
+    name is allocated, for generated code (lower/printers/naming.py) and derived specs (derive/)."""
     name, k = base, 1
     while name in taken:
         k += 1

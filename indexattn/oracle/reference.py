@@ -160,7 +160,7 @@ class Interpreter:
         return total, node.free
 
     def apply(self, node: ir.Apply, held: dict[str, Value]) -> Value:
-        from ..lower.numerics import guarded
+        from ..lower.program.numerics import guarded
 
         # read loop by loop, where(c, a, b) is `a if c else b`: the branch not chosen is not
         # evaluated, so neither its overflow nor its gradient (0 times inf) counts

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     import sympy
 
     from .. import ir
-    from ..lower.codegen import Module
-    from ..lower.program import Program
+    from ..lower.printers.codegen import Module
+    from ..lower.program.program import Program
 
 _CACHE: dict[tuple[str, str, str, type], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
@@ -474,16 +474,16 @@ class CompiledSpec:
 
     def shard_plan(self, over: str):
         """Which tensors split along the head index `over` (glyph, macro or ASCII name), which
-        are replicated, and which need a relayout first: see indexattn/shard.py."""
-        from ..shard import shard_plan
+        are replicated, and which need a relayout first: see indexattn/parallel/shard.py."""
+        from ..parallel.shard import shard_plan
 
         return shard_plan(self.ir, over)
 
     def sequence_plan(self, over: str = "τ", keys: tuple[str, ...] = (), heads: str | None = None):
         """How the sequence index `over` splits over ranks: which reductions merge by
         log-sum-exp, plain sums or a prefix scan, which positions must be global, and the
-        head index Ulysses trades it for: see indexattn/sequence.py."""
-        from ..sequence import sequence_plan
+        head index Ulysses trades it for: see indexattn/parallel/sequence.py."""
+        from ..parallel.sequence import sequence_plan
 
         return sequence_plan(self.ir, over, keys, heads)
 
@@ -561,7 +561,7 @@ def _load(source: str, name: str) -> dict:
 
 
 def _generate(program: Program) -> Module:
-    from ..lower.codegen import generate
+    from ..lower.printers.codegen import generate
 
     return generate(program)
 

@@ -25,8 +25,8 @@ from ..errors import ShapeError
 from ..sizes import Tree, evaluate
 
 if TYPE_CHECKING:
-    from ..lower.program import Program
-    from ..lower.steps import Var
+    from ..lower.program.program import Program
+    from ..lower.program.steps import Var
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def positions(plan: Program, held: tuple[Var, ...]) -> Positions:
     """The checks of every gather of a plan; `held`: the values the constants function
     returns, in order."""
     from ..ir.shapes import tree
-    from ..lower.steps import Gather
+    from ..lower.program.steps import Gather
 
     spec = plan.spec
     grids = list(held)

@@ -33,8 +33,8 @@ import sympy
 
 from ..ir import Index, Spec, Tensor
 from ..ir.shapes import honouring
-from ..lower.program import Block, Program
-from ..lower.steps import (
+from ..lower.program.program import Block, Program
+from ..lower.program.steps import (
     Add,
     Attention,
     Cat,
@@ -201,7 +201,7 @@ def _(step: Elementwise) -> Cost:
 
 @step_cost.register
 def _(step: Reduction) -> Cost:
-    """A softmax with a sink runs over one more column (lower/sinks.py)."""
+    """A softmax with a sink runs over one more column (lower/planner/sinks.py)."""
     size = _size(step.arg)
     if step.sink is not None:
         size = size / elements(step.over) * (elements(step.over) + 1)

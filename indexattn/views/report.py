@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import sympy
 
 from .. import ir
-from ..lower.program import Program
+from ..lower.program.program import Program
 from . import cost, latex
 from .tables import (
     Cell,
@@ -221,7 +221,7 @@ def flop_rows(spec: ir.Spec, plan: Program, sizes: dict) -> tuple[CountRow, ...]
 
 
 def _written(spec: ir.Spec, planned: ir.Spec) -> dict[str, ir.Equation]:
-    """Each equation the plan computes (of the canonical form, lower/canonical.py), as the
+    """Each equation the plan computes (of the canonical form, lower/planner/canonical.py), as the
     spec's own equation it comes from: a rewritten equation is the one of its tensor, an
     equation the canonical form made is the written one that reads it (counted there)."""
     own = {eq.tensor.name: eq for eq in spec.equations}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import sympy
 
 from .. import ir
-from ..lower.program import Program
-from ..lower.steps import Attention, Linear, SoftmaxValues, Split
+from ..lower.program.program import Program
+from ..lower.program.steps import Attention, Linear, SoftmaxValues, Split
 
 CHAR = 8.4  # width of one character of the 14px monospace font
 ROW = 92  # from one layer to the next
