@@ -97,3 +97,55 @@ def test_running_a_spec_imports_no_view():
     assert not reaches(edges, "indexattn.runtime", "indexattn.views")
     edges["indexattn.runtime.module"] |= {"indexattn.views.latex"}
     assert reaches(edges, "indexattn.runtime", "indexattn.views")
+
+
+# The lowering stage's rooms, each above those before it: the program's values and facts,
+# the planner that makes a program, the passes that take and return one, the printers that
+# print it, and the pipeline that runs them all (lower/__init__.py). A module imports its own
+# room and the rooms before it, never one after.
+ROOMS = (
+    "indexattn.lower.program",
+    "indexattn.lower.planner",
+    "indexattn.lower.program.passes",
+    "indexattn.lower.printers",
+    "indexattn.lower",
+)
+# The compiler's stages, which the parallel plans and strategies read and never the reverse.
+STAGES = ("indexattn.notation", "indexattn.ir", "indexattn.lower", "indexattn.ops")
+
+
+def room(module: str) -> int | None:
+    inside = [k for k, r in enumerate(ROOMS) if module == r or module.startswith(r + ".")]
+    return max(inside, key=lambda k: len(ROOMS[k])) if inside else None
+
+
+def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports from a room of the lowering stage into a room after it."""
+    return sorted(
+        (a, b)
+        for a, bs in edges.items()
+        for b in bs
+        if room(a) is not None and room(b) is not None and room(b) > room(a)
+    )
+
+
+def test_no_import_back_up():
+    assert upward(graph()) == []
+
+
+def test_an_import_back_up_is_seen():
+    edges = graph()
+    steps, codegen = "indexattn.lower.program.steps", "indexattn.lower.printers.codegen"
+    passes = "indexattn.lower.program.passes.hoist"
+    edges[steps] = edges[steps] | {codegen}
+    edges[passes] = edges[passes] | {"indexattn.lower.printers.naming"}
+    assert upward(edges) == [(passes, "indexattn.lower.printers.naming"), (steps, codegen)]
+
+
+def test_the_stages_import_no_parallel_plan():
+    """The parallel plans read the IR; the stages never read them (the runtime and the
+    command line, above both, offer them). The twin: one such import is seen."""
+    edges = graph()
+    assert not any(reaches(edges, stage, "indexattn.parallel") for stage in STAGES)
+    edges["indexattn.ir.check"] |= {"indexattn.parallel.shard"}
+    assert reaches(edges, "indexattn.ir", "indexattn.parallel")

@@ -71,3 +71,41 @@ def _rise(term: sympy.Expr, symbol: sympy.Symbol) -> int | None:
     if symbol in slope.free_symbols:
         return None
     return 1 if slope.is_nonnegative else -1 if slope.is_nonpositive else 0
+
+
+def bounding(condition: sympy.Basic, read: sympy.Expr, size: sympy.Expr) -> list[sympy.Basic]:
+    """The comparisons of a condition (a conjunction) that keep `read` inside an axis of
+    `size`: `τ >= p` (or `τ > p`) for the read `τ - p`."""
+    atoms = condition.args if isinstance(condition, sympy.And) else (condition,)
+    bounds = read_bounds(read, size)
+    return [
+        atom
+        for atom in atoms
+        if (e := nonnegative(atom)) is not None
+        and any(sympy.expand(b - e).is_nonnegative for b in bounds)
+    ]
+
+
+def comparisons(condition: sympy.Basic) -> list[sympy.Expr] | None:
+    """A conjunction of comparisons of whole numbers as the e of each `e >= 0`, or None."""
+    atoms = condition.args if isinstance(condition, sympy.And) else (condition,)
+    found = [nonnegative(a) for a in atoms]
+    return None if any(e is None for e in found) else found
+
+
+def read_bounds(read: sympy.Expr, size: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """A read inside an axis, as two values >= 0: `read` and `size - 1 - read`."""
+    return sympy.expand(read), sympy.expand(size - 1 - read)
+
+
+def nonnegative(atom: sympy.Basic) -> sympy.Expr | None:
+    """A comparison of whole numbers as `e >= 0`'s e."""
+    if isinstance(atom, sympy.GreaterThan):
+        return sympy.expand(atom.lhs - atom.rhs)
+    if isinstance(atom, sympy.StrictGreaterThan):
+        return sympy.expand(atom.lhs - atom.rhs - 1)
+    if isinstance(atom, sympy.LessThan):
+        return sympy.expand(atom.rhs - atom.lhs)
+    if isinstance(atom, sympy.StrictLessThan):
+        return sympy.expand(atom.rhs - atom.lhs - 1)
+    return None

@@ -15,6 +15,7 @@ import sympy
 
 from ... import ir
 from ...ir import Index
+from ...ir.boxes import comparisons, read_bounds
 from ..program.steps import Arg, Convolve, Operand, Shift
 
 
@@ -143,7 +144,7 @@ def _pads(condition: ir.Field, shifts: tuple[Shift, ...]) -> bool:
     for s in shifts:
         read = s.along.symbol + s.sign * s.offset.symbol + s.shift
         highest = s.along.size - 1 + s.start + s.offset.size - 1
-        lower, upper = _bounds(read, s.axis.size)
+        lower, upper = read_bounds(read, s.axis.size)
         said += [(lower, s.start), (upper, s.axis.size - 1 - highest)]
     if not all(any(sympy.expand(a - b) == 0 for b, _ in said) for a in atoms):
         return False
@@ -151,44 +152,6 @@ def _pads(condition: ir.Field, shifts: tuple[Shift, ...]) -> bool:
         any(sympy.expand(a - bound) == 0 for a in atoms) or bool(sympy.expand(least).is_nonnegative)
         for bound, least in said
     )
-
-
-def bounding(condition: sympy.Basic, read: sympy.Expr, size: sympy.Expr) -> list[sympy.Basic]:
-    """The comparisons of a condition (a conjunction) that keep `read` inside an axis of
-    `size`: `τ >= p` (or `τ > p`) for the read `τ - p`."""
-    atoms = condition.args if isinstance(condition, sympy.And) else (condition,)
-    bounds = _bounds(read, size)
-    return [
-        atom
-        for atom in atoms
-        if (e := _nonnegative(atom)) is not None
-        and any(sympy.expand(b - e).is_nonnegative for b in bounds)
-    ]
-
-
-def comparisons(condition: sympy.Basic) -> list[sympy.Expr] | None:
-    """A conjunction of comparisons of whole numbers as the e of each `e >= 0`, or None."""
-    atoms = condition.args if isinstance(condition, sympy.And) else (condition,)
-    found = [_nonnegative(a) for a in atoms]
-    return None if any(e is None for e in found) else found
-
-
-def _bounds(read: sympy.Expr, size: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
-    """A read inside an axis, as two values >= 0: `read` and `size - 1 - read`."""
-    return sympy.expand(read), sympy.expand(size - 1 - read)
-
-
-def _nonnegative(atom: sympy.Basic) -> sympy.Expr | None:
-    """A comparison of whole numbers as `e >= 0`'s e."""
-    if isinstance(atom, sympy.GreaterThan):
-        return sympy.expand(atom.lhs - atom.rhs)
-    if isinstance(atom, sympy.StrictGreaterThan):
-        return sympy.expand(atom.lhs - atom.rhs - 1)
-    if isinstance(atom, sympy.LessThan):
-        return sympy.expand(atom.rhs - atom.lhs)
-    if isinstance(atom, sympy.StrictLessThan):
-        return sympy.expand(atom.rhs - atom.lhs - 1)
-    return None
 
 
 class Convolves:

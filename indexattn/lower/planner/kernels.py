@@ -10,7 +10,7 @@ import sympy
 
 from ... import ir
 from ...ir import Index, Spec
-from ..program.passes.hoist import constant
+from ..program.kinds import constant
 from ..program.steps import Arg, Attention, Grid, Operand, Pad, Spans, Split, Step, Var
 from .fusion import (
     AttentionMatch,

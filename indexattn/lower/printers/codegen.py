@@ -10,7 +10,7 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
-from ..program import numerics
+from ..program import kinds, numerics
 from ..program.kinds import reads
 from ..program.program import Program
 from ..program.steps import Grid, Var
@@ -236,7 +236,7 @@ def table_functions(
     read = {o.var for s in plan.steps if s.out.var not in plan.tables for o in reads(s)}
     out = {}
     for step in (s for s in wide if s.out.var in read):
-        chain = tables_emit.chain(wide, step.out.var)
+        chain = kinds.chain(wide, step.out.var)
         emitter = Emitter(plan.spec, names)
         emitter.needs.knobs, emitter.needs.helpers = main.needs.knobs, main.needs.helpers
         emitter.tables, emitter.cast, emitter.positional = True, main.cast, True

@@ -12,7 +12,6 @@ import sympy
 from ...ir import Index
 from ...ir.boxes import holds_on_box
 from ..planner.predicates import table_keep
-from ..program.kinds import reads
 from ..program.steps import Gather, Grid, Reduction, Step, Var
 
 
@@ -111,16 +110,6 @@ def _call(table: TableFunction, emitter, positions: dict[Index, str]) -> str:
     keywords = [f"{k}={k}" for k in (*table.keywords, "device", "dtype")]
     args = [*(positions[i] for i in table.indices), *table.inputs, *keywords]
     return f"{table.name}({', '.join(args)})"
-
-
-def chain(steps, var: Var):
-    """The steps among `steps` the value needs, in order."""
-    needed, out = {var}, []
-    for step in reversed(steps):
-        if step.out.var in needed:
-            out.append(step)
-            needed |= {o.var for o in reads(step)}
-    return out[::-1]
 
 
 def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[str]):

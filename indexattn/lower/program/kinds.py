@@ -237,3 +237,22 @@ def makes_floats(step: Step) -> bool:
     if isinstance(step, Reduction):
         return not ops.REDUCTIONS[step.fn].integers
     return isinstance(step, Linear | Attention | PrefixProduct)
+
+
+def constant(steps: tuple[Step, ...]) -> set[Var]:
+    """The values of `steps` that depend on sizes and scalars only."""
+    made: set[Var] = set()
+    for step in steps:
+        if pure(step) and all(o.var in made for o in reads(step)):
+            made.add(step.out.var)
+    return made
+
+
+def chain(steps, var: Var):
+    """The steps among `steps` the value needs, in order."""
+    needed, out = {var}, []
+    for step in reversed(steps):
+        if step.out.var in needed:
+            out.append(step)
+            needed |= {o.var for o in reads(step)}
+    return out[::-1]

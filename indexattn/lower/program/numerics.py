@@ -225,7 +225,7 @@ def _kept_inside(ref, cond):
 
 def _inside(item, condition, declared):
     from ... import ir
-    from ..planner.conv import bounding
+    from ...ir.boxes import bounding
 
     if not (isinstance(item, ir.At) and isinstance(item.value, ir.Field) and item.free):
         return item

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from ..kinds import pure, reads
+from ..kinds import constant, reads
 from ..program import Program
-from ..steps import Gather, Step, Var
+from ..steps import Gather
 
 
 def run(program: Program) -> Program:
@@ -22,15 +22,6 @@ def run(program: Program) -> Program:
     read |= {s.positions.var for s in program.steps if isinstance(s, Gather)}  # checked at calls
     held = tuple(s.out.var for s in program.steps if s.out.var in made and s.out.var in read)
     return replace(program, constant=frozenset(made), held=held)
-
-
-def constant(steps: tuple[Step, ...]) -> set[Var]:
-    """The values of `steps` that depend on sizes and scalars only."""
-    made: set[Var] = set()
-    for step in steps:
-        if pure(step) and all(o.var in made for o in reads(step)):
-            made.add(step.out.var)
-    return made
 
 
 def read_counts(steps, results) -> Counter:

@@ -20,8 +20,7 @@ from dataclasses import replace
 import sympy
 
 from ....ir import Index, sequence_indices
-from ...printers.tables_emit import chain
-from ..kinds import reads, with_reads
+from ..kinds import chain, reads, with_reads
 from ..program import Program
 from ..steps import (
     Add,
