@@ -77,7 +77,7 @@ def rename_mha(state: dict) -> dict:
 
 
 # The cores `attn_implementation="indexattn"` picks per call: checked against transformers'
-# eager attention (tests/test_models_interface.py), not against a hand module of this folder.
+# eager attention (tests/models/test_models_interface.py), not against a hand module of this folder.
 INTERFACE_CORES = frozenset(
     {"softcap_core", "sinks_core", "gqa_causal_core", "gqa_unmasked_core", "gqa_heads_core"}
 )

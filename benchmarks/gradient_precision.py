@@ -1,4 +1,4 @@
-"""The backward in low precision, a larger run of tests/test_gradient_precision.py: random
+"""The backward in low precision, a larger run of tests/oracle/test_gradient_precision.py: random
 specs (ties, dead rows, overflowing hidden branches among the draws) and every shipped spec,
 in bfloat16 and float16, each backward's gradient error against float64's; prints the
 tables of docs/precision.md's "The backward in low precision".
@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "oracle")]
 import indexattn  # noqa: E402
 from indexattn.errors import SpecError  # noqa: E402
-from tests.test_gradient_precision import LOW, specs, within, worst  # noqa: E402
+from tests.oracle.test_gradient_precision import LOW, specs, within, worst  # noqa: E402
 
 NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 

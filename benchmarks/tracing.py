@@ -21,7 +21,7 @@ import torch
 import indexattn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 from test_tracing import _tuple, exported, layer  # noqa: E402
 
 PAGE = ROOT / "docs" / "robustness.md"

@@ -90,7 +90,7 @@ INTEGER_FUNCTIONS = frozenset({"floor", "ceil", "round", "sign", "abs", "min", "
 
 # Functions whose backward reads their result (tanh: 1 - y², exp: y, expm1: y + 1, ...): they
 # may overwrite their argument, as torch's `tanh_` does under autograd, and nothing may overwrite
-# their result (tests/test_ops.py checks the set against what torch's autograd saves).
+# their result (tests/oracle/test_ops.py checks the set against what torch's autograd saves).
 INPLACE = frozenset({"exp", "expm1", "tanh", "sigmoid", "sqrt", "rsqrt", "relu"})
 
 # Functions and operators that may make inf or NaN of finite numbers (exp's overflow aside).

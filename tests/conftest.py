@@ -2,6 +2,7 @@
 temporary directory; the masks the kernel is called with."""
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,12 @@ settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# The stages' folders (tests/notation, tests/ir, ...) on the path as tests/ itself is: a test
+# reads another's helpers by the file's name (`from test_differential import specs`), whichever
+# folder either is in, and in whatever order pytest collects them.
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(d) for d in sorted(HERE.iterdir()) if any(d.glob("test_*.py"))]
+
 # The compile cache of this run (and of the processes it starts): never the user's own.
 os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
 # inductor's too: its default, /tmp/torchinductor_<user>, is shared by every torch on the
@@ -23,6 +30,37 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-induc
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))
+
+
+# The slow tier, which the quick one (`pytest -m "not slow"`, docs/testing.md) leaves out: a
+# sweep over the shipped specs but for mha (a test parametrized by a shipped spec, by the
+# `shipped` fixture or by its name or path in the test's id: the quick tier keeps one spec of
+# each sweep), every test that starts processes (the ranks of a launch), and the tests and
+# files marked `@pytest.mark.slow` (or `pytestmark = pytest.mark.slow`) themselves.
+QUICK_SPEC = "mha"
+SLOW_FIXTURES = frozenset({"ranks", "launched"})
+SHIPPED = frozenset(
+    name
+    for path in (ROOT / "specs").rglob("*.attn")
+    for name in (str(path.relative_to(ROOT / "specs").with_suffix("")), path.stem)
+) - {QUICK_SPEC}
+
+
+def swept(item) -> bool:
+    """Whether the test is one of a sweep over the shipped specs, other than mha's."""
+    given = getattr(item, "callspec", None)
+    if given is None:
+        return False
+    if "shipped" in given.params:
+        return given.params["shipped"].stem != QUICK_SPEC
+    parts = {p.removeprefix("specs/") for p in given.id.split("-")}
+    return bool(parts & SHIPPED)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if swept(item) or SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=SPECS, ids=[p.stem for p in SPECS])

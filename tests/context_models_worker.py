@@ -1,4 +1,4 @@
-"""One rank of tests/test_context_parallel_models.py: `python context_models_worker.py RANK
+"""One rank of tests/parallel/test_context_parallel_models.py: `python context_models_worker.py RANK
 WORLD PORT OUT`.
 
 A tiny Llama (from a config, random weights, float64) split over the sequence with

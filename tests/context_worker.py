@@ -1,4 +1,5 @@
-"""One rank of tests/test_context_parallel.py: `python context_worker.py RANK WORLD PORT OUT`.
+"""One rank of tests/parallel/test_context_parallel.py:
+`python context_worker.py RANK WORLD PORT OUT`.
 
 Every check runs a spec module split over its sequence (Ulysses, gloo, CPU, float64) against
 the same module in this one process, and writes the largest difference in outputs and in every

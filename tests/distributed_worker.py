@@ -1,4 +1,5 @@
-"""One rank of tests/test_distributed.py: `python distributed_worker.py RANK WORLD PORT OUT`.
+"""One rank of tests/parallel/test_distributed.py:
+`python distributed_worker.py RANK WORLD PORT OUT`.
 
 Every check compares a distributed run (gloo, CPU, float64) with the same module run in this
 one process, and writes the largest difference under the check's name to OUT/rank{RANK}.json;

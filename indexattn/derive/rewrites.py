@@ -3,7 +3,7 @@ Reverse mode proper (derive/reverse.py) writes each step plainly and hands it, a
 that prints (a cotangent, the parts of a sum), to each rewrite of that step in
 this order; a rewrite returns it rewritten, or as it found it where it does not apply. Each
 function's first docstring line is its guarantee (besides equal gradients).
-tests/test_derive_rewrites.py checks the backward against the literal interpreter after each
+tests/derive/test_derive_rewrites.py checks the backward against the literal interpreter after each
 rewrite, and planted wrong rewrites are caught and named."""
 
 from __future__ import annotations

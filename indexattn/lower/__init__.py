@@ -1,6 +1,6 @@
 """IR -> Python: the lowering stage, from a checked `Spec` to the generated module's source.
 
-Four rooms, each importing only those before it (tests/test_layers.py; docs/architecture.md
+Four rooms, each importing only those before it (tests/project/test_layers.py; docs/architecture.md
 draws them):
 
 - **program/** (`program.py`, `steps.py`, `kinds.py`, `numerics.py`): what the planner makes
@@ -11,7 +11,7 @@ draws them):
   decays, sinks, scatters, convolutions, stacks, masks): the `Spec` becomes a `Program`;
 - **program/passes/**: each `Program -> Program`, computing the same values; their order is
   `passes.PASSES` (the one list; `indexattn compile SPEC --dump-after PASS` prints the program
-  after any of them, and tests/test_passes.py runs it against the oracle);
+  after any of them, and tests/lower/test_passes.py runs it against the oracle);
 - **printers/** (`codegen.py`, `emit.py`, `kernels_emit.py`, `rows_emit.py`, `tables_emit.py`):
   the final program as Python, one operation per line, every name from one allocator
   (`naming.py`). The printer decides nothing a pass could: it reads the program.

@@ -1,5 +1,5 @@
 """Low-precision error of a compiled spec at a start position: the same rounded numbers run in
-float16 or bfloat16 and in float64. What tests/test_tables.py and benchmarks/precision.py
+float16 or bfloat16 and in float64. What tests/lower/test_tables.py and benchmarks/precision.py
 measure."""
 
 from __future__ import annotations

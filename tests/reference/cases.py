@@ -277,7 +277,7 @@ CASES = [
 
 
 # Variant 12 once more: the same specs against F.scaled_dot_product_attention with the mask or
-# the ALiBi bias given explicitly (tests/test_classic_variants.py, test_spec_matches_sdpa).
+# the ALiBi bias given explicitly (tests/models/test_classic_variants.py, test_spec_matches_sdpa).
 SDPA_CASES = [
     Case(
         "sliding_window",

@@ -5,12 +5,12 @@ weight layouts, order of operations), takes inputs as (batch..., n, d) and build
 tables and masks inside forward, so its state_dict holds the parameters and nothing else. A
 state_dict key with dots replaced by underscores is the name of the spec parameter.
 MODERN_A_CASES gives each module's sizes and inputs, TWINS one perturbation each;
-tests/test_modern_a.py checks them.
+tests/models/test_modern_a.py checks them.
 
 Rotary tables are built as transformers builds them: angles, cos and sin in float32 (float64
 for float64 inputs, so that a float64 spec can match them to 1e-10), then cast to the input's
 dtype where they multiply the queries and keys. This is the hand-written low-precision
-reference of tests/test_tables.py.
+reference of tests/lower/test_tables.py.
 """
 
 import math

@@ -1,6 +1,6 @@
 """Spec -> Spec: one shape of each computation before the planner matches anything, so that
 two phrasings of one computation meet the same matcher. `REWRITES` is the order; each
-rewrite returns a spec whose outputs are the same values (tests/test_passes.py runs the
+rewrite returns a spec whose outputs are the same values (tests/lower/test_passes.py runs the
 canonical spec of every shipped and random spec against the literal reading of the spec as
 written). The spec a person wrote stays what LaTeX, counts of parameters and errors read;
 only the planner reads the canonical one."""

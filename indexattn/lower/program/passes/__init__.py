@@ -1,5 +1,5 @@
 """The passes from the planner's program to the one the code printer prints, in order. Each
-takes a `Program` and returns one that computes the same values (tests/test_passes.py runs
+takes a `Program` and returns one that computes the same values (tests/lower/test_passes.py runs
 the program after every pass against the literal interpreter, on every shipped spec and on
 random ones); each module's docstring says what its pass does and why."""
 
@@ -40,7 +40,7 @@ def stages(
 ) -> Iterator[tuple[str, Program]]:
     """The planner's program ("plan"), then the program after each pass, by name; each is
     checked (`Program.check`) before it is handed on, or with `each=False` the planner's and
-    the last alone (a compile's own run: tests/test_passes.py checks every pass's)."""
+    the last alone (a compile's own run: tests/lower/test_passes.py checks every pass's)."""
     program.check()
     yield "plan", program
     for k, one in enumerate(passes, 1):
