@@ -34,6 +34,10 @@ class Op:
     tensors: bool = False  # the torch template needs tensors: numbers are made tensors first
     integers: bool = False  # maps whole numbers to whole numbers (floor, mod, max, where, ...)
     keeps: bool = False  # a reduction whose index stays free: softmax_<j>, cumsum_<j>, concat_<j>
+    scan: bool = False  # a running reduction: entry j reads the entries up to j (cumsum_<j>)
+    # how its parts over blocks of its index (one block a rank) merge into the whole
+    # (parallel/sequence.py): LSE, SUM, EXTREMUM or PREFIX; None where they do not
+    merge: str | None = None
     # the in-place form, for functions whose backward reads their result, not their argument
     inplace: str = ""
 
@@ -209,11 +213,37 @@ FUNCTIONS: dict[str, Op] = {
 }
 
 
+# How the parts of a reduction over blocks of its index merge into the whole (a record's
+# `merge`; parallel/sequence.py and the ring read them).
+LSE = "log-sum-exp"  # a running maximum and a sum of exponentials, rescaled when merged
+SUM = "sum"  # partial sums added
+EXTREMUM = "max/min"  # partial maxima (minima) compared
+PREFIX = "prefix"  # an exclusive scan: the state carried in from the ranks before
+
+
 def _reduction(
-    name: str, torch: str, latex: str, flops: int = 1, arity: int = 1, keeps: bool = False
+    name: str,
+    torch: str,
+    latex: str,
+    flops: int = 1,
+    arity: int = 1,
+    keeps: bool = False,
+    scan: bool = False,
+    merge: str | None = None,
 ) -> Op:
-    integers = name in ("sum", "max", "min", "cumsum", "concat", "rank")
-    return Op(name, "reduction", arity, torch, latex, flops, integers=integers, keeps=keeps)
+    integers = name in ("sum", "max", "min", "cumsum", "cumprod", "concat", "rank")
+    return Op(
+        name,
+        "reduction",
+        arity,
+        torch,
+        latex,
+        flops,
+        integers=integers,
+        keeps=keeps,
+        scan=scan,
+        merge=merge,
+    )
 
 
 REDUCTIONS: dict[str, Op] = {
@@ -221,10 +251,31 @@ REDUCTIONS: dict[str, Op] = {
     for op in (
         # softmax keeps its index; its code is the planner's choice (safe or not, fused or not)
         _reduction(
-            "softmax", "torch.softmax({x}, dim={dim})", r"\operatorname{softmax}", 5, keeps=True
+            "softmax",
+            "torch.softmax({x}, dim={dim})",
+            r"\operatorname{softmax}",
+            5,
+            keeps=True,
+            merge=LSE,
         ),
         # the running sum along an index, which stays free: causal linear attention
-        _reduction("cumsum", "torch.cumsum({x}, dim={dim})", r"\operatorname{cumsum}", keeps=True),
+        _reduction(
+            "cumsum",
+            "torch.cumsum({x}, dim={dim})",
+            r"\operatorname{cumsum}",
+            keeps=True,
+            scan=True,
+            merge=PREFIX,
+        ),
+        # the running product along an index (a product of gates up to each position); its
+        # parts over blocks of the index do not merge: no ring or Ulysses split reads it
+        _reduction(
+            "cumprod",
+            "torch.cumprod({x}, dim={dim})",
+            r"\operatorname{cumprod}",
+            keeps=True,
+            scan=True,
+        ),
         # the parts one after another along an index: a KV cache and the new keys
         _reduction("concat", "torch.cat([{x}], dim={dim})", r"\operatorname{concat}", 0, 2, True),
         # each entry's place in descending order along an index (0: the largest; ties by
@@ -236,11 +287,17 @@ REDUCTIONS: dict[str, Op] = {
             r"\operatorname{rank}",
             keeps=True,
         ),
-        _reduction("sum", "{x}.sum(dim={dim})", r"\sum"),
-        _reduction("max", "{x}.amax(dim={dim})", r"\max"),
-        _reduction("min", "{x}.amin(dim={dim})", r"\min"),
-        _reduction("mean", "{x}.mean(dim={dim})", r"\operatorname{mean}"),
-        _reduction("logsumexp", "torch.logsumexp({x}, dim={dim})", r"\operatorname{logsumexp}", 4),
+        _reduction("sum", "{x}.sum(dim={dim})", r"\sum", merge=SUM),
+        _reduction("max", "{x}.amax(dim={dim})", r"\max", merge=EXTREMUM),
+        _reduction("min", "{x}.amin(dim={dim})", r"\min", merge=EXTREMUM),
+        _reduction("mean", "{x}.mean(dim={dim})", r"\operatorname{mean}", merge=SUM),
+        _reduction(
+            "logsumexp",
+            "torch.logsumexp({x}, dim={dim})",
+            r"\operatorname{logsumexp}",
+            4,
+            merge=LSE,
+        ),
     )
 }
 

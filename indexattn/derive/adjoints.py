@@ -4,6 +4,8 @@ given its own cotangent. An operator's slope is its rule in ops.DERIVATIVES (der
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sympy
 
 from ..ir import Apply, At, Concat, Field, Node, Product, Reduce, Ref, Sum
@@ -111,21 +113,38 @@ def slope(d: Walk, node: Apply, k: int) -> Cot:
     return Cot(rule, frozenset(node.free), frozenset().union(*(v.all for v in read)))
 
 
+# Each reduction's rule, by its name in ops.REDUCTIONS (`@adjoint(name)` beside the rule).
+ADJOINTS: dict[str, Callable[[Walk, Reduce, Cot], None]] = {}
+
+
+def adjoint(*names: str):
+    """Registers the rule of reverse mode of the reductions `names`."""
+
+    def register(rule):
+        ADJOINTS.update(dict.fromkeys(names, rule))
+        return rule
+
+    return register
+
+
 def back_reduce(d: Walk, node: Reduce, cot: Cot) -> None:
-    REDUCTIONS[node.fn](d, node, cot)
+    ADJOINTS[node.fn](d, node, cot)
 
 
+@adjoint("sum")
 def reduce_sum(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent, spread along the summed indices."""
     d.back(node.body, d.into(node.body, cot))
 
 
+@adjoint("mean")
 def reduce_mean(d: Walk, node: Reduce, cot: Cot) -> None:
     count = sympy.Mul(*(i.size for i in node.over))
     scale = Cot(Field(1 / count, (), None), frozenset())
     reduce_sum(d, node, product([cot, scale], frozenset(node.free)))
 
 
+@adjoint("softmax")
 def reduce_softmax(d: Walk, node: Reduce, cot: Cot) -> None:
     """A (g - Σ_j A g), the row sum as a rewrite may write it."""
     a = d.value(node)
@@ -146,12 +165,14 @@ def scaled(d: Walk, node: Node, cot: Cot, slope: Cot) -> None:
     d.back(node, d.into(node, product([cot, slope], free)))
 
 
+@adjoint("logsumexp")
 def reduce_logsumexp(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent times the softmax of the argument."""
     weights = d.value(Reduce("softmax", node.over, node.body, node.span))
     scaled(d, node.body, cot, weights)
 
 
+@adjoint("max", "min")
 def reduce_max(d: Walk, node: Reduce, cot: Cot) -> None:
     """The cotangent where the argument equals the result, split evenly among the tied
     entries (as autograd's amax and the literal interpreter split it)."""
@@ -165,6 +186,7 @@ def reduce_max(d: Walk, node: Reduce, cot: Cot) -> None:
     scaled(d, node.body, cot, share)
 
 
+@adjoint("cumsum")
 def reduce_cumsum(d: Walk, node: Reduce, cot: Cot) -> None:
     """The reverse running sum, Σ over j' ≥ j: the total, less the running sum, plus the
     term itself (or as a rewrite of BACKWARD_REWRITES writes it)."""
@@ -173,6 +195,21 @@ def reduce_cumsum(d: Walk, node: Reduce, cot: Cot) -> None:
     running = negated(Reduce("cumsum", node.over, g.node, None))
     plain = Cot(Sum((total, running, g.node), None), g.free, g.all)
     d.back(node.body, d.into(node.body, d.rewritten("running", plain, node, g)))
+
+
+@adjoint("cumprod")
+def reduce_cumprod(d: Walk, node: Reduce, cot: Cot) -> None:
+    """Entry j of the running product y is Π over j' ≤ j of x: x_j's cotangent is Σ over
+    j' ≥ j of g y, the reverse running sum as cumsum's (the total, less the running sum, plus
+    the term), over x_j. Not finite where an entry is 0 (autograd's is)."""
+    g, y, x = d.named(cot, node), d.value(node), d.value(node.body)
+    gy = Product((g.node, y.node), (), None)
+    total = Reduce("sum", node.over, gy, None)
+    running = negated(Reduce("cumsum", node.over, gy, None))
+    over_x = Apply("pow", (x.node, MINUS), None)
+    free = frozenset(node.body.free)
+    slope = Product((Sum((total, running, gy), None), over_x), (), None)
+    d.back(node.body, d.into(node.body, Cot(slope, free, free | g.all | y.all | x.all)))
 
 
 def back_concat(d: Walk, node: Concat, cot: Cot) -> None:
@@ -199,12 +236,3 @@ BACK = {
     Concat: back_concat,
 }
 STRUCTURAL = {"where": back_where, "dropout": back_dropout}  # the functions without a rule
-REDUCTIONS = {
-    "sum": reduce_sum,
-    "mean": reduce_mean,
-    "softmax": reduce_softmax,
-    "logsumexp": reduce_logsumexp,
-    "max": reduce_max,
-    "min": reduce_max,
-    "cumsum": reduce_cumsum,
-}

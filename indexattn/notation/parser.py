@@ -9,7 +9,6 @@ from ..errors import Span, SpecError
 from . import syntax as ast
 from .lexer import Bracket, Token, lex
 
-REDUCTIONS = tuple(ops.REDUCTIONS)
 FUNCTIONS = ops.CALLABLE
 DECLARATIONS = ("index", "input", "param", "buffer", "scalar", "output")
 INITIALISERS = {"normal": 2, "uniform": 2, "zeros": 0, "ones": 0}
@@ -434,7 +433,7 @@ class StatementParser:
     def ref_or_reduction(self) -> ast.Expr:
         tok = self.advance()
         ref = self.reference(tok)
-        if ref.name in REDUCTIONS:
+        if ref.name in ops.REDUCTIONS:
             if not self.at("("):
                 raise self.error(
                     f"{ref.name}_<...> needs its argument",
@@ -452,7 +451,7 @@ class StatementParser:
         if ref.name in FUNCTIONS and self.at("("):
             raise self.error(f"{ref.name} takes no subscript", tok.span, f"write {ref.name}(...).")
         if self.at("(") and not self.tok.spaced:  # `sofmax_<j>(`: asked only where it reads so
-            typo = _suggest(ref.name, REDUCTIONS)
+            typo = _suggest(ref.name, ops.REDUCTIONS)
             if typo:
                 raise self.error(f"unknown function '{ref.name}'", tok.span, typo.strip())
         return ref
@@ -473,7 +472,7 @@ class StatementParser:
             if tok.text == "inf":
                 return ast.Inf(tok.span)
             return ast.Name(tok.text, tok.span)
-        if tok.text in REDUCTIONS and tok.text not in ops.FUNCTIONS:
+        if tok.text in ops.REDUCTIONS and tok.text not in ops.FUNCTIONS:
             raise self.error(
                 f"{tok.text} needs the index it runs over", tok.span, f"write {tok.text}_<j>(...)."
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import string
 
 import numpy as np
@@ -183,13 +184,7 @@ class Interpreter:
     def reduce(self, node: ir.Reduce, held: dict[str, Value]) -> Value:
         body = self.align(self.node(node.body, held), node.body.free)
         dims = tuple(node.body.free.index(i) - len(node.body.free) for i in node.over)
-        if node.fn == "softmax":
-            return softmax(body, dims), node.free
-        if node.fn == "cumsum":  # a running sum, position by position (an inf stays put)
-            return running_sum(body, dims[0]), node.free
-        if node.fn == "rank":
-            return rank(body, dims[0]), node.free
-        return REDUCTIONS[node.fn](body, dims), node.free
+        return LITERAL[node.fn](body, dims), node.free
 
 
 @functools.lru_cache(maxsize=1024)
@@ -198,11 +193,12 @@ def lambdified(expr: sympy.Basic, symbols: tuple[sympy.Symbol, ...]):
     return sympy.lambdify(symbols, expr, modules="numpy")
 
 
-def running_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Σ over positions up to each position along `dim`, added one at a time."""
+def running(x: torch.Tensor, dim: int, combine=operator.add) -> torch.Tensor:
+    """Σ (or Π, with `operator.mul`) over positions up to each position along `dim`, taken
+    one at a time (an inf stays put)."""
     rows, total, out = x.movedim(dim, 0), None, []
     for row in rows:
-        total = row if total is None else total + row
+        total = row if total is None else combine(total, row)
         out.append(total)
     return torch.stack(out).movedim(0, dim) if out else x
 
@@ -237,7 +233,13 @@ def _either(a: torch.Tensor, b: torch.Tensor, first, second) -> torch.Tensor:
     return torch.where(first, a, torch.where(second, b, tie))
 
 
-REDUCTIONS = {
+# Each reduction of ops.REDUCTIONS but concat (a node of its own), computed literally: `d` the
+# dims of the reduced indices, one for those that keep their index.
+LITERAL = {
+    "softmax": softmax,
+    "cumsum": lambda x, d: running(x, d[0]),
+    "cumprod": lambda x, d: running(x, d[0], operator.mul),
+    "rank": lambda x, d: rank(x, d[0]),
     "sum": lambda x, d: x.sum(dim=d),
     "max": lambda x, d: x.amax(dim=d),
     "min": lambda x, d: x.amin(dim=d),

@@ -33,7 +33,7 @@ from .. import ir
 from ..errors import SpecError
 from ..ir.boxes import holds_on_box
 from ..ir.shapes import recipe, solve
-from ..oracle.reference import REDUCTIONS, Interpreter, lambdified
+from ..oracle.reference import LITERAL, Interpreter, lambdified
 from .sequence import SequencePlan
 
 INF = float("inf")
@@ -447,10 +447,10 @@ class _Ring(Interpreter):
         if self.pairing is not None:  # one tile pair's part of a target, merged in `merge`
             if node.fn == "logsumexp":
                 return lse(body, dims).squeeze(dims), node.free
-            return REDUCTIONS["sum" if node.fn == "mean" else node.fn](body, dims), node.free
+            return LITERAL["sum" if node.fn == "mean" else node.fn](body, dims), node.free
         if node.fn == "cumsum":
             return self.prefix(body, dims[0], node.over[0]), node.free
-        return self.gathered(REDUCTIONS[node.fn](body, dims), node.fn), node.free
+        return self.gathered(LITERAL[node.fn](body, dims), node.fn), node.free
 
     def product(self, node: ir.Product, held: dict) -> tuple:
         value = super().product(node, held)

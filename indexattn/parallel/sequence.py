@@ -16,22 +16,10 @@ import sympy
 
 from .. import ir
 from ..errors import SpecError
+from ..ops import EXTREMUM, LSE, PREFIX, REDUCTIONS, SUM
 from .shard import find_index, shard_plan
 
-LSE = "log-sum-exp"  # a running maximum and a sum of exponentials, rescaled when merged
-SUM = "sum"  # partial sums added
-EXTREMUM = "max/min"  # partial maxima (minima) compared
-PREFIX = "prefix"  # an exclusive scan: the state carried in from the ranks before
-
-MERGES = {
-    "softmax": LSE,
-    "logsumexp": LSE,
-    "sum": SUM,
-    "mean": SUM,
-    "max": EXTREMUM,
-    "min": EXTREMUM,
-    "cumsum": PREFIX,
-}
+MERGES = {name: op.merge for name, op in REDUCTIONS.items() if op.merge}  # ops.py says each
 WHY = {
     LSE: "each rank's row maximum and sum of exponentials, merged by log-sum-exp",
     SUM: "each rank's partial sum, added",

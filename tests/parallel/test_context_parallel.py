@@ -195,6 +195,7 @@ def test_docs_print_the_current_sequence_plans():
         assert f"```text\n{plan(f'specs/{name}.attn')}\n```" in page, name
 
 
+@pytest.mark.slow  # torchrun starts the ranks: 20 to 30 s each
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_example_runs_under_torchrun(world):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)]
