@@ -11,7 +11,7 @@ import indexattn
 from indexattn.ir import Index
 from indexattn.lower.pipeline import plan
 from indexattn.lower.planner import products
-from indexattn.lower.printers.emit import Emitter
+from indexattn.lower.printers.emit import PRINTERS
 from indexattn.lower.program import kinds, steps
 from indexattn.lower.program.steps import Contract, Elementwise, Linear, Operand, Reduction, Var
 from indexattn.oracle.verify import compare
@@ -25,8 +25,8 @@ def missing(kind: type) -> list[str]:
     gaps = []
     if kind not in kinds.KINDS:
         gaps.append("facts (lower/program/kinds.py)")
-    if not callable(getattr(Emitter, "step_" + kind.__name__, None)):
-        gaps.append(f"a printer (Emitter.step_{kind.__name__})")
+    if kind not in PRINTERS:
+        gaps.append(f"a printer (@prints({kind.__name__}) in lower/printers/)")
     if cost.step_cost.dispatch(kind) is cost.step_cost.dispatch(object):
         gaps.append("a cost (views/cost.py)")
     if not kind.__doc__ or kind.__doc__.startswith(kind.__name__ + "("):

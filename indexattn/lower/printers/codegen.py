@@ -63,11 +63,10 @@ class Writer:
         self.plan, self.spec = plan, plan.spec
         self.names = Names(self.spec)
         self.names.same, self.names.hints = written_over(plan), shared_hints(plan)
-        self.main = Emitter(self.spec, self.names)
-        self.grids = Emitter(self.spec, self.names)
+        cast = numerics.tables(plan).cast
+        self.main = Emitter(self.spec, self.names, cast=cast)
+        self.grids = Emitter(self.spec, self.names, tables=True, cast=cast)
         _share(self.main, self.grids)
-        self.main.cast = self.grids.cast = numerics.tables(plan).cast
-        self.grids.tables = True
         self.main.blocked = self.grids.blocked = table_functions(plan, self.names, self.main)
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
@@ -237,9 +236,8 @@ def table_functions(
     out = {}
     for step in (s for s in wide if s.out.var in read):
         chain = kinds.chain(wide, step.out.var)
-        emitter = Emitter(plan.spec, names)
+        emitter = Emitter(plan.spec, names, tables=True, positional=True, cast=main.cast)
         emitter.needs.knobs, emitter.needs.helpers = main.needs.knobs, main.needs.helpers
-        emitter.tables, emitter.cast, emitter.positional = True, main.cast, True
         body = []
         for block in plan.blocks:  # each block's steps under its equations
             steps = [s for s in block.steps if s in chain]

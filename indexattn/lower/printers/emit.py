@@ -39,15 +39,16 @@ from ..program.steps import (
 )
 from .expressions import GridPrinter, ScalarPrinter, unwrapped, wrap
 from .kernels_emit import KernelSteps
-from .values import Values, axes_comment, expand, relayout
+from .values import PRINTERS, axes_comment, expand, prints, relayout
 
 
-class Emitter(KernelSteps, Values):
-    """Prints each kind of step by its `step_<Kind>` method."""
+class Emitter(KernelSteps):
+    """Prints each kind of step by the printer its kind registered (`PRINTERS`): the general
+    steps' here, the fused kernels' in `KernelSteps`."""
 
     def lines(self, step) -> list[str]:
         """The step's code, its last line commented with the axes of its result."""
-        code = getattr(self, "step_" + type(step).__name__)(step)
+        code = PRINTERS[type(step)](self, step)
         if isinstance(step, (Choose, Spans, SoftmaxValues)):
             return code if isinstance(code, list) else [code]
         code = code if isinstance(code, list) else [code]
@@ -56,6 +57,7 @@ class Emitter(KernelSteps, Values):
         code[last] += f"  # {axes or axes_comment(step.out)}"
         return code + cast(self, step)
 
+    @prints(Choose)
     def step_Choose(self, step: Choose) -> list[str]:
         """if/elif/else on the sizes; each branch ends in the choice's variable."""
         lines = ["# the contraction order with the fewest FLOPs at these sizes"]
@@ -69,6 +71,7 @@ class Emitter(KernelSteps, Values):
             lines += ["    " + line for s in steps for line in self.lines(s)]
         return lines
 
+    @prints(Unfuse)
     def step_Unfuse(self, step: Unfuse) -> str:
         tensor = step.tensor
         source = self.pattern([a if len(a) > 1 else a[0] for a in tensor.layout], tensor.batched)
@@ -83,6 +86,7 @@ class Emitter(KernelSteps, Values):
         extra = "".join(", " + length for length in lengths)
         return f'{self.var(step.out)} = rearrange({tensor.ascii}, "{source} -> {target}"{extra})'
 
+    @prints(Grid)
     def step_Grid(self, step: Grid) -> list[str]:
         """A tensor of positions; printed into the module's constants function. Of the
         functions it applies (floor, exp, where, ...), all but the outermost are printed on
@@ -128,6 +132,7 @@ class Emitter(KernelSteps, Values):
         self.needs.indices[index] = None
         return f"{self.names.index(index)}.shape[0]"
 
+    @prints(Gather)
     def step_Gather(self, step: Gather) -> str:
         """Advanced indexing on one axis: the positions' axes take its place."""
         arg, k, n = step.arg, step.arg.dims.index(step.axis), len(step.arg.dims)
@@ -149,6 +154,7 @@ class Emitter(KernelSteps, Values):
         slots = ["...", positions, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [positions]
         return f"{self.var(step.out)} = {wrap(table)}[{', '.join(slots)}]"
 
+    @prints(Scatter)
     def step_Scatter(self, step: Scatter) -> list[str]:
         """`arg`, the positions' axes flattened into one, added into zeros at the slots the
         positions name (`scatter_add_`); a position outside the axis adds into one more slot,
@@ -197,10 +203,12 @@ class Emitter(KernelSteps, Values):
         code = relayout(code, step.positions.dims, held)
         return code + (f".flatten({-len(held)})" if len(held) > 1 else "") + ".long()"
 
+    @prints(Flip)
     def step_Flip(self, step: Flip) -> str:
         dim = step.arg.dims.index(step.axis) - len(step.arg.dims)
         return f"{self.var(step.out)} = {wrap(self.ref(step.arg))}.flip({dim})"
 
+    @prints(Slice)
     def step_Slice(self, step: Slice) -> str:
         """A shifted read: the axis from `start`, to its end or to start + the index's size."""
         arg, k = step.arg, step.arg.dims.index(step.axis)
@@ -211,6 +219,7 @@ class Emitter(KernelSteps, Values):
         slots = ["...", piece, *[":"] * (n - k - 1)] if arg.batched else [":"] * k + [piece]
         return f"{self.var(step.out)} = {wrap(self.ref(arg))}[{', '.join(slots)}]"
 
+    @prints(Convolve)
     def step_Convolve(self, step: Convolve) -> list[str]:
         """The signal padded with the zeros the offsets reach, then one `F.conv1d`/`F.conv2d`
         with a group per channel; a subtracted offset is a flipped kernel (conv is a
@@ -242,9 +251,11 @@ class Emitter(KernelSteps, Values):
             f"del {padded}, {weight}",
         ]
 
+    @prints(Whole)
     def step_Whole(self, step: Whole) -> str:
         return f"{self.var(step.out)} = {self.ref(step.arg)}.long()"
 
+    @prints(Contract)
     def step_Contract(self, step: Contract) -> str:
         out = step.out
         if step.into:  # lower/program/passes/inplace.py
@@ -309,6 +320,7 @@ class Emitter(KernelSteps, Values):
             return "/", self.scalar(denominator)
         return "*", self.scalar(scale)
 
+    @prints(Add)
     def step_Add(self, step: Add) -> str:
         terms = [self.arg(a, step.out.dims) for a in step.args]
         signs = step.signs or (1,) * len(terms)
@@ -320,12 +332,15 @@ class Emitter(KernelSteps, Values):
             return self.written(step, f"{target}.sub_({unwrapped(terms[0])})")
         return self.written(step, f"{target}.add_({unwrapped(_summed_code(terms, signs))})")
 
+    @prints(Rename)
     def step_Rename(self, step: Rename) -> str:
         return f"{self.var(step.out)} = {self.arg(step.arg, step.out.dims)}"
 
+    @prints(Full)
     def step_Full(self, step: Full) -> str:
         return f"{self.var(step.out)} = {self.tensor_of(self.scalar(step.value.expr))}"
 
+    @prints(Elementwise)
     def step_Elementwise(self, step: Elementwise) -> str:
         op = ops.lookup(step.fn)
         args = [self.arg(a, step.out.dims) for a in step.args]
@@ -350,6 +365,7 @@ class Emitter(KernelSteps, Values):
         name, target = self.var(step.out), self.var(over(step))
         return code if name == target else f"{name} = {code}"
 
+    @prints(Reduction)
     def step_Reduction(self, step: Reduction) -> str | list[str]:
         out, arg = self.var(step.out), step.arg
         dims = tuple(arg.dims.index(i) - len(arg.dims) for i in step.over)
@@ -405,6 +421,7 @@ class Emitter(KernelSteps, Values):
             f"{out} = torch.softmax({out}, dim={dim}){kept}",
         ]
 
+    @prints(Cat)
     def step_Cat(self, step: Cat) -> str:
         """One torch.cat: each part viewed in the result's axis order, its own index in the
         place of the one it runs along."""
@@ -417,6 +434,7 @@ class Emitter(KernelSteps, Values):
         self.use("torch")
         return f"{self.var(step.out)} = torch.cat([{', '.join(parts)}], dim={dim})"
 
+    @prints(Stack)
     def step_Stack(self, step: Stack) -> str:
         """One torch.stack: each part viewed in the result's axis order without `over`; parts
         that lack an axis (or the batch) broadcast to one shape first."""
@@ -428,6 +446,7 @@ class Emitter(KernelSteps, Values):
         self.use("torch")
         return f"{self.var(step.out)} = torch.stack({parts}, dim={dim})"
 
+    @prints(PrefixProduct)
     def step_PrefixProduct(self, step: PrefixProduct) -> list[str]:
         """The positions padded with zeros to whole chunks (they add nothing to the sums; their
         rows are cut off): per chunk, the causal scores within it times G, plus H times the
@@ -542,6 +561,7 @@ class Emitter(KernelSteps, Values):
             f"{whole} = {whole}.flatten(-3, -2)",
         ], whole
 
+    @prints(Fuse)
     def step_Fuse(self, step: Fuse) -> str:
         out, arg = self.var(step.out), self.var(step.arg)
         if step.arg.dims == step.tensor.indices:

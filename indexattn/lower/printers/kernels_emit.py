@@ -9,12 +9,13 @@ from ...ir import Index
 from ..program.steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from . import tables_emit
 from .expressions import tuple_text, wrap
-from .values import axes_comment, expand, relayout
+from .values import Values, axes_comment, expand, prints, relayout
 
 
-class KernelSteps:
-    """The kernels' step printers; mixed into the Emitter, which supplies the values."""
+class KernelSteps(Values):
+    """The kernels' step printers, over the values they print (the Emitter's base)."""
 
+    @prints(Linear)
     def step_Linear(self, step: Linear) -> list[str]:
         out, x = self.var(step.out), step.x
         rest = tuple(i for i in x.dims if i not in step.inner)
@@ -41,6 +42,7 @@ class KernelSteps:
             call = wrap(call) + f".unflatten(-1, ({', '.join(self.size(i) for i in outer)}))"
         return [*lines, f"{out} = {call}"]
 
+    @prints(Split)
     def step_Split(self, step: Split) -> str:
         dims = step.arg.dims
         dim = dims.index(step.over) - len(dims)
@@ -51,6 +53,7 @@ class KernelSteps:
             split = f"{self.ref(step.arg)}.unbind({dim})"
         return f"{', '.join(self.var(o) for o in step.outs)} = {split}"
 
+    @prints(Attention)
     def step_Attention(self, step: Attention) -> list[str]:
         """The kernel's call; queries or keys of several parts are joined on lines before it."""
         out, joins = self.var(step.out), []
@@ -186,6 +189,7 @@ class KernelSteps:
             self.block_names[var] = self.names.fresh(self.names.var(var) + "_block")
         return self.block_names[var]
 
+    @prints(Spans)
     def step_Spans(self, step: Spans) -> list[str]:
         """The blocks of queries and their keys, read off the mask; off a table made by
         blocks (passes/tables.py), block by block from its positions."""
@@ -224,6 +228,7 @@ class KernelSteps:
             "  # blocks of queries",
         ]
 
+    @prints(SoftmaxValues)
     def step_SoftmaxValues(self, step: SoftmaxValues) -> str:
         """`W, O = softmax_values(S, V)` (passes/softmax_values.py): V viewed (…, key, width)."""
         weights, out = step.outs
@@ -242,6 +247,7 @@ class KernelSteps:
         made = f"{self.var(weights)}, {self.var(out)}"
         return f"{made} = {call}({', '.join(args)})  # {axes_comment(weights)}, {axes_comment(out)}"
 
+    @prints(Pad)
     def step_Pad(self, step: Pad) -> list[str]:
         arg, out = self.ref(step.arg), self.var(step.out)
         missing = step.width - step.over.size

@@ -31,10 +31,34 @@ class Needs:
     helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
 
 
-class Values:
-    """Prints values; `needs` accumulates what the printed lines use."""
+# Each step kind's printer, by kind: `@prints(Kind)` on the emitter's method that prints it;
+# `Emitter.lines` looks the kind up here and calls the printer with the emitter, whose values
+# it prints, as its context (tests/lower/test_kinds.py: every kind has one).
+PRINTERS: dict[type, Callable] = {}
 
-    def __init__(self, spec: Spec, names: Names) -> None:
+
+def prints(kind: type) -> Callable[[Callable], Callable]:
+    def register(printer: Callable) -> Callable:
+        PRINTERS[kind] = printer
+        return printer
+
+    return register
+
+
+class Values:
+    """Prints values; `needs` accumulates what the printed lines use. What it prints into is
+    fixed when it is made: the constants function (`tables`), a table's function
+    (`positional`), and the values cast to the call's dtype where made (`cast`)."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        names: Names,
+        *,
+        tables: bool = False,
+        positional: bool = False,
+        cast: frozenset = frozenset(),
+    ) -> None:
         self.spec, self.names, self.needs = spec, names, Needs()
         # sizes are whole (printers.py prints floor(d_r / 2) as d_r // 2)
         whole = {"integer": True, "positive": True}
@@ -44,9 +68,9 @@ class Values:
         self.scalar_symbols = {s.symbol for s in spec.scalars}
         # N / ℓ is whole (each call checks it divides: ir/shapes.py), so printed N // ℓ
         self.quotients = {q: sympy.floor(q) for q in quotients(spec)}
-        self.tables = False  # printing the constants function: floats in the tables' dtype
-        self.cast: frozenset = frozenset()  # values cast to the call's dtype where made
-        self.positional = False  # printing a table's function: grids span the positions given
+        self.tables = tables  # printing the constants function: floats in the tables' dtype
+        self.cast = cast  # values cast to the call's dtype where made
+        self.positional = positional  # printing a table's function: grids span the positions
         self.blocked: dict = {}  # the tables made per block: their functions (tables_emit.py)
         self.block_names: dict = {}  # the names of those tables' blocks, one per table
         self.distance_rows: dict = {}  # a table made by distance: the name of its row

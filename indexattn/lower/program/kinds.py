@@ -2,8 +2,8 @@
 `ops.py` is for operators). What it reads, whether the constants function may build it
 (`pure`), whether its result may share storage with what it reads (`view`), whether a block of
 rows computes it as all rows would (`row_wise`), whether it makes a tensor nothing keeps for
-the backward pass (`fresh`). How each kind prints is its `Emitter.step_<Kind>` method
-(lower/printers/emit.py) and what it costs its `step_cost` (views/cost.py);
+the backward pass (`fresh`). How each kind prints is the printer it registered,
+`@prints(Kind)` (lower/printers/), and what it costs its `step_cost` (views/cost.py);
 tests/lower/test_kinds.py checks that every kind has all of these."""
 
 from __future__ import annotations
