@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run (docs/performance.md, "On a GPU"): the card and the
-# versions, the suite's CUDA-marked tests (tests/test_cuda.py), then generated code against
+# versions, the suite's CUDA-marked tests (tests/runtime/test_cuda.py), then generated code against
 # FlexAttention and the other independent baselines on the card, time (forward and
 # forward+backward) and peak memory of forward+backward. Figures go to $OUT (default: a new
 # folder under /tmp). Run from the repository root with a Python that has torch with CUDA:
@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 "$python" -c "import torch, sympy, opt_einsum, einops, transformers
 print('torch', torch.__version__, 'sympy', sympy.__version__, 'opt_einsum', opt_einsum.__version__,
       'einops', einops.__version__, 'transformers', transformers.__version__)" | tee -a "$out/card.txt"
-timeout "${TESTS_SECONDS:-180}" "$python" -m pytest -q -m cuda tests/test_cuda.py 2>&1 \
+timeout "${TESTS_SECONDS:-180}" "$python" -m pytest -q -m cuda tests/runtime/test_cuda.py 2>&1 \
   | tee "$out/tests.txt"
 cases="mha (FlexAttention),sliding_window (FlexAttention),softcap_window (FlexAttention)"
 cases+=",alibi (FlexAttention),doc_mask (FlexAttention),linear_attention_causal,retention,rope"

@@ -1,6 +1,6 @@
-"""What the model tests share (tests/test_family_*.py, tests/test_models*.py): random weights,
-transformers' masks and rotary tables in float64, the spec-against-layer comparison (`Case`,
-`compare`), a whole model's logits, and the tests every family's attention layers take
+"""What the model tests share (tests/models/test_family_*.py, tests/models/test_models*.py): random
+weights, transformers' masks and rotary tables in float64, the spec-against-layer comparison
+(`Case`, `compare`), a whole model's logits, and the tests every family's attention layers take
 (`LayerTests`, `OwnPrecisionTests`, `CachedKeysAndValuesTests`: docs/testing.md, "Model
 families").
 
@@ -198,8 +198,8 @@ def count_at(compiled, layer, config, plus: int = 0) -> int:
 
 
 class LayerTests:
-    """What every family's attention layers are tested for (tests/test_family_*.py subclass it,
-    one Test<Family> class a family): the spec's module against the transformers layer holding
+    """What every family's attention layers are tested for (tests/models/test_family_*.py subclass
+    it, one Test<Family> class a family): the spec's module against the transformers layer holding
     the same weights, at 1e-10 in float64 (`case(name)`: the layer with its float32 steps
     taken out), with its twins, one weight nudged and one mask bit flipped; the parameter count
     at a real model's sizes, with its twin, every size one larger.

@@ -1,6 +1,6 @@
 """specs/models/ swapped into whole transformers models: the same logits, and generate() with
 the key/value cache through the decode specs; every model spec against the literal reading.
-The attention layers alone, family by family, are tests/test_family_*.py's.
+The attention layers alone, family by family, are tests/models/test_family_*.py's.
 
 Tiny models built from configs with random weights (nothing is downloaded), float64, eval.
 GPT-2 runs transformers' "eager" attention. Llama's kind (Llama 3, Mistral, Qwen2, Qwen3) runs
