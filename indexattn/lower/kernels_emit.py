@@ -104,7 +104,7 @@ class KernelSteps:
 
     def attention_blocks(self, step: Attention, inputs: list[str], out: str, block: list[str]):
         """The blocks of queries into `out` (`block`: the names of a block's first query,
-        end, first key, end, whole), through the module's `by_blocks`: a function of one
+        end, first key, end, whole), through the runtime's `by_blocks`: a function of one
         block, which makes the mask's block where it is a table made by blocks, recomputed in
         the backward with the block's scores (so autograd keeps no block's mask or weights);
         the queries, keys and values cut to the block by `by_blocks`, and every other tensor

@@ -148,7 +148,7 @@ class RowsWriter:
 
     def _by_blocks(self, cuts: dict[Index, str], span: list[str], blocks: str):
         """The function of one block (its parameters: the names of `span`, then the tensors
-        it reads), and the module's `by_blocks` call that runs it on each of `blocks`, each
+        it reads), and the runtime's `by_blocks` call that runs it on each of `blocks`, each
         tensor cut to the block's rows and keys by `by_blocks` (so that the backward adds
         each block's gradients into one per tensor): the rows' inputs, the tensors the
         tables made by block read, and the scalars, which may be tensors (passed, never

@@ -184,7 +184,7 @@ class SoftmaxValues(torch.autograd.Function):
 def softmax_values(scores, values, p=0.0, training=False, softmax=None):
     """dropout(softmax(S), p) over the last axis (no dropout where p is 0 or not training),
     and its product with the values: with gradients, one autograd step (SoftmaxValues); else
-    the plain steps. `softmax`: the module's safe one, where rows may be -inf everywhere
+    the plain steps. `softmax`: the runtime's safe_softmax, where rows may be -inf everywhere
     (zeros, not NaN)."""
     traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
     # vmap, grad: their own autograd, and no branch on a tensor's values
