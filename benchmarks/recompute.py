@@ -1,9 +1,9 @@
 """What recomputing each block of rows in the backward costs: a training step (forward, then
 `backward` of the mean square) of a spec through autograd, its blocks of rows recomputed
-(the generated `by_blocks`: one autograd step whose backward makes each block again)
+(the runtime's `by_blocks`: one autograd step whose backward makes each block again)
 against the same step with every block's scores saved (`by_blocks` replaced by the plain
-blocks). float32, d_m 512, 8 heads of 64, window 1024, batch 1, one thread; peak resident
-growth of each step, and the median time of interleaved rounds.
+blocks, the runtime's `each_block`). float32, d_m 512, 8 heads of 64, window 1024, batch 1,
+one thread; peak resident growth of each step, and the median time of interleaved rounds.
 
     .venv/bin/python benchmarks/recompute.py --specs softcap_window --n 4096 [--rounds 5]
 """
@@ -43,14 +43,11 @@ def step(spec, n: int):
     return run
 
 
-def saving(pieces):
+def saving(block, spans, tensors, cuts, dim=-2, draws=False):
     """`by_blocks` through autograd's own steps: every block's scores and weights saved."""
-    import torch
+    from indexattn.runtime import lib as rt
 
-    def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
-        return torch.cat([block(*s, *pieces(tensors, cuts, s)) for s in spans], dim)
-
-    return by_blocks
+    return rt.each_block(block, spans, tensors, cuts, dim)
 
 
 def main() -> None:
@@ -59,6 +56,7 @@ def main() -> None:
     import torch
 
     import indexattn
+    from indexattn.runtime import lib as rt
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--specs", nargs="*", default=["softcap_window"])
@@ -72,22 +70,21 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.specs:
         spec = indexattn.compile_spec(name)
-        namespace = spec.function.__globals__
-        modes = {"recomputed": namespace["by_blocks"], "saved": saving(namespace["pieces"])}
+        modes = {"recomputed": rt.by_blocks, "saved": saving}
         for n in args.n:
             run = step(spec, n)
             run()  # the per-shape constants, the lazy imports
             peak, seconds = {}, {m: [] for m in modes}
             for m, helper in modes.items():
-                namespace["by_blocks"] = helper
+                rt.by_blocks = helper
                 peak[m] = growth(run)
             for _ in range(args.rounds):
                 for m, helper in modes.items():
-                    namespace["by_blocks"] = helper
+                    rt.by_blocks = helper
                     start = time.perf_counter()
                     run()
                     seconds[m].append(time.perf_counter() - start)
-            namespace["by_blocks"] = modes["recomputed"]
+            rt.by_blocks = modes["recomputed"]
             r, s = (statistics.median(seconds[m]) for m in modes)
             cells = [name, n, f"{peak['recomputed']:.0f}", f"{peak['saved']:.0f}"]
             cells += [f"{r:.2f}", f"{s:.2f}", f"{r / s:.2f}"]

@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     _spec_argument(compile_)
     _output_options(compile_, "OUT.py")
     compile_.add_argument(
+        "--standalone",
+        action="store_true",
+        help="inline the runtime the module imports (indexattn/runtime/lib.py), so that it "
+        "imports nothing of indexattn",
+    )
+    compile_.add_argument(
         "--dump-after",
         metavar="STAGE",
         help="print the stage STAGE instead of the Python: canonical (the spec the planner "
@@ -217,7 +223,9 @@ def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
 
 def run_compile(args: argparse.Namespace) -> int:
     if args.dump_after is None:
-        emit(_compiled(args.spec).source, args.output, args.force)
+        compiled = _compiled(args.spec)
+        source = compiled.standalone_source if args.standalone else compiled.source
+        emit(source, args.output, args.force)
         return 0
     from .lower.pipeline import dump
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the shipped specs, compiled once per session, with a compile cache in a
 temporary directory; the masks the kernel is called with."""
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -98,18 +99,19 @@ def default_dtype():
 
 
 @pytest.fixture
-def saving(monkeypatch):
-    """patch(namespace): a generated module's `by_blocks` runs its blocks through autograd's
-    own steps, every block's scores and weights saved and none made again (the twin of a
-    step that recomputes them)."""
-    import torch
+def saving():
+    """`with saving():` the runtime's `by_blocks` runs its blocks through autograd's own steps
+    (`each_block`), every block's scores and weights saved and none made again (the twin of
+    a step that recomputes them)."""
+    from indexattn.runtime import lib as rt
 
-    def patch(namespace: dict) -> None:
-        pieces = namespace["pieces"]
+    def plain(block, spans, tensors, cuts, dim=-2, draws=False):
+        return rt.each_block(block, spans, tensors, cuts, dim)
 
-        def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
-            return torch.cat([block(*s, *pieces(tensors, cuts, s)) for s in spans], dim)
+    @contextlib.contextmanager
+    def patched():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(rt, "by_blocks", plain)
+            yield
 
-        monkeypatch.setitem(namespace, "by_blocks", by_blocks)
-
-    return patch
+    return patched

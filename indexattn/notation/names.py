@@ -66,11 +66,12 @@ ACCENTS = {
     "\u20d7": "vec",
 }
 
-# Names the generated module itself uses (imports, keywords of the function, builtins, the
-# unread `_`); a spec name equal to one of them gets a trailing "_". lower/printers/naming.py
-# allocates every other name.
+# Names the generated module itself uses (imports, the runtime `rt`, keywords of the function,
+# builtins, the unread `_`); a spec name equal to one of them gets a trailing "_".
+# lower/printers/naming.py allocates every other name.
 RESERVED = frozenset(
-    {"torch", "F", "math", "einsum", "rearrange", "training", "constants", "device", "dtype", "_"}
+    {"torch", "F", "math", "einsum", "rearrange", "rt"}
+    | {"training", "constants", "device", "dtype", "_"}
 ) | frozenset(dir(builtins))
 
 

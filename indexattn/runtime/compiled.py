@@ -218,6 +218,14 @@ class CompiledSpec:
     def module_source(self) -> Module:
         return _generate(self.program)
 
+    @property
+    def standalone_source(self) -> str:
+        """`source` with the runtime it imports (runtime/lib.py) inlined: a module that
+        imports nothing of indexattn, and computes what `source` does, bit for bit."""
+        from .standalone import standalone
+
+        return standalone(self.source)
+
     def __reduce__(self):
         # Pickled as its text and kind: generated functions and caches are rebuilt, not stored.
         return partial(compile_spec, kind=type(self)), (self.text, self.name)

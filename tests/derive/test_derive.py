@@ -3,6 +3,7 @@ autograd on the generated forward and on the literal interpreter for every shipp
 covers (dropout in training with the forward's masks), the refusals, and FlashAttention's
 identity in mha's."""
 
+import contextlib
 import re
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from indexattn.derive.reverse import dropouts
 from indexattn.derive.rewrites import BACKWARD_REWRITES
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 from indexattn.views import markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -667,8 +669,8 @@ def blocked(name: str, monkeypatch, lost: int | None = None) -> list[int]:
     monkeypatch.setitem(namespace, f"{backward.name}_rows", counting)
     monkeypatch.setitem(namespace, "BLOCK_SCORES", 1)
     monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
-    if "QUERY_BLOCK" in namespace:  # blocks of two queries, over the keys they see
-        monkeypatch.setitem(namespace, "QUERY_BLOCK", 2)
+    if "rt.key_spans(" in backward.source:  # blocks of two queries, over the keys they see
+        monkeypatch.setattr(rt, "QUERY_BLOCK", 2)
         monkeypatch.setattr(backward, "_constants", {})
     return calls
 
@@ -731,13 +733,12 @@ def test_a_training_step_holds_no_tensor_of_every_score(
     for namespace in (backward.function.__globals__, spec.function.__globals__):
         monkeypatch.setitem(namespace, "BLOCK_SCORES", 2 * 32 * (budget or 32))
         monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
-    if budget is None:
-        saving(spec.function.__globals__)
     saved = {}
     for mode in ("autograd", "derived"):
         leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in args.items()}
         counts: list[int] = []
-        with torch.autograd.graph.saved_tensors_hooks(partial(keep, counts), lambda t: t):
+        hooks = torch.autograd.graph.saved_tensors_hooks(partial(keep, counts), lambda t: t)
+        with hooks, saving() if budget is None else contextlib.nullcontext():
             out = spec(**leaves, **given, backward=mode)
         saved[mode] = max(counts)
         with Widest() as widest:

@@ -3,66 +3,8 @@
 
 import math
 
-import torch
 
-
-class SoftmaxValues(torch.autograd.Function):
-    """W = softmax(S) over the last axis, and O = W @ V, as one step:
-    the backward adds W's own gradient into the product's and makes the scores' gradient in
-    place, one tensor of their size where autograd's steps make three."""
-
-    @staticmethod
-    def forward(ctx, scores, values, softmax):
-        weights = torch.softmax(scores, dim=-1) if softmax is None else softmax(scores)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(weights, values)
-        return weights, weights @ values
-
-    @staticmethod
-    def backward(ctx, grad_weights, grad_out):
-        if torch.is_grad_enabled():  # create_graph=True
-            raise RuntimeError(
-                "softmax_values: no second derivative (its backward works in place); "
-                "differentiate twice under torch.func, which runs the plain steps"
-            )
-        weights, values = ctx.saved_tensors
-        grad_values = None
-        if grad_out is not None and ctx.needs_input_grad[1]:
-            grad_values = weights.mT @ grad_out
-        if grad_out is None and grad_weights is None or not ctx.needs_input_grad[0]:
-            return None, grad_values, None
-        if grad_out is None:
-            grad = grad_weights.clone(memory_format=torch.contiguous_format)
-        else:
-            grad = grad_out @ values.mT
-            grad = grad if grad_weights is None else grad.add_(grad_weights)
-        grad.mul_(weights)  # the softmax's: W (g - sum(W g))
-        grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
-        return grad, grad_values, None
-
-
-def softmax_values(scores, values, softmax=None):
-    """softmax(S) over the last axis, and its product with the values:
-    with gradients, one autograd step (SoftmaxValues); else the plain steps.
-    `softmax`: the module's safe one, where rows may be -inf everywhere (zeros, not NaN)."""
-    traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
-    # vmap, grad: their own autograd, and no branch on a tensor's values
-    transformed = torch._C._are_functorch_transforms_active()
-    plain = (
-        traced
-        or transformed
-        or not torch.is_grad_enabled()
-        or not (scores.requires_grad or values.requires_grad)
-        or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes
-    )
-    if not plain:
-        return SoftmaxValues.apply(scores, values, softmax)
-    overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
-    if softmax is not None:
-        weights = softmax(scores, -1, overwrite)
-    else:
-        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
-    return weights, weights @ values
+from indexattn.runtime import lib as rt
 
 
 def sdpa(Q, K, V, *, training=False):
@@ -73,5 +15,5 @@ def sdpa(Q, K, V, *, training=False):
     del Q_scaled
     # A_<τσ> = softmax_<σ>(S_<τσ>)
     # O_<τc> = A_<τσ> V_<σc>
-    A, O = softmax_values(S, V)  # (…, τ, σ), (…, τ, c)
+    A, O = rt.softmax_values(S, V)  # (…, τ, σ), (…, τ, c)
     return O, A

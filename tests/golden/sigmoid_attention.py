@@ -6,94 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-
-HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchronisation there
-
-
-QUERY_BLOCK = 128  # queries per kernel call where a mask hides whole blocks of keys
-
-
-def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None, values=()):
-    """Per block of QUERY_BLOCK queries: (first query, end, first key, end, whole), the keys the
-    mask (..., query, key) lets any of them see, and whether it changes nothing there, so
-    that the block runs without it. `mask`: a tensor, or a function of queries and keys
-    (t, u, k, l) giving its entries there, of `shape` (query, key) in all (a table made by
-    blocks, never whole). `hides`: the entries that hide a key ("-inf", "0", "true",
-    "false"; "none", not read: every key for each block). `box`: with such a function, one
-    of the same arguments telling what the mask's condition holds at all those entries (2:
-    kept, the mask changing nothing; 1: kept; 0: hidden; None: it cannot tell), so that only
-    the keys it cannot tell, at the edges of what a block sees, are read; `values`: tensors
-    (..., position) the condition reads, given to `box` as functions of a first and last
-    position giving their least and greatest entries there (by tiles of QUERY_BLOCK). One span of every
-    query and key where the mask changes nothing anywhere; when traced, None; where blocks
-    would skip less than a fifth of the scores, None, or with `blocks` every key for each
-    block of queries. The values are read back at once: on every call (`every_call`, a mask
-    of tensors), only on a device of HOST_READS, so that elsewhere a call never waits for the
-    device (the kernel then runs on all keys, or with `blocks` every key for each block)."""
-    if torch.compiler.is_compiling():  # one call, its shape traced: not a loop over it
-        return None
-    n_q, n_k = mask.shape[-2:] if shape is None else shape
-    every = [(t, min(t + QUERY_BLOCK, n_q), 0, n_k, False) for t in range(0, n_q, QUERY_BLOCK)]
-    if n_q * n_k == 0:
-        return every if blocks else None
-    if hides == "none":  # a mask made by blocks that hides no key: every key for each block
-        return every
-    if every_call and (mask if shape is None else mask(0, 0, 0, 0)).device.type not in HOST_READS:
-        return every if blocks else None
-
-    if any(x.numel() == 0 for x in values):  # no entries at all: nothing to tell
-        box = None
-    if box is not None and values:  # their least and greatest by tiles, in one read
-        tiles = [x.reshape(-1, x.shape[-1]).double() for x in values]
-        tiles = [torch.cat([x, x[:, -1:].expand(-1, -x.shape[-1] % QUERY_BLOCK)], -1) for x in tiles]
-        tiles = [x.unflatten(-1, (-1, QUERY_BLOCK)) for x in tiles]
-        ends = torch.stack([e for x in tiles for e in (x.amin((0, 2)), x.amax((0, 2)))]).tolist()
-        values = [
-            lambda a, b, lo=lo, hi=hi: (min(lo[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]),
-                                        max(hi[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]))
-            for lo, hi in zip(ends[::2], ends[1::2])
-        ]
-
-    def told(t, u, k, l):  # the keys k:l in parts, each with what the condition holds there
-        said = box(t, u, k, l, *values)
-        if said is not None or l - k <= QUERY_BLOCK:
-            return [(k, l, said)]
-        half = k + max(1, (l - k) // (2 * QUERY_BLOCK)) * QUERY_BLOCK  # at a tile's edge
-        return told(t, u, k, half) + told(t, u, half, l)
-
-    read, parts = [], []  # the counts read, and each block's parts: (first key, counts)
-    for t in range(0, n_q, QUERY_BLOCK):
-        u, told_apart, part = min(t + QUERY_BLOCK, n_q), [], []
-        for k, l, said in [(0, n_k, None)] if box is None else told(t, u, 0, n_k):
-            if said is None and told_apart and told_apart[-1][2] is None:
-                k = told_apart.pop()[0]  # keys not told apart side by side: read at once
-            told_apart.append((k, l, said))
-        for k, l, said in told_apart:
-            if said is not None:  # (seen, first seen, end, keys where it changes nothing)
-                part.append((k, (int(said > 0), 0, l - k, (l - k) * (said == 2))))
-                continue
-            rows = mask(t, u, k, l) if shape is not None else mask[..., t:u, k:l]
-            keep = rows != -math.inf if hides == "-inf" else rows != 0 if hides == "0" else rows
-            keep = ~rows if hides == "true" else keep
-            plain = rows == 0 if hides == "-inf" else keep  # where the mask changes nothing
-            seen = keep.any(-2).reshape(-1, l - k).any(0).long()
-            fit = plain.all(-2).reshape(-1, l - k).all(0)
-            end = l - k - seen.flip(0).argmax()
-            read.append(torch.stack([seen.amax(), seen.argmax(), end, fit.sum()]))
-            part.append((k, len(read) - 1))
-        parts.append(part)
-    counts = torch.stack(read).tolist() if read else []
-    spans, fits = [], []
-    for t, part in zip(range(0, n_q, QUERY_BLOCK), parts):
-        part = [(k, counts[c] if isinstance(c, int) else c) for k, c in part]
-        seen = [(k + first, k + end) for k, (any_, first, end, _) in part if any_]
-        k0, k1 = (seen[0][0], seen[-1][1]) if seen else (0, n_k)  # none seen: 0 to n_k
-        fits.append(sum(count for _, (*_, count) in part))  # only keys a block sees can fit
-        spans.append((t, min(t + QUERY_BLOCK, n_q), k0, k1, fits[-1] == k1 - k0))
-    if all(count == n_k for count in fits):
-        return [(0, n_q, 0, n_k, True)]
-    kept = sum((u - t) * (k1 - k0) for t, u, k0, k1, _ in spans)
-    return spans if kept <= 0.8 * n_q * n_k else every if blocks else None
+from indexattn.runtime import lib as rt
 
 
 def A_grid_box(tau, tau_p):
@@ -107,100 +20,6 @@ def A_grid_box(tau, tau_p):
     return None
 
 
-def pieces(tensors, cuts, span):
-    """Each tensor cut to a block, along each axis its cut names: to the span's queries
-    ("q": span[0]:span[1]) or keys ("k": span[2]:span[3]). Views: nothing is copied."""
-    out = []
-    for tensor, cut in zip(tensors, cuts):
-        for axis, which in cut.items():
-            start, end = span[0:2] if which == "q" else span[2:4]
-            tensor = tensor.narrow(axis, start, end - start)
-        out.append(tensor)
-    return out
-
-
-class Blocks(torch.autograd.Function):
-    """The blocks of `by_blocks` as one autograd step. The forward keeps no block's scores; the
-    backward makes each block again from its pieces (under the forward's autocast) and adds
-    its gradients into one per tensor (float32 or wider), at the queries and keys the block
-    read, as FlashAttention's backward accumulates dK and dV: no block makes a gradient the
-    size of a whole tensor, as autograd's own backward of a slice does (work that grows as
-    blocks times N)."""
-
-    @staticmethod
-    def forward(ctx, block, spans, cuts, dim, draws, *values):
-        tensors = [v for v in values if torch.is_tensor(v)]  # the others: numbers
-        ctx.kind = next((t.device.type for t in tensors if t.device.type != "cpu"), "cuda")
-        kind = tensors[0].device.type
-        ctx.autocast = kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
-        outs, ctx.states = [], []
-        for span in spans:
-            if draws:  # the random state the block draws from, replayed in the backward
-                devices = torch.utils.checkpoint.get_device_states(*tensors)
-                ctx.states.append((torch.get_rng_state(), devices))
-            outs.append(block(*span, *pieces(values, cuts, span)))
-        ctx.block, ctx.spans, ctx.cuts, ctx.dim = block, spans, cuts, dim
-        ctx.sizes = [out.shape[dim] for out in outs]
-        ctx.tensors = [k for k, v in enumerate(values) if torch.is_tensor(v)]
-        ctx.values = [None if torch.is_tensor(v) else v for v in values]
-        ctx.save_for_backward(*tensors)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if torch.is_grad_enabled():  # create_graph=True
-            raise RuntimeError(
-                "by_blocks: no second derivative (its backward adds into its gradients in place); "
-                "differentiate twice under torch.func, which runs the plain blocks"
-            )
-        values, needs = list(ctx.values), ctx.needs_input_grad[5:]
-        for k, tensor in zip(ctx.tensors, ctx.saved_tensors):
-            values[k] = tensor
-        kept = [v for v, n in zip(values, needs) if n]  # those whose gradients are made
-        wide = [torch.promote_types(v.dtype, torch.float32) for v in kept]
-        sums = [v.new_zeros(v.shape, dtype=w) for v, w in zip(kept, wide)]  # float32 or wider
-        into, made = [cut for cut, n in zip(ctx.cuts, needs) if n], [False] * len(kept)
-        leaves, start = [v.detach() if torch.is_tensor(v) else v for v in values], 0
-        kind, autocast, dtype = ctx.autocast
-        for k, (span, size) in enumerate(zip(ctx.spans, ctx.sizes)):
-            cut = pieces(leaves, ctx.cuts, span)
-            cut = [p.requires_grad_() if n else p for p, n in zip(cut, needs)]
-            state = ctx.states[k] if ctx.states else None  # as the forward drew, if it drew
-            devices = state[1][0] if state else []
-            with torch.random.fork_rng(devices, state is not None, device_type=ctx.kind):
-                if state is not None:
-                    torch.set_rng_state(state[0])
-                    torch.utils.checkpoint.set_device_states(*state[1], device_type=ctx.kind)
-                with torch.enable_grad(), torch.autocast(kind, dtype, autocast):
-                    out = ctx.block(*span, *cut)
-            if out.requires_grad:
-                part = grad.narrow(ctx.dim, start, size)
-                wanted = [p for p, n in zip(cut, needs) if n]
-                found = torch.autograd.grad(out, wanted, part, allow_unused=True)
-                for j, (total, got) in enumerate(zip(pieces(sums, into, span), found)):
-                    if got is not None:
-                        total.add_(got)
-                        made[j] = True
-            start += size
-        sums = iter(s.to(v.dtype) if m else None for s, m, v in zip(sums, made, kept))
-        return None, None, None, None, None, *(next(sums) if n else None for n in needs)
-
-
-def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
-    """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
-    along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,
-    which may be a tensor too) passed as it is. Under autograd one step (Blocks) whose
-    backward makes each block again (`draws`: dropout's draws replayed), so that a training
-    step holds one block's scores at a time; under torch.func (its own autograd), traced
-    (never by blocks) and without gradients, the blocks."""
-    grads = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in tensors)
-    plain = torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()
-    if grads and not plain:
-        return Blocks.apply(block, spans, cuts, dim, draws, *tensors)
-    outs = [block(*span, *pieces(tensors, cuts, span)) for span in spans]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim)
-
-
 def sigmoid_attention_constants(N, *, device, dtype):
     """Tensors of positions: the same for every call with these sizes and scalars."""
     tau = torch.arange(N, device=device, dtype=torch.float64)
@@ -210,7 +29,7 @@ def sigmoid_attention_constants(N, *, device, dtype):
         return A_grid_at(tau[q_start:q_end], tau_p[k_start:k_end], device=device, dtype=dtype)
     def A_grid_spans_box(q_start, q_end, k_start, k_end):  # what its condition holds at all
         return A_grid_box((q_start, q_end - 1), (k_start, k_end - 1))
-    A_grid_spans = key_spans(A_grid_spans_entries, 'true', (N, N), blocks=True, box=A_grid_spans_box)  # blocks of queries
+    A_grid_spans = rt.key_spans(A_grid_spans_entries, 'true', (N, N), blocks=True, box=A_grid_spans_box)  # blocks of queries
     return A_grid_spans,
 
 
@@ -274,7 +93,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
             rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
-        O = by_blocks(sigmoid_attention_block, blocks, (Q_scaled, K, V), ({-2: "q"}, {-2: "k"}, {-2: "k"}))
+        O = rt.by_blocks(sigmoid_attention_block, blocks, (Q_scaled, K, V), ({-2: "q"}, {-2: "k"}, {-2: "k"}))
     # Y_<τi> = o_proj_weight_<i(μa)> O_<μτa>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))
     Y = F.linear(Y, o_proj_weight)  # (…, τ, i)

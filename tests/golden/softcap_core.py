@@ -5,36 +5,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-
-HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchronisation there
-
-
-def safe_softmax(scores, dim=-1, overwrite=False):
-    """softmax over `dim` where a row may be -inf everywhere: such a row gives zeros, not NaN
-    (values and gradients); `overwrite`: the weights may be written over the scores. On a
-    device of HOST_READS, reading a value back costs no synchronisation: the plain softmax
-    runs, and aten's safe one only where a row is dead (it costs 1.3-3.7x the plain one).
-    Elsewhere, when traced and under torch.func, nothing branches on the scores' values."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return torch.ops.aten._safe_softmax.default(scores, dim)
-    if scores.device.type not in HOST_READS:
-        if torch.is_grad_enabled() and scores.requires_grad:
-            return torch.ops.aten._safe_softmax.default(scores, dim)
-        # a dead row's maximum taken as 0, so that exp makes it 0, and its sum, 0, taken as
-        # 1; a live row's sum is at least 1 (its maximum's exp)
-        top = scores.amax(dim, keepdim=True)
-        top = top.masked_fill_(top.isneginf(), 0.0)
-        weights = (scores.sub_(top) if overwrite else scores - top).exp_()
-        total = weights.sum(dim, keepdim=True)
-        return weights.div_(total.masked_fill_(total == 0, 1.0))
-    if overwrite:
-        if scores.amax(dim).isneginf().any():
-            return torch.ops.aten._safe_softmax.default(scores, dim)
-        return torch.softmax(scores, dim=dim, out=scores)
-    weights = torch.softmax(scores, dim=dim)
-    if weights.select(dim, 0).isnan().any():  # a dead row is NaN throughout, a live one not
-        weights = torch.ops.aten._safe_softmax.default(scores, dim)
-    return weights
+from indexattn.runtime import lib as rt
 
 
 def softcap_core(Q, K, V, M, *, scaling=0.125, softcap=50, p=0, training=False):
@@ -50,7 +21,7 @@ def softcap_core(Q, K, V, M, *, scaling=0.125, softcap=50, p=0, training=False):
     del R
     # A_<grτσ> = softmax_<σ>(S_<grτσ>)
     # without gradients the weights overwrite the scores: no second N×N tensor
-    A = safe_softmax(S, -1, overwrite=not torch.is_grad_enabled())  # (…, g, r, τ, σ)
+    A = rt.safe_softmax(S, -1, overwrite=not torch.is_grad_enabled())  # (…, g, r, τ, σ)
     del S
     # Ã_<grτσ> = dropout(A_<grτσ>, p)
     A_tilde = F.dropout(A, p, training=training)  # (…, g, r, τ, σ)

@@ -6,103 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-
-HOST_READS = ("cpu",)  # devices whose values a call may read back: no synchronisation there
-
-
-def safe_softmax(scores, dim=-1, overwrite=False):
-    """softmax over `dim` where a row may be -inf everywhere: such a row gives zeros, not NaN
-    (values and gradients); `overwrite`: the weights may be written over the scores. On a
-    device of HOST_READS, reading a value back costs no synchronisation: the plain softmax
-    runs, and aten's safe one only where a row is dead (it costs 1.3-3.7x the plain one).
-    Elsewhere, when traced and under torch.func, nothing branches on the scores' values."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return torch.ops.aten._safe_softmax.default(scores, dim)
-    if scores.device.type not in HOST_READS:
-        if torch.is_grad_enabled() and scores.requires_grad:
-            return torch.ops.aten._safe_softmax.default(scores, dim)
-        # a dead row's maximum taken as 0, so that exp makes it 0, and its sum, 0, taken as
-        # 1; a live row's sum is at least 1 (its maximum's exp)
-        top = scores.amax(dim, keepdim=True)
-        top = top.masked_fill_(top.isneginf(), 0.0)
-        weights = (scores.sub_(top) if overwrite else scores - top).exp_()
-        total = weights.sum(dim, keepdim=True)
-        return weights.div_(total.masked_fill_(total == 0, 1.0))
-    if overwrite:
-        if scores.amax(dim).isneginf().any():
-            return torch.ops.aten._safe_softmax.default(scores, dim)
-        return torch.softmax(scores, dim=dim, out=scores)
-    weights = torch.softmax(scores, dim=dim)
-    if weights.select(dim, 0).isnan().any():  # a dead row is NaN throughout, a live one not
-        weights = torch.ops.aten._safe_softmax.default(scores, dim)
-    return weights
-
-
-class SoftmaxDropoutValues(torch.autograd.Function):
-    """W = dropout(softmax(S), p) over the last axis, and O = W @ V, as one step:
-    the backward adds W's own gradient into the product's and makes the scores' gradient in
-    place, one tensor of their size where autograd's steps make three."""
-
-    @staticmethod
-    def forward(ctx, scores, values, p, training, softmax):
-        weights = torch.softmax(scores, dim=-1) if softmax is None else softmax(scores)
-        kept, keep = weights, None
-        if training and p > 0:
-            kept, keep = torch.native_dropout(weights, p, True)  # F.dropout's draws
-        ctx.p = p
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(weights, kept, keep, values)
-        return kept, kept @ values
-
-    @staticmethod
-    def backward(ctx, grad_kept, grad_out):
-        if torch.is_grad_enabled():  # create_graph=True
-            raise RuntimeError(
-                "softmax_dropout_values: no second derivative (its backward works in place); "
-                "differentiate twice under torch.func, which runs the plain steps"
-            )
-        weights, kept, keep, values = ctx.saved_tensors
-        grad_values = None
-        if grad_out is not None and ctx.needs_input_grad[1]:
-            grad_values = kept.mT @ grad_out
-        if grad_out is None and grad_kept is None or not ctx.needs_input_grad[0]:
-            return None, grad_values, None, None, None
-        if grad_out is None:
-            grad = grad_kept.clone(memory_format=torch.contiguous_format)
-        else:
-            grad = grad_out @ values.mT
-            grad = grad if grad_kept is None else grad.add_(grad_kept)
-        if keep is not None:
-            grad.mul_(keep).div_(1 - ctx.p)
-        grad.mul_(weights)  # the softmax's: W (g - sum(W g))
-        grad.addcmul_(weights, grad.sum(-1, keepdim=True), value=-1)
-        return grad, grad_values, None, None, None
-
-
-def softmax_dropout_values(scores, values, p=0.0, training=False, softmax=None):
-    """dropout(softmax(S), p) over the last axis, and its product with the values:
-    with gradients, one autograd step (SoftmaxDropoutValues); else the plain steps.
-    `softmax`: the module's safe one, where rows may be -inf everywhere (zeros, not NaN)."""
-    traced = torch.compiler.is_compiling()  # torch.compile fuses the plain steps itself
-    # vmap, grad: their own autograd, and no branch on a tensor's values
-    transformed = torch._C._are_functorch_transforms_active()
-    plain = (
-        traced
-        or transformed
-        or not torch.is_grad_enabled()
-        or not (scores.requires_grad or values.requires_grad)
-        or torch.is_autocast_enabled(scores.device.type)  # the backward would mix dtypes
-        or training and p >= 1  # F.dropout's zeros, without a draw
-    )
-    if not plain:
-        return SoftmaxDropoutValues.apply(scores, values, p, training, softmax)
-    overwrite = not (torch.is_grad_enabled() or traced)  # the weights over the scores
-    if softmax is not None:
-        weights = softmax(scores, -1, overwrite)
-    else:
-        weights = torch.softmax(scores, dim=-1, out=scores if overwrite else None)
-    weights = F.dropout(weights, p, training=training)
-    return weights, weights @ values
+from indexattn.runtime import lib as rt
 
 
 def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, *, h, p=0.1, training=False):
@@ -124,7 +28,7 @@ def torch_mha(query, key, value, key_padding_mask, in_proj_weight, in_proj_bias,
     # A_<μτσ> = softmax_<σ>(S_<μτσ>)
     # Ã_<μτσ> = dropout(A_<μτσ>, p)
     # O_<μτa> = Ã_<μτσ> V_<μσa>
-    A_tilde, O = softmax_dropout_values(S, V, p=p, training=training, softmax=safe_softmax)  # (…, μ, τ, σ), (…, μ, τ, a)
+    A_tilde, O = rt.softmax_values(S, V, p=p, training=training, softmax=rt.safe_softmax)  # (…, μ, τ, σ), (…, μ, τ, a)
     del V_proj, V, S
     # Y_<τi> = out_proj_weight_<i(μa)> O_<μτa> + out_proj_bias_<i>
     Y = O.transpose(-3, -2).flatten(-2)  # (…, τ, (μa))

@@ -1,4 +1,4 @@
-"""The blocks of queries (of rows) of a training step as one autograd step, the generated
+"""The blocks of queries (of rows) of a training step as one autograd step, the runtime's
 `by_blocks`: its backward makes each block again and adds the block's gradients into one per
 tensor, so that no block makes a gradient the size of a whole input (autograd's backward of
 a slice does, once per block: work that grows as blocks × N). Against the twin that runs the
@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import indexattn
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 FRESH = itertools.count()
@@ -45,11 +46,15 @@ class Whole(TorchDispatchMode):
 
 
 def spec_in_blocks(name: str, monkeypatch, text: str | None = None):
-    """The spec compiled afresh, its knobs set for eight blocks of queries at N = 64."""
+    """The spec compiled afresh, its knobs set for eight blocks of queries at N = 64: the
+    runtime's (QUERY_BLOCK), and the module's own (BLOCK_SCORES, BLOCK_ROWS)."""
     text = text or (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_{next(FRESH)}")
     for knob, value in CASES.get(name, ({}, {"QUERY_BLOCK": BLOCK}))[1].items():
-        monkeypatch.setitem(spec.function.__globals__, knob, value)
+        if hasattr(rt, knob):
+            monkeypatch.setattr(rt, knob, value)
+        else:
+            monkeypatch.setitem(spec.function.__globals__, knob, value)
     return spec
 
 
@@ -74,8 +79,8 @@ def test_a_block_makes_no_gradient_of_a_whole_input(name, monkeypatch, saving):
     (at least 24 tensors of their size), by_blocks' one sum each; the gradients are equal."""
     out, grads, count = step(spec_in_blocks(name, monkeypatch), name)
     twin = spec_in_blocks(name, monkeypatch)
-    saving(twin.function.__globals__)
-    want_out, want, twin_count = step(twin, name)
+    with saving():
+        want_out, want, twin_count = step(twin, name)
     torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12)
     assert grads.keys() == want.keys()
     for k in want:
@@ -102,13 +107,13 @@ def test_dropout_in_blocks_draws_again_what_the_forward_drew(monkeypatch, saving
     spec = spec_in_blocks("softcap_window", monkeypatch, SOFTCAP_DROPOUT)
     assert "draws=training" in spec.source
     twin = spec_in_blocks("softcap_window", monkeypatch, SOFTCAP_DROPOUT)
-    saving(twin.function.__globals__)
     out, grads, _ = step(spec, "softcap_window", training=True)
-    want_out, want, _ = step(twin, "softcap_window", training=True)
+    with saving():
+        want_out, want, _ = step(twin, "softcap_window", training=True)
+        other_out, other, _ = step(twin, "softcap_window", seed=1, training=True)
     torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12)
     for k in want:
         torch.testing.assert_close(grads[k], want[k], rtol=0, atol=1e-12)
-    other_out, other, _ = step(twin, "softcap_window", seed=1, training=True)
     assert not torch.allclose(other_out, want_out)
     assert not torch.allclose(other["X"], want["X"])
 
@@ -132,9 +137,9 @@ def test_a_second_derivative_raises_and_torch_func_gives_it(monkeypatch, saving)
     (want,) = torch.autograd.grad(loss(x), x)
     torch.testing.assert_close(torch.func.grad(loss)(x.detach()), want, rtol=0, atol=1e-12)
     twice = torch.func.grad(lambda x: torch.func.grad(loss)(x).sum())(x.detach())
-    saving(spec.function.__globals__)
-    (grad,) = torch.autograd.grad(loss(x), x, create_graph=True)
-    (want,) = torch.autograd.grad(grad.sum(), x)
+    with saving():
+        (grad,) = torch.autograd.grad(loss(x), x, create_graph=True)
+        (want,) = torch.autograd.grad(grad.sum(), x)
     assert want.abs().sum() > 0
     torch.testing.assert_close(twice, want, rtol=0, atol=1e-10)
 
@@ -154,7 +159,7 @@ def test_a_block_holds_at_least_block_rows_rows(floor, monkeypatch):
         lambda q, *a, **k: rows.append(q.shape[-2]) or function(q, *a, **k),
     )
     monkeypatch.setitem(namespace, "BLOCK_SCORES", 1)
-    monkeypatch.setitem(namespace, "QUERY_BLOCK", 128)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 128)
     if floor != 64:
         monkeypatch.setitem(namespace, "BLOCK_ROWS", floor)
     sizes = sample_sizes(spec.ir) | {"N": 256, "h": 2}
@@ -179,10 +184,10 @@ def test_under_autocast_the_backward_makes_the_blocks_as_the_forward_did(monkeyp
 
     monkeypatch.setitem(namespace, name, recording)
     twin = spec_in_blocks("softcap_window", monkeypatch)
-    saving(twin.function.__globals__)
     with torch.autocast("cpu", torch.bfloat16):
         _, grads, _ = step(spec, "softcap_window", dtype=torch.float32)
-        _, want, _ = step(twin, "softcap_window", dtype=torch.float32)
+        with saving():
+            _, want, _ = step(twin, "softcap_window", dtype=torch.float32)
     assert set(seen) == {(False, True), (True, True)}  # the forward's blocks, the backward's
     for k in want:
         torch.testing.assert_close(grads[k], want[k], rtol=1e-2, atol=2**-12)

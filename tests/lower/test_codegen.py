@@ -33,16 +33,29 @@ def unused_definitions(source: str) -> set[str]:
     return defined - read
 
 
-def test_generated_code_is_standalone_and_defines_only_what_it_uses(shipped):
-    tree = ast.parse(shipped.source)
-    imported = {
+def imported(source: str) -> set[str]:
+    """The modules `source` imports, and the names it imports from them."""
+    tree = ast.parse(source)
+    return {
         alias.name.split(".")[0]
         for node in ast.walk(tree)
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"math", "torch", "einops", "rearrange", "einsum", "F"}
+
+
+PLAIN = {"math", "torch", "einops", "rearrange", "einsum", "F"}
+
+
+def test_generated_code_imports_the_runtime_and_defines_only_what_it_uses(shipped):
+    """The module imports torch, einops and the runtime (runtime/lib.py); its standalone
+    form, nothing of indexattn; each defines only what it uses."""
+    assert imported(shipped.source) <= PLAIN | {"indexattn.runtime", "lib"}
     assert unused_definitions(shipped.source) == {shipped.name}  # the spec's own function
+    alone = shipped.standalone_source
+    assert imported(alone) <= PLAIN | {"types", "SimpleNamespace"}
+    assert unused_definitions(alone) == {shipped.name}
+    assert ("indexattn.runtime" in imported(shipped.source)) == (alone != shipped.source)
 
 
 def test_a_planted_unused_helper_is_found():
@@ -54,8 +67,8 @@ def test_a_planted_unused_helper_is_found():
 # One operation per line (docs/rendering.md): every call in a statement counts, except the
 # calls that compute nothing on tensor data: views of a result (layout), casts of it,
 # metadata, list bookkeeping, and arithmetic on sizes, scalars and numbers alone (a call
-# that reads no tensor). Helpers the module defines once (key_spans, the autograd functions
-# of softmax_values) are fixed text, not printed from steps, and are not counted.
+# that reads no tensor). The runtime's functions (key_spans, softmax_values: runtime/lib.py)
+# are code of their own, not printed from steps, and are not read.
 VIEWS = {"transpose", "flatten", "unflatten", "movedim", "permute", "view", "unsqueeze"}
 VIEWS |= {"squeeze", "expand", "expand_as", "narrow", "select", "unbind", "split", "mT"}
 VIEWS |= {"contiguous"}  # a layout: a copy only where the strides ask for one

@@ -16,6 +16,7 @@ import torch
 import indexattn
 from indexattn.lower.program.passes import spans
 from indexattn.oracle import reference
+from indexattn.runtime import lib as rt
 
 FRESH = itertools.count()
 HEAD = """index τ, τ' : N
@@ -76,7 +77,7 @@ def spec_text(weights: str) -> str:
 
 def compiled(weights: str, monkeypatch):
     spec = indexattn.compile_spec(spec_text(weights), name=f"hidden_{next(FRESH)}")
-    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 2)
     return spec
 
 

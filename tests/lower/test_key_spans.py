@@ -14,6 +14,7 @@ import torch
 import indexattn
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 FRESH = itertools.count()
@@ -39,9 +40,7 @@ def spans(text: str, n: int, block: int, batch=(), runs=True, **scalars) -> list
     16 or more (windows, chunks, a prefix) are 11 unless given; document ids in 4 runs (or,
     without `runs`, drawn at random, for each of a `batch`)."""
     spec = indexattn.compile_spec(text, name=f"spans_{next(FRESH)}")
-    namespace = spec.function.__globals__
-    namespace["QUERY_BLOCK"] = block  # the compiled module's own: each test compiles afresh
-    original, calls = namespace["key_spans"], []
+    original, calls = rt.key_spans, []
 
     def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None, values=()):
         counts, found = [0, 0], {}
@@ -56,14 +55,15 @@ def spans(text: str, n: int, block: int, batch=(), runs=True, **scalars) -> list
         calls.append({"told": found[0], "read": found[1], "counts": counts, "all": entries})
         return found[0]
 
-    namespace["key_spans"] = key_spans
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": n, "h": 2}
     args = sample_arguments(spec.ir, sizes, batch, torch.float64)
     if "D" in args and runs:
         args["D"] = (torch.arange(n) * 4 // n).to(args["D"].dtype).expand_as(args["D"])
     given = {k: v for k, v in sizes.items() if k in spec.required}
     given |= {s.ascii: 11 for s in spec.ir.scalars if s.value >= 16} | scalars
-    with torch.no_grad():
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rt, "QUERY_BLOCK", block)
+        patch.setattr(rt, "key_spans", key_spans)
         spec(**args, **given)
     return calls
 
@@ -115,7 +115,7 @@ def _row_blocks(scores: int, monkeypatch) -> tuple[int, torch.Tensor, torch.Tens
     name = f"{spec.name}_rows"  # the rows' function, named after the spec
     rows = namespace[name]
     monkeypatch.setitem(namespace, name, lambda *a, **k: calls.append(1) or rows(*a, **k))
-    monkeypatch.setitem(namespace, "QUERY_BLOCK", 8)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 8)
     monkeypatch.setitem(namespace, "BLOCK_SCORES", scores)
     monkeypatch.setitem(namespace, "BLOCK_ROWS", 1)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": 64, "h": 2}

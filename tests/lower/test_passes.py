@@ -27,12 +27,15 @@ from indexattn.lower.program.passes import PASSES, Pass, inplace, rows, spans
 from indexattn.lower.program.steps import Contract
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 from indexattn.runtime.compiled import CompiledSpec, _plain
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.attn")) + sorted((ROOT / "specs" / "models").glob("*.attn"))
-# one row per block, two queries per span, chunks of two positions
-KNOBS = {"BLOCK_SCORES": 1, "BLOCK_ROWS": 1, "QUERY_BLOCK": 2, "CHUNK": 2, "DECAY_CHUNK": 2}
+# one row per block, chunks of two positions (the module's knobs); two queries per span (the
+# runtime's)
+KNOBS = {"BLOCK_SCORES": 1, "BLOCK_ROWS": 1, "CHUNK": 2, "DECAY_CHUNK": 2}
+QUERY_BLOCK = 2
 
 
 class Case:
@@ -60,7 +63,9 @@ class Case:
         return [o.detach() for o in outputs] + [g for g in grads if g is not None]
 
     def agrees(self, program) -> bool:
-        return self.equal(self.run(_callable(self.spec, program)))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(rt, "QUERY_BLOCK", QUERY_BLOCK)
+            return self.equal(self.run(_callable(self.spec, program)))
 
     def literally(self, spec: ir.Spec) -> bool:
         """Whether another spec (the canonical form) reads literally as this one."""

@@ -1,6 +1,6 @@
 """The kernel by blocks of queries, each over the keys its mask lets it see: every shipped spec
 whose mask may hide whole blocks of keys reads the blocks off the mask (`key_spans`); forced
-into blocks of one query (the module's QUERY_BLOCK knob) it equals the literal interpreter in
+into blocks of one query (the runtime's QUERY_BLOCK knob) it equals the literal interpreter in
 values and gradients, calls the kernel once per block, and a span cut one key short is seen.
 A block whose mask hides nothing (a decode step's one query) runs without it. Where the blocks
 would skip too little, or when traced, the kernel runs once; or, where the mask is a table
@@ -16,10 +16,11 @@ import torch.nn.functional as F
 import indexattn
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
-SPANNED = sorted(p.stem for p in GOLDEN.glob("*.py") if "QUERY_BLOCK = " in p.read_text())
+SPANNED = sorted(p.stem for p in GOLDEN.glob("*.py") if "rt.key_spans(" in p.read_text())
 # scalars that make the masks hide more than the causal half at the sampled sizes
 SCALARS = {"sliding_window": {"w": 2}, "chunked": {"C": 2}, "prefix_lm": {"P": 2}}
 FRESH = itertools.count()
@@ -47,7 +48,7 @@ def spec_in_blocks(name: str, monkeypatch, block: int = 1, calls: list[int] | No
     text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_{next(FRESH)}")
     namespace = spec.function.__globals__
-    monkeypatch.setitem(namespace, "QUERY_BLOCK", block)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", block)
     rows = namespace.get(spec.function.__name__ + "_rows")
     if rows is not None and calls is not None:
 
@@ -100,21 +101,20 @@ WHOLE_CALLS = {"nsa": {4}}
 def test_a_span_cut_one_key_short_is_seen(name, monkeypatch):
     """The twin: the same blocks with each span's last key left out differ from the literal."""
     spec = spec_in_blocks(name, monkeypatch)
-    namespace = spec.function.__globals__
-    spans = namespace["key_spans"]
+    spans = rt.key_spans
 
     def short(*args, **kwargs):
         found = spans(*args, **kwargs)
         return [(t, u, k0, k1 - 1 if k1 - k0 > 1 else k1, w) for t, u, k0, k1, w in found]
 
-    monkeypatch.setitem(namespace, "key_spans", short)
+    monkeypatch.setattr(rt, "key_spans", short)
     (got, _), (want, _) = run(spec, name)
     assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, want))
 
 
 def test_spans_are_the_keys_each_block_sees(monkeypatch):
-    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
-    spans = spec.function.__globals__["key_spans"]
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 4)
+    spans = rt.key_spans
     tau = torch.arange(12)
     keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
     assert spans(keep, "false") == [
@@ -139,8 +139,8 @@ def test_spans_of_a_table_made_by_blocks_are_those_of_the_whole(monkeypatch):
     """A mask given as a function of a block of queries and keys (a table never made whole,
     passes/tables.py) has the spans of the same mask given whole; the twin, a function that
     gives another block's rows, does not."""
-    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
-    spans = spec.function.__globals__["key_spans"]
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 4)
+    spans = rt.key_spans
     tau = torch.arange(12)
     keep = (tau[:, None] >= tau[None, :]) & (tau[:, None] - tau[None, :] < 3)
     zeros = torch.zeros(12, 12).masked_fill(~keep, -torch.inf)
@@ -153,8 +153,8 @@ def test_spans_of_a_table_made_by_blocks_are_those_of_the_whole(monkeypatch):
 def test_a_block_whose_mask_hides_nothing_is_whole(monkeypatch):
     """Chunks of 4 at blocks of 4: every block sees its chunk, all of it; a mask that hides
     nothing is one whole span; a float mask is whole only where it adds zeros."""
-    spec = spec_in_blocks("sliding_window", monkeypatch, block=4)
-    spans = spec.function.__globals__["key_spans"]
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 4)
+    spans = rt.key_spans
     tau = torch.arange(12)
     chunks = tau[:, None] // 4 == tau[None, :] // 4
     assert spans(chunks, "false") == [
@@ -207,13 +207,12 @@ def test_blocks_run_without_their_mask_where_it_hides_nothing(name, monkeypatch)
     for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
         torch.testing.assert_close(g, w, atol=1e-12, rtol=0)
     spec = spec_in_blocks(name, monkeypatch, block=2)
-    namespace = spec.function.__globals__
-    spans = namespace["key_spans"]
+    spans = rt.key_spans
 
     def whole(*args, **kwargs):
         return [(*span[:4], True) for span in spans(*args, **kwargs)]
 
-    monkeypatch.setitem(namespace, "key_spans", whole)
+    monkeypatch.setattr(rt, "key_spans", whole)
     (got, _), (want, _) = run(spec, name, sizes={"N": 8})
     assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, want))
 
@@ -247,7 +246,7 @@ O_<τa> = A_<ττ'> V_<τ'a>
 output O
 """
     spec = indexattn.compile_spec(text, name="dead_rows_in_blocks")
-    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", 2)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 2)
     q, k, v = (torch.randn(10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out = spec(Q=q, K=k, V=v)
     want = reference.evaluate(spec.ir, Q=q, K=k, V=v)[0]
@@ -258,10 +257,8 @@ output O
 
 
 def test_traced_code_runs_the_kernel_once(monkeypatch):
-    spec = spec_in_blocks("sliding_window", monkeypatch)
-    namespace = spec.function.__globals__
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert namespace["key_spans"](torch.eye(8, dtype=torch.bool), "false") is None
+    assert rt.key_spans(torch.eye(8, dtype=torch.bool), "false") is None
 
 
 @pytest.mark.parametrize("w, calls", [(12, [12]), (2, [4, 4, 4])])
@@ -275,7 +272,7 @@ def test_rows_whose_mask_hides_nothing_run_in_one_call(monkeypatch, w, calls):
     text = text.replace(causal, "where(τ' - τ >= w or τ - τ' >= w, -inf, 0)")
     spec = indexattn.compile_spec(text, name=f"two_sided_{next(FRESH)}")
     namespace = spec.function.__globals__
-    monkeypatch.setitem(namespace, "QUERY_BLOCK", 4)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 4)
     rows, seen = namespace[spec.function.__name__ + "_rows"], []
 
     def record(first, *args, **kwargs):

@@ -7,6 +7,7 @@ transformer's C_<μτ> − C_<μτ'>). Each equals the literal interpreter. The 
 finding no table, build the N² table (and still equal it). `indexattn compile SPEC
 --dump-after tables` names the tables."""
 
+import contextlib
 import itertools
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from indexattn.lower.printers import tables_emit
 from indexattn.lower.program.passes import tables
 from indexattn.oracle import reference
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 N, HEADS = 512, 2
@@ -44,7 +46,8 @@ def widest(name: str, blocked: bool, monkeypatch) -> tuple[int, torch.Tensor, to
     text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
     spec = indexattn.compile_spec(text, name=f"{name}_blocks_{next(FRESH)}")
     namespace = spec.function.__globals__
-    for knob, value in {"QUERY_BLOCK": 32, "BLOCK_SCORES": HEADS * N * 32, "BLOCK_ROWS": 1}.items():
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 32)
+    for knob, value in {"BLOCK_SCORES": HEADS * N * 32, "BLOCK_ROWS": 1}.items():
         if knob in namespace:
             monkeypatch.setitem(namespace, knob, value)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": N, "h": HEADS}
@@ -98,15 +101,13 @@ def saved(name: str, recompute: bool, monkeypatch, saving) -> tuple[int, dict]:
         (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8"),
         name=f"{name}_saved_{next(FRESH)}",
     )
-    namespace = spec.function.__globals__
-    monkeypatch.setitem(namespace, "QUERY_BLOCK", 32)
-    if not recompute:
-        saving(namespace)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", 32)
     sizes = dict.fromkeys(sample_sizes(spec.ir), 4) | {"N": n, "h": HEADS}
     args = sample_arguments(spec.ir, sizes, (), torch.float64)
     leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}
     counts: list[int] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: counts.append(t.numel()) or t, _same):
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: counts.append(t.numel()) or t, _same)
+    with hooks, saving() if not recompute else contextlib.nullcontext():
         out = spec(**leaves, backward="autograd")
     out.square().sum().backward()
     return sum(counts), {k: v.grad for k, v in leaves.items() if v.grad is not None}
@@ -149,7 +150,7 @@ def test_a_table_of_the_distance_alone_is_a_row_made_once_a_call(name, distance,
         text = (ROOT / "specs" / f"{name}.attn").read_text(encoding="utf-8")
         fresh = indexattn.compile_spec(text, name=f"{name}_distance_{next(FRESH)}")
         assert ("_row = " in fresh.source) == (made == "row")
-        monkeypatch.setitem(fresh.function.__globals__, "QUERY_BLOCK", 32)
+        monkeypatch.setattr(rt, "QUERY_BLOCK", 32)
         sizes = dict.fromkeys(sample_sizes(fresh.ir), 4) | {"N": 100, "h": HEADS}
         args = sample_arguments(fresh.ir, sizes, (), torch.float64)
         leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in args.items()}

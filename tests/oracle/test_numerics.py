@@ -2,6 +2,7 @@
 gradients) on every code path and dtype, huge logits give a finite softmax, two finfo.min masks
 never make NaN, and float16/bfloat16 agree with float64 within the dtype's tolerance."""
 
+import inspect
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 import indexattn
 from indexattn.oracle import reference
 from indexattn.oracle.verify import TOLERANCE, sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -120,8 +122,8 @@ def test_scores_of_data_alone_take_the_plain_softmax():
     masked = indexattn.compile_spec(
         SCORES.format(mask="input M_<ττ'>\n", plus=" + M_<ττ'>"), name="masked"
     )
-    assert "torch.softmax(" in plain.source and "_safe_softmax" not in plain.source
-    assert "_safe_softmax" in masked.source
+    assert "torch.softmax(" in plain.source and "safe_softmax" not in plain.source
+    assert "rt.safe_softmax(" in masked.source
     x = torch.randn(4, 3, dtype=torch.float64)
     hidden = torch.zeros(4, 4, dtype=torch.float64).index_fill_(0, torch.tensor([1]), -math.inf)
     assert masked(X=x, M=hidden)[1].eq(0).all()  # the row hidden everywhere gives zeros
@@ -216,7 +218,7 @@ def test_scores_passed_in_or_read_twice_are_never_overwritten():
 
 def _overwrites(spec) -> bool:
     """Whether a softmax line of the spec's function may write over its scores."""
-    lines = [line for line in spec.source.splitlines() if re.search(r"= \w*softmax\(", line)]
+    lines = [line for line in spec.source.splitlines() if re.search(r"= [\w.]*softmax\(", line)]
     return any("out=" in line or "overwrite" in line for line in lines)
 
 
@@ -248,9 +250,10 @@ def test_a_safe_softmax_over_scores_mixed_across_heads_keeps_the_plain_path():
     mixed = indexattn.compile_spec(ROOT / "specs" / "talking_heads.attn")
     product = indexattn.compile_spec(ROOT / "specs" / "gpt2.attn").source
     assert not _overwrites(mixed) and "safe_softmax(" in mixed.source
-    # the weights are returned: the softmax is softmax_dropout_values' (passes/softmax_values.py)
-    assert "softmax_dropout_values(S, V" in product
-    assert "weights = softmax(scores, -1, overwrite)" in product
+    # the weights are returned: the softmax is the runtime's softmax_values'
+    # (passes/softmax_values.py)
+    assert "rt.softmax_values(S, V, p=" in product
+    assert "weights = softmax(scores, -1, overwrite)" in inspect.getsource(rt.softmax_values)
 
 
 def test_vmap_and_jvp_take_the_softmax_that_allocates():

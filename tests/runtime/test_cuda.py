@@ -13,6 +13,7 @@ from test_tracing import EVERY, _tuple, forward_backward, layer, small_blocks
 
 import indexattn
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 pytestmark = [
     pytest.mark.cuda,
@@ -132,8 +133,8 @@ def test_a_long_context_step_holds_no_table_over_two_sequence_indices(name):
 def test_twin_one_block_of_every_query_holds_the_table(monkeypatch):
     """At a length of its own: the spans of LONG, kept per shape, have blocks of 128."""
     n = LONG + 128
-    spec, module, inputs = layer("alibi", n, torch.float32)
-    monkeypatch.setitem(spec.function.__globals__, "QUERY_BLOCK", n)
+    _, module, inputs = layer("alibi", n, torch.float32)
+    monkeypatch.setattr(rt, "QUERY_BLOCK", n)
     assert peak_megabytes(*on_cuda(module, inputs)) > table_megabytes(n)
 
 

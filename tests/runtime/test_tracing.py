@@ -19,6 +19,7 @@ import torch
 import indexattn
 from indexattn.ir.shapes import quotients
 from indexattn.oracle.verify import sample_arguments, sample_sizes
+from indexattn.runtime import lib as rt
 
 pytestmark = pytest.mark.slow  # tests/conftest.py: the quick tier leaves it out
 
@@ -67,13 +68,16 @@ if os.environ.get("INDEXATTN_TRACE_ALL"):  # the complete run (docs/testing.md)
     AOT = INDUCTOR = EVERY
 
 
-# the module's knobs at sizes that reach several blocks of rows, spans and chunks at N of 9 to
-# 20 (the generated code's names; a second knob of a kind gets a suffix)
-SMALL = {"BLOCK_SCORES": 16, "BLOCK_ROWS": 1, "QUERY_BLOCK": 4, "CHUNK": 4, "DECAY_CHUNK": 4}
+# the module's knobs at sizes that reach several blocks of rows and chunks at N of 9 to 20
+# (the generated code's names; a second knob of a kind gets a suffix), and the runtime's, of
+# spans
+SMALL = {"BLOCK_SCORES": 16, "BLOCK_ROWS": 1, "CHUNK": 4, "DECAY_CHUNK": 4}
+QUERY_BLOCK = 4
 
 
 def small_blocks(spec, monkeypatch) -> None:
-    """The spec's knobs set to SMALL for the test."""
+    """The spec's knobs set to SMALL for the test, and the runtime's to QUERY_BLOCK."""
+    monkeypatch.setattr(rt, "QUERY_BLOCK", QUERY_BLOCK)
     namespace = spec.function.__globals__
     for name in list(namespace):
         if name.rstrip("_0123456789") in SMALL:

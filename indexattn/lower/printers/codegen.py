@@ -29,6 +29,7 @@ IMPORTS = (
     ("torch", "import torch"),
     ("F", "import torch.nn.functional as F"),
 )
+RUNTIME = "from indexattn.runtime import lib as rt"  # what every module calls: runtime/lib.py
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Writer:
         out = [line for name, line in IMPORTS if name in used]
         einops = [name for name in ("einsum", "rearrange") if name in used]
         out += [f"from einops import {', '.join(einops)}"] if einops else []
+        out += [("\n" if out else "") + RUNTIME] if "rt" in used else []
         return "\n".join(out) + "\n" if out else ""
 
 

@@ -381,8 +381,7 @@ class Emitter(KernelSteps):
                 f"out=None if torch.is_grad_enabled() else {x})",
             ]
         if step.fn == "rank" and step.below is not None:
-            top_k = self.helper(_top_k, "top_k")
-            self.use("math")
+            top_k = self.runtime("top_k")
             return f"{out} = {top_k}({x}, {self.scalar(step.below.expr)}, dim={dim})"
         if step.fn == "rank":  # the order, then each entry's place in it: one call a line
             order = ops.REDUCTIONS["rank"].torch.format(x=x, dim=dim)
@@ -621,17 +620,3 @@ def _selected(table: str, dim: int, positions: str, computed: bool) -> str:
         return f"{table}[{positions}]"
     flat = f"{table}.index_select({dim}, {positions}.flatten())"
     return f"{flat}.unflatten({dim}, {positions}.shape)"
-
-
-def _top_k(name: str) -> str:
-    """The module's top-k mask: `rank_<j>(e) < k`, ties by position as the oracle's rank."""
-    return f'''def {name}(x, k, dim):
-    """Where x holds one of its k largest along `dim` (torch.topk), as a mask. Of the entries
-    equal to the k-th largest, the first along `dim` are kept: each kept entry's place in the
-    descending order, ties by position, is below k."""
-    k = torch.sym_min(max(math.ceil(k), 0), x.shape[dim])
-    if k == 0:
-        return torch.zeros_like(x, dtype=torch.bool)
-    kth = x.topk(k, dim=dim, sorted=False).values.amin(dim=dim, keepdim=True)
-    above, tied = x > kth, x == kth
-    return above | (tied & (tied.cumsum(dim) <= k - above.sum(dim, keepdim=True)))'''

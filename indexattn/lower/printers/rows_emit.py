@@ -11,7 +11,6 @@ from ..program.steps import Elementwise, Operand, Step, Var
 from . import tables_emit
 from .emit import Emitter
 from .expressions import joined, tuple_text, wrap
-from .kernels_emit import by_blocks_text, recomputed_text
 from .naming import Names
 
 
@@ -149,7 +148,7 @@ class RowsWriter:
 
     def _by_blocks(self, cuts: dict[Index, str], span: list[str], blocks: str):
         """The function of one block (its parameters: the names of `span`, then the tensors
-        it reads), and the module's `by_blocks` call that runs it on each of `blocks`, each
+        it reads), and the runtime's `by_blocks` call that runs it on each of `blocks`, each
         tensor cut to the block's rows and keys by `by_blocks` (so that the backward adds
         each block's gradients into one per tensor): the rows' inputs, the tensors the
         tables made by block read, and the scalars, which may be tensors (passed, never
@@ -171,7 +170,7 @@ class RowsWriter:
             *("    " + line for line in self._made(cuts)),
             f"    return {self._call(arguments)}",
         ]
-        by_blocks = self.main.helper(by_blocks_text, "by_blocks", "Blocks", "pieces")
+        by_blocks = self.main.runtime("by_blocks")
         args = [function, blocks, tuple_text(tensors), tuple_text(tensors.values())]
         args += [f"dim={self._dim()}"] if self._dim() != -2 else []
         args += ["draws=training"] if self.dropout else []
@@ -264,12 +263,12 @@ class RowsWriter:
         ]
 
     def _call(self, arguments: list[str], block: bool = False) -> str:
-        """The rows' function on `arguments`; for one `block` of several, through the module's
-        `recomputed`, so that autograd keeps a block's inputs, not its scores."""
+        """The rows' function on `arguments`; for one `block` of several, through the
+        runtime's `recomputed`, so that autograd keeps a block's inputs, not its scores."""
         keywords = [f"{k}={k}" for k in self.keywords()]
         if not block:
             return f"{self.function}({', '.join(arguments + keywords)})"
-        recomputed = self.main.helper(recomputed_text, "recomputed")
+        recomputed = self.main.runtime("recomputed")
         return f"{recomputed}({', '.join([self.function, *arguments, *keywords])})"
 
     def _dim(self, exit: Operand | None = None) -> int:

@@ -20,7 +20,7 @@ from .naming import Names
 class Needs:
     """What printed lines use beyond their own variables."""
 
-    imports: set[str] = field(default_factory=set)  # torch, F, math, einsum, rearrange
+    imports: set[str] = field(default_factory=set)  # torch, F, math, einsum, rearrange, rt
     sizes: set[sympy.Symbol] = field(default_factory=set)
     scalars: set[sympy.Symbol] = field(default_factory=set)
     indices: dict[Index, None] = field(default_factory=dict)  # positions, in first use
@@ -29,6 +29,7 @@ class Needs:
     table: bool = False  # the dtype tables are built in (lower/program/numerics.py)
     knobs: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its line)
     helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
+    # the spec's own helpers (a table's box); what every module calls is the runtime's
 
 
 # Each step kind's printer, by kind: `@prints(Kind)` on the emitter's method that prints it;
@@ -104,10 +105,16 @@ class Values:
             self.needs.knobs[hint] = (name, f"{name} = {value}  # {note}")
         return self.needs.knobs[hint][0]
 
+    def runtime(self, name: str) -> str:
+        """A function of the runtime every module imports (indexattn/runtime/lib.py), as the
+        printed lines call it."""
+        self.use("rt")
+        return f"rt.{name}"
+
     def helper(self, text: Callable[..., str], hint: str, *others: str) -> str:
-        """A module-level function the printed lines call, named once per module, with the
-        other module-level names it defines (a knob, a class): `text(name, *others)` is its
-        definition, with each name allocated."""
+        """A module-level function of the spec's own the printed lines call (a table's box),
+        named once per module, with the other module-level names it defines: `text(name,
+        *others)` is its definition, with each name allocated."""
         if hint not in self.needs.helpers:
             name, *more = (self.names.fresh(h) for h in (hint, *others))
             self.needs.helpers[hint] = (name, text(name, *more))
