@@ -17,7 +17,7 @@ from indexattn.oracle.verify import sample_arguments, sample_sizes
 from indexattn.runtime import lib as rt
 from indexattn.runtime.standalone import definitions, standalone
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 GOLDEN = HERE / "golden"
 NAMES = sorted(p.stem for p in GOLDEN.glob("*.py"))
 # the module's knobs and the runtime's, small enough for blocks at N = 12
