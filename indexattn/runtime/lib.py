@@ -50,13 +50,22 @@ def key_spans(mask, hides, shape=None, every_call=False, blocks=False, box=None,
 
     if any(x.numel() == 0 for x in values):  # no entries at all: nothing to tell
         box = None
-    if box is not None and values:  # their least and greatest by tiles, in one read
-        tiles = [x.reshape(-1, x.shape[-1]).double() for x in values]
+    if box is not None and values:  # their least and greatest by tiles of each one's axis
+        tiles = [x.reshape(-1, x.shape[-1]) for x in values]
         tiles = [
             torch.cat([x, x[:, -1:].expand(-1, -x.shape[-1] % QUERY_BLOCK)], -1) for x in tiles
         ]
         tiles = [x.unflatten(-1, (-1, QUERY_BLOCK)) for x in tiles]
-        ends = torch.stack([e for x in tiles for e in (x.amin((0, 2)), x.amax((0, 2)))]).tolist()
+        ends = [
+            e.double() if e.is_floating_point() else e.long()  # integers stay exact
+            for x in tiles
+            for e in (x.amin((0, 2)), x.amax((0, 2)))
+        ]
+        read = {  # one read per dtype
+            d: iter(torch.cat([e for e in ends if e.dtype == d]).tolist())
+            for d in {e.dtype for e in ends}
+        }
+        ends = [[next(read[e.dtype]) for _ in range(len(e))] for e in ends]
         values = [
             lambda a, b, lo=lo, hi=hi: (
                 min(lo[a // QUERY_BLOCK : b // QUERY_BLOCK + 1]),
