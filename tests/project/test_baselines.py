@@ -17,7 +17,15 @@ import indexattn
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from baselines import chunked_linear, flex, fused_qkv, retention, rotary, row_blocks  # noqa: E402
+from baselines import (  # noqa: E402
+    chunked_linear,
+    flex,
+    fused_qkv,
+    retention,
+    rotary,
+    row_blocks,
+    unseen,
+)
 
 pytestmark = pytest.mark.slow  # tests/conftest.py: the quick tier leaves it out
 
@@ -128,14 +136,20 @@ ROWS = {  # the scaling benchmark's blocked baselines, windows and caps that bit
     "attention_sinks": {"d_m": 24, "h_kv": 2, "n_rep": 2, "d_k": 6, "w": 5},
     "differential": {"d_m": 24, "h": 2, "d": 6},
 }
+UNSEEN = {  # benchmarks/baselines/unseen.py: the unseen combinations of benchmarks/unseen.py
+    "rope_softcap_doc": ROTARY | {"cap": 0.3},
+    "gqa_alibi_window_sinks": {"d_m": 24, "h_kv": 2, "n_rep": 2, "d_k": 6, "w": 5},
+}
 
 
 def row_blocks_case(name: str, monkeypatch, nudge: float = 0.0):
     """The module and the blocked baseline's output at N = 11, blocks of 4 queries (float64)."""
     monkeypatch.setattr(row_blocks, "BLOCK", 4)
     torch.manual_seed(0)
-    spec = indexattn.compile_spec(SPECS / f"{name}.attn")
-    module = spec.module(**ROWS[name]).to(torch.float64).eval()
+    shipped = name in ROWS
+    folder, baselines, sizes = (SPECS, row_blocks, ROWS) if shipped else (BENCH, unseen, UNSEEN)
+    spec = indexattn.compile_spec(folder / f"{name}.attn")
+    module = spec.module(**sizes[name]).to(torch.float64).eval()
     with torch.no_grad():
         for p in module.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -143,16 +157,16 @@ def row_blocks_case(name: str, monkeypatch, nudge: float = 0.0):
     documents = torch.tensor([[0] * 3 + [1] * 6 + [2] * 2])  # a block starts inside one
     inputs = [documents if t.dtype == "int" else x for t in spec.ir.tensors_of("input")]
     params = dict(module.named_parameters())
-    s = {**{c.ascii: c.value for c in spec.ir.scalars}, **ROWS[name]}
+    s = {**{c.ascii: c.value for c in spec.ir.scalars}, **(ROWS | UNSEEN)[name]}
     last = list(params)[-1]  # the twin's: the output projection, or a norm's or sink's weight
     moved = params[last] + nudge * torch.randn_like(
         params[last]
     )  # a uniform shift of T5's bias hides
-    theirs = getattr(row_blocks, name)(*inputs, params | {last: moved}, s)
+    theirs = getattr(baselines, name)(*inputs, params | {last: moved}, s)
     return module, inputs, params, theirs
 
 
-@pytest.mark.parametrize("name", ROWS)
+@pytest.mark.parametrize("name", [*ROWS, *UNSEEN])
 def test_row_block_baseline_equals_the_generated_module(name, monkeypatch):
     module, inputs, params, theirs = row_blocks_case(name, monkeypatch)
     ours = module(*inputs)
@@ -167,7 +181,7 @@ def test_row_block_baseline_equals_the_generated_module(name, monkeypatch):
         torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("name", ROWS)
+@pytest.mark.parametrize("name", [*ROWS, *UNSEEN])
 def test_row_block_baseline_twin_sees_a_nudged_parameter(name, monkeypatch):
     module, inputs, _, theirs = row_blocks_case(name, monkeypatch, nudge=0.05)
     with torch.no_grad():

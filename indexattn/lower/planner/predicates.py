@@ -81,7 +81,10 @@ def table_keep(chain, var, hides: str) -> Kept | None:
         values = {}
         value = _boolean(makers, makers[var].out, values)
         return Kept(value if hides == "false" else sympy.Not(value), True, values)
-    return Kept(*_added(makers, var)) if hides == "-inf" else None
+    if hides != "-inf":
+        return None
+    values = {}
+    return Kept(*_added(makers, var, values), values)
 
 
 def _boolean(makers: dict, arg, values: dict) -> sympy.Basic:
@@ -113,21 +116,27 @@ def _read(makers: dict, step) -> tuple | None:
     return (step.arg, index) if own and step.arg.dims[-1:] == (step.axis,) else None
 
 
-def _added(makers: dict, var) -> tuple[sympy.Basic, bool]:
+def _added(makers: dict, var, values: dict) -> tuple[sympy.Basic, bool]:
     """A float table's condition: a grid `where(c, -inf, 0)` keeps where not c, and changes
-    nothing where it keeps; a sum keeps where each term does (the values a mask does not make
-    are finite: passes/spans.py), changing nothing where each term is such a mask; any other
-    value is kept everywhere, a bias (so is a sum that subtracts a mask)."""
+    nothing where it keeps, and so does a `where` on a boolean table (its condition read as
+    `_boolean` reads it, entering `values`); a sum keeps where each term does (the values a
+    mask does not make are finite: passes/spans.py), changing nothing where each term is
+    such a mask; any other value is kept everywhere, a bias (so is a sum that subtracts a
+    mask)."""
     step = makers.get(var)
     if isinstance(step, steps.Add):
         parts = [
-            _added(makers, a.var) if isinstance(a, steps.Operand) else _number(a.expr)
+            _added(makers, a.var, values) if isinstance(a, steps.Operand) else _number(a.expr)
             for a in step.args
         ]
         signs = step.signs or (1,) * len(parts)
         if any(s < 0 and k is not sympy.true for (k, _), s in zip(parts, signs)):
             return sympy.true, False  # a mask subtracted: +inf
         return sympy.And(*(k for k, _ in parts)), all(p for _, p in parts)
+    if _filled(step):
+        cond, first, _ = step.args
+        kept = _boolean(makers, cond, values)
+        return (sympy.Not(kept) if first.expr == -sympy.oo else kept), True
     expr = step.expr if isinstance(step, steps.Grid) else None
     if (
         isinstance(expr, sympy.Piecewise)
@@ -138,6 +147,15 @@ def _added(makers: dict, var) -> tuple[sympy.Basic, bool]:
         if {first, second} == {-sympy.oo, sympy.S.Zero}:
             return (sympy.Not(cond) if first == -sympy.oo else cond), True
     return sympy.true, False
+
+
+def _filled(step) -> bool:
+    """`where(c, -inf, 0)` or `where(c, 0, -inf)` on a boolean value c."""
+    if not isinstance(step, steps.Elementwise) or step.fn != "where":
+        return False
+    cond, *branches = step.args
+    numbers = [b.expr for b in branches if isinstance(b, steps.Number)]
+    return isinstance(cond, steps.Operand) and set(numbers) == {-sympy.oo, sympy.S.Zero}
 
 
 def _number(expr: sympy.Basic) -> tuple[sympy.Basic, bool]:

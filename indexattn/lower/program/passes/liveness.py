@@ -19,6 +19,7 @@ def run(program: Program) -> Program:
     `del` of a closed-over name: DELETE_DEREF)."""
     keep = {*program.held, *(r.var for r in program.results)}
     keep |= set(program.rows.inputs) if program.rows is not None else set()
+    keep |= {program.spans.step.out.var} if program.spans is not None else set()
     keep |= {o.var for s in program.steps if program.region(s) == "table" for o in reads(s)}
     main = [tuple(s for s in b.steps if program.region(s) == "call") for b in program.blocks]
     dead = deaths(main, keep)

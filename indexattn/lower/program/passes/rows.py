@@ -15,6 +15,7 @@ from ..kinds import made as made_by
 from ..kinds import reads, row_wise, tensors
 from ..program import Program, Rows
 from ..steps import Contract, Operand, Reduction, Step, Var
+from .tables import entrywise
 
 
 def run(program: Program) -> Program:
@@ -36,10 +37,39 @@ def run(program: Program) -> Program:
 
 def find(spec: Spec, per_call: tuple[tuple[Step, ...], ...], read_after: set[Var]) -> Rows | None:
     """The rows, where per-call steps hold values over two sequence indices and the steps
-    that compute from them can go row by row; else None (the plain steps stay)."""
+    that compute from them can go row by row; else None (the plain steps stay). Where they
+    cannot with every such step, they may without the masks made entry by entry from
+    vectors over one sequence index (`D_<τ> != D_<τ'>`, read at τ and at τ'): those are
+    then inputs of the rows, which passes/tables.py makes a block at a time."""
     sequence = sequence_indices(spec)
     flat = [(b, s) for b, steps in enumerate(per_call) for s in steps]
-    wide = [n for n, (_, s) in enumerate(flat) if len(sequence & set(s.out.dims)) >= 2]
+    return _find(flat, sequence, read_after, set()) or _find(
+        flat, sequence, read_after, from_vectors(flat, sequence)
+    )
+
+
+def from_vectors(flat: list, sequence: set[Index]) -> set[int]:
+    """The steps over two sequence indices made entry by entry from values over one at most,
+    constants, arguments or other such steps: a mask of document ids, not the scores."""
+    found: set[int] = set()
+    made: set[Var] = set()
+    computed = {s.out.var for _, s in flat}  # not a constant, nor an argument
+    for n, (_, step) in enumerate(flat):
+        wide = len(sequence & set(step.out.dims)) >= 2
+        if not wide or isinstance(step, Contract) or not entrywise(step, sequence):
+            continue
+        narrow = (o for o in reads(step) if o.var in computed and o.var not in made)
+        if all(len(sequence & set(o.dims)) < 2 for o in narrow):
+            found.add(n)
+            made.add(step.out.var)
+    return found
+
+
+def _find(flat: list, sequence: set[Index], read_after: set[Var], left: set[int]) -> Rows | None:
+    """The rows, without the steps `left` out (they stay where they are)."""
+    wide = [
+        n for n, (_, s) in enumerate(flat) if n not in left and len(sequence & set(s.out.dims)) >= 2
+    ]
     if not wide:
         return None
     held = {flat[n][1].out.var for n in wide}

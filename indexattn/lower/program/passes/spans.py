@@ -43,6 +43,7 @@ from ..steps import (
     Var,
 )
 from .rows import axes_of, inputs_along, sequence_indices
+from .tables import per_call_tables
 
 # a value at the hidden entries: -inf, 0, anything (inf and NaN too); None: a finite number
 NEG, ZERO, ANY = "-inf", "0", "any"
@@ -57,36 +58,45 @@ def run(program: Program) -> Program:
         return program
     steps = [s for s in program.steps if s.out.var in rows.steps]
     grids = {s.out.var: s.expr for s in program.steps if isinstance(s, Grid)}
-    hidden = find_hidden(program.spec, rows, steps, set(program.held), grids)
+    tables = per_call_tables(program)  # masks a call makes, read by blocks of rows
+    finite = finite_constants(program, grids)
+    hidden = find_hidden(program.spec, rows, steps, set(program.held) | tables, grids, finite)
     if hidden is None:
         return program
     mask = hidden.mask.var
     program, out = program.fresh(mask.hint + "_spans")
     step = Spans(Operand(out, (), False), hidden.mask, hidden.hides)
     maker = next(s for s in program.steps if s.out.var == mask)
-    assert program.region(maker) == "constant", f"the mask {mask} is held but not a constant"
     blocks = tuple(
         replace(b, steps=(*b.steps, step)) if maker in b.steps else b for b in program.blocks
     )
+    spans = KeySpans(hidden, step)
+    if mask in tables:  # read per call, off the table made by blocks (passes/tables.py)
+        return replace(program, blocks=blocks, spans=spans)
+    assert program.region(maker) == "constant", f"the mask {mask} is held but not a constant"
     constant = program.constant | {out}
     return replace(
-        program,
-        blocks=blocks,
-        constant=constant,
-        held=(*program.held, out),
-        spans=KeySpans(hidden, step),
+        program, blocks=blocks, constant=constant, held=(*program.held, out), spans=spans
     )
 
 
 def find_hidden(
-    spec: Spec, rows: Rows, steps: list[Step], constants: set[Var], grids: dict | None = None
+    spec: Spec,
+    rows: Rows,
+    steps: list[Step],
+    constants: set[Var],
+    grids: dict | None = None,
+    finite: set[Var] | None = None,
 ) -> Hidden | None:
     """The mask whose hidden keys the rows may skip, or None. Only a mask built once per
-    shape (`constants`): one the call builds from tensors is a step of the rows. `grids`:
+    shape, or made by blocks from vectors (`constants`): one the rows build is theirs. `grids`:
     the constants built from positions alone, by their expressions: one finite everywhere
     (RetNet's exponent `τ - τ'`) holds no -inf or NaN at hidden entries; one that puts 0 in
-    one branch may hide keys by its zeros (a mask that multiplies)."""
+    one branch may hide keys by its zeros (a mask that multiplies). `finite`: the constants
+    finite everywhere (those grids, and products and sums of them: ALiBi's slopes times
+    distances)."""
     grids = grids or {}
+    finite = {v for v, e in grids.items() if _finite(e)} if finite is None else finite
     key = _key(spec, rows)
     inside = {s.out.var for s in steps}
     keyed = inputs_along(steps, inside, key) if key is not None else None
@@ -101,7 +111,6 @@ def find_hidden(
         senses = ("true", "false") if _condition(op.var, steps) else ("-inf",)
         senses = ("0", *senses) if _zeros(grids.get(op.var)) else senses
         others = {v for v in keyed if v in constants and v != op.var}
-        finite = {v for v in others if v in grids and _finite(grids[v])}
         for hides in senses:
             # the other inputs over the keys built once per shape may hold anything there
             # (a second mask's -inf, or the mask plus one), unless finite everywhere
@@ -119,7 +128,7 @@ BOUNDED = (sympy.exp, sympy.sin, sympy.cos, sympy.tanh, sympy.Abs, sympy.Min, sy
 
 def _finite(expr: sympy.Basic) -> bool:
     """Whether a grid's expression is a finite number at every position (positions, sizes
-    and scalars are): sums, products, whole powers, powers of a positive number, exp and
+    and scalars are): sums, products, whole powers, powers of a positive number or size, exp and
     the like of finite numbers, either branch of a choice. `where(τ' > τ, -inf, 0)`, a
     condition or a division (by 0 somewhere?) is not."""
     if isinstance(expr, sympy.Piecewise):
@@ -131,11 +140,26 @@ def _finite(expr: sympy.Basic) -> bool:
     if isinstance(expr, sympy.Pow):
         base, power = expr.args
         whole = power.is_integer and power.is_nonnegative
-        positive = base.is_number and base.is_positive  # a symbol may be 0 at some position
+        positive = bool(base.is_positive)  # a size; a position may be 0
         return _finite(power) and _finite(base) and bool(whole or positive)
     if isinstance(expr, (sympy.Add, sympy.Mul, *BOUNDED)):
         return all(_finite(a) for a in expr.args)
     return False
+
+
+def finite_constants(program: Program, grids: dict) -> set[Var]:
+    """The constants finite at every entry: grids of finite expressions (`_finite`), and
+    views, sums and products of such, times finite numbers (ALiBi's slopes m_<μ> times the
+    distances τ - τ', a per-head bias)."""
+    found = {v for v, expr in grids.items() if _finite(expr)}
+    for step in program.steps:
+        if step.out.var not in program.constant or not isinstance(step, (Contract, Add, Rename)):
+            continue
+        numbers = [a.expr for a in getattr(step, "args", ()) if isinstance(a, Number)]
+        numbers += [step.scale] if isinstance(step, Contract) else []
+        if all(o.var in found for o in reads(step)) and all(map(_finite, numbers)):
+            found.add(step.out.var)
+    return found
 
 
 def _zeros(expr: sympy.Basic | None) -> bool:

@@ -47,7 +47,7 @@ def run(program: Program) -> Program:
     if not wide or not all(_blockwise(program, s, wide) for s in program.steps):
         return program
     sequence = sequence_indices(program.spec)
-    if not all(_entrywise(s, sequence) for s in _chains(program, wide)):
+    if not all(entrywise(s, sequence) for s in _chains(program, wide)):
         return program
     if {r.var for r in program.results} & wide:
         return program
@@ -72,7 +72,8 @@ def wide_constants(program: Program) -> set[Var]:
 
 def per_call_tables(program: Program) -> set[Var]:
     """The values a call makes over two sequence indices, entry by entry from values over
-    one (D_<τ> == D_<τ'>), that only kernels' masks, their spans and other such values read."""
+    one (D_<τ> == D_<τ'>), that only kernels' masks, their spans, the rows (sliced by their
+    blocks) and other such values read."""
     sequence = sequence_indices(program.spec)
     rows = program.rows.steps if program.rows is not None else frozenset()
     found = {
@@ -82,11 +83,11 @@ def per_call_tables(program: Program) -> set[Var]:
         and s.out.var not in rows
         and len(sequence & set(s.out.dims)) >= 2
         and not isinstance(s, (Contract, Spans))
-        and _entrywise(s, sequence)
+        and entrywise(s, sequence)
     }
     makers = {s.out.var: s for s in program.steps}
     while True:  # a reader that takes one whole keeps it whole, and what reads a wide value
-        whole = {o.var for s in program.steps for o in reads(s) if not _masks(s, o, found)}
+        whole = {o.var for s in program.steps for o in reads(s) if not _masks(program, s, o, found)}
         wide = {v for v in found for o in reads(makers[v]) if _wide(program, o, found, sequence)}
         if not found & (whole | wide):
             return found
@@ -100,12 +101,14 @@ def _wide(program: Program, operand: Operand, found: set[Var], sequence: set[Ind
     return not known and len(sequence & set(operand.dims)) >= 2
 
 
-def _masks(step: Step, operand: Operand, found: set[Var]) -> bool:
+def _masks(program: Program, step: Step, operand: Operand, found: set[Var]) -> bool:
     """Whether the step reads the operand a block at a time: as a kernel's mask, for its
-    spans, or into another value made by blocks."""
+    spans, into another value made by blocks, or as an input of the rows sliced by them."""
     if isinstance(step, Attention):
         return step.mask is not None and operand.var == step.mask.var
-    return isinstance(step, Spans) or step.out.var in found
+    rows = program.rows
+    sliced = rows is not None and step.out.var in rows.steps and operand.var in rows.sliced
+    return isinstance(step, Spans) or step.out.var in found or sliced
 
 
 def _blockwise(program: Program, step: Step, wide: set[Var]) -> bool:
@@ -120,7 +123,7 @@ def _blockwise(program: Program, step: Step, wide: set[Var]) -> bool:
     return rows is not None and step.out.var in rows.steps and read <= set(rows.sliced)
 
 
-def _entrywise(step: Step, sequence: set) -> bool:
+def entrywise(step: Step, sequence: set) -> bool:
     """Whether each entry of the step's value comes from the same positions' entries of
     what it reads: a block of positions gives the block (not so a flip, a slice, a sum over
     a sequence index, a tensor shaped by sizes, a gather along a sequence index)."""
