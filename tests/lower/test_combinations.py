@@ -1,4 +1,4 @@
-"""Issue 48, item 6: attention layers drawn at random from their features (tests/combinations.py),
+"""Issue 48, item 6: attention layers drawn at random from their features (lower/combinations.py),
 each compiled and checked (1) against the literal interpreter at N = 24 with the blocks forced
 small (four queries a block, the rows one or two queries at a time), in values and gradients,
 float64; and (2) at N = 4096 (tiny widths: the scores dominate) for memory: no tensor the
@@ -6,7 +6,7 @@ forward or the training step makes, in any op, holds N² elements or more (a dis
 every op's results, the backward's too). That is the property, checked where it holds, on
 what runs: a program that made one N×N mask or one head's N×N scores fails it.
 
-`COMBINATIONS=100 pytest tests/test_combinations.py` runs seeds 0-99 (the suite: a few)."""
+`COMBINATIONS=100 pytest tests/lower/test_combinations.py` runs seeds 0-99 (the suite: a few)."""
 
 import os
 import random

@@ -1,4 +1,4 @@
-"""The attention core as one value (lower/core.py, issue 48 item 1): phrasings that compute the
+"""The attention core as one value (lower/planner/core.py, issue 48): phrasings that compute the
 same core meet the same `Core` (a soft cap in one equation or two, a mask added as a tensor,
 inline or as a fill, the scale before or after the product, rotary's halves written as two
 equations or as one over c), read off the canonical form; each equality has a twin that
@@ -13,8 +13,8 @@ import pytest
 import sympy
 
 import indexattn
-from indexattn.lower.canonical import canonical
-from indexattn.lower.core import QK, find_cores, predicate
+from indexattn.lower.planner.canonical import canonical
+from indexattn.lower.planner.core import QK, find_cores, predicate
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import sympy
 from sympy.logic.boolalg import to_nnf
 
-from .. import ir
-from ..ir import Equation, Index, Spec
-from ..ops import lookup
+from ... import ir
+from ...ir import Equation, Index, Spec
+from ...ops import lookup
 from .fusion import _cores, read_counts, renaming
 from .sinks import sink
 
