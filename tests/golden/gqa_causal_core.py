@@ -17,7 +17,7 @@ def gqa_causal_core(Q, K, V, *, scaling=0.125, p=0, training=False):
     # O_<grτc> = Ã_<grττ'> V_<gτ'c>
     # zero features up to the query/key width, so that the kernel takes its fused path
     V_pad = F.pad(V, (0, d_k - d_v)) if d_v < d_k else V  # (…, g, τ', c)
-    O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V_pad, dropout_p=p if training else 0.0, is_causal=True, scale=scaling, enable_gqa=True)
+    O = F.scaled_dot_product_attention((Q.flatten(-4, -3) * scaling if torch.is_tensor(scaling) else Q.flatten(-4, -3)), K, V_pad, dropout_p=p if training else 0.0, is_causal=True, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
     O = O[..., :d_v]
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, c)
     return O

@@ -12,6 +12,6 @@ def gqa_core(Q, K, V, M, *, scaling=0.125, p=0, training=False):
     # A_<grτσ> = softmax_<σ>(S_<grτσ>)
     # Ã_<grτσ> = dropout(A_<grτσ>, p)
     # O_<grτc> = Ã_<grτσ> V_<gσc>
-    O = F.scaled_dot_product_attention(Q.flatten(-4, -3), K, V, attn_mask=M if M.dim() == 2 else M[..., None, :, :], dropout_p=p if training else 0.0, scale=scaling, enable_gqa=True)
+    O = F.scaled_dot_product_attention((Q.flatten(-4, -3) * scaling if torch.is_tensor(scaling) else Q.flatten(-4, -3)), K, V, attn_mask=M if M.dim() == 2 else M[..., None, :, :], dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, c)
     return O

@@ -12,6 +12,6 @@ def gqa_unmasked_core(Q, K, V, *, scaling=0.125, p=0, training=False):
     # A_<grτσ> = softmax_<σ>(S_<grτσ>)
     # Ã_<grτσ> = dropout(A_<grτσ>, p)
     # O_<grτc> = Ã_<grτσ> V_<gσc>
-    O = F.scaled_dot_product_attention(Q.flatten(-3, -2), K, V, dropout_p=p if training else 0.0, scale=scaling)
+    O = F.scaled_dot_product_attention((Q.flatten(-3, -2) * scaling if torch.is_tensor(scaling) else Q.flatten(-3, -2)), K, V, dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling)
     O = O.unflatten(-2, (n_rep, N))  # (…, g, r, τ, c)
     return O

@@ -82,7 +82,7 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     V_proj = F.linear(X, v_proj_weight).unflatten(-1, (h, d_k))  # (…, τ, μ, a)
     V = V_proj.transpose(-3, -2)  # (…, μ, τ, a)
     # R_<μττ'> = Q_<μτa> K_<μτ'a> / sqrt(query_pre_attn_scalar)
-    Q_scaled = Q / math.sqrt(query_pre_attn_scalar)  # (…, μ, τ, a)
+    Q_scaled = Q / (query_pre_attn_scalar ** 0.5)  # (…, μ, τ, a)
     del Q_proj, Q
     # R, S, A, O: by blocks of τ on long sequences
     rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))

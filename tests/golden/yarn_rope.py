@@ -14,9 +14,9 @@ def yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, *, device
     tau = torch.arange(N, device=device, dtype=torch.float64)
     c = torch.arange(2, device=device, dtype=torch.float64)
     # lo_<> = max(floor(d_r log(L / (2 π β_fast)) / log(base)), 0)
-    lo = torch.as_tensor(max(0, math.floor(d_r*math.log((1/2)*L/(math.pi*beta_fast))/math.log(base))), device=device, dtype=table)  # ()
+    lo = torch.as_tensor(torch.clamp(torch.floor(d_r*torch.log((1/2)*torch.as_tensor(L, dtype=torch.float64)/(math.pi*torch.as_tensor(beta_fast, dtype=torch.float64)))/torch.log(torch.as_tensor(base, dtype=torch.float64))), min=0), device=device, dtype=table)  # ()
     # hi_<> = min(ceil(d_r log(L / (2 π β_slow)) / log(base)), 2 d_r - 1)
-    hi = torch.as_tensor(min(2*d_r - 1, math.ceil(d_r*math.log((1/2)*L/(math.pi*beta_slow))/math.log(base))), device=device, dtype=table)  # ()
+    hi = torch.as_tensor(torch.clamp(torch.ceil(d_r*torch.log((1/2)*torch.as_tensor(L, dtype=torch.float64)/(math.pi*torch.as_tensor(beta_slow, dtype=torch.float64)))/torch.log(torch.as_tensor(base, dtype=torch.float64))), max=2*d_r - 1), device=device, dtype=table)  # ()
     # γ_<j> = clamp((j - lo_<>) / max(hi_<> - lo_<>, 0.001), 0, 1)
     gamma_grid = j.to(table)  # (j)
     gamma_sum = -lo + gamma_grid  # (j)
@@ -30,7 +30,7 @@ def yarn_rope_constants(N, d_r, factor, L, base, beta_fast, beta_slow, *, device
     omega_grid = (base**(-j/d_r)).to(table)  # (j)
     omega = omega_sum * omega_grid  # (j)
     # m_<> = 0.1 log(factor) + 1
-    m = torch.as_tensor(0.1*math.log(factor) + 1, device=device, dtype=table)  # ()
+    m = torch.as_tensor(0.1*torch.log(torch.as_tensor(factor, dtype=torch.float64)) + 1, device=device, dtype=table)  # ()
     # θ_<τj> = τ ω_<j>
     theta_grid = tau.to(table)  # (τ)
     theta = omega * theta_grid[:, None]  # (τ, j)

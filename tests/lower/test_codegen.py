@@ -203,8 +203,11 @@ def test_a_floor_or_ceiling_of_whole_sizes_prints_as_integer_division():
     big = {"math": __import__("math"), "N": 2**60 + 3, "d": 4, "d_r": 2**60 + 1}
     assert eval(scalar_code("ceiling(N/d)"), big) == 2**58 + 1  # exact past 2^53
     assert eval(scalar_code("floor(d_r/2)"), big) == 2**59
-    # twin: over a real scalar, the float quotient's floor, as the spec says
-    assert scalar_code("floor(N/C)") == "math.floor(N/C)"
+    # twin: over a real scalar, the float quotient's floor, as the spec says, by torch's (a
+    # scalar may be a tensor: issue 51)
+    scope = {"torch": __import__("torch"), "N": 7, "C": 2.0}
+    assert scalar_code("floor(N/C)") == "torch.floor(N/torch.as_tensor(C, dtype=torch.float64))"
+    assert eval(scalar_code("floor(N/C)"), scope) == 3
 
 
 def test_whole_scalars_print_as_integers_and_others_as_floats():

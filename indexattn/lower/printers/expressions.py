@@ -42,11 +42,37 @@ def inverse_root(expr: sympy.Expr) -> sympy.Expr | None:
     return r if whole else None
 
 
-class ScalarPrinter(PythonCodePrinter):
-    """Index-free sympy -> Python: `1/math.sqrt(d_k)`; floats re-printed exactly."""
+def reads_scalar(expr: sympy.Basic) -> bool:
+    """Whether `expr` reads a scalar (a real symbol; sizes are integers): a value a call may
+    give as a tensor that requires its gradient."""
+    return any(s.is_real and not s.is_integer for s in expr.free_symbols)
 
-    def __init__(self) -> None:
+
+class ScalarPrinter(PythonCodePrinter):
+    """Index-free sympy -> Python: `1/math.sqrt(d_k)`; floats re-printed exactly. A function
+    of a scalar, which a call may give as a tensor, is never `math`'s or a builtin (which
+    would drop its gradient): torch's, of it as a tensor (`torch.exp(torch.as_tensor(s,
+    ...))`), and its root a power (`s ** 0.5`), unless `numbers` (a box's test, which reads
+    values only)."""
+
+    def __init__(self, numbers: bool = False) -> None:
         super().__init__({"fully_qualified_modules": True})
+        self.numbers = numbers
+
+    def _print(self, expr, **kwargs) -> str:
+        function = isinstance(expr, Application) and not isinstance(expr, BooleanFunction)
+        if function and not isinstance(expr, sympy.Mod) and self._tensor(expr):
+            self.module_imports["torch"].add("as_tensor")
+            return ScalarTensors(self, expr)._print(expr)
+        return super()._print(expr, **kwargs)
+
+    def _tensor(self, expr) -> bool:
+        return not self.numbers and reads_scalar(expr)
+
+    def _print_Pow(self, expr, rational=False) -> str:
+        if self._tensor(expr.base) and expr.exp in (sympy.S.Half, -sympy.S.Half):
+            return f"{self.parenthesize(expr.base, 60)} ** {float(expr.exp)}"
+        return super()._print_Pow(expr, rational)
 
     def _print_Float(self, expr) -> str:
         text = float_text(expr)
@@ -58,6 +84,8 @@ class ScalarPrinter(PythonCodePrinter):
         root = inverse_root(expr)
         if root is None:
             return super()._print_Mul(expr)
+        if self._tensor(root):
+            return f"1/{self.parenthesize(root, 60)} ** 0.5"
         return f"1/{self._module_format('math.sqrt')}({self._print(root)})"
 
     def _print_log(self, expr) -> str:
@@ -175,6 +203,18 @@ class GridPrinter(TorchPrinter):
         for number in (a for a in expr.args if not a.free_symbols & self.indices):
             code = f"torch.clamp({code}, {bound}={self._print(number)})"
         return code
+
+
+class ScalarTensors(GridPrinter):
+    """A function of scalars as torch's, each scalar made a tensor (a tensor stays itself,
+    its gradient kept; a number becomes a float64 one)."""
+
+    def __init__(self, scalar: ScalarPrinter, expr: sympy.Basic) -> None:
+        scalars = {s for s in expr.free_symbols if reads_scalar(s)}
+        super().__init__(frozenset(scalars), scalar)
+
+    def _print_Symbol(self, expr) -> str:
+        return f"torch.as_tensor({self.scalar._print(expr)}, dtype=torch.float64)"
 
 
 def whole_division(printer, expr) -> str | None:

@@ -145,6 +145,10 @@ class KernelSteps(Values):
         to those queries and keys already), without the mask where it changes nothing, and
         with the mask cut to the block."""
         rows, keys = (f"{block[0]}:{block[1]}", f"{block[2]}:{block[3]}") if block else ("", "")
+        scale = self.number(step.scale)
+        if step.scale.free_symbols & self.scalar_symbols:  # a tensor scale multiplies q
+            scale, q = wrap(scale), f"({q} * {wrap(scale)} if torch.is_tensor({scale}) else {q})"
+            scale = f"1.0 if torch.is_tensor({scale}) else {scale}"
         args = [q, k, v or self.heads(step.v, step.v_dims, step.kv_heads)]
         if step.mask is not None and step.mask.var in self.blocked:  # made for the block
             mask = self.attention_mask(step, self.block_name(step.mask.var), q if v else "")
@@ -158,7 +162,7 @@ class KernelSteps(Values):
             args.append(f"dropout_p={self.number(step.dropout)} if training else 0.0")
         if step.causal:
             args.append("is_causal=True")
-        args.append(f"scale={self.number(step.scale)}")
+        args.append(f"scale={scale}")
         if step.grouped and not step.packed:
             args.append("enable_gqa=True")
         self.use("F")

@@ -145,7 +145,7 @@ def box_call(table: TableFunction, var: Var, hides: str, emitter, block: list[st
     lines = [
         f"{local} = {tensor}(*{at})  # least, greatest" for local, (tensor, at) in reads.items()
     ]
-    tests = [(value, emitter.scalar(test)) for value, test in tests]
+    tests = [(value, emitter.scalar(test, numbers=True)) for value, test in tests]
     text = partial(_box, table=names.var(var), head=head, lines=lines, tests=tests)
     name = emitter.helper(text, f"{names.var(var)}_box")
     q0, q1, k0, k1 = block

@@ -81,11 +81,12 @@ class Values:
     def use(self, *modules: str) -> None:
         self.needs.imports.update(modules)
 
-    def scalar(self, expr: sympy.Basic) -> str:
-        """A sizes-and-scalars expression, in the generated code's names."""
+    def scalar(self, expr: sympy.Basic, numbers: bool = False) -> str:
+        """A sizes-and-scalars expression, in the generated code's names; with `numbers`,
+        where only its value is read (printers.py: a tensor scalar then reads as a number)."""
         self.needs.sizes |= expr.free_symbols & set(self.spec.sizes)
         self.needs.scalars |= expr.free_symbols & self.scalar_symbols
-        printer = ScalarPrinter()
+        printer = ScalarPrinter(numbers)
         expr = expr.subs(self.quotients) if self.quotients else expr
         code = printer.doprint(expr.xreplace(self.symbols))
         self.use(*printer.module_imports)

@@ -1,0 +1,136 @@
+"""Every scalar may be a tensor and gets its gradient (issue 51): a function of a scalar in a
+table (`exp(s)`), a root of one in the scores (Gemma 2's query_pre_attn_scalar), YaRN's
+`log(max(factor, 1))`, a score scale handed to SDPA. Each gradient against finite
+differences in float64, with its twin; and the printer never passes a scalar through
+`math` or a builtin that reads it as a number, on every shipped spec."""
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import indexattn
+import indexattn.catalog
+from indexattn.oracle.verify import sample_arguments, sample_sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "specs").glob("**/*.attn"))
+
+TABLE = """index τ, τ' : N
+index a : d
+input Q_<τa>
+input K_<τ'a>
+input V_<τ'a>
+scalar s = 0.3
+S_<ττ'> = Q_<τa> K_<τ'a> - exp(s) abs(τ - τ')
+A_<ττ'> = softmax_<τ'>(S_<ττ'>)
+O_<τa> = A_<ττ'> V_<τ'a>
+output O
+"""
+
+
+def gradient(spec, name: str, value: float, backward: str = "autograd", **fixed):
+    """(the scalar's gradient of a random projection of the outputs, or None; the same by
+    central finite differences), at `value`, the other scalars at their defaults or `fixed`."""
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required} | fixed
+    for tensor in args.values():
+        tensor.requires_grad_(tensor.is_floating_point())
+
+    def loss(x):
+        outs = spec(**args, **given, **{name: x}, backward=backward)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        weights = torch.Generator().manual_seed(1)
+        return sum((o * torch.randn(o.shape, generator=weights, dtype=o.dtype)).sum() for o in outs)
+
+    scalar = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    loss(scalar).backward()
+    step = 1e-6 * max(1.0, abs(value))
+    with torch.no_grad():
+        fd = (loss(value + step) - loss(value - step)).item() / (2 * step)
+    return (None if scalar.grad is None else scalar.grad.item()), fd
+
+
+def shipped(name: str):
+    return indexattn.compile_spec(indexattn.catalog.shipped(name))
+
+
+CASES = {  # failed before: s.grad None (math.exp), dropped (math.sqrt), -1.1e-4 for 0.555
+    "a function of a scalar in a table": (lambda: indexattn.compile_spec(TABLE), "s", 0.3),
+    "query_pre_attn_scalar": (lambda: shipped("softcap_window"), "query_pre_attn_scalar", 256.0),
+    "YaRN's factor": (lambda: shipped("models/llama3_yarn"), "factor", 4.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_tensor_scalar_gets_its_gradient(case):
+    make, name, value = CASES[case]
+    got, want = gradient(make(), name, value)
+    assert got is not None and abs(want) > 1e-6
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_twin_a_scalar_read_only_by_a_window_gets_none():
+    got, want = gradient(shipped("sliding_window"), "w", 2.5)
+    assert got in (None, 0.0) and want == 0.0
+
+
+SCALES = ["gqa_core", "gqa_causal_core", "gqa_unmasked_core"]
+
+
+@pytest.mark.parametrize("name", SCALES)
+@pytest.mark.parametrize("backward", ["autograd", "derived"])
+def test_a_tensor_score_scale_scales_the_scores(name, backward):
+    """Failed before: `scaled_dot_product_attention(): argument 'scale' must be float`."""
+    got, want = gradient(shipped(name), "scaling", 0.3, backward)
+    assert got == pytest.approx(want, rel=1e-5) and abs(want) > 1e-3
+
+
+def test_twin_a_float_score_scale_is_the_kernels_own():
+    spec = shipped("gqa_core")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    a = spec(**args, **given, scaling=0.3)
+    b = spec(**args, **given, scaling=torch.tensor(0.3, dtype=torch.float64))
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert (spec(**args, **given, scaling=0.4) - a).abs().max() > 1e-3
+
+
+# ---------------------------------------------------- no scalar read through math or builtins
+
+NUMBERS = {"float", "int", "round", "max", "min", "pow"}  # builtins that read a tensor's value
+
+
+def numbers_of_scalars(spec) -> list[str]:
+    """The calls of the generated module that read a scalar as a number (`math.*`, float, max,
+    ...), outside a box's test (which reads values only: tables_emit.box_call)."""
+    names = {s.ascii for s in spec.ir.scalars}
+    found = []
+    for function in ast.parse(spec.source).body:
+        if not isinstance(function, ast.FunctionDef) or function.name.endswith("_box"):
+            continue
+        for node in ast.walk(function):
+            f = node.func if isinstance(node, ast.Call) else None
+            of_math = isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "math"
+            if not (of_math or (isinstance(f, ast.Name) and f.id in NUMBERS)):
+                continue
+            read = {n.id for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+            if read & names:
+                found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT / "specs")) for p in SHIPPED])
+def test_no_scalar_is_read_as_a_number(path):
+    assert numbers_of_scalars(indexattn.compile_spec(path)) == []
+
+
+def test_twin_the_check_finds_a_scalar_read_by_math():
+    spec = indexattn.compile_spec(TABLE, name="t")
+    planted = type("Planted", (), {"ir": spec.ir, "source": "def f(s):\n    return math.exp(s)\n"})
+    assert numbers_of_scalars(planted) == ["math.exp(s)"]
+    assert math.isfinite(gradient(spec, "s", 0.3)[1])
