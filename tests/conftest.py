@@ -20,6 +20,11 @@ os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
 # machine, and torch 2.9 aborted in a kernel that a newer torch had left there (CI runs the
 # oldest and newest releases' suites side by side)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-inductor-")
+# Triton's interpreter runs the triton backend's kernels on a CPU (tests/test_triton_backend.py):
+# Triton reads this once, when first imported (by inductor too), so it is set before anything
+# can import it; INDEXATTN_TRITON_GPU=1 leaves Triton compiling for a GPU.
+if not os.environ.get("INDEXATTN_TRITON_GPU"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))
