@@ -180,7 +180,9 @@ class _Printer(StrPrinter):
             return f"tl.sqrt({self._print(base)})"
         if base == sympy.E:
             return f"tl.exp({self._print(exp)})"
-        return f"tl.exp(({self._print(exp)}) * tl.log({self._print(base)}))"
+        if base.is_Number:  # a number's logarithm re-printed as a number
+            return f"tl.exp(({self._print(exp)}) * {float(sympy.log(base))!r})"
+        return f"tl.exp(({self._print(exp)}) * tl.log(({self._print(base)}) * 1.0))"
 
     def _print_exp(self, expr):
         return f"tl.exp({self._print(expr.args[0])})"
@@ -269,8 +271,11 @@ class _Generator:
 
     # -- pieces every kernel shares
 
-    def mask(self, access: str, mask: str) -> str:
-        return "" if access in self.unmasked else f", mask={mask}"
+    def mask(self, access: str, mask: str, other: str = "") -> str:
+        """`, mask=...` (and the value a masked load reads), or nothing for a dropped mask."""
+        if access in self.unmasked:
+            return ""
+        return f", mask={mask}" + (f", other={other}" if other else "")
 
     def head_lines(self) -> list[str]:
         """Each query head index from the flat head number hq, innermost last."""
@@ -285,7 +290,7 @@ class _Generator:
         """The loads, the score s and `keep` of the tile at (row, col)."""
         lines = [
             f"{name} = tl.load({name}_ptr + b * {name}_s0 + hq * {name}_s1 + row * {name}_s2 "
-            f"+ col * {name}_s3{self.mask('load', 'row_ok & col_ok')}, other=0)"
+            f"+ col * {name}_s3{self.mask('load', 'row_ok & col_ok', '0')})"
             for name, _ in self.loads
         ]
         lines.append(f"s = ({self.print(self.core.score)}).to(ACC)")
@@ -350,30 +355,27 @@ class _Generator:
             ptr, width, limit, strides = "Q", "offs_d", "W_QK", "sq"
         else:
             ptr, width, limit, strides = {"do": "DO", "o": "O"}[what], "offs_dv", "W_V", f"s{what}"
-        mask = self.mask(what, f"row_ok & ({width}[None, :] < {limit})")
+        mask = self.mask(what, f"row_ok & ({width}[None, :] < {limit})", "0.0")
         return (
             f"{what} = tl.load({ptr} + b * {strides}0 + hq * {strides}1 + row * {strides}2 "
-            f"+ {width}[None, :] * {strides}3{mask}, other=0.0)"
+            f"+ {width}[None, :] * {strides}3{mask})"
         )
 
     def _vector(self, what: str, ptr: str, other: str) -> str:
-        mask = self.mask(what, "offs_m < N_Q")
-        return (
-            f"{what} = tl.load({ptr} + b * s{what}0 + hq * s{what}1 + offs_m * s{what}2{mask}, "
-            f"other={other})"
-        )
+        mask = self.mask(what, "offs_m < N_Q", other)
+        return f"{what} = tl.load({ptr} + b * s{what}0 + hq * s{what}1 + offs_m * s{what}2{mask})"
 
     def _keys(self) -> list[str]:
-        kmask = self.mask("k", "(offs_n[:, None] < N_K) & (offs_d[None, :] < W_QK)")
-        vmask = self.mask("v", "(offs_n[:, None] < N_K) & (offs_dv[None, :] < W_V)")
+        kmask = self.mask("k", "(offs_n[:, None] < N_K) & (offs_d[None, :] < W_QK)", "0.0")
+        vmask = self.mask("v", "(offs_n[:, None] < N_K) & (offs_dv[None, :] < W_V)", "0.0")
         return [
             "offs_n = start_n + tl.arange(0, BLOCK_N)",
             "col = offs_n[None, :]",
             "col_ok = col < N_K",
             f"k = tl.load(K + b * sk0 + hk * sk1 + offs_n[:, None] * sk2 + offs_d[None, :] * sk3"
-            f"{kmask}, other=0.0)",
+            f"{kmask})",
             f"v = tl.load(V + b * sv0 + hk * sv1 + offs_n[:, None] * sv2 + offs_dv[None, :] * sv3"
-            f"{vmask}, other=0.0)",
+            f"{vmask})",
         ]
 
     def _setup(self, program: str) -> list[str]:
