@@ -16,9 +16,9 @@ from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 pytest.importorskip("triton")
-from indexattn.backends.triton.core import Refused, describe  # noqa: E402
-from indexattn.backends.triton.emit import generate  # noqa: E402
-from indexattn.backends.triton.launch import Launch  # noqa: E402
+from indexattn.backends.triton.core import Refused, describe
+from indexattn.backends.triton.emit import generate
+from indexattn.backends.triton.launch import Launch
 
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
 
@@ -83,16 +83,21 @@ def test_kernels_equal_the_oracle_forward_and_backward(name, sizes, what):
 
 @pytest.mark.slow
 def test_float64():
-    errors = compare("sinks_core", {"N": 20, "N_kv": 23, "h_kv": 1, "n_rep": 2},
-                     dtype=torch.float64, learned=["Q", "K", "V", "s_aux"])
+    errors = compare(
+        "sinks_core",
+        {"N": 20, "N_kv": 23, "h_kv": 1, "n_rep": 2},
+        dtype=torch.float64,
+        learned=["Q", "K", "V", "s_aux"],
+    )
     assert max(errors.values()) < TOLERANCE[torch.float64], errors
 
 
 def test_the_sink_gradient_is_the_oracles_and_a_wrong_one_is_seen():
     """attention_sinks' learned sink: its gradient equals autograd's; with the sink's logits
     moved the forward differs (the twin: the comparison sees a sink at all)."""
-    errors = compare("sinks_core", {"N": 18, "N_kv": 18, "h_kv": 1, "n_rep": 2},
-                     learned=["Q", "K", "V", "s_aux"])
+    errors = compare(
+        "sinks_core", {"N": 18, "N_kv": 18, "h_kv": 1, "n_rep": 2}, learned=["Q", "K", "V", "s_aux"]
+    )
     assert errors["s_aux"] < 1e-5 and errors["forward"] < 1e-5, errors
     spec = _spec("sinks_core")
     sizes = sample_sizes(spec, fixed={"N": 18, "N_kv": 18, "h_kv": 1, "n_rep": 2})
@@ -108,16 +113,21 @@ def test_dead_rows_give_zeros_and_zero_gradients():
     def dead(args):
         args["M"][..., 3:7, :] = -torch.inf
 
-    errors = compare("gqa_core", {"N": 19, "N_kv": 21, "h_kv": 1, "n_rep": 2}, edit=dead,
-                     learned=["Q", "K", "V"])
+    errors = compare(
+        "gqa_core", {"N": 19, "N_kv": 21, "h_kv": 1, "n_rep": 2}, edit=dead, learned=["Q", "K", "V"]
+    )
     assert max(errors.values()) < 2e-5, errors
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 64, 100, 300])
 def test_sizes_across_block_edges(n):
-    errors = compare("sinks_core", {"N": n, "N_kv": n, "h_kv": 1, "n_rep": 1}, batch=(),
-                     learned=["Q", "K", "V", "s_aux"])
+    errors = compare(
+        "sinks_core",
+        {"N": n, "N_kv": n, "h_kv": 1, "n_rep": 1},
+        batch=(),
+        learned=["Q", "K", "V", "s_aux"],
+    )
     assert max(errors.values()) < 5e-5, errors
 
 
