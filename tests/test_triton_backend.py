@@ -16,6 +16,7 @@ from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 pytest.importorskip("triton")
+from indexattn.backends.triton import check
 from indexattn.backends.triton.core import Refused, describe
 from indexattn.backends.triton.emit import generate
 from indexattn.backends.triton.launch import Launch
@@ -27,57 +28,16 @@ def _spec(name: str) -> ir.Spec:
     return indexattn.compile_spec(name).ir
 
 
-def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    """The largest difference, relative to the largest value (absolute below 1)."""
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1.0)).item()
+def compare(name, sizes, **options):
+    return check.compare(_spec(name), sizes, **options)
 
 
-def compare(name, sizes, dtype=torch.float32, batch=(2,), edit=None, learned=None):
-    """The largest relative error of the outputs and of each gradient, triton against the
-    oracle (autograd through its literal reading)."""
-    spec = _spec(name)
-    sizes = sample_sizes(spec, fixed=sizes)
-    args = sample_arguments(spec, sizes, batch=batch, dtype=dtype, seed=1)
-    if edit is not None:
-        edit(args)
-    given = {k: v for k, v in sizes.items() if k in ("h", "h_kv")}
-    learned = [n for n, a in args.items() if a.is_floating_point()] if learned is None else learned
-    for n in learned:
-        args[n].requires_grad_(True)
-    got = backend.run(spec, **args, **given)
-    want = evaluate(spec, **args, **given)
-    errors = {"forward": max(_relative(g, w) for g, w in zip(got, want))}
-    seeds = [torch.randn_like(w) for w in want]
-    leaves = [args[n] for n in learned]
-    mine = torch.autograd.grad(got, leaves, seeds)
-    theirs = torch.autograd.grad(want, leaves, seeds)
-    errors.update({n: _relative(a, b) for n, a, b in zip(learned, mine, theirs)})
-    return errors
-
-
-# The must-shows run always; the rest are slow (each is seconds of the interpreter).
-CASES = [  # spec, sizes, what it shows
-    ("sinks_core", {"N": 37, "N_kv": 37, "h_kv": 2, "n_rep": 2}, "learned sink, GQA, a mask"),
-    ("attention_sinks", {"N": 33, "h_kv": 1, "n_rep": 2, "d_k": 4, "d_m": 4}, "sink, window"),
-    ("sigmoid_attention", {"N": 37, "h": 2, "d_k": 3, "d_m": 4}, "sigmoid, causal"),
-]
-SLOW_CASES = [
-    ("softcap_window", {"N": 35, "d_k": 4, "d_m": 4}, "soft cap and window"),
-    ("alibi", {"N": 20, "h": 2}, "ALiBi slopes from the head index"),
-    ("doc_mask", {"N": 40, "h": 1}, "document ids: integer loads"),
-    ("gqa_causal_core", {"N": 1, "N_kv": 1}, "one position"),
-    ("mqa", {"N": 17, "h": 3}, "one key head for all query heads"),
-    ("causal_head", {"N": 50}, "causal, no heads"),
-]
-CASES += [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW_CASES]
+CASES = [*check.CASES, *(pytest.param(*case, marks=pytest.mark.slow) for case in check.SLOW)]
 
 
 @pytest.mark.parametrize(("name", "sizes", "what"), CASES)
 def test_kernels_equal_the_oracle_forward_and_backward(name, sizes, what):
-    spec = _spec(name)
-    frozen = [x.tensor.ascii for x in describe(spec).loads]  # mask inputs: no gradient asked
-    learned = [t.ascii for t in spec.arguments if t.dtype != "int" and t.ascii not in frozen]
-    errors = compare(name, sizes, learned=learned)
+    errors = compare(name, sizes)
     assert max(errors.values()) < TOLERANCE[torch.float32], errors
 
 
@@ -104,7 +64,7 @@ def test_the_sink_gradient_is_the_oracles_and_a_wrong_one_is_seen():
     args = sample_arguments(spec, sizes, batch=(1,), dtype=torch.float32, seed=1)
     got = backend.run(spec, **args)[0]
     args["s_aux"] = args["s_aux"] + 1
-    assert _relative(got, evaluate(spec, **args)[0]) > 1e-3
+    assert check.relative(got, evaluate(spec, **args)[0]) > 1e-3
 
 
 def test_dead_rows_give_zeros_and_zero_gradients():
@@ -117,6 +77,24 @@ def test_dead_rows_give_zeros_and_zero_gradients():
         "gqa_core", {"N": 19, "N_kv": 21, "h_kv": 1, "n_rep": 2}, edit=dead, learned=["Q", "K", "V"]
     )
     assert max(errors.values()) < 2e-5, errors
+
+
+def test_split_k_decode_equals_the_oracle_and_its_twin_differs():
+    """Three queries over 70 keys in chunks of whole blocks (a dead row among them), the
+    chunks' sums combined after: the oracle's outputs, and the backward from the combined
+    logsumexp autograd's. The twin: the same with the sink's logits moved differs."""
+
+    def dead(args):
+        args["M"][..., 1, :] = -torch.inf
+
+    sizes = {"N": 3, "N_kv": 70, "h_kv": 1, "n_rep": 2}
+    errors = compare("sinks_core", sizes, edit=dead, splits=3)
+    assert max(errors.values()) < 2e-5, errors
+    spec = _spec("sinks_core")
+    args = sample_arguments(spec, sample_sizes(spec, fixed=sizes), dtype=torch.float32, seed=1)
+    got = backend.run(spec, splits=3, **args)[0]
+    args["s_aux"] = args["s_aux"] + 1
+    assert check.relative(got, evaluate(spec, **args)[0]) > 1e-3
 
 
 @pytest.mark.slow

@@ -40,6 +40,13 @@ _TEMPLATE_NAMES = frozenset(
         "DK",
         "DV",
         "SINK",
+        "PART",
+        "PART_M",
+        "PART_L",
+        "SPLITS",
+        "CHUNK",
+        "split",
+        "part",
         "DSINK",
         "b",
         "bh",
@@ -327,7 +334,7 @@ class _Generator:
     # -- the kernels
 
     def source(self) -> str:
-        kernels = [self.forward(), self.dkdv(), self.dq()]
+        kernels = [self.forward(), self.forward(split=True), self.dkdv(), self.dq()]
         if self.core.normaliser == "softmax":
             kernels.insert(1, self.preprocess())
         text = "\n\n".join(kernels)
@@ -416,15 +423,20 @@ class _Generator:
     def _dot(self, a: str, b: str) -> str:
         return f'tl.dot({a}, {b}, input_precision="ieee", out_dtype=ACC)'
 
-    def forward(self) -> str:
+    def forward(self, split: bool = False) -> str:
+        """The forward kernel; `split`: split-K, each program the keys of one chunk, its
+        unnormalised sums and row statistics stored for `launch.combine`."""
         softmax = self.core.normaliser == "softmax"
         body = [*self._setup("start_m"), *self._box_rows(), *self._rows(("q",))]
         body.append("acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC)")
+        if split:
+            body += ["split = tl.program_id(2)", "part = b * SPLITS + split"]
         if softmax and self.core.sink is not None:
+            first = "split == 0" if split else "offs_m >= 0"  # the sink joins one chunk's sums
             body += [
                 self._vector("sink", "SINK", "0.0").replace("ssink", "sink_s"),
-                "m_i = sink.to(ACC)",
-                "l_i = tl.full([BLOCK_M], 1.0, ACC)",
+                f'm_i = tl.where({first}, sink.to(ACC), float("-inf"))',
+                f"l_i = tl.where({first}, tl.full([BLOCK_M], 1.0, ACC), 0.0)",
             ]
         elif softmax:
             body += [
@@ -445,10 +457,20 @@ class _Generator:
             ]
         else:
             inner += [*self._weights(False), f"acc += {self._dot('p.to(v.dtype)', 'v')}"]
-        body += ["for start_n in range(0, N_K, BLOCK_N):"]
+        keys = "split * CHUNK, tl.minimum(split * CHUNK + CHUNK, N_K)" if split else "0, N_K"
+        body += [f"for start_n in range({keys}, BLOCK_N):"]
         body += ["    " + line for line in [*self._box_cols(), *self.guarded(inner)]]
+        body += self._partial_stores() if split else self._stores(softmax)
+        outputs = (["PART", "PART_M", "PART_L"] if split else ["O", "LSE"])[: 1 + 2 * softmax]
+        operands = ["Q", "K", "V", *outputs]
+        name = "attention_forward_split" if split else "attention_forward"
+        extra = ("SPLITS", "CHUNK") if split else ()
+        return self._kernel(name, (*self._operands(operands, softmax), *extra), body)
+
+    def _stores(self, softmax: bool) -> list[str]:
+        lines = []
         if softmax:
-            body += [
+            lines += [
                 "l_safe = tl.where(l_i == 0.0, 1.0, l_i)",
                 "acc = acc / l_safe[:, None]",
                 'lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.log(l_safe))',
@@ -456,12 +478,27 @@ class _Generator:
                 f"{self.mask('lse', 'offs_m < N_Q')})",
             ]
         omask = self.mask("o", "row_ok & (offs_dv[None, :] < W_V)")
-        body.append(
+        lines.append(
             "tl.store(O + b * so0 + hq * so1 + row * so2 + offs_dv[None, :] * so3, "
             f"acc.to(O.dtype.element_ty){omask})"
         )
-        operands = ["Q", "K", "V", "O", *(["LSE"] if softmax else [])]
-        return self._kernel("attention_forward", self._operands(operands, softmax), body)
+        return lines
+
+    def _partial_stores(self) -> list[str]:
+        omask = self.mask("o", "row_ok & (offs_dv[None, :] < W_V)")
+        lines = [
+            "tl.store(PART + part * spart0 + hq * spart1 + row * spart2 + offs_dv[None, :] "
+            f"* spart3, acc{omask})"
+        ]
+        if self.core.normaliser == "softmax":
+            mask = self.mask("lse", "offs_m < N_Q")
+            for what, value in (("PART_M", "m_i"), ("PART_L", "l_i")):
+                low = what.lower().replace("_", "")
+                lines.append(
+                    f"tl.store({what} + part * s{low}0 + hq * s{low}1 + offs_m * s{low}2, "
+                    f"{value}{mask})"
+                )
+        return lines
 
     def _operands(self, names: list[str], softmax: bool) -> tuple[str, ...]:
         strides = {
@@ -476,10 +513,13 @@ class _Generator:
             "LSE": "slse",
             "DELTA": "sdelta",
             "DSINK": "sdsink",
+            "PART": "spart",
+            "PART_M": "spartm",
+            "PART_L": "spartl",
         }
         parts = []
         for name in names:
-            rank = 3 if name in ("LSE", "DELTA", "DSINK") else 4
+            rank = 3 if name in ("LSE", "DELTA", "DSINK", "PART_M", "PART_L") else 4
             parts += [name, *(f"{strides[name]}{k}" for k in range(rank))]
         return tuple(parts)
 

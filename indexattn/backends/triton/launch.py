@@ -72,16 +72,27 @@ class Launch:
     """One call's shapes and fixed arguments: the constants (from the sizes and scalars), the
     loads, the block sizes."""
 
-    def __init__(self, kernels: Kernels, q, k, v, sink, loads, values: dict, block: int = BLOCK):
+    def __init__(
+        self,
+        kernels: Kernels,
+        q,
+        k,
+        v,
+        sink,
+        loads,
+        values: dict,
+        block: int = BLOCK,
+        splits: int = 1,
+    ):
         self.kernels, self.q, self.k, self.v, self.sink, self.loads = kernels, q, k, v, sink, loads
         self.fns = functions(kernels, q.device)
         self.B, self.H, self.N_Q, self.D = q.shape
         self.HK, self.N_K, self.DV = k.shape[1], k.shape[2], v.shape[3]
-        self.block = block
+        self.block, self.splits = block, splits
         self.acc = _acc(q.dtype)
         self.constants = [_number(expr, values) for _, expr in kernels.constants]
 
-    def tail(self, extra: bool = True) -> list:
+    def tail(self) -> list:
         """The arguments after the operands: the sink, the loads, the constants, the sizes."""
         args: list = []
         if self.sink is not None:
@@ -92,13 +103,14 @@ class Launch:
         args += [self.H, self.HK, self.N_Q, self.N_K, self.D, self.DV, self.H // self.HK]
         return args
 
-    def run(self, name: str, grid, operands: list) -> None:
+    def run(self, name: str, grid, operands: list, extra: tuple = ()) -> None:
         flat = []
         for t in operands:
             flat += [t, *t.stride()]
         b = self.block
         self.fns[name][grid](
             *flat,
+            *extra,
             *self.tail(),
             BLOCK_M=b,
             BLOCK_N=b,
@@ -124,6 +136,23 @@ class Launch:
             [self.q, self.k, self.v, o, *([lse] if self.softmax else [])],
         )
 
+    def split_forward(self, o, lse, splits: int) -> None:
+        """Split-K (decoding: few queries, many keys): `splits` programs per block of rows,
+        each the keys of one chunk (whole blocks), their partial sums combined in order."""
+        chunk = _cdiv(_cdiv(self.N_K, splits), self.block) * self.block
+        splits = _cdiv(self.N_K, chunk)
+        dtype = launch_dtype(self.q)
+        part = self.q.new_empty((self.B * splits, self.H, self.N_Q, self.DV), dtype=dtype)
+        stats = [
+            self.q.new_empty((self.B * splits, self.H, self.N_Q), dtype=dtype)
+            for _ in range(2 if self.softmax else 0)
+        ]
+        grid = (*self.rows_grid(), splits)
+        operands = [self.q, self.k, self.v, part, *stats]
+        self.run("attention_forward_split", grid, operands, extra=(splits, chunk))
+        by_chunk = [t.unflatten(0, (self.B, splits)) for t in (part, *stats)]
+        combine(*by_chunk, o=o, lse=lse)
+
     def backward(self, o, lse, do, dq, dk, dv, delta, dsink) -> None:
         stats = [lse, delta] if self.softmax else []
         if self.softmax:
@@ -131,6 +160,21 @@ class Launch:
             self.run("attention_preprocess", self.rows_grid(), pre)
         self.run("attention_dkdv", self.keys_grid(), [self.q, self.k, self.v, do, dk, dv, *stats])
         self.run("attention_dq", self.rows_grid(), [self.q, self.k, self.v, do, dq, *stats])
+
+
+def combine(part, top=None, total=None, *, o, lse) -> None:
+    """The chunks' partial sums [B, S, H, N_Q, DV] as one output (and its logsumexp): each
+    chunk's scaled by exp(its max - the max), in chunk order (deterministic)."""
+    if top is None:  # sigmoid: the sums add
+        o.copy_(part.sum(1))
+        return
+    most = top.amax(1, keepdim=True)
+    most = torch.where(most == -torch.inf, torch.zeros_like(most), most)
+    scale = torch.exp(top - most)
+    total = (total * scale).sum(1)
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    o.copy_((part * scale[..., None]).sum(1) / safe[..., None])
+    lse.copy_(torch.where(total == 0, torch.inf, most[:, 0] + torch.log(safe)))
 
 
 def _acc(dtype: torch.dtype):
@@ -154,7 +198,10 @@ class Attention(torch.autograd.Function):
     def forward(ctx, launch: Launch, q, k, v, sink):
         o = q.new_empty((*q.shape[:3], v.shape[3]))
         lse = q.new_empty(q.shape[:3], dtype=launch_dtype(q))
-        launch.forward(o, lse)
+        if launch.splits > 1:
+            launch.split_forward(o, lse, launch.splits)
+        else:
+            launch.forward(o, lse)
         ctx.launch = launch
         ctx.save_for_backward(o, lse)
         return o

@@ -16,8 +16,10 @@ from .emit import Kernels, generate
 from .launch import BLOCK, Attention, Launch
 
 
-def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, **kwargs):
-    """`run(spec, X=x, ...)` -> the spec's outputs, as the oracle's `evaluate` returns them."""
+def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, splits: int = 1, **kwargs):
+    """`run(spec, X=x, ...)` -> the spec's outputs, as the oracle's `evaluate` returns them.
+    `block`: rows and keys per program; `splits`: the forward split over the keys in that
+    many chunks (split-K, for decoding), combined after."""
     kernels = _kernels(spec)
     core = kernels.core
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
@@ -34,7 +36,10 @@ def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, **kwargs):
             continue
         if eq is core.output:
             _no_dropout(core, {**sizes, **scalars}, training)
-            held[eq.tensor.name] = (attend(kernels, held, {**sizes, **scalars}, block), eq.indices)
+            held[eq.tensor.name] = (
+                attend(kernels, held, {**sizes, **scalars}, block, splits),
+                eq.indices,
+            )
             continue
         held[eq.tensor.name] = (
             interpreter.align(interpreter.node(eq.rhs, held), eq.indices),
@@ -79,7 +84,9 @@ def _no_dropout(core: Core, values: dict, training: bool) -> None:
         )
 
 
-def attend(kernels: Kernels, held: dict, values: dict, block: int = BLOCK) -> torch.Tensor:
+def attend(
+    kernels: Kernels, held: dict, values: dict, block: int = BLOCK, splits: int = 1
+) -> torch.Tensor:
     """The core's output from the held values of its operands and loads, with axes
     (batch..., heads..., query, value width)."""
     core = kernels.core
@@ -101,7 +108,7 @@ def attend(kernels: Kernels, held: dict, values: dict, block: int = BLOCK) -> to
             f"the triton backend: the gradient of {', '.join(learned)} (read by the scores) is "
             "not printed yet; pass it without requires_grad, or use another backend"
         )
-    launch = Launch(kernels, q4, k4, v4, sink, loads, values, block)
+    launch = Launch(kernels, q4, k4, v4, sink, loads, values, block, splits)
     o = Attention.apply(launch, q4, k4, v4, sink)
     return o.reshape(*batch, *heads, o.shape[2], o.shape[3])
 
