@@ -99,6 +99,21 @@ def test_split_k_decode_equals_the_oracle_and_its_twin_differs():
     assert check.relative(got, evaluate(spec, **args)[0]) > 1e-3
 
 
+def test_a_dead_row_beside_a_sink_gives_zeros_and_zero_gradients():
+    """A row that sees no key at all, and a sink: the oracle's output (zeros), and a zero
+    gradient at it, where the oracle's autograd is NaN (logsumexp over -inf only)."""
+    spec = _spec("sinks_core")
+    sizes = sample_sizes(spec, fixed={"N": 3, "N_kv": 20, "h_kv": 1, "n_rep": 2})
+    args = sample_arguments(spec, sizes, dtype=torch.float32, seed=1)
+    args["M"][..., 1, :] = -torch.inf
+    args["Q"].requires_grad_(True)
+    got = backend.run(spec, **args)[0]
+    assert check.relative(got, evaluate(spec, **args)[0]) < 1e-6
+    assert got[..., 1, :].abs().max() == 0
+    (dq,) = torch.autograd.grad(got, [args["Q"]], torch.ones_like(got))
+    assert dq[..., 1, :].abs().max() == 0 and dq.abs().max() > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 64, 100, 300])
 def test_sizes_across_block_edges(n):
