@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 
 # Hypothesis draws the same examples on every run (a CI run never fails on a new draw that the
@@ -22,8 +23,8 @@ os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-inductor-")
 # Triton's interpreter runs the triton backend's kernels on a CPU (tests/test_triton_backend.py):
 # Triton reads this once, when first imported (by inductor too), so it is set before anything
-# can import it; INDEXATTN_TRITON_GPU=1 leaves Triton compiling for a GPU.
-if not os.environ.get("INDEXATTN_TRITON_GPU"):
+# can import it; never where a GPU is, whose inductor tests compile Triton for it.
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,12 @@ from indexattn.oracle.reference import evaluate
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 pytest.importorskip("triton")
+if torch.cuda.is_available():
+    pytest.skip(
+        "Triton compiles for the GPU here (conftest.py): the GPU's checks are "
+        "benchmarks/triton_gpu.py",
+        allow_module_level=True,
+    )
 from indexattn.backends.triton import check
 from indexattn.backends.triton.core import Refused, describe
 from indexattn.backends.triton.emit import generate
