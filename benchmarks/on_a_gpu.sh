@@ -22,4 +22,8 @@ timeout "${TIME_SECONDS:-150}" "$python" benchmarks/independent.py --device cuda
 flex=$(tr , '\n' <<<"$cases" | grep Flex | paste -sd,)
 timeout "${MEMORY_SECONDS:-100}" "$python" benchmarks/independent.py --device cuda --memory \
   --lengths 32768 --cases "$flex" 2>&1 | tee "$out/memory.jsonl"
+# -- triton: the triton backend's printed kernels against the spec's generated code
+# (benchmarks/triton_gpu.py; its CPU dry run: --device cpu --lengths 40, in the interpreter)
+timeout "${TRITON_SECONDS:-200}" "$python" benchmarks/triton_gpu.py \
+  --device cuda --lengths "${TRITON_LENGTHS:-8192,32768}" 2>&1 | tee "$out/triton.jsonl"
 echo "figures in $out"

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 
 # Hypothesis draws the same examples on every run (a CI run never fails on a new draw that the
@@ -28,6 +29,11 @@ os.environ["INDEXATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-cache-")
 # machine, and torch 2.9 aborted in a kernel that a newer torch had left there (CI runs the
 # oldest and newest releases' suites side by side)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="indexattn-inductor-")
+# Triton's interpreter runs the triton backend's kernels on a CPU (tests/test_triton_backend.py):
+# Triton reads this once, when first imported (by inductor too), so it is set before anything
+# can import it; never where a GPU is, whose inductor tests compile Triton for it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.attn"))
