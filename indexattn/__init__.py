@@ -15,6 +15,7 @@ __all__ = [
     "ShapeError",
     "SpecError",
     "SpecModule",
+    "attend",
     "compile_spec",
     "relayout",
     "shipped",
@@ -29,6 +30,10 @@ def __getattr__(name: str):
         from . import spec
 
         return getattr(spec, name)
+    if name == "attend":  # equations inline, every range read off the tensors
+        import importlib
+
+        return importlib.import_module(".inline", __name__).attend
     if name == "SpecModule":
         from . import runtime
 
