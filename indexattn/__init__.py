@@ -17,6 +17,7 @@ __all__ = [
     "SpecModule",
     "attend",
     "compile_spec",
+    "lift",
     "relayout",
     "shipped",
     "shipped_specs",
@@ -34,6 +35,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(".inline", __name__).attend
+    if name == "lift":  # a module lifted to the spec it computes (indexattn/lifting/)
+        import importlib
+
+        return importlib.import_module(".lifting", __name__).lift
     if name == "SpecModule":
         from . import runtime
 

@@ -58,4 +58,6 @@ def export_module(module: torch.nn.Module, *inputs: torch.Tensor) -> Exported:
         if len(shape) >= 2 and isinstance(shape[1], torch.SymInt):
             sequence |= sympy.sympify(str(shape[1].node.expr)).free_symbols
     outputs = tuple(str(o) for o in signature.user_outputs)
-    return Exported(program, placeholders, outputs, frozenset(sequence), tuple(signature.user_inputs))
+    return Exported(
+        program, placeholders, outputs, frozenset(sequence), tuple(signature.user_inputs)
+    )

@@ -14,8 +14,8 @@ import torch
 
 from .atoms import Atom, find, flat, group, leaves, same, split, unify, unify_lists
 from .errors import LiftError, at_node
-from .expr import Num, Op, Ref, Size, Softmax, Var, key, reads, substitute
 from .export import Exported
+from .expr import Num, Op, Ref, Size, Softmax, Var, key, reads, substitute
 
 
 @dataclass
@@ -132,9 +132,9 @@ class Reader:
         args = [self.arg(a) for a in node.args]
         kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
         out = fn(self, node, *args, **kwargs)
-        if isinstance(out, Value) and self.users.get(node.name, 0) > 1:
-            if not (self.only_selected[node.name] or out.const or _cheap(out.expr)):
-                out = self.materialised(out)
+        read_twice = isinstance(out, Value) and self.users.get(node.name, 0) > 1
+        if read_twice and not (self.only_selected[node.name] or out.const or _cheap(out.expr)):
+            out = self.materialised(out)  # a value read twice is a tensor, computed once
         self.values[node.name] = out
 
     def arg(self, a):
@@ -160,8 +160,11 @@ class Reader:
             floating = node.meta["val"].is_floating_point()
             name = target.upper() if len(target) == 1 else target
             tensor = self.declare(name, "input", atoms, "float" if floating else "int")
-            return Value(Ref(tensor.name, tuple((a,) for a in atoms)), [[a] for a in atoms],
-                         "float" if floating else "int")
+            return Value(
+                Ref(tensor.name, tuple((a,) for a in atoms)),
+                [[a] for a in atoms],
+                "float" if floating else "int",
+            )
         data = self.exported.program.state_dict.get(target)
         if data is None:
             data = self.exported.program.constants.get(target)
@@ -206,6 +209,7 @@ class Reader:
 
     def transposed(self, value: Value) -> bool:
         """A value whose last axis runs along the sequence and the one before does not (Kᵀ)."""
+
         def along(axis):
             return any(a.size.free_symbols & self.exported.sequence for a in flat(axis))
 
@@ -217,7 +221,9 @@ class Reader:
         read = reads(value.expr)
         atoms = [a for a in flat([a for axis in value.axes for a in axis]) if a.id in read]
         if force:
-            missing = [a for a in flat([a for axis in value.axes for a in axis]) if a.id not in read]
+            missing = [
+                a for a in flat([a for axis in value.axes for a in axis]) if a.id not in read
+            ]
             if [a for a in missing if a.id not in {find(b).id for b in self.batch}]:
                 raise LiftError("an output broadcast along an axis it does not read")
         tensor = Tensor(self.fresh(base), "derived", tuple((a,) for a in atoms), value.kind)
@@ -303,9 +309,10 @@ def _view(reader, node, x, shape):
     atoms = [a for axis in x.axes for a in axis]
     axes = group(atoms, sizes)
     if len(axes) > len(x.axes):  # heads split off a width: the head and its width
-        for axis, hint in zip(axes[-2:], ("μ", "a")):
-            if len(axis) == 1 and not find(axis[0]).hint:
-                find(axis[0]).hint = hint
+        for k, axis in enumerate(axes):
+            for atom in flat(axis):
+                if not atom.hint:
+                    atom.hint = "a" if k == len(axes) - 1 else "μ"
     return x.along(axes)
 
 
@@ -340,7 +347,7 @@ def _permute(reader, node, x, dims):
 @rule("aten.unsqueeze.default")
 def _unsqueeze(reader, node, x, dim):
     d = dim % (len(x.axes) + 1)
-    return x.along(x.axes[:d] + [[Atom(1)]] + x.axes[d:])
+    return x.along([*x.axes[:d], [Atom(1)], *x.axes[d:]])
 
 
 @rule("aten.squeeze.dim", "aten.squeeze.dims")
@@ -379,7 +386,7 @@ def _linear(reader, node, x, weight, bias=None):
         inner = sympy.Mul(*[a.size for a in flat(x.axes[-1])])
         find(out).hint = "i" if same(find(out).size, inner) else "a"
     hint = str(weight.expr.name).removesuffix("_weight") if isinstance(weight.expr, Ref) else ""
-    return Value(expr, x.axes[:-1] + [weight.axes[0]], hint=_tensor_name(hint), contracts=True)
+    return Value(expr, [*x.axes[:-1], weight.axes[0]], hint=_tensor_name(hint), contracts=True)
 
 
 def _tensor_name(hint: str) -> str:
@@ -396,7 +403,7 @@ def _matmul(reader, node, a, b):
     batch = _broadcast_axes(a.axes[:-2], b.axes[:-2])
     b = _renamed(b, a.axes[:-1], b.axes[-1])  # queries and keys of one sequence: τ and τ'
     hint = "O" if isinstance(a.expr, Ref) and a.expr.name.startswith("A") else "S"
-    value = Value(Op("*", (a.expr, b.expr)), batch + [a.axes[-2], b.axes[-1]])
+    value = Value(Op("*", (a.expr, b.expr)), [*batch, a.axes[-2], b.axes[-1]])
     out = reader.materialised(value, hint)
     reader.widths[out.expr.name] = flat(a.axes[-1])
     return out
@@ -405,12 +412,12 @@ def _matmul(reader, node, a, b):
 def _operand(reader, x: Value, transposed: bool = False) -> Value:
     """A factor of a product as a tensor of its own (rotated queries: Qr), unless it is one;
     one read transposed (keys as Kᵀ) is written in its own order, K_<μτa>."""
-    if isinstance(x.expr, Ref) and not x.contracts or x.const:
+    if (isinstance(x.expr, Ref) and not x.contracts) or x.const:
         return x
     names = [n for n in _ref_names(x.expr)]
     base = x.hint or ((names[0] + "r") if names else "T")
     if transposed:
-        turned = reader.materialised(x.along(x.axes[:-2] + [x.axes[-1], x.axes[-2]]), base)
+        turned = reader.materialised(x.along([*x.axes[:-2], x.axes[-1], x.axes[-2]]), base)
         return turned.along(x.axes)
     return reader.materialised(x, base)
 
@@ -459,8 +466,9 @@ def _broadcast_axes(*lists):
 
 def _elementwise(op: str, *values, kind="float", reader=None):
     if reader is not None:  # a projection read by an elementwise step: a tensor first
-        values = tuple(_operand(reader, v) if isinstance(v, Value) and v.contracts else v
-                       for v in values)
+        values = tuple(
+            _operand(reader, v) if isinstance(v, Value) and v.contracts else v for v in values
+        )
     tensors = [v for v in values if isinstance(v, Value)]
     axes = _broadcast_axes(*(v.axes for v in tensors))
     args = tuple(v.expr if isinstance(v, Value) else Num(float(v)) for v in values)
@@ -656,7 +664,7 @@ def _slice(reader, node, x, dim=0, start=None, end=None, step=1):
     if x.const and start == 0 and len(axis) == 1:  # positions read to a shorter length
         fresh = Atom(new)
         expr = substitute(x.expr, {axis[0].id: fresh})
-        return replace(x, expr=expr, axes=x.axes[:d] + [[fresh]] + x.axes[d + 1 :])
+        return replace(x, expr=expr, axes=[*x.axes[:d], [fresh], *x.axes[d + 1 :]])
     whole = sympy.Mul(*[a.size for a in axis])
     if size is None or not whole.is_Integer or not new.is_Integer or int(whole) % int(new):
         raise LiftError("a slice that is no equal part of its axis")
@@ -684,12 +692,13 @@ def _cat(reader, node, parts, dim=0):
         find(a).hint = find(a).hint or "j"
     c = Atom(len(parts), "c")
     exprs = [p.expr for p in parts]
+    hint = "C"
     if all(key(e) == key(exprs[0]) for e in exprs):
-        expr = exprs[0]  # one value repeated: read along c as it is
+        expr, hint = exprs[0], parts[0].hint  # one value repeated: read along c as it is
     else:
         expr = _rotated(exprs, c) or _chain(exprs, c)
-    out = axes[:d] + [[c, *inner]] + axes[d:]
-    return Value(expr, out, parts[0].kind, all(p.const for p in parts))
+    out = [*axes[:d], [c, *inner], *axes[d:]]
+    return Value(expr, out, parts[0].kind, all(p.const for p in parts), hint)
 
 
 def _chain(exprs, c: Atom):
@@ -700,7 +709,8 @@ def _chain(exprs, c: Atom):
 
 
 def _rotated(exprs, c: Atom):
-    """rotate_half's cat((-x2, x1)) of the halves x1 = x[c = 0], x2 = x[c = 1]: (2c - 1) x[1 - c]."""
+    """rotate_half's cat((-x2, x1)) of the halves x1 = x[c = 0], x2 = x[c = 1]:
+    (2c - 1) x[1 - c]."""
     if len(exprs) != 2 or not (isinstance(exprs[0], Op) and exprs[0].op == "neg"):
         return None
     first, second = exprs[0].args[0], exprs[1]
@@ -728,8 +738,18 @@ def _slot_key(s):
 
 
 @rule("aten.scaled_dot_product_attention.default")
-def _sdpa(reader, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-          enable_gqa=False):
+def _sdpa(
+    reader,
+    node,
+    q,
+    k,
+    v,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+):
     if dropout_p:
         raise LiftError("attention dropout: lift the module in eval mode")
     q, k, v = _operand(reader, q), _operand(reader, k), _operand(reader, v)
@@ -741,7 +761,7 @@ def _sdpa(reader, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
             r.hint, find(heads_k[0]).hint = "r", "g"
             unify(g, heads_k[0])
             k_axes[-3] = v_axes[-3] = q.axes[-3]
-    scores = _matmul(reader, node, q, Value(k.expr, k_axes[:-2] + [k_axes[-1], k_axes[-2]]))
+    scores = _matmul(reader, node, q, Value(k.expr, [*k_axes[:-2], k_axes[-1], k_axes[-2]]))
     keys = flat(scores.axes[-1])[0]
     width = reader.widths[scores.expr.name]
     if scale is None:  # 1 / sqrt of the width contracted
@@ -760,7 +780,7 @@ def _sdpa(reader, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
     weights = reader.materialised(Value(Softmax(keys, arg), scores.axes), "A")
     (position,) = flat(v_axes[-2])  # the values are read at the keys' positions
     expr = substitute(v.expr, {position.id: keys})
-    return _matmul(reader, node, weights, Value(expr, v_axes[:-2] + [[keys], v_axes[-1]]))
+    return _matmul(reader, node, weights, Value(expr, [*v_axes[:-2], [keys], v_axes[-1]]))
 
 
 __all__ = ["RULES", "Facts", "Tensor", "facts", "leaves"]
@@ -785,7 +805,11 @@ def _fold(op: str, a, b) -> Value | None:
     if not (op in ("==", "!=") and isinstance(a, Value) and _number(b)):
         return None
     expr = a.expr
-    if not (isinstance(expr, Op) and expr.op == "where" and all(isinstance(x, Num) for x in expr.args[1:])):
+    if not (
+        isinstance(expr, Op)
+        and expr.op == "where"
+        and all(isinstance(x, Num) for x in expr.args[1:])
+    ):
         return None
     hits = [(x.value == b) == (op == "==") for x in expr.args[1:]]
     if hits == [True, False]:
@@ -797,11 +821,7 @@ def _fold(op: str, a, b) -> Value | None:
 
 def _cheap(expr) -> bool:
     """A function of one tensor or position (cos θ): written where it is read, not kept."""
-    return (
-        isinstance(expr, Op)
-        and len(expr.args) == 1
-        and isinstance(expr.args[0], (Ref, Var))
-    )
+    return isinstance(expr, Op) and len(expr.args) == 1 and isinstance(expr.args[0], (Ref, Var))
 
 
 def _is_whole(value: Value, tensor: Tensor) -> bool:

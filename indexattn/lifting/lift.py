@@ -22,8 +22,11 @@ class Lifted(nn.Module):
         super().__init__()
         state = dict(module.state_dict(keep_vars=False))
         state.update(dict(module.named_buffers()))  # non-persistent buffers (inv_freq) too
-        buffers = {name: state[target].detach().clone() for name, target in text.weights
-                   if target not in dict(module.named_parameters())}
+        buffers = {
+            name: state[target].detach().clone()
+            for name, target in text.weights
+            if target not in dict(module.named_parameters())
+        }
         self.layer = spec.module(**text.sizes, **buffers)
         with torch.no_grad():
             for name, target in text.weights:
@@ -37,7 +40,9 @@ class Lifted(nn.Module):
         return self.layer(*inputs)
 
 
-def lift(module: nn.Module, *example_inputs: torch.Tensor, check_sizes: tuple = (), name: str = "") -> Lifted:
+def lift(
+    module: nn.Module, *example_inputs: torch.Tensor, check_sizes: tuple = (), name: str = ""
+) -> Lifted:
     """`lifted = lift(layer, x)`: the spec `layer` computes, as a module with its weights.
 
     >>> layer = torch.nn.MultiheadAttention(8, 2, batch_first=True)  # doctest: +SKIP

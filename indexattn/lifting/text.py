@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..notation.names import ascii_name
-from .atoms import Atom, find, leaves
+from .atoms import Atom, leaves
 from .expr import Num, Op, Ref, Size, Softmax, Var
 from .facts import Facts
 
@@ -84,7 +84,12 @@ class Printer:
     # -- text
 
     def text(self, title: str) -> Text:
-        lines = [f"# {title}", "#", "# Lifted by indexattn.lift from the module's exported graph.", ""]
+        lines = [
+            f"# {title}",
+            "#",
+            "# Lifted by indexattn.lift from the module's exported graph.",
+            "",
+        ]
         sizes, ranges = self.sizes, self.range
         by_range: dict[str, list[str]] = {}
         for glyph in self.holders:
@@ -97,7 +102,9 @@ class Printer:
             if tensor.role == "derived":
                 continue
             dtype = " : int" if tensor.dtype == "int" else ""
-            lines.append(f"{tensor.role:<6} {tensor.name}_<{self.layout(tensor.layout, True)}>{dtype}")
+            lines.append(
+                f"{tensor.role:<6} {tensor.name}_<{self.layout(tensor.layout, True)}>{dtype}"
+            )
             if tensor.role == "input":
                 inputs.append(tensor.name)
             else:
@@ -123,7 +130,8 @@ class Printer:
                 continue
             base = SIZES.get(letter, "n_" + ascii_name(letter))
             name = next(
-                n for n in (base, *(f"{base}_{k}" for k in range(2, 99)))
+                n
+                for n in (base, *(f"{base}_{k}" for k in range(2, 99)))
                 if n not in taken or sizes.get(n) == int(size)
             )
             taken.add(name)
@@ -185,7 +193,13 @@ class Printer:
         elif op in LEVEL:
             level = LEVEL[op]
             left, right = self.expr(args[0], level), self.expr(args[1], level + 1)
-            text = f"{left} {right}" if op == "*" else f"{left}^{right}" if op == "^" else f"{left} {op} {right}"
+            text = (
+                f"{left} {right}"
+                if op == "*"
+                else f"{left}^{right}"
+                if op == "^"
+                else f"{left} {op} {right}"
+            )
         else:
             return f"{op}(" + ", ".join(self.expr(a) for a in args) + ")"
         return f"({text})" if level < outer else text
