@@ -115,3 +115,19 @@ def test_what_cannot_be_lifted_is_named_with_its_line():
     message = str(caught.value)
     assert "aten.cumsum.default" in message and "graph node cumsum" in message
     assert "test_lift.py" in message and "torch.cumsum(self.proj(x), dim=1)" in message
+
+
+def test_the_command_line_prints_the_lifted_spec(capsys, tmp_path):
+    from indexattn.cli import main
+
+    here = __import__("pathlib").Path(__file__).parent / "lift_modules.py"
+    assert main(["lift", f"{here}:SelfMHA", "--shape", "2,5,12"]) == 0
+    out = capsys.readouterr().out
+    assert "Y_<τi> = attn_out_proj_weight_<i(μa)> O_<μτa> + attn_out_proj_bias_<i>" in out
+    indexattn.compile_spec(out, name="lifted")  # what it prints is a spec
+    bare = tmp_path / "bare.py"
+    bare.write_text(here.read_text() + "\n\ndef example_inputs():\n    return torch.randn(2, 5, 12)\n")
+    assert main(["lift", f"{bare}:SelfMHA"]) == 0
+    assert "attn_in_proj_weight_<(Bμa)i>" in capsys.readouterr().out
+    assert main(["lift", f"{here}:SelfMHA"]) == 1
+    assert "--shape 2,8,16" in capsys.readouterr().err
