@@ -161,7 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     lift = commands.add_parser(
         "lift", help="print the spec an attention module computes (FILE.py:CLASS)"
     )
-    lift.add_argument("target", metavar="FILE.py:CLASS", help="the module's class, built with no arguments")
+    lift.add_argument(
+        "target", metavar="FILE.py:CLASS", help="the module's class, built with no arguments"
+    )
     lift.add_argument(
         "--shape",
         type=_shape,

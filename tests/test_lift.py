@@ -126,7 +126,8 @@ def test_the_command_line_prints_the_lifted_spec(capsys, tmp_path):
     assert "Y_<τi> = attn_out_proj_weight_<i(μa)> O_<μτa> + attn_out_proj_bias_<i>" in out
     indexattn.compile_spec(out, name="lifted")  # what it prints is a spec
     bare = tmp_path / "bare.py"
-    bare.write_text(here.read_text() + "\n\ndef example_inputs():\n    return torch.randn(2, 5, 12)\n")
+    examples = "\n\ndef example_inputs():\n    return torch.randn(2, 5, 12)\n"
+    bare.write_text(here.read_text() + examples)
     assert main(["lift", f"{bare}:SelfMHA"]) == 0
     assert "attn_in_proj_weight_<(Bμa)i>" in capsys.readouterr().out
     assert main(["lift", f"{here}:SelfMHA"]) == 1
