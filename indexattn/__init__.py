@@ -17,7 +17,9 @@ __all__ = [
     "ShapeError",
     "SpecError",
     "SpecModule",
+    "attend",
     "compile_spec",
+    "lift",
     "relayout",
     "shipped",
     "shipped_specs",
@@ -31,6 +33,14 @@ def __getattr__(name: str):
         from . import spec
 
         return getattr(spec, name)
+    if name == "attend":  # equations inline, every range read off the tensors
+        import importlib
+
+        return importlib.import_module(".inline", __name__).attend
+    if name == "lift":  # a module lifted to the spec it computes (indexattn/lifting/)
+        import importlib
+
+        return importlib.import_module(".lifting", __name__).lift
     if name == "SpecModule":
         from . import runtime
 

@@ -164,6 +164,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     grad.set_defaults(run=run_grad)
 
+    lift = commands.add_parser(
+        "lift", help="print the spec an attention module computes (FILE.py:CLASS)"
+    )
+    lift.add_argument(
+        "target", metavar="FILE.py:CLASS", help="the module's class, built with no arguments"
+    )
+    lift.add_argument(
+        "--shape",
+        type=_shape,
+        action="append",
+        default=[],
+        metavar="B,N,D",
+        help="an example input's shape, one per positional input (batch 2 or more); without "
+        "it, the file's example_inputs() gives them",
+    )
+    _output_options(lift, "OUT.attn")
+    lift.set_defaults(run=run_lift)
+
     docs = commands.add_parser("docs", help="write a Markdown page and a dataflow SVG per spec")
     _spec_argument(docs, nargs="+")
     docs.add_argument("-o", "--output", type=Path, metavar="DIR", required=True)
@@ -440,6 +458,25 @@ def run_grad(args: argparse.Namespace) -> int:
     backward = backward_text(spec, text, file, training=not args.eval, rewrites=rewrites)
     emit(backward, args.output, args.force)
     return 0
+
+
+def run_lift(args: argparse.Namespace) -> int:
+    from .lifting import lift
+    from .lifting.source import load
+
+    module, inputs = load(args.target, args.shape)
+    emit(lift(module, *inputs).spec_text, args.output, args.force)
+    return 0
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write the sizes, e.g. 2,8,16") from None
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: write positive sizes, e.g. 2,8,16")
+    return shape
 
 
 def _compiled(argument: str):

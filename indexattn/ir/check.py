@@ -14,6 +14,7 @@ from ..notation import syntax as ast
 from ..ops import CONSTANTS
 from .einstein import Analysis
 from .expressions import Expressions, repeated
+from .implied import implied, size_name, written
 from .kinds import integer_tensors, kind
 from .nodes import (
     Equation,
@@ -44,6 +45,8 @@ class Checker:
         self.expressions = Expressions(self.scope)
         self.error = self.scope.error
         self.equations: list[Equation] = []
+        self.implied = implied(doc)  # indices a tensor's axis fixes, with no index line
+        self.taken = written(doc) if self.implied else set()
 
     def spec(self) -> Spec:
         outputs: tuple[ast.Name, ...] | None = None
@@ -111,6 +114,15 @@ class Checker:
             symbol = sympy.Symbol(name.glyph, integer=True, nonnegative=True)
             scope.indices[name.glyph] = Index(name.glyph, ascii, size, stmt.doc, symbol)
 
+    def implied_family(self, at: ast.IndexName) -> None:
+        """Indices with no index line whose family is first held alone on an axis here: they
+        range over one size of their own, solved from that axis's length (ir/implied.py)."""
+        size = self.scope.new_size(ast.Name(size_name(at.glyph, self.taken), at.span))
+        for glyph in (g for g, where in self.implied.items() if where is at):
+            ascii = self.scope.claim(glyph, "an index", at.span)
+            symbol = sympy.Symbol(glyph, integer=True, nonnegative=True)
+            self.scope.indices[glyph] = Index(glyph, ascii, size, "", symbol)
+
     def range_size(self, node: ast.Expr) -> sympy.Expr:
         """A range in size symbols: a new name declares a size."""
         if isinstance(node, ast.Num):
@@ -132,6 +144,9 @@ class Checker:
         return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
 
     def stmt_TensorDecl(self, stmt: ast.TensorDecl) -> None:
+        for axis in stmt.ref.axes:
+            if self.implied.get(getattr(axis, "glyph", None)) is axis:
+                self.implied_family(axis)
         layout = self.layout(stmt.ref, "declaration")
         ascii = self.scope.claim(stmt.ref.name, "a tensor", stmt.ref.span)
         self.scope.tensors[stmt.ref.name] = Tensor(

@@ -11,6 +11,7 @@ import sympy
 from ..errors import Span, SpecError
 from ..notation import syntax as ast
 from ..notation.names import ascii_name
+from .implied import grouped_in
 from .nodes import Index, Scalar, Tensor
 
 
@@ -82,10 +83,18 @@ class Scope:
         self.spelled(item.glyph, item.span)
         found = self.indices.get(item.glyph)
         if found is None:
+            grouped = grouped_in(self.doc, item.glyph)
+            fused = (
+                f" ({grouped.ref.name}'s fused axis fixes only a product; an index alone on "
+                "an axis of an input, param or buffer needs no line)"
+                if grouped
+                else ""
+            )
             raise self.error(
                 f"index {item.glyph} is not declared",
                 item.span,
-                f"add a line: index {item.glyph} : SIZE." + self.suggest(item.glyph, self.indices),
+                f"add a line: index {item.glyph} : SIZE{fused}."
+                + self.suggest(item.glyph, self.indices),
             )
         return found
 
