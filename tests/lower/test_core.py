@@ -16,8 +16,8 @@ import indexattn
 from indexattn.lower.planner.canonical import canonical
 from indexattn.lower.planner.core import QK, find_cores, predicate
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "lower"))
 from combinations import CAPS, PHRASINGS, draw  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import indexattn
 import indexattn.catalog
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "specs").glob("**/*.attn"))
 
 TABLE = """index τ, τ' : N
