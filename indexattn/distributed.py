@@ -312,7 +312,7 @@ class _Shards:
                 f"is a multiple of {world}"
             )
         self.heads, self.world = heads, world
-        self.first = torch.tensor(mesh.get_local_rank() == 0)
+        self.first = torch.tensor(mesh.get_local_rank() == 0, device=mesh.device_type)
         self.sizes = {**module.sizes, plan.size: heads // world}
         ir_spec = module.spec.ir
         self.layouts = {t.ascii: len(t.layout) for t in ir_spec.tensors}

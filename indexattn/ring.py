@@ -10,8 +10,11 @@ its log-sum-exp (online, or with the row statistics of an earlier pass), sums ad
 compared. A cumsum along the sequence adds the totals of the chunks before (an exclusive scan
 across ranks). Index variables read the global positions of each tile, so masks, rotary
 angles and ALiBi distances are those of one process. A tile pair that a mask hides entirely
-(read off the mask's condition, bounded on the tile's box) is not computed, and a rank whose
-queries need nothing of another's keys receives nothing from it.
+(read off the mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed,
+and a rank whose queries need nothing of another's keys receives nothing from it. The passes
+over the keys are read off the notation once (sequence.ring_passes), and the count reads the
+same. In low precision, tables are built in float32 or wider and tile pairs accumulate in
+float32, as one process's kernels do.
 
 Imported only when used (`import indexattn.distributed`): it imports torch.distributed.
 """
@@ -196,7 +199,7 @@ class _Ring(Interpreter):
         self.tile_lse = None
         # elements sent (backward too), scores, elements received from each rank (forward)
         self.counts = {"sent": 0, "work": 0, "received": [0] * self.world}
-        self.token = torch.zeros((), dtype=self.dtype, requires_grad=True)
+        self.token = torch.zeros((), dtype=self.dtype, device=self.device, requires_grad=True)
         # bfloat16 and float16 as one process computes them (docs/language.md): tables (values
         # of positions, sizes, scalars and integer inputs alone) built and held in float32 or
         # wider, cast to the working dtype where data reads them; tile pairs and their merges
