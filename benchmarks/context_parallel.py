@@ -19,8 +19,9 @@ one step (forward and backward, after a warm-up step on a short sequence) in a f
 process, then in W fresh processes over gloo on 127.0.0.1, each rank holding N/W positions
 (indexattn.distributed.context_parallel, zig-zag for the ring); the result is the median over
 rounds, one process's measured once per spec and N. CPU time is each process's own
-(time.process_time: what a loaded machine's other processes take is not in it), and the work ratio is the W ranks' CPU time summed over one
-process's: 1 is perfect division of the work. Peak memory is each process's peak resident set
+(time.process_time: what a loaded machine's other processes take is not in it), and the
+work ratio is the W ranks' CPU time summed over one process's: 1 is perfect division of the
+work. Peak memory is each process's peak resident set
 (ru_maxrss) less its resident set just before the timed step. Elements sent are counted as
 the collectives run (indexattn.distributed.CountSent) and by indexattn.sequence.ulysses_sent
 at the same sizes. Prints one JSON line per spec, N and W.
