@@ -1,23 +1,30 @@
-"""Context parallelism (Ulysses, or ring) on 2 CPU processes against one process: time and
-peak memory per rank of one training step, and the elements sent against the symbolic count.
+"""Context parallelism (Ulysses, or ring) on W CPU processes against one process: per-rank CPU
+time and peak memory of one training step, the work ratio (CPU time summed over the W ranks
+over one process's), and the elements sent against the symbolic count.
 
-    .venv/bin/python benchmarks/context_parallel.py                    # N = 8192, 16384, 32768
+    .venv/bin/python benchmarks/context_parallel.py            # mha, N = 8192 … 32768, W = 2
     .venv/bin/python benchmarks/context_parallel.py --sizes 2048 --rounds 1   # a quick look
-    .venv/bin/python benchmarks/context_parallel.py --strategy ring --tile 1024
+    .venv/bin/python benchmarks/context_parallel.py --strategy ring --tile 1024 --worlds 2,4 \\
+        --specs mha,softcap_window,doc_mask,attention_sinks --sizes 32768 --rounds 1
 
-The ring runs the literal interpreter on tiles of `--tile` positions (zig-zag chunks, causal
-tile pairs above the diagonal skipped, each tile pair recomputed in the backward); its
-elements sent are the P2P blocks (keys, values and their gradients), counted as they are
-posted and by indexattn.sequence.ring_sent.
+The ring runs the literal interpreter on tiles of `--tile` positions (zig-zag chunks, tile
+pairs that a mask hides skipped, each tile pair recomputed in the backward); its elements sent
+are the P2P blocks (keys, values and their gradients), counted as they are posted and by
+indexattn.sequence.ring_sent.
 
-The layer is specs/mha.attn (causal; its core runs as SDPA) at d_m = 64, h = 2 heads of 32,
-float32, one thread per process. A round times one step (forward and backward, after a
-warm-up step on 256 positions) in a fresh single process, then in 2 fresh processes over
-gloo on 127.0.0.1, each rank holding N/2 positions (indexattn.distributed.context_parallel);
-rounds alternate the two, and the result is the median over rounds. Peak memory is each
-process's peak resident set (ru_maxrss) less its resident set just before the timed step.
-Elements sent are counted as the collectives run (indexattn.distributed.CountSent) and by
-indexattn.sequence.ulysses_sent at the same sizes. Prints one JSON line per N.
+Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
+query head), float32, one thread per process, with its shipped scalars (softcap_window's
+window 4096, attention_sinks' 128; doc_mask's documents 1024 positions long). A round times
+one step (forward and backward, after a warm-up step on a short sequence) in a fresh single
+process, then in W fresh processes over gloo on 127.0.0.1, each rank holding N/W positions
+(indexattn.distributed.context_parallel, zig-zag for the ring); the result is the median over
+rounds, one process's measured once per spec and N. CPU time is each process's own
+(time.process_time: what a loaded machine's other processes take is not in it), and the
+work ratio is the W ranks' CPU time summed over one process's: 1 is perfect division of the
+work. Peak memory is each process's peak resident set
+(ru_maxrss) less its resident set just before the timed step. Elements sent are counted as
+the collectives run (indexattn.distributed.CountSent) and by indexattn.sequence.ulysses_sent
+at the same sizes. Prints one JSON line per spec, N and W.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = {"d_m": 64, "h": 2, "d_k": 32}
+SIZES = {  # per spec: the module's sizes
+    "mha": {"d_m": 64, "h": 2, "d_k": 32},
+    "softcap_window": {"d_m": 64, "h": 2, "d_k": 32, "query_pre_attn_scalar": 32},
+    "doc_mask": {"d_m": 64, "h": 2, "d_k": 32},
+    "attention_sinks": {"d_m": 64, "h_kv": 2, "n_rep": 1, "d_k": 32},
+}
+DOCUMENT = 1024  # doc_mask's documents: positions 0 … 1023 the first, and so on
 
 
 def _rss_mb() -> float:
@@ -44,14 +57,21 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def worker(rank: int, world: int, n: int, port: int, ring: int, tile: int) -> dict:
+def _inputs(name: str, n: int) -> dict:
+    found = {"X": torch.randn(1, n, SIZES[name]["d_m"])}
+    if name == "doc_mask":
+        found["D"] = (torch.arange(n) // DOCUMENT)[None]
+    return found
+
+
+def worker(name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int) -> dict:
     """One process: one step timed after a warm-up; world = 1 is the single process."""
     import indexattn
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    layer = indexattn.compile_spec(ROOT / "specs" / "mha.attn").module(**SIZES)
-    x = torch.randn(1, n, SIZES["d_m"])
+    layer = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn").module(**SIZES[name])
+    xs = _inputs(name, n)
     sent: dict = {}
     if world > 1:
         import torch.distributed as dist
@@ -64,36 +84,39 @@ def worker(rank: int, world: int, n: int, port: int, ring: int, tile: int) -> di
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
         mesh = init_device_mesh("cpu", (world,))
-        strategy = "ring" if ring else "ulysses"
-        layer = cp.context_parallel(layer, mesh, strategy=strategy, tile=tile or None)
-        x = cp.sequence_block(x, mesh, dim=1, zigzag=bool(ring))
+        strategy, layout = ("ring", "zigzag") if ring else ("ulysses", "contiguous")
+        layer = cp.context_parallel(
+            layer, mesh, strategy=strategy, layout=layout, tile=tile or None
+        )
+        xs = {k: cp.sequence_block(v, mesh, dim=1, layout=layout) for k, v in xs.items()}
         spec = layer.spec.ir
-        values = {s: {**SIZES, "N": n}[a] for s, a in spec.size_names.items()}
+        given = {**SIZES[name], "N": n}
+        values = {s: given[a] for s, a in spec.size_names.items() if a in given}
         items = (ring_sent if ring else ulysses_sent)(spec, layer.spec.sequence_plan())
         sent["counted"] = sum(
             item.at(values, world) for item in items if not ring or item.phase != "gradient"
         )
-    x.requires_grad_()
+    xs["X"].requires_grad_()
 
-    def step(rows: torch.Tensor) -> None:
-        layer(rows).sum().backward()
+    def step(rows: dict) -> None:
+        layer(**rows).sum().backward()
 
     warm = 256 if world == 1 or not ring else 2 * world * min(tile or 64, n // (2 * world))
-    step(x[:, :warm])  # warm-up: the first call's setup, on a short sequence
+    step({k: v[:, :warm] for k, v in xs.items()})  # warm-up: the first call's setup
     before = _rss_mb()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if world > 1 and ring:
-        step(x)
+        step(xs)
         sent["ran"] = layer.last_ring["sent"]
     elif world > 1:
         with cp.CountSent(world) as counter:
-            step(x)
+            step(xs)
         sent["ran"] = sum(counter.elements.values())
     else:
-        step(x)
-    seconds = time.perf_counter() - start
+        step(xs)
+    cpu, seconds = time.process_time() - cpu, time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "peak_mb": peak - before, **sent}
+    return {"seconds": seconds, "cpu_s": cpu, "peak_mb": peak - before, **sent}
 
 
 def _port() -> int:
@@ -105,11 +128,11 @@ def _port() -> int:
 MMAP: dict[str, str] = {}  # --mmap-threshold: glibc returns every larger block when freed
 
 
-def _launch(world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
+def _launch(name: str, world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
     port = _port()
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker"]
+            [sys.executable, __file__, "--worker", name]
             + [str(v) for v in (rank, world, n, port, ring, tile)],
             stdout=subprocess.PIPE,
             text=True,
@@ -117,28 +140,37 @@ def _launch(world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
         )
         for rank in range(world)
     ]
-    outs = [proc.communicate(timeout=1800)[0] for proc in procs]
+    outs = [proc.communicate(timeout=3600)[0] for proc in procs]
     if any(proc.returncode for proc in procs):
-        raise RuntimeError(f"a rank failed at N = {n}")
+        raise RuntimeError(f"a rank failed: {name} at N = {n}, W = {world}")
     return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
-def measure(n: int, rounds: int, ring: int, tile: int) -> dict:
-    single, split = [], []
-    for _ in range(rounds):
-        single.append(_launch(1, n)[0])
-        split.append(_launch(2, n, ring, tile))
-    time1 = statistics.median(r["seconds"] for r in single)
-    time2 = statistics.median(max(r["seconds"] for r in ranks) for ranks in split)
+def _median(rows: list, key) -> float:
+    return statistics.median(map(key, rows))
+
+
+SINGLE: dict[tuple[str, int], list[dict]] = {}  # one process's rounds, per spec and N
+
+
+def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int) -> dict:
+    single, split = SINGLE.setdefault((name, n), []), []
+    for k in range(rounds):
+        if len(single) <= k:  # one process measured once for every W
+            single.append(_launch(name, 1, n)[0])
+        split.append(_launch(name, world, n, ring, tile))
+    cpu1 = _median(single, lambda r: r["cpu_s"])
+    ranks_cpu = [round(statistics.median(rs[k]["cpu_s"] for rs in split), 2) for k in range(world)]
     return {
         "N": n,
-        "one_process_s": round(time1, 3),
-        "two_ranks_s": round(time2, 3),
-        "speedup": round(time1 / time2, 2),
-        "one_process_peak_mb": round(statistics.median(r["peak_mb"] for r in single), 1),
-        "per_rank_peak_mb": round(
-            statistics.median(max(r["peak_mb"] for r in ranks) for ranks in split), 1
-        ),
+        "W": world,
+        "one_process_cpu_s": round(cpu1, 2),
+        "per_rank_cpu_s": ranks_cpu,
+        "work_ratio": round(sum(ranks_cpu) / cpu1, 2),
+        "one_process_s": round(_median(single, lambda r: r["seconds"]), 2),
+        "split_s": round(_median(split, lambda rs: max(r["seconds"] for r in rs)), 2),
+        "one_process_peak_mb": round(_median(single, lambda r: r["peak_mb"]), 1),
+        "per_rank_peak_mb": round(_median(split, lambda rs: max(r["peak_mb"] for r in rs)), 1),
         "sent_per_rank": split[0][0]["ran"],
         "counted_per_rank": split[0][0]["counted"],
     }
@@ -146,7 +178,9 @@ def measure(n: int, rounds: int, ring: int, tile: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--specs", default="mha", help=f"some of {', '.join(SIZES)}")
     parser.add_argument("--sizes", default="8192,16384,32768")
+    parser.add_argument("--worlds", default="2", help="processes W, e.g. 2,4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--strategy", choices=["ulysses", "ring"], default="ulysses")
     parser.add_argument("--tile", type=int, default=1024, help="the ring's tile (positions)")
@@ -157,17 +191,20 @@ def main() -> None:
         "the system when freed, so the peak resident set is what was live, not what glibc's "
         "heap kept",
     )
-    parser.add_argument("--worker", nargs=6, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker)))
+        print(json.dumps(worker(args.worker[0], *map(int, args.worker[1:]))))
         sys.stdout.flush()
         os._exit(0)  # no gloo teardown (see tests/context_worker.py)
     if args.mmap_threshold:
         MMAP["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
-    for n in (int(s) for s in args.sizes.split(",")):
-        ring = int(args.strategy == "ring")
-        print(json.dumps({"strategy": args.strategy, **measure(n, args.rounds, ring, args.tile)}))
+    ring = int(args.strategy == "ring")
+    for name in args.specs.split(","):
+        for world in (int(w) for w in args.worlds.split(",")):
+            for n in (int(s) for s in args.sizes.split(",")):
+                found = measure(name, n, world, args.rounds, ring, args.tile)
+                print(json.dumps({"spec": name, "strategy": args.strategy, **found}), flush=True)
 
 
 if __name__ == "__main__":

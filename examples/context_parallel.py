@@ -32,8 +32,9 @@ def split_step(whole, mesh, x: torch.Tensor, strategy: str) -> tuple[torch.Tenso
     """One step of the split layer against one process: the largest difference in values and
     gradients, and the elements this rank sent."""
     world, ring = mesh.size(), strategy == "ring"
-    layer = cp.context_parallel(copy.deepcopy(whole), mesh, strategy=strategy)
-    x_block = cp.sequence_block(x, mesh, dim=1, zigzag=ring).requires_grad_()
+    layout = "zigzag" if ring else "contiguous"  # zig-zag balances the ring's causal mask
+    layer = cp.context_parallel(copy.deepcopy(whole), mesh, strategy=strategy, layout=layout)
+    x_block = cp.sequence_block(x, mesh, dim=1, layout=layout).requires_grad_()
     with cp.CountSent(world) as sent:
         y_block = layer(x_block)
         y_block.square().sum().backward()
@@ -43,8 +44,8 @@ def split_step(whole, mesh, x: torch.Tensor, strategy: str) -> tuple[torch.Tenso
     y = whole(x_whole)
     y.square().sum().backward()
     gaps = [
-        (y_block - cp.sequence_block(y, mesh, dim=1, zigzag=ring)).abs().max(),
-        (x_block.grad - cp.sequence_block(x_whole.grad, mesh, dim=1, zigzag=ring)).abs().max(),
+        (y_block - cp.sequence_block(y, mesh, dim=1, layout=layout)).abs().max(),
+        (x_block.grad - cp.sequence_block(x_whole.grad, mesh, dim=1, layout=layout)).abs().max(),
         *(
             (p.grad.full_tensor() - q.grad).abs().max()
             for p, q in zip(layer.parameters(), whole.parameters())

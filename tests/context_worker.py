@@ -65,17 +65,17 @@ def along(module, **where) -> set[str]:
     return {t.ascii for t in module.spec.ir.tensors_of("input") if repr(t) in split}
 
 
-def run(module, xs: dict, block, split: set[str], move: bool = False):
+def run(module, xs: dict, block, split: set[str], move: bool = False, scalars=None):
     """Output and gradients of a weighted sum: params whole, then each input's (this rank's
     block of those in `split`). `block` is the identity in one process; `move` adds 1e-3 to
-    the first input's block."""
+    the first input's block; `scalars` are given to the call."""
     leaves = {k: (block(v) if k in split else v).clone() for k, v in xs.items()}
     if move:
         first = next(iter(leaves))  # X, or the core's Q
         leaves[first] += 1e-3
     for v in leaves.values():
         v.requires_grad_(v.is_floating_point())
-    out = module(**leaves)
+    out = module(**leaves, **(scalars or {}))
     out = out[0] if isinstance(out, tuple) else out  # sdpa returns its weights too
     weight = torch.randn(B, N, *out.shape[2:], generator=torch.Generator().manual_seed(7))
     (out * block(weight)).sum().backward()
@@ -84,21 +84,26 @@ def run(module, xs: dict, block, split: set[str], move: bool = False):
     return out, grads
 
 
-def check(mesh, build, twin: bool = False, strategy: str = "ulysses", **where) -> dict:
-    """The largest differences from one process; the twin moves rank 1's block by 1e-3."""
+def check(mesh, build, twin: bool = False, strategy: str = "ulysses", layout=None, **where) -> dict:
+    """The largest differences from one process; the twin moves rank 1's block by 1e-3.
+    `layout` is given to both context_parallel and sequence_block (by default, the ring's
+    checks run on zig-zag blocks); "default" gives neither."""
     torch.manual_seed(0)
     module = build().eval()
     xs, split = inputs(module), along(module, **where)
     ring = strategy == "ring"
+    if layout is None:
+        layout = "zigzag" if ring else "contiguous"
+    laid = {} if layout == "default" else {"layout": layout}
 
     def block(v):
-        return sequence_block(v, mesh, dim=1, zigzag=ring)
+        return sequence_block(v, mesh, dim=1, **laid)
 
     out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
     count = len(list(module.parameters()))  # then the float inputs' gradients
     floats = [k for k, v in xs.items() if v.is_floating_point()]
     grads1[count:] = [block(g) if k in split else g for k, g in zip(floats, grads1[count:])]
-    parallel = context_parallel(copy.deepcopy(module), mesh, strategy=strategy, **where)
+    parallel = context_parallel(copy.deepcopy(module), mesh, strategy=strategy, **laid, **where)
     out2, grads2 = run(parallel, xs, block, split, move=twin and dist.get_rank() == 1)
     found = {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
     if ring:
@@ -206,16 +211,16 @@ RING = [
 ]
 
 
-def ring_work(mesh) -> dict:
-    """mha's score elements this rank computed and sent in one step, against the schedule
-    (indexattn.parallel.ring.work) and the count (indexattn.sequence.ring_sent)."""
+def ring_work(mesh, build=None) -> dict:
+    """A spec's score elements this rank computed and sent in one step, against the schedule
+    (indexattn.parallel.ring.work) and the count (indexattn.sequence.ring_sent); mha by default."""
     torch.manual_seed(0)
-    module = cases()["mha"]().eval()
+    module = (build or cases()["mha"])().eval()
     xs = inputs(module)
-    parallel = context_parallel(module, mesh, strategy="ring")
-    run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
+    parallel = context_parallel(module, mesh, strategy="ring", layout="zigzag")
+    run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1, layout="zigzag"), {"X"})
     plan = module.spec.sequence_plan()
-    sizes = {**module.sizes, "N": N}
+    sizes = {**module.sizes, **module.scalars, "N": N}
     schedule = indexattn.parallel.ring.work(module.spec.ir, plan, sizes, mesh.size(), zigzag=True)
     symbols = {s: sizes[a] for s, a in module.spec.ir.size_names.items()}
     counted = sum(
@@ -237,8 +242,8 @@ def received(mesh, name: str, window: int) -> dict:
     long (0 <= τ - τ' < window), by brute force over the positions."""
     torch.manual_seed(0)
     module = cases()[name]().eval()
-    parallel = context_parallel(module, mesh, strategy="ring")
-    run(parallel, inputs(module), lambda v: sequence_block(v, mesh, dim=1, zigzag=True), {"X"})
+    parallel = context_parallel(module, mesh, strategy="ring", layout="zigzag")
+    run(parallel, inputs(module), lambda v: sequence_block(v, mesh, dim=1, layout="zigzag"), {"X"})
     held = [
         [p for a, b in spans for p in range(a, b)]
         for spans in indexattn.parallel.ring.chunks(N, mesh.size(), zigzag=True)
@@ -298,10 +303,11 @@ def fsdp_and_sequence(twin: bool, strategy: str = "ulysses") -> float:
     train(single, lambda v: v, 1.0)
     dp = mesh["dp"].get_local_rank()
     ring = strategy == "ring"
-    split = context_parallel(copy.deepcopy(base), mesh["cp"], strategy=strategy)
+    layout = "zigzag" if ring else "contiguous"
+    split = context_parallel(copy.deepcopy(base), mesh["cp"], strategy=strategy, layout=layout)
     split = fully_shard(split, mesh=mesh["dp"])
     # FSDP2 averages gradients over dp; each cp group's gradient is its whole block's
-    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1, zigzag=ring), 2.0)
+    train(split, lambda v: sequence_block(v.chunk(2)[dp], mesh["cp"], dim=1, layout=layout), 2.0)
     return gap(list(single.state_dict().values()), list(split.state_dict().values()))
 
 
@@ -314,14 +320,77 @@ def heads_and_ring(twin: bool) -> dict:
     xs = inputs(module)
 
     def block(v):
-        return sequence_block(v, mesh["cp"], dim=1, zigzag=True)
+        return sequence_block(v, mesh["cp"], dim=1, layout="zigzag")
 
     out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, {"X"})
     grads1[-1] = block(grads1[-1])
     split = indexattn.distributed.parallelize(copy.deepcopy(module), mesh["tp"])
-    split = context_parallel(split, mesh["cp"], strategy="ring")
+    split = context_parallel(split, mesh["cp"], strategy="ring", layout="zigzag")
     out2, grads2 = run(split, xs, block, {"X"}, move=twin and dist.get_rank() == 1)
     return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+
+
+def scalar_per_call(mesh, strategy: str, twin: bool = False) -> dict:
+    """softcap_window (built with c = 1) split by Ulysses, the ring or `parallelize` (its
+    heads: every rank passes the whole input) and called with c = 2 for this call, against
+    one process called so; the twin compares with one process at the module's own c."""
+    torch.manual_seed(0)
+    module = cases()["softcap_window"]().eval()
+    xs, given = inputs(module), {"c": 2.0}
+    if strategy == "heads":
+        parallel = indexattn.distributed.parallelize(copy.deepcopy(module), mesh)
+
+        def block(v):
+            return v
+    else:
+        parallel = context_parallel(copy.deepcopy(module), mesh, strategy=strategy)
+
+        def block(v):
+            return sequence_block(v, mesh, dim=1)
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, {"X"}, scalars={} if twin else given)
+    grads1[-1] = block(grads1[-1])
+    out2, grads2 = run(parallel, xs, block, {"X"}, scalars=given)
+    return {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+
+
+def mismatch(mesh, strategy: str, given: str) -> str:
+    """A layer made for zig-zag blocks called with a block of layout `given`: refused by name
+    (contiguous), or run (zig-zag, the twin)."""
+    torch.manual_seed(0)
+    module = cases()["mha"]().eval()
+    parallel = context_parallel(module, mesh, strategy=strategy, layout="zigzag")
+    x = inputs(module)["X"]
+    try:
+        parallel(sequence_block(x, mesh, dim=1, layout=given))
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+LONG = 512  # the bfloat16 checks' sequence: positions past bfloat16's exact integers (256)
+
+
+def low_precision(mesh, name: str, strategy: str) -> dict:
+    """A spec in bfloat16 at N = 512, split (zig-zag blocks) and in one process: each one's
+    largest difference from one process in float64 on this rank's rows, and the dtype out."""
+    torch.manual_seed(0)
+    module = cases()[name]().eval()
+    x = torch.randn(1, LONG, 8, generator=torch.Generator().manual_seed(3))
+    exact = module(x)
+    low = copy.deepcopy(module).to(torch.bfloat16)
+    one = low(x.bfloat16())
+    parallel = context_parallel(copy.deepcopy(low), mesh, strategy=strategy, layout="zigzag")
+
+    def block(v):
+        return sequence_block(v, mesh, dim=1, layout="zigzag")
+
+    split = parallel(block(x.bfloat16()))
+    return {
+        "one": (block(one).double() - block(exact)).abs().max().item(),
+        "split": (split.double() - block(exact)).abs().max().item(),
+        "dtype": str(split.dtype),
+    }
 
 
 def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
@@ -333,7 +402,7 @@ def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
 
 
 def indivisible(mesh, zigzag: bool = False) -> str:
-    try:
+    try:  # the spelling zigzag= as well as layout=
         sequence_block(torch.zeros(B, N + 1, 8), mesh, dim=1, zigzag=zigzag)
     except ValueError as error:
         return str(error)
@@ -355,6 +424,35 @@ def main() -> None:
                     check, mesh, every[name], twin, strategy, **where
                 )
     checks["ring_work_mha"] = lambda: ring_work(mesh)
+    checks["ring_work_attention_sinks"] = lambda: ring_work(  # a window of every key: the
+        mesh,  # count's every rank reading every other's keys, as the ring does then
+        lambda: spec("attention_sinks").module(d_m=8, h_kv=4, n_rep=2, d_k=3, w=N),
+    )
+    for strategy in ("ulysses", "ring", "heads"):
+        for twin in (False, True):
+            checks[f"scalar_{strategy}" + "_twin" * twin] = functools.partial(
+                scalar_per_call, mesh, strategy, twin
+            )
+    for strategy in ("ulysses", "ring"):
+        for twin in (False, True):  # the most natural code: every default
+            checks[f"natural_{strategy}" + "_twin" * twin] = functools.partial(
+                check, mesh, every["mha"], twin, strategy, "default"
+            )
+        for given in ("contiguous", "zigzag"):
+            checks[f"mismatch_{strategy}_{given}"] = functools.partial(
+                mismatch, mesh, strategy, given
+            )
+    for name in ("mha", "doc_mask", "rope"):  # Ulysses on zig-zag blocks
+        for twin in (False, True):
+            checks[f"ulysses_zigzag_{name}" + "_twin" * twin] = functools.partial(
+                check, mesh, every[name], twin, "ulysses", "zigzag"
+            )
+    if world == 2:
+        for name in ("mha", "rope"):
+            for strategy in ("ulysses", "ring"):
+                checks[f"bfloat16_{strategy}_{name}"] = functools.partial(
+                    low_precision, mesh, name, strategy
+                )
     checks["ring_received_sliding_window"] = lambda: received(mesh, "sliding_window", WINDOW)
     checks["ring_received_mha"] = lambda: received(mesh, "mha", N)
     checks["sent_mha"] = lambda: sent(mesh, cases()["mha"])

@@ -29,13 +29,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import SpecError
 from ..runtime.module import SpecModule
 from . import ring
-from .sequence import SequencePlan
+from .sequence import CONTIGUOUS, ZIGZAG, Layout, SequencePlan, layout_of
 from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
 __all__ = [
+    "CONTIGUOUS",
+    "ZIGZAG",
     "ContextParallel",
     "CountSent",
     "HeadParallel",
+    "Layout",
     "RingParallelModule",
     "context_parallel",
     "context_parallel_model",
@@ -113,7 +116,8 @@ def context_parallel(
     keys: tuple[str, ...] = (),
     heads: str | None = None,
     strategy: str = "ulysses",
-    zigzag: bool = True,
+    layout: Layout | str | None = None,
+    zigzag: bool | None = None,
     tile: int | None = None,
 ) -> SpecModule:
     """The module, in place, with its sequence split over a 1-D device mesh (Ulysses, or ring).
@@ -128,41 +132,51 @@ def context_parallel(
     (whole on every rank, gradients whole on every rank); each rank computes with the heads
     `heads` (by default the plan's choice) that are its own.
 
+    `layout` says which positions each rank's blocks hold: "contiguous" (the default, as
+    for `sequence_block`) or "zigzag" (chunks r and 2w - 1 - r of 2w, which balances a
+    causal mask's work on the ring); `zigzag=True` is the older spelling. Each rank passes
+    `sequence_block(x, mesh, dim, layout=layout)` and gets its blocks back in that layout; a
+    block that `sequence_block` cut in another layout is a ValueError naming both.
+
     Raises SpecError when no head index can be split (the head plan's blockers are named),
     ValueError when the heads do not divide by the mesh size.
 
     `strategy="ring"`: each rank keeps its queries and the key-side blocks travel between
     ranks by P2P (indexattn/parallel/ring.py); any spec whose sequence plan splits, heads or not.
-    Each rank passes `sequence_block(x, mesh, dim, zigzag=zigzag)`: with `zigzag` (the default)
-    chunks r and 2w - 1 - r of 2w, which balances a causal mask's work. `tile` bounds the
+    `tile` bounds the
     positions of one tile (scores are held one pair of tiles at a time); by default a chunk.
     A module that `parallelize` split over heads (on another mesh dimension) runs the ring
     over its heads: the 2-D mesh heads × sequence.
     """
     style = ContextParallel(
-        over, keys=keys, heads=heads, strategy=strategy, zigzag=zigzag, tile=tile
+        over, keys=keys, heads=heads, strategy=strategy, layout=layout, zigzag=zigzag, tile=tile
     )
     return parallelize_module(module, mesh, style)
 
 
 def context_parallel_model(
-    model: nn.Module, mesh: DeviceMesh, *, strategy: str = "ring", zigzag: bool = True
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    strategy: str = "ring",
+    layout: Layout | str | None = None,
+    zigzag: bool | None = None,
 ) -> nn.Module:
     """A transformers model, in place, whose attention runs split over the sequence on `mesh`.
 
     >>> model = AutoModelForCausalLM.from_config(config)  # doctest: +SKIP
     >>> model = indexattn.distributed.context_parallel_model(model, mesh)  # doctest: +SKIP
-    >>> block = functools.partial(sequence_block, mesh=mesh, dim=1, zigzag=True)  # doctest: +SKIP
+    >>> block = functools.partial(sequence_block, mesh=mesh, dim=1)  # doctest: +SKIP
     >>> logits = model(input_ids=block(ids), position_ids=block(positions)).logits  # doctest: +SKIP
     >>> (loss_of(logits)).backward(); sum_gradients(model, mesh)  # doctest: +SKIP
 
     Each rank passes its block of the tokens and of position_ids (`sequence_block`, with the
-    same `zigzag`); the model's own embeddings, rotary (at those global positions), norms and
-    MLPs run on the block, and each layer's attention core (specs/gqa_causal_core.attn) runs
-    split by `strategy` ("ring" or "ulysses", see context_parallel), causal over the global
-    positions. It returns this rank's block of the logits. Each rank's backward gives the
-    gradient of its own block's loss: `sum_gradients` (or a data-parallel wrapper over a mesh
-    that includes this one) sums them.
+    same `layout`: contiguous by default, or "zigzag"); the model's own embeddings, rotary
+    (at those global positions), norms and MLPs run on the block, and each layer's attention
+    core (specs/gqa_causal_core.attn) runs split by `strategy` ("ring" or "ulysses", see
+    context_parallel), causal over the global positions. It returns this rank's block of the
+    logits. Each rank's backward gives the gradient of its own block's loss: `sum_gradients`
+    (or a data-parallel wrapper over a mesh that includes this one) sums them.
 
     Refused by name: a call without position_ids or with a cache; a padding mask; a layer with
     a window, soft-capping, sinks, attention dropout in training, or not causal.
@@ -171,7 +185,7 @@ def context_parallel_model(
         raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")
     from ..transformers import context
 
-    return context.split(model, mesh, strategy, zigzag, context_parallel)
+    return context.split(model, mesh, strategy, layout_of(layout, zigzag), context_parallel)
 
 
 def sum_gradients(module: nn.Module, mesh: DeviceMesh) -> None:
@@ -185,12 +199,35 @@ def sum_gradients(module: nn.Module, mesh: DeviceMesh) -> None:
 
 
 def sequence_block(
-    value: torch.Tensor, mesh: DeviceMesh, dim: int, zigzag: bool = False
+    value: torch.Tensor,
+    mesh: DeviceMesh,
+    dim: int,
+    zigzag: bool | None = None,
+    *,
+    layout: Layout | str | None = None,
 ) -> torch.Tensor:
-    """This rank's block of `value` along `dim` (the sequence): contiguous, or with `zigzag`
-    chunks r and 2w - 1 - r of 2w. ValueError when the length does not divide."""
-    spans = ring.chunks(value.shape[dim], mesh.size(), zigzag, dim)[mesh.get_local_rank()]
-    return torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
+    """This rank's block of `value` along `dim` (the sequence) in `layout`: "contiguous" (the
+    default) or "zigzag", chunks r and 2w - 1 - r of 2w (`zigzag=True`, the older spelling).
+    The block carries its layout: a split layer made for another refuses it by name.
+    ValueError when the length does not divide."""
+    laid = layout_of(layout, zigzag)
+    spans = laid.spans(value.shape[dim], mesh.size(), dim)[mesh.get_local_rank()]
+    block = torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
+    block._sequence_layout = laid  # read by the split layers (check_layouts)
+    return block
+
+
+def check_layouts(name: str, given: dict, split, layout: Layout) -> None:
+    """Refuse, by name, a block that `sequence_block` cut in another layout than `layout`
+    (a block made otherwise carries none, and is taken as `layout`)."""
+    for key in split:
+        found = getattr(given.get(key), "_sequence_layout", None)
+        if found is not None and found != layout:
+            raise ValueError(
+                f"{name}: {key} is a {found} block (sequence_block(..., layout={found.name!r})),"
+                f" and this layer was split for {layout} blocks: pass layout={layout.name!r} "
+                f"to sequence_block, or split the layer with layout={found.name!r}"
+            )
 
 
 class ContextParallel(ParallelStyle):
@@ -203,13 +240,14 @@ class ContextParallel(ParallelStyle):
         keys: tuple[str, ...] = (),
         heads: str | None = None,
         strategy: str = "ulysses",
-        zigzag: bool = True,
+        layout: Layout | str | None = None,
+        zigzag: bool | None = None,
         tile: int | None = None,
     ) -> None:
         if strategy not in ("ulysses", "ring"):
             raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")
         self.over, self.keys, self.heads = over, keys, heads
-        self.strategy, self.zigzag, self.tile = strategy, zigzag, tile
+        self.strategy, self.layout, self.tile = strategy, layout_of(layout, zigzag), tile
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, SpecModule):
@@ -223,7 +261,7 @@ class ContextParallel(ParallelStyle):
         if not (plan.splittable if self.strategy == "ring" else plan.ulysses):
             raise SpecError(plan.verdict(), file=module.spec.file)
         if self.strategy == "ring":
-            setup = _RingSetup(module, plan, device_mesh, self.zigzag, self.tile)
+            setup = _RingSetup(module, plan, device_mesh, self.layout, self.tile)
             if isinstance(module, HeadParallelModule) and not isinstance(
                 module, ContextParallelModule | RingParallelModule
             ):  # split over heads already: the 2-D mesh heads × sequence
@@ -232,7 +270,7 @@ class ContextParallel(ParallelStyle):
                 return module
             shards = setup
         else:
-            shards = _Sequence(module, plan, device_mesh)
+            shards = _Sequence(module, plan, device_mesh, self.layout)
 
         def partition(name: str, sub: nn.Module, mesh: DeviceMesh) -> None:
             if sub is not module:
@@ -274,7 +312,7 @@ class _Shards:
                 f"is a multiple of {world}"
             )
         self.heads, self.world = heads, world
-        self.first = torch.tensor(mesh.get_local_rank() == 0)
+        self.first = torch.tensor(mesh.get_local_rank() == 0, device=mesh.device_type)
         self.sizes = {**module.sizes, plan.size: heads // world}
         ir_spec = module.spec.ir
         self.layouts = {t.ascii: len(t.layout) for t in ir_spec.tensors}
@@ -317,9 +355,14 @@ class _Sequence(_Shards):
     """A head split that receives sequence blocks: inputs along the sequence are traded for
     head blocks (all-to-all) or gathered whole (all-gather); outputs go back to blocks."""
 
-    def __init__(self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh) -> None:
+    def __init__(
+        self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh, layout: Layout
+    ) -> None:
         super().__init__(module, module.spec.shard_plan(plan.heads), mesh)
-        self.sequence = plan
+        self.sequence, self.layout = plan, layout
+        self.split = {
+            t.ascii for t in module.spec.ir.tensors_of("input") if repr(t) in dict(plan.split)
+        }
         ir_spec, seq = module.spec.ir, set(plan.indices)
         self.axes = {  # a tensor's first axis along the sequence
             t.ascii: next(k for k, group in enumerate(t.layout) if seq & {i.glyph for i in group})
@@ -333,28 +376,35 @@ class _Sequence(_Shards):
     def axes_dim(self, name: str, value: torch.Tensor) -> int:
         return self.dim(name, value, self.axes[name])
 
+    def ordered(self, value: torch.Tensor, dim: int, joined: bool) -> torch.Tensor:
+        """Blocks joined in rank order put in the order of positions (`joined`), or the
+        other way round before they go back to the ranks: nothing to do when contiguous."""
+        if self.layout == CONTIGUOUS:
+            return value
+        held = torch.tensor(self.layout.held(value.shape[dim], self.world), device=value.device)
+        return value.index_select(dim, torch.argsort(held) if joined else held)
+
     def local(self, name: str, value: torch.Tensor) -> torch.Tensor:
         row, mesh = self.rows[name], self.mesh
         if row.role != "input" or name not in self.axes:
             return super().local(name, value)
+        along = self.axes_dim(name, value)
         if row.placement == SPLIT:  # a block of positions for a block of heads
-            return _all_to_all(
-                value, self.dim(name, value, row.axis), self.axes_dim(name, value), mesh
-            )
-        block = DTensor.from_local(
-            value, mesh, [Shard(self.axes_dim(name, value))], run_check=False
-        )
+            traded = _all_to_all(value, self.dim(name, value, row.axis), along, mesh)
+            return self.ordered(traded, along, joined=True)
+        block = DTensor.from_local(value, mesh, [Shard(along)], run_check=False)
         whole = block.redistribute(mesh, [Replicate()])  # all-gather
         if row.placement == ONCE:
-            return self.once(whole)
+            return self.ordered(self.once(whole), along, joined=True)
         placement = Partial() if name in self.shared else Replicate()
-        return whole.to_local(grad_placements=[placement])
+        return self.ordered(whole.to_local(grad_placements=[placement]), along, joined=True)
 
     def gather(self, name: str, value: torch.Tensor) -> torch.Tensor:
         row, mesh = self.rows[name], self.mesh
         if name not in self.axes:
             return super().gather(name, value)
         along = self.axes_dim(name, value)
+        value = self.ordered(value, along, joined=False)
         if row.placement == SPLIT:  # a block of heads for a block of positions
             return _all_to_all(value, along, self.dim(name, value, row.axis), mesh)
         placement = Partial() if row.placement == PARTIAL else Replicate()
@@ -409,25 +459,27 @@ class HeadParallelModule(SpecModule):
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         shards = self._head_parallel
-        given = self._given(args, kwargs)
+        given, scalars = self._given(args, kwargs)
         held = {**self._parameters, **self._buffers}
         tensors = [
             shards.local(t.ascii, given[t.ascii] if t.role == "input" else held[t.ascii])
             for t in self.spec.ir.arguments
         ]
-        out = self.spec._run(tensors, shards.sizes, self.scalars, self.training)
+        out = self.spec._run(tensors, shards.sizes, scalars, self.training)
         outs = out if len(shards.outputs) > 1 else (out,)
         whole = tuple(shards.gather(n, v) for n, v in zip(shards.outputs, outs))
         return whole if len(whole) > 1 else whole[0]
 
-    def _given(self, args: tuple, kwargs: dict) -> dict:
-        """The inputs by name, as the module's own forward takes them."""
+    def _given(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+        """The inputs by name, as the module's own forward takes them, and the scalars of this
+        call: the module's, with any given by keyword for this call only."""
         if len(args) > len(self._inputs):
             raise TypeError(
                 f"{self.spec.name} takes {len(self._inputs)} inputs ({', '.join(self._inputs)}),"
                 f" got {len(args)}"
             )
         given = dict(zip(self._inputs, args))
+        scalars = self._call_scalars(kwargs)
         unknown = [k for k in kwargs if k not in self._inputs or k in given]
         if unknown:
             raise TypeError(f"{self.spec.name}: unexpected or repeated inputs: {unknown}")
@@ -435,7 +487,7 @@ class HeadParallelModule(SpecModule):
         missing = [name for name in self._inputs if name not in given]
         if missing:
             raise TypeError(f"{self.spec.name} is missing inputs: {', '.join(missing)}")
-        return given
+        return given, scalars
 
     def extra_repr(self) -> str:
         shards = self._head_parallel
@@ -448,11 +500,18 @@ class HeadParallelModule(SpecModule):
 class ContextParallelModule(HeadParallelModule):
     """A SpecModule whose forward takes and returns blocks of the sequence (Ulysses)."""
 
+    def _given(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+        given, scalars = super()._given(args, kwargs)
+        shards = self._head_parallel
+        check_layouts(self.spec.name, given, shards.split, shards.layout)
+        return given, scalars
+
     def extra_repr(self) -> str:
         shards = self._head_parallel
         return (
             SpecModule.extra_repr(self)
-            + f", over={', '.join(shards.sequence.indices)}, heads={shards.plan.over}"
+            + f", over={', '.join(shards.sequence.indices)} ({shards.layout})"
+            + f", heads={shards.plan.over}"
             + f", {shards.plan.size}/rank={shards.heads // shards.world}"
         )
 
@@ -461,7 +520,7 @@ class _RingSetup:
     """What a ring rank's forward needs: the plan, the mesh, the layout of its positions."""
 
     def __init__(
-        self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh, zigzag: bool, tile
+        self, module: SpecModule, plan: SequencePlan, mesh: DeviceMesh, layout: Layout, tile
     ) -> None:
         ir_spec = module.spec.ir
         seq = set(plan.indices)
@@ -473,7 +532,7 @@ class _RingSetup:
                 hint="output what is reduced over the key index, or use strategy='ulysses'",
                 file=module.spec.file,
             )
-        self.plan, self.mesh, self.zigzag, self.tile = plan, mesh, zigzag, tile
+        self.plan, self.mesh, self.layout, self.tile = plan, mesh, layout, tile
         self.split = {t.ascii for t in ir_spec.tensors_of("input") if repr(t) in dict(plan.split)}
 
     def local(self, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -494,7 +553,8 @@ class RingParallelModule(HeadParallelModule):
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         setup, heads = self._ring, self._head_parallel
-        given = self._given(args, kwargs)
+        given, scalars = self._given(args, kwargs)
+        check_layouts(self.spec.name, given, setup.split, setup.layout)
         held = {**self._parameters, **self._buffers}
         ir_spec, mesh = self.spec.ir, setup.mesh
         arguments = {}
@@ -511,10 +571,10 @@ class RingParallelModule(HeadParallelModule):
                 "group": mesh.get_group(),
                 "rank": mesh.get_local_rank(),
                 "world": mesh.size(),
-                "zigzag": setup.zigzag,
+                "layout": setup.layout,
                 "tile": setup.tile,
                 "sizes": self.sizes if heads is None else heads.sizes,
-                "scalars": self.scalars,
+                "scalars": scalars,
                 "training": self.training,
             },
         )
@@ -525,9 +585,9 @@ class RingParallelModule(HeadParallelModule):
 
     def extra_repr(self) -> str:
         setup = self._ring
-        layout = "zig-zag" if setup.zigzag else "contiguous"
         return (
-            SpecModule.extra_repr(self) + f", ring over {', '.join(setup.plan.indices)} ({layout})"
+            SpecModule.extra_repr(self)
+            + f", ring over {', '.join(setup.plan.indices)} ({setup.layout})"
         )
 
 

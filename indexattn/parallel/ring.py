@@ -10,8 +10,11 @@ its log-sum-exp (online, or with the row statistics of an earlier pass), sums ad
 compared. A cumsum along the sequence adds the totals of the chunks before (an exclusive scan
 across ranks). Index variables read the global positions of each tile, so masks, rotary
 angles and ALiBi distances are those of one process. A tile pair that a mask hides entirely
-(read off the mask's condition, bounded on the tile's box) is not computed, and a rank whose
-queries need nothing of another's keys receives nothing from it.
+(read off the mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed,
+and a rank whose queries need nothing of another's keys receives nothing from it. The passes
+over the keys are read off the notation once (sequence.ring_passes), and the count reads the
+same. In low precision, tables are built in float32 or wider and tile pairs accumulate in
+float32, as one process's kernels do.
 
 Imported only when used (`import indexattn.distributed`): it imports torch.distributed.
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import sympy
@@ -31,10 +33,19 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import ir
 from ..errors import SpecError
-from ..ir.boxes import holds_on_box
 from ..ir.shapes import recipe, solve
-from ..oracle.reference import LITERAL, Interpreter, lambdified
-from .sequence import SequencePlan
+from ..oracle.reference import LITERAL, Interpreter
+from .sequence import (
+    CONTIGUOUS,
+    ZIGZAG,
+    BlockMap,
+    RingPass,
+    SequencePlan,
+    Tile,
+    ring_passes,
+    ring_work,
+)
+from .sequence import pair as _is_pair
 
 INF = float("inf")
 # differentiable all-gather along a new leading axis (renamed in torch 2.13)
@@ -48,161 +59,8 @@ _all_gather = (
 
 def chunks(length: int, world: int, zigzag: bool, dim: int = 1) -> list[list[tuple[int, int]]]:
     """Each rank's chunks of positions, [start, stop): one contiguous block, or (zig-zag, for a
-    causal mask's balance) chunks r and 2w - 1 - r of 2w."""
-    parts = 2 * world if zigzag else world
-    if length % parts:
-        how = f"{parts} equal chunks ({'2 per rank, zig-zag' if zigzag else 'one per rank'})"
-        raise ValueError(
-            f"a sequence of {length} positions (dim {dim}) does not split into {how}: "
-            f"pad it to a multiple of {parts}"
-        )
-    c = length // parts
-    if not zigzag:
-        return [[(r * c, (r + 1) * c)] for r in range(world)]
-    return [[(r * c, (r + 1) * c), ((parts - 1 - r) * c, (parts - r) * c)] for r in range(world)]
-
-
-@dataclass(frozen=True)
-class Tile:
-    """Rows offset … offset + length - 1 of a rank's block: global positions start …"""
-
-    offset: int
-    start: int
-    length: int
-
-    @property
-    def positions(self) -> np.ndarray:
-        return np.arange(self.start, self.start + self.length, dtype=np.float64)
-
-
-def tiles(spans: list[tuple[int, int]], size: int) -> list[Tile]:
-    found, offset = [], 0
-    for start, stop in spans:
-        for first in range(start, stop, size):
-            length = min(size, stop - first)
-            found.append(Tile(offset, first, length))
-            offset += length
-    return found
-
-
-# -- which tile pairs a mask hides, read off its condition
-
-
-def _seed(node: ir.Node) -> tuple[float, sympy.Basic] | None:
-    """A pair tensor written as a mask: its hidden value (-inf or 0) and a condition on the
-    positions under which it holds (sufficient, not necessary)."""
-    if isinstance(node, ir.Field) and isinstance(node.expr, sympy.Piecewise):
-        value, cond = node.expr.args[0]
-        if value in (-sympy.oo, 0):
-            return float(value), cond
-    if isinstance(node, ir.Apply) and node.fn == "where":
-        cond, yes, no = node.args
-        for branch, holds in ((yes, _field_part(cond)), (no, None)):
-            if isinstance(branch, ir.Field) and branch.expr in (-sympy.oo, 0):
-                if holds is None and branch is no and isinstance(cond, ir.Field):
-                    holds = sympy.Not(cond.expr)
-                if holds is not None:
-                    return float(branch.expr), holds
-    return None
-
-
-def _field_part(cond: ir.Node) -> sympy.Basic | None:
-    """The part of a condition on positions alone: it implies the condition."""
-    if isinstance(cond, ir.Field):
-        return cond.expr
-    if isinstance(cond, ir.Apply) and cond.fn == "or":
-        parts = [p for p in map(_field_part, cond.args) if p is not None]
-        return sympy.Or(*parts) if parts else None
-    return None
-
-
-LEAK = "leak"  # a hidden value reaches something it does not vanish in: no tile is skipped
-
-
-class _Hiding:
-    """Which reductions over a key index vanish where: each one's conditions."""
-
-    def __init__(self, spec: ir.Spec, query: ir.Index, keys: set[ir.Index]) -> None:
-        self.query, self.keys = query, keys
-        self.hidden: dict[str, tuple[float, frozenset]] = {}
-        self.sites: list[frozenset] = []  # per reduction over a key: the conditions it vanishes
-        self.leak = False
-        for eq in spec.equations:
-            state = self.state(eq.rhs)
-            if isinstance(state, tuple):
-                if _is_pair(eq.indices, query, keys):
-                    self.hidden[eq.tensor.name] = state
-                else:
-                    self.leak = True
-            elif state == LEAK:
-                self.leak = True
-
-    def state(self, node: ir.Node):
-        """None (clean or absorbed), LEAK, or (value, conditions): hidden there."""
-        seed = _seed(node) if _is_pair(node.free, self.query, self.keys) else None
-        if seed is not None:
-            return seed[0], frozenset([seed[1]])
-        if isinstance(node, ir.Ref):
-            if any(isinstance(a, ir.At) for a in node.written):
-                return None
-            return self.hidden.get(node.tensor.name)
-        states = [self.state(c) for c in ir.children(node)]
-        if LEAK in states:
-            return LEAK
-        held = [s for s in states if isinstance(s, tuple)]
-        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
-        if over and self.query in _body_free(node):
-            return self.site(node, held)
-        if not held:
-            return None
-        values = {v for v, _ in held}
-        conds = frozenset().union(*(c for _, c in held))
-        if isinstance(node, ir.Sum) and values == {-INF}:
-            return -INF, conds
-        if isinstance(node, ir.Product) and values == {0.0}:
-            return 0.0, conds
-        if isinstance(node, ir.Apply) and node.fn == "dropout" and states[0] and values == {0.0}:
-            return 0.0, conds
-        return LEAK
-
-    def site(self, node: ir.Node, held: list):
-        """A reduction over a key: where its contributions vanish (its site's conditions)."""
-        values = {v for v, _ in held}
-        conds = frozenset().union(*(c for _, c in held)) if held else frozenset()
-        if isinstance(node, ir.Reduce) and node.fn == "softmax":
-            return (0.0, conds) if values == {-INF} else (LEAK if held else None)
-        kills = (
-            (isinstance(node, ir.Product) and values == {0.0})
-            or (isinstance(node, ir.Reduce) and node.fn == "logsumexp" and values == {-INF})
-            or (isinstance(node, ir.Reduce) and node.fn == "sum" and values == {0.0})
-        )
-        if held and not kills:
-            return LEAK
-        self.sites.append(conds)
-        return None
-
-
-def _is_pair(indices, query: ir.Index, keys: set[ir.Index]) -> bool:
-    return query in indices and bool(keys & set(indices))
-
-
-def _body_free(node: ir.Node) -> tuple[ir.Index, ...]:
-    if isinstance(node, ir.Product):
-        return tuple(i for f in node.factors for i in f.free)
-    return node.body.free if isinstance(node, ir.Reduce) else node.free
-
-
-def always(cond: sympy.Basic, box: dict) -> bool:
-    """Whether `cond` holds at every point of the box (False where it cannot tell): the test
-    on the box's ends (ir/boxes.py), made once per condition, run on the box's numbers."""
-    order = tuple(sorted(box, key=str))
-    return bool(_box_test(cond, order)(*(end for s in order for end in box[s])))
-
-
-@functools.cache
-def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
-    ends = {s: (sympy.Dummy(), sympy.Dummy()) for s in order}
-    return lambdified(holds_on_box(cond, ends), tuple(e for s in order for e in ends[s]))
+    causal mask's balance) chunks r and 2w - 1 - r of 2w (sequence.Layout.spans)."""
+    return (ZIGZAG if zigzag else CONTIGUOUS).spans(length, world, dim)
 
 
 # -- log-sum-exp without NaN: a row of -inf only has -inf, and no NaN in its gradient
@@ -316,20 +174,22 @@ class _Ring(Interpreter):
         super().__init__(**setup["interpreter"])
         self.spec, self.plan = spec, plan
         self.group, self.rank, self.world = setup["group"], setup["rank"], setup["world"]
-        self.zigzag, self.tile = setup["zigzag"], setup["tile"]
+        self.layout, self.tile = setup["layout"], setup["tile"]
         glyphs = {i.glyph: i for i in spec.indices}
         self.query = glyphs[plan.over]
         self.keys = {glyphs[g] for g in plan.indices} - {self.query}
         self.sequence = {self.query, *self.keys}
         self.rows: dict[ir.Index, np.ndarray] = {}
-        self.blocks = {  # per sequence range: each rank's chunks
-            i.size: chunks(self.size(i), self.world, self.zigzag) for i in self.sequence
-        }
+        self.map = BlockMap(
+            spec, plan, self.sizes, self.scalars, self.world, self.layout, self.tile
+        )
+        self.blocks, self.need = self.map.blocks, self.map.need
         self.pairs = {
             eq.tensor.name: eq
             for eq in spec.equations
             if _is_pair(eq.indices, self.query, self.keys)
         }
+        self.schedule = ring_passes(spec, plan)  # its nodes' ids key the merged values
         self.memo: dict[int, tuple] = {}  # targets merged, by the node's id
         self.stats: dict[ir.Node, tuple] = {}
         # inside a tile pair: its query and key tiles, the blocks visiting, the pair tensors
@@ -339,15 +199,18 @@ class _Ring(Interpreter):
         self.tile_lse = None
         # elements sent (backward too), scores, elements received from each rank (forward)
         self.counts = {"sent": 0, "work": 0, "received": [0] * self.world}
-        self.token = torch.zeros((), dtype=self.dtype, requires_grad=True)
-        hiding = _Hiding(spec, self.query, self.keys)
-        subs = {**self.sizes, **self.scalars}
-        self.sites = (  # per reduction over a key, the conditions under which it reads nothing
-            None
-            if hiding.leak or not hiding.sites or not all(hiding.sites)
-            else [[c.subs(subs) for c in conds] for conds in hiding.sites]
-        )
-        self.need = [[self.needs(q, k) for k in range(self.world)] for q in range(self.world)]
+        self.token = torch.zeros((), dtype=self.dtype, device=self.device, requires_grad=True)
+        # bfloat16 and float16 as one process computes them (docs/language.md): tables (values
+        # of positions, sizes, scalars and integer inputs alone) built and held in float32 or
+        # wider, cast to the working dtype where data reads them; tile pairs and their merges
+        # accumulated in float32 or wider, as a fused kernel does, cast back when merged
+        self.wide = torch.promote_types(self.dtype, torch.float32)
+        self.working, self.reading_data = self.dtype, False
+        self.tables = {t.name for t in spec.tensors_of("input", "buffer") if t.dtype == "int"}
+        for eq in spec.equations:
+            if all(r.tensor.name in self.tables for r in ir.refs(eq.rhs)):
+                self.tables.add(eq.tensor.name)
+        self.table_nodes: dict[ir.Node, bool] = {}
 
     # sizes and positions: this rank's block, or the tiles of a pair
 
@@ -364,8 +227,7 @@ class _Ring(Interpreter):
         return self.rows[index] if index in self.rows else super().grid(index)
 
     def tiles_of(self, index: ir.Index, rank: int) -> list[Tile]:
-        spans = self.blocks[index.size][rank]
-        return tiles(spans, self.tile or spans[0][1] - spans[0][0])
+        return self.map.tiles_of(index, rank)
 
     def own(self) -> None:
         """Every sequence index at this rank's block of its range."""
@@ -377,23 +239,7 @@ class _Ring(Interpreter):
         }
 
     def hides(self, q: Tile, k: Tile) -> bool:
-        if self.sites is None:
-            return False
-        box = {self.query.symbol: (q.start, q.start + q.length - 1)}
-        for key in self.keys:
-            box[key.symbol] = (k.start, k.start + k.length - 1)
-        return all(any(always(c, box) for c in conds) for conds in self.sites)
-
-    def needs(self, q: int, k: int) -> bool:
-        """Whether rank q's queries read anything of rank k's keys."""
-        keys = next(iter(self.keys), None)
-        if keys is None:
-            return False
-        return any(
-            not self.hides(a, b)
-            for a in self.tiles_of(self.query, q)
-            for b in self.tiles_of(keys, k)
-        )
+        return self.map.hides(q, k)
 
     def peer(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank)
@@ -403,7 +249,27 @@ class _Ring(Interpreter):
     def node(self, node: ir.Node, held: dict) -> tuple:
         if self.pairing is None and id(node) in self.memo:
             return self.memo[id(node)]
-        return super().node(node, held)
+        table, reader = self.table(node), self.reading_data
+        self.reading_data = not table
+        try:
+            tensor, indices = super().node(node, held)
+        finally:
+            self.reading_data = reader
+        if table and reader and tensor.is_floating_point():  # a table that data reads
+            tensor = tensor.to(self.working)
+        return tensor, indices
+
+    def table(self, node: ir.Node) -> bool:
+        if node not in self.table_nodes:
+            self.table_nodes[node] = all(r.tensor.name in self.tables for r in ir.refs(node))
+        return self.table_nodes[node]
+
+    def field(self, node: ir.Field, held: dict) -> tuple:
+        saved, self.dtype = self.dtype, torch.promote_types(self.dtype, torch.float32)
+        try:
+            return super().field(node, held)
+        finally:
+            self.dtype = saved
 
     def ref(self, node: ir.Ref, held: dict) -> tuple:
         name = node.tensor.name
@@ -428,6 +294,8 @@ class _Ring(Interpreter):
                 continue
             tile, source = (q, tensor) if item == self.query else (k, visiting[name])
             tensor = source.narrow(batch + axis, tile.offset, tile.length)
+        if tensor.is_floating_point() and name not in self.tables:  # accumulated wide
+            tensor = tensor.to(self.wide)
         return super().ref(node, {name: (tensor, indices)})
 
     def reduce(self, node: ir.Reduce, held: dict) -> tuple:
@@ -508,72 +376,14 @@ class _Ring(Interpreter):
     def equation(self, eq: ir.Equation, held: dict) -> None:
         if eq.tensor.name in self.pairs:
             return  # computed tile pair by tile pair where read
-        targets = list(self.targets(eq.rhs))
-        if targets:
-            self.passes(targets, held)
+        for each in self.schedule.get(eq.tensor.name, ()):
+            self.run(each, held)
         value = self.node(eq.rhs, held)
         held[eq.tensor.name] = (self.align(value, eq.indices), eq.indices)
 
-    def targets(self, node: ir.Node):
-        """The outermost reductions over a key index of a value along the query index."""
-        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
-        if (
-            over
-            and self.query in _body_free(node)
-            and not (isinstance(node, ir.Reduce) and node.fn == "softmax")
-        ):
-            if node.free and self.query not in node.free:
-                raise SpecError(f"{self.spec.name}: a reduction over the query index of a pair")
-            yield node
-            return
-        for child in ir.children(node):
-            yield from self.targets(child)
-
-    def softmaxes(self, node: ir.Node, seen: set) -> list[ir.Reduce]:
-        found = []
-        for sub in ir.walk(node):
-            if isinstance(sub, ir.Reduce) and sub.fn == "softmax" and set(sub.over) & self.keys:
-                found.append(sub)
-            if isinstance(sub, ir.Ref) and sub.tensor.name in self.pairs:
-                name = sub.tensor.name
-                if name not in seen:
-                    seen.add(name)
-                    found += self.softmaxes(self.pairs[name].rhs, seen)
-        return found
-
-    def linear(self, node: ir.Node, target: ir.Reduce) -> bool | None:
-        """Whether `node` is linear in the softmax `target` (None: it does not read it)."""
-        if node == target:
-            return True
-        if isinstance(node, ir.Ref):
-            eq = self.pairs.get(node.tensor.name)
-            return None if eq is None else self.linear(eq.rhs, target)
-        if isinstance(node, ir.Field):
-            return None
-        if isinstance(node, ir.Apply) and node.fn == "dropout":
-            return self.linear(node.args[0], target)
-        parts = [self.linear(c, target) for c in ir.children(node)]
-        found = [p for p in parts if p is not None]
-        if not found:
-            return None
-        return isinstance(node, ir.Product) and found == [True]
-
-    def passes(self, targets: list[ir.Node], held: dict) -> None:
-        online = None
-        for target in targets:
-            unknown = list(
-                dict.fromkeys(s for s in self.softmaxes(target, set()) if s.body not in self.stats)
-            )
-            if len(targets) == 1 and len(unknown) == 1 and self.linear(target, unknown[0]):
-                online = unknown[0]
-            elif unknown:  # statistics first: each softmax's row log-sum-exp
-                self.passes([ir.Reduce("logsumexp", s.over, s.body, s.span) for s in unknown], held)
-        self.run(targets, online, held)
-
-    def run(self, targets: list[ir.Node], online: ir.Reduce | None, held: dict) -> None:
+    def run(self, each: RingPass, held: dict) -> None:
         """One ring pass: every target over every key tile, merged per query tile."""
-        travel = self.travelling(targets)
-        names = sorted(travel)
+        targets, online, names = list(each.targets), each.online, list(each.travels)
         mine = [held[n][0] for n in names]
         keys = next(iter(self.keys))
         merged: dict = {}
@@ -598,16 +408,17 @@ class _Ring(Interpreter):
                     parts = checkpoint(pair, use_reentrant=False)
                     self.merge(merged, q, targets, online, parts)
         for n, target in enumerate(targets):
-            value = self.finish(n, target, merged)
-            self.memo[id(target)] = value
+            value, free = self.finish(n, target, merged)
+            self.memo[id(target)] = (value.to(self.dtype), free)
             if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
-                self.stats[target.body] = value
+                self.stats[target.body] = (value, free)  # as merged: float32 or wider
 
     def pair(self, targets, online, q: Tile, k: Tile, visiting, held) -> tuple:
         saved = self.rows
         keys = {i: k.positions for i in self.keys}
         self.rows, self.online = {self.query: q.positions, **keys}, online
         self.pairing = (q, k, visiting, {}, {id(t) for t in targets})
+        self.working, self.reading_data = self.wide, True
         try:
             out = [self.align(super(_Ring, self).node(t, held), t.free) for t in targets]
             if online is not None:
@@ -615,6 +426,7 @@ class _Ring(Interpreter):
             return tuple(out)
         finally:
             self.rows, self.pairing, self.online = saved, None, None
+            self.working, self.reading_data = self.dtype, False
 
     def merge(self, merged: dict, q: Tile, targets, online, parts: tuple) -> None:
         for n, target in enumerate(targets):
@@ -649,7 +461,7 @@ class _Ring(Interpreter):
                 continue
             shape = [q.length if i == self.query else self.size(i) for i in free]
             fill = {"logsumexp": -INF, "max": -INF, "min": INF}.get(fn, 0.0)
-            parts.append(torch.full(shape, fill, dtype=self.dtype, device=self.device))
+            parts.append(torch.full(shape, fill, dtype=self.wide, device=self.device))
         batch = torch.broadcast_shapes(*(p.shape[: p.dim() - len(free)] for p in parts))
         parts = [p.expand(*batch, *p.shape[p.dim() - len(free) :]) for p in parts]
         value = torch.cat(parts, free.index(self.query) - len(free))
@@ -657,26 +469,13 @@ class _Ring(Interpreter):
             value = value / int(sympy.Mul(*(i.size for i in target.over)).subs(self.sizes))
         return value, free
 
-    def travelling(self, targets: list[ir.Node]) -> set[str]:
-        """The tensors along one sequence index that the targets read at a key index."""
-        found, seen, stack = set(), set(), list(targets)
-        while stack:
-            for ref in ir.refs(stack.pop()):
-                name = ref.tensor.name
-                if name in self.pairs and name not in seen:
-                    seen.add(name)
-                    stack.append(self.pairs[name].rhs)
-                elif name not in self.pairs and self.keys & set(ref.written):
-                    found.add(name)
-        return found
-
 
 # -- one call, and the schedule without one
 
 
 def forward(spec: ir.Spec, plan: SequencePlan, arguments: dict, setup: dict) -> tuple:
     """The outputs of `spec` for this rank's blocks of `arguments` (by ASCII name), and the
-    run (what it sent and computed). `setup`: group, rank, world, zigzag, tile, the module's
+    run (what it sent and computed). `setup`: group, rank, world, layout, tile, the module's
     sizes and scalars, training."""
     split = dict(plan.split)
     shapes = {}
@@ -713,29 +512,13 @@ def forward(spec: ir.Spec, plan: SequencePlan, arguments: dict, setup: dict) -> 
     for t in spec.outputs:
         out = run.fuse(held[t.name][0], t)
         out = out.expand((*batch, *out.shape[out.dim() - len(t.shape) :]))
+        if out.is_floating_point():  # a table returned: in the call's dtype
+            out = out.to(run.dtype)
         outputs.append(out + 0 * run.token)  # every rank runs the ring steps' backward
     return tuple(outputs), run
 
 
 def work(spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, zigzag: bool, tile=None):
-    """Score elements each rank computes in one pass over the keys (the tile pairs no mask
-    hides), at `sizes` (ASCII name -> value, scalars included): equal on every rank when the
-    split balances the mask."""
-    values = {s: sizes[a] for s, a in spec.size_names.items() if a in sizes}
-    scalars = {s.symbol: float(sizes.get(s.ascii, s.value)) for s in spec.scalars}
-    setup = {"group": None, "rank": 0, "world": world, "zigzag": zigzag, "tile": tile}
-    interpreter = {"sizes": values, "scalars": scalars, "dtype": torch.float64}
-    run = _Ring(
-        spec, plan, {**setup, "interpreter": {**interpreter, "device": "cpu", "training": False}}
-    )
-    keys = next(iter(run.keys))
-    return [
-        sum(
-            q.length * k.length
-            for q in run.tiles_of(run.query, r)
-            for src in range(world)
-            for k in run.tiles_of(keys, src)
-            if not run.hides(q, k)
-        )
-        for r in range(world)
-    ]
+    """Score elements each rank computes in one call (indexattn.sequence.ring_work), on
+    zig-zag or contiguous blocks."""
+    return ring_work(spec, plan, sizes, world, ZIGZAG if zigzag else CONTIGUOUS, tile)

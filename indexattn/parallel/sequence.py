@@ -10,12 +10,15 @@ distance, T5's buckets) must be the global positions, and the plan lists where t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
 
 from .. import ir
 from ..errors import SpecError
+from ..ir.boxes import holds_on_box
 from ..ops import EXTREMUM, LSE, PREFIX, REDUCTIONS, SUM
 from .shard import find_index, shard_plan
 
@@ -26,6 +29,63 @@ WHY = {
     EXTREMUM: "each rank's partial extremum, compared",
     PREFIX: "an exclusive scan across ranks: the state of the blocks before is carried in",
 }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which positions each of w ranks holds: `contiguous`, one block (rank r has positions
+    r N/w … (r + 1) N/w - 1), or `zigzag`, chunks r and 2w - 1 - r of 2w (a causal mask's
+    work balanced). A value: `sequence_block` tags the blocks it cuts with theirs, and a
+    split layer refuses a block of another layout by name. CONTIGUOUS is the default
+    everywhere (context_parallel, sequence_block, context_parallel_model)."""
+
+    name: str  # "contiguous" or "zigzag"
+
+    def __str__(self) -> str:
+        return "zig-zag" if self.name == "zigzag" else self.name
+
+    @property
+    def parts(self) -> int:
+        return 2 if self.name == "zigzag" else 1
+
+    def spans(self, length: int, world: int, dim: int = 1) -> list[list[tuple[int, int]]]:
+        """Each rank's chunks of positions, [start, stop); ValueError when they do not divide."""
+        parts = self.parts * world
+        if length % parts:
+            each = "2 per rank, zig-zag" if self.parts == 2 else "one per rank"
+            how = f"{parts} equal chunks ({each})"
+            raise ValueError(
+                f"a sequence of {length} positions (dim {dim}) does not split into {how}: "
+                f"pad it to a multiple of {parts}"
+            )
+        c = length // parts
+        if self.parts == 1:
+            return [[(r * c, (r + 1) * c)] for r in range(world)]
+        return [
+            [(r * c, (r + 1) * c), ((parts - 1 - r) * c, (parts - r) * c)] for r in range(world)
+        ]
+
+    def held(self, length: int, world: int) -> list[int]:
+        """The positions of every rank's block, rank after rank: what joining the blocks in
+        rank order (an all-gather, an all-to-all) holds."""
+        return [p for spans in self.spans(length, world) for a, b in spans for p in range(a, b)]
+
+
+CONTIGUOUS, ZIGZAG = Layout("contiguous"), Layout("zigzag")
+LAYOUTS = {"contiguous": CONTIGUOUS, "zigzag": ZIGZAG, "zig-zag": ZIGZAG}
+
+
+def layout_of(layout: Layout | str | None = None, zigzag: bool | None = None) -> Layout:
+    """The layout named by `layout` (a Layout or its name) or by the older `zigzag=` flag;
+    CONTIGUOUS when neither is given. ValueError for another name, or for both disagreeing."""
+    if isinstance(layout, str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout is 'contiguous' or 'zigzag', not {layout!r}")
+        layout = LAYOUTS[layout]
+    flag = None if zigzag is None else (ZIGZAG if zigzag else CONTIGUOUS)
+    if layout is not None and flag is not None and layout != flag:
+        raise ValueError(f"layout={layout.name!r} and zigzag={zigzag} disagree: pass one")
+    return layout or flag or CONTIGUOUS
 
 
 @dataclass(frozen=True)
@@ -273,6 +333,217 @@ class _Reader:
 RANKS = sympy.Symbol("w", positive=True, integer=True)  # the ranks the sequence splits over
 
 
+# -- the block map: which tile pairs a mask hides, and each rank's work
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Rows offset … offset + length - 1 of a rank's block: global positions start …"""
+
+    offset: int
+    start: int
+    length: int
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.start, self.start + self.length, dtype=np.float64)
+
+
+def tiles(spans: list[tuple[int, int]], size: int) -> list[Tile]:
+    found, offset = [], 0
+    for start, stop in spans:
+        for first in range(start, stop, size):
+            length = min(size, stop - first)
+            found.append(Tile(offset, first, length))
+            offset += length
+    return found
+
+
+def _seed(node: ir.Node) -> tuple[float, sympy.Basic] | None:
+    """A pair tensor written as a mask: its hidden value (-inf or 0) and a condition on the
+    positions under which it holds (sufficient, not necessary)."""
+    if isinstance(node, ir.Field) and isinstance(node.expr, sympy.Piecewise):
+        value, cond = node.expr.args[0]
+        if value in (-sympy.oo, 0):
+            return float(value), cond
+    if isinstance(node, ir.Apply) and node.fn == "where":
+        cond, yes, no = node.args
+        for branch, holds in ((yes, _field_part(cond)), (no, None)):
+            if isinstance(branch, ir.Field) and branch.expr in (-sympy.oo, 0):
+                if holds is None and branch is no and isinstance(cond, ir.Field):
+                    holds = sympy.Not(cond.expr)
+                if holds is not None:
+                    return float(branch.expr), holds
+    return None
+
+
+def _field_part(cond: ir.Node) -> sympy.Basic | None:
+    """The part of a condition on positions alone: it implies the condition."""
+    if isinstance(cond, ir.Field):
+        return cond.expr
+    if isinstance(cond, ir.Apply) and cond.fn == "or":
+        parts = [p for p in map(_field_part, cond.args) if p is not None]
+        return sympy.Or(*parts) if parts else None
+    return None
+
+
+INF = float("inf")
+LEAK = "leak"  # a hidden value reaches something it does not vanish in: no tile is skipped
+
+
+class _Hiding:
+    """Which reductions over a key index vanish where: each one's conditions."""
+
+    def __init__(self, spec: ir.Spec, query: ir.Index, keys: set[ir.Index]) -> None:
+        self.query, self.keys = query, keys
+        self.hidden: dict[str, tuple[float, frozenset]] = {}
+        self.sites: list[frozenset] = []  # per reduction over a key: the conditions it vanishes
+        self.leak = False
+        for eq in spec.equations:
+            state = self.state(eq.rhs)
+            if isinstance(state, tuple):
+                if pair(eq.indices, query, keys):
+                    self.hidden[eq.tensor.name] = state
+                else:
+                    self.leak = True
+            elif state == LEAK:
+                self.leak = True
+
+    def state(self, node: ir.Node):
+        """None (clean or absorbed), LEAK, or (value, conditions): hidden there."""
+        seed = _seed(node) if pair(node.free, self.query, self.keys) else None
+        if seed is not None:
+            return seed[0], frozenset([seed[1]])
+        if isinstance(node, ir.Ref):
+            if any(isinstance(a, ir.At) for a in node.written):
+                return None
+            return self.hidden.get(node.tensor.name)
+        states = [self.state(c) for c in ir.children(node)]
+        if LEAK in states:
+            return LEAK
+        held = [s for s in states if isinstance(s, tuple)]
+        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
+        if over and self.query in body_free(node):
+            return self.site(node, held)
+        if not held:
+            return None
+        values = {v for v, _ in held}
+        conds = frozenset().union(*(c for _, c in held))
+        if isinstance(node, ir.Sum) and values == {-INF}:
+            return -INF, conds
+        if isinstance(node, ir.Product) and values == {0.0}:
+            return 0.0, conds
+        if isinstance(node, ir.Apply) and node.fn == "dropout" and states[0] and values == {0.0}:
+            return 0.0, conds
+        return LEAK
+
+    def site(self, node: ir.Node, held: list):
+        """A reduction over a key: where its contributions vanish (its site's conditions)."""
+        values = {v for v, _ in held}
+        conds = frozenset().union(*(c for _, c in held)) if held else frozenset()
+        if isinstance(node, ir.Reduce) and node.fn == "softmax":
+            return (0.0, conds) if values == {-INF} else (LEAK if held else None)
+        kills = (
+            (isinstance(node, ir.Product) and values == {0.0})
+            or (isinstance(node, ir.Reduce) and node.fn == "logsumexp" and values == {-INF})
+            or (isinstance(node, ir.Reduce) and node.fn == "sum" and values == {0.0})
+        )
+        if held and not kills:
+            return LEAK
+        self.sites.append(conds)
+        return None
+
+
+def always(cond: sympy.Basic, box: dict) -> bool:
+    """Whether `cond` holds at every point of the box (False where it cannot tell): the test
+    on the box's ends (ir/boxes.py), made once per condition, run on the box's numbers."""
+    order = tuple(sorted(box, key=str))
+    return bool(_box_test(cond, order)(*(end for s in order for end in box[s])))
+
+
+@functools.cache
+def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
+    ends = {s: (sympy.Dummy(), sympy.Dummy()) for s in order}
+    symbols = tuple(e for s in order for e in ends[s])
+    return sympy.lambdify(symbols, holds_on_box(cond, ends), modules="numpy")
+
+
+class BlockMap:
+    """The block map of one split: each rank's tiles of every sequence index (its chunks in
+    `layout`, cut into tiles of `tile` positions), the tile pairs a mask hides entirely, which
+    rank's queries read which rank's keys, and each rank's work. `sizes` and `scalars` by
+    symbol, as the interpreter holds them."""
+
+    def __init__(self, spec, plan, sizes: dict, scalars: dict, world: int, layout, tile) -> None:
+        glyphs = {i.glyph: i for i in spec.indices}
+        self.query = glyphs[plan.over]
+        self.keys = {glyphs[g] for g in plan.indices} - {self.query}
+        self.world, self.tile = world, tile
+        self.blocks = {  # per sequence range: each rank's chunks
+            i.size: layout.spans(int(i.size.subs(sizes)), world) for i in {self.query, *self.keys}
+        }
+        hiding = _Hiding(spec, self.query, self.keys)
+        subs = {**sizes, **scalars}
+        self.sites = (  # per reduction over a key, the conditions under which it reads nothing
+            None
+            if hiding.leak or not hiding.sites or not all(hiding.sites)
+            else [[c.subs(subs) for c in conds] for conds in hiding.sites]
+        )
+        self.need = [[self.needs(q, k) for k in range(world)] for q in range(world)]
+
+    def tiles_of(self, index: ir.Index, rank: int) -> list[Tile]:
+        spans = self.blocks[index.size][rank]
+        return tiles(spans, self.tile or spans[0][1] - spans[0][0])
+
+    def hides(self, q: Tile, k: Tile) -> bool:
+        if self.sites is None:
+            return False
+        box = {self.query.symbol: (q.start, q.start + q.length - 1)}
+        for key in self.keys:
+            box[key.symbol] = (k.start, k.start + k.length - 1)
+        return all(any(always(c, box) for c in conds) for conds in self.sites)
+
+    def needs(self, q: int, k: int) -> bool:
+        """Whether rank q's queries read anything of rank k's keys."""
+        keys = next(iter(self.keys), None)
+        if keys is None:
+            return False
+        return any(
+            not self.hides(a, b)
+            for a in self.tiles_of(self.query, q)
+            for b in self.tiles_of(keys, k)
+        )
+
+    def work(self, rank: int) -> int:
+        """Score elements (tile pairs' query × key positions) that `rank` computes in one pass
+        over every rank's keys: the pairs no mask hides."""
+        keys = next(iter(self.keys), None)
+        if keys is None:
+            return 0
+        return sum(
+            q.length * k.length
+            for q in self.tiles_of(self.query, rank)
+            for src in range(self.world)
+            for k in self.tiles_of(keys, src)
+            if not self.hides(q, k)
+        )
+
+
+def ring_work(spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, layout, tile=None):
+    """Score elements each rank computes in one call of the ring (the tile pairs no mask hides,
+    in every pass over the keys: a sink's statistics take a pass of their own; the backward
+    recomputes them once more), at `sizes` (ASCII name -> value, scalars included): equal on
+    every rank when the layout balances the mask."""
+    values = {s: sizes[a] for s, a in spec.size_names.items() if a in sizes}
+    scalars = {s.symbol: float(sizes.get(s.ascii, s.value)) for s in spec.scalars}
+    found = BlockMap(spec, plan, values, scalars, world, layout, tile)
+    passes = sum(map(len, ring_passes(spec, plan).values()))
+    return [passes * found.work(r) for r in range(world)]
+
+
+# -- what is sent
+
+
 @dataclass(frozen=True)
 class Sent:
     """One collective of a Ulysses step and the elements each rank sends in it: a ring
@@ -341,31 +612,130 @@ def ulysses_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     return tuple(found)
 
 
-def ring_travels(spec: ir.Spec, plan: SequencePlan) -> tuple[ir.Tensor, ...]:
-    """The tensors along one sequence index that the ring sends: those read at a key index
-    in a tensor along the query and a key index, or in a reduction over a key index."""
-    query, keys = plan.over, set(plan.indices) - {plan.over}
-    pairs = set()
-    for eq in spec.equations:
-        glyphs = {i.glyph for i in eq.indices}
-        if query in glyphs and keys & glyphs:
-            pairs.add(eq.tensor.name)
-    scanned = []
-    for eq in spec.equations:
-        for node in ir.walk(eq.rhs):
-            over = {i.glyph for i in getattr(node, "over", ()) or getattr(node, "summed", ())}
-            if eq.tensor.name in pairs or (
-                over & keys and isinstance(node, ir.Reduce | ir.Product)
-            ):
-                scanned.append(node)
-    found = {
-        ref.tensor: None
-        for node in scanned
-        for ref in ir.refs(node)
-        if ref.tensor.name not in pairs
-        and keys & {i.glyph for i in ref.written if isinstance(i, ir.Index)}
-    }
-    return tuple(found)
+@dataclass(frozen=True)
+class RingPass:
+    """One pass of the ring over every rank's key tiles: the reductions over a key index it
+    computes tile pair by tile pair (merged per query tile), the softmax it merges online by
+    its log-sum-exp (None: every softmax it reads has its row statistics from a pass before),
+    and the tensors it sends (read at a key index: each rank's block, to every rank)."""
+
+    targets: tuple[ir.Node, ...]
+    online: ir.Reduce | None
+    travels: tuple[str, ...]  # tensor names, sorted
+
+
+def ring_passes(spec: ir.Spec, plan: SequencePlan) -> dict[str, tuple[RingPass, ...]]:
+    """The ring's schedule, read off the notation: per equation (by tensor name) that reduces
+    a tensor along the query and a key index, the passes run before it, in order. A softmax
+    that the reduction reads linearly merges online; one it does not (a sink's
+    `sigmoid(L - s)` factor) gets its row log-sum-exp from a pass of its own first, unless an
+    equation before computed it (attention sinks' `logsumexp_<τ'>`, whose pass is its own)."""
+    return _Schedule(spec, plan).passes
+
+
+class _Schedule:
+    def __init__(self, spec: ir.Spec, plan: SequencePlan) -> None:
+        glyphs = {i.glyph: i for i in spec.indices}
+        self.spec, self.query = spec, glyphs[plan.over]
+        self.keys = {glyphs[g] for g in plan.indices} - {self.query}
+        self.pairs = {
+            eq.tensor.name: eq for eq in spec.equations if pair(eq.indices, self.query, self.keys)
+        }
+        self.stats: set[ir.Node] = set()  # the softmax bodies whose row statistics are known
+        self.passes: dict[str, tuple[RingPass, ...]] = {}
+        for eq in spec.equations:
+            if eq.tensor.name in self.pairs:
+                continue  # computed tile pair by tile pair where read
+            found: list[RingPass] = []
+            targets = list(self.targets(eq.rhs))
+            if targets:
+                self.plan(targets, found)
+                self.passes[eq.tensor.name] = tuple(found)
+
+    def targets(self, node: ir.Node):
+        """The outermost reductions over a key index of a value along the query index."""
+        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
+        if (
+            over
+            and self.query in body_free(node)
+            and not (isinstance(node, ir.Reduce) and node.fn == "softmax")
+        ):
+            if node.free and self.query not in node.free:
+                raise SpecError(f"{self.spec.name}: a reduction over the query index of a pair")
+            yield node
+            return
+        for child in ir.children(node):
+            yield from self.targets(child)
+
+    def softmaxes(self, node: ir.Node, seen: set) -> list[ir.Reduce]:
+        found = []
+        for sub in ir.walk(node):
+            if isinstance(sub, ir.Reduce) and sub.fn == "softmax" and set(sub.over) & self.keys:
+                found.append(sub)
+            if isinstance(sub, ir.Ref) and sub.tensor.name in self.pairs:
+                name = sub.tensor.name
+                if name not in seen:
+                    seen.add(name)
+                    found += self.softmaxes(self.pairs[name].rhs, seen)
+        return found
+
+    def linear(self, node: ir.Node, target: ir.Reduce) -> bool | None:
+        """Whether `node` is linear in the softmax `target` (None: it does not read it)."""
+        if node == target:
+            return True
+        if isinstance(node, ir.Ref):
+            eq = self.pairs.get(node.tensor.name)
+            return None if eq is None else self.linear(eq.rhs, target)
+        if isinstance(node, ir.Field):
+            return None
+        if isinstance(node, ir.Apply) and node.fn == "dropout":
+            return self.linear(node.args[0], target)
+        parts = [self.linear(c, target) for c in ir.children(node)]
+        found = [p for p in parts if p is not None]
+        if not found:
+            return None
+        return isinstance(node, ir.Product) and found == [True]
+
+    def plan(self, targets: list[ir.Node], found: list[RingPass]) -> None:
+        online = None
+        for target in targets:
+            unknown = list(
+                dict.fromkeys(s for s in self.softmaxes(target, set()) if s.body not in self.stats)
+            )
+            if len(targets) == 1 and len(unknown) == 1 and self.linear(target, unknown[0]):
+                online = unknown[0]
+            elif unknown:  # statistics first: each softmax's row log-sum-exp
+                stats = [ir.Reduce("logsumexp", s.over, s.body, s.span) for s in unknown]
+                self.plan(stats, found)
+        found.append(RingPass(tuple(targets), online, tuple(sorted(self.travelling(targets)))))
+        for target in targets:
+            if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
+                self.stats.add(target.body)
+
+    def travelling(self, targets: list[ir.Node]) -> set[str]:
+        """The tensors along one sequence index that the targets read at a key index."""
+        found, seen, stack = set(), set(), list(targets)
+        while stack:
+            for ref in ir.refs(stack.pop()):
+                name = ref.tensor.name
+                if name in self.pairs and name not in seen:
+                    seen.add(name)
+                    stack.append(self.pairs[name].rhs)
+                elif name not in self.pairs and self.keys & set(ref.written):
+                    found.add(name)
+        return found
+
+
+def pair(indices, query: ir.Index, keys: set[ir.Index]) -> bool:
+    """Whether a tensor along `indices` is along the query index and a key index."""
+    return query in indices and bool(keys & set(indices))
+
+
+def body_free(node: ir.Node) -> tuple[ir.Index, ...]:
+    """The indices free in what a reduction (or a product's factors) runs over."""
+    if isinstance(node, ir.Product):
+        return tuple(i for f in node.factors for i in f.free)
+    return node.body.free if isinstance(node, ir.Reduce) else node.free
 
 
 def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
@@ -373,12 +743,15 @@ def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     step, every rank's keys read by every other (a causal mask under zig-zag chunks): each
     travelling block to w - 1 ranks, its gradient back; parameters' gradients summed. A mask
     that hides whole blocks sends less; a softmax whose statistics need their own pass (a
-    sink's logsumexp) sends its scores' inputs once more."""
+    sink's logsumexp) sends its scores' inputs once more: one pass for each (`ring_passes`)."""
     if not plan.splittable:
         raise SpecError(plan.verdict())
     found = []
-    for t in ring_travels(spec, plan):
-        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS
+    tensors = {t.name: t for t in spec.tensors}
+    sends = [n for passes in ring_passes(spec, plan).values() for p in passes for n in p.travels]
+    for name in dict.fromkeys(sends):
+        t = tensors[name]
+        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS * sends.count(name)
         found.append(Sent(repr(t), "send/recv", "forward", sympy.factor(block)))
         if t.dtype != "int":
             found.append(Sent(repr(t), "send/recv", "backward", sympy.factor(block)))
@@ -419,7 +792,37 @@ def sent_table(
         f"  total: {per_item:,} per batch element ({_bytes(per_item * 4)} in float32), "
         f"and {once:,} per step ({_bytes(once * 4)})"
     )
+    if ring:
+        lines += work_lines(spec, plan, sizes, ranks)
     return "\n".join(lines) + "\n"
+
+
+def work_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> list[str]:
+    """Each rank's work on the ring, read off the block map (tiles of a chunk; scalars at the
+    spec's values), in each layout, and the layout that balances it best; none where the
+    sequence's sizes are not all given, or do not divide."""
+    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
+    passes = sum(map(len, ring_passes(spec, plan).values()))
+    found = {}
+    for layout in (CONTIGUOUS, ZIGZAG):
+        try:
+            block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
+        except (TypeError, ValueError):
+            return []
+        found[layout] = [passes * block_map.work(r) for r in range(ranks)]
+    lines = [
+        f"Scores per rank in one call (query × key positions of the tile pairs no mask hides, "
+        f"tiles of a chunk; {passes} pass{'es' * (passes > 1)} over the keys, each recomputed "
+        "once in the backward), by layout"
+    ]
+    balance = {}
+    for layout, work in found.items():
+        balance[layout] = max(work) * ranks / max(sum(work), 1)
+        cells = "  ".join(f"{w:,}" for w in work)
+        lines.append(f"  {layout!s:<10}  {cells}  (max/mean {balance[layout]:.2f})")
+    best = min(balance, key=lambda layout: (round(balance[layout], 2), layout != CONTIGUOUS))
+    lines.append(f"  balanced by: {best} (layout={best.name!r})")
+    return lines
 
 
 def _bytes(count: int) -> str:

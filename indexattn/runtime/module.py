@@ -111,9 +111,13 @@ class SpecModule(nn.Module):
             )
         kwargs.update(zip(self._inputs, args))
         kwargs.update({**self._parameters, **self._buffers})
-        # a scalar given to this call wins over the module's, for this call only
-        scalars = {**self.scalars, **{s: kwargs.pop(s) for s in self.scalars if s in kwargs}}
+        scalars = self._call_scalars(kwargs)
         return self.spec(training=self.training, **self.sizes, **scalars, **kwargs)
+
+    def _call_scalars(self, kwargs: dict) -> dict:
+        """The scalars of one call, taken out of `kwargs`: a scalar given to this call wins
+        over the module's, for this call only."""
+        return {**self.scalars, **{s: kwargs.pop(s) for s in self.scalars if s in kwargs}}
 
     def _repr_markdown_(self) -> str:
         """In a notebook: the spec's title, description and equations, then the parameters

@@ -4,13 +4,15 @@ attention core (specs/gqa_causal_core.attn) runs split over the sequence (ring o
 indexattn.distributed.context_parallel) in place of attn_implementation="indexattn".
 
 >>> model = indexattn.distributed.context_parallel_model(model, mesh)  # doctest: +SKIP
->>> block = functools.partial(sequence_block, mesh=mesh, dim=1, zigzag=True)  # doctest: +SKIP
+>>> block = functools.partial(sequence_block, mesh=mesh, dim=1)  # doctest: +SKIP
 >>> out = model(input_ids=block(ids), position_ids=block(positions))  # doctest: +SKIP
 
 Imported by indexattn.distributed.context_parallel_model only: it imports transformers.
 """
 
 from __future__ import annotations
+
+import functools
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -37,8 +39,8 @@ class ContextAttention:
     the causal core split over `mesh` by `strategy` (by `split_core`, which is
     indexattn.distributed.context_parallel), one core module per shape and scale."""
 
-    def __init__(self, mesh: DeviceMesh, strategy: str, zigzag: bool, split_core) -> None:
-        self.mesh, self.strategy, self.zigzag = mesh, strategy, zigzag
+    def __init__(self, mesh: DeviceMesh, strategy: str, layout, split_core) -> None:
+        self.mesh, self.strategy, self.layout = mesh, strategy, layout
         self.split_core = split_core
         self.spec = compile_spec(shipped(CORE))
         self.cores: dict[tuple, nn.Module] = {}
@@ -58,7 +60,7 @@ class ContextAttention:
             sizes = dict(zip(("h_kv", "n_rep", "d_k", "d_v"), shape))
             module = self.spec.module(**sizes, scaling=scaling)
             self.cores[shape] = self.split_core(
-                module, self.mesh, strategy=self.strategy, zigzag=self.zigzag
+                module, self.mesh, strategy=self.strategy, layout=self.layout
             )
         return self.cores[shape]
 
@@ -107,15 +109,26 @@ def _no_mask(*args, attention_mask=None, **kwargs):
         raise NotImplementedError(f"attention_mask hides some tokens: {_PADDING}")
 
 
-def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
+BLOCKS = ("input_ids", "inputs_embeds", "position_ids", "labels", "shift_labels")
+
+
+def _needs_positions(layout, model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     """position_ids required; the cache off (it would hold this rank's block of keys only);
-    labels only shifted on the whole sequence (shift_labels)."""
+    labels only shifted on the whole sequence (shift_labels); blocks cut in `layout`."""
     if kwargs.get("position_ids") is None:
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: pass position_ids, this rank's"
             " block of the global positions (sequence_block(positions, mesh, dim=1,"
-            " zigzag=...)), or rotary would read the block's own 0, 1, ..."
+            f" layout={layout.name!r})), or rotary would read the block's own 0, 1, ..."
         )
+    for key in BLOCKS:
+        found = getattr(kwargs.get(key), "_sequence_layout", None)
+        if found is not None and found != layout:
+            raise ValueError(
+                f"{type(model).__name__}: {key} is a {found} block, and the model was split"
+                f" for {layout} blocks: pass layout={layout.name!r} to sequence_block, or"
+                f" split the model with layout={found.name!r}"
+            )
     if kwargs.get("use_cache"):
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: call it with use_cache=False"
@@ -131,24 +144,24 @@ def _needs_positions(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     return args, {**kwargs, "use_cache": False}
 
 
-# (id of the mesh, strategy, zigzag) -> the mesh and its function's registered name; the mesh
+# (id of the mesh, strategy, layout) -> the mesh and its function's registered name; the mesh
 # is kept, so that its id is never another mesh's (equal meshes may hold other groups)
 _FUNCTIONS: dict[tuple, tuple[DeviceMesh, str]] = {}
 
 
-def split(model: nn.Module, mesh: DeviceMesh, strategy: str, zigzag: bool, split_core) -> nn.Module:
+def split(model: nn.Module, mesh: DeviceMesh, strategy: str, layout, split_core) -> nn.Module:
     """See indexattn.distributed.context_parallel_model, which passes its context_parallel as
     `split_core` (this module imports nothing of indexattn.distributed: no import cycle)."""
     if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
         raise ValueError("context_parallel_model needs a 1-D DeviceMesh (mesh['cp'] of a 2-D one)")
-    found = (id(mesh), strategy, zigzag)
+    found = (id(mesh), strategy, layout)
     if found not in _FUNCTIONS:
         name = f"indexattn_context_{len(_FUNCTIONS)}"
-        AttentionInterface.register(name, ContextAttention(mesh, strategy, zigzag, split_core))
+        AttentionInterface.register(name, ContextAttention(mesh, strategy, layout, split_core))
         AttentionMaskInterface.register(name, _no_mask)
         NAMES.add(name)
         install()
         _FUNCTIONS[found] = mesh, name
     model.set_attn_implementation(_FUNCTIONS[found][1])
-    model.register_forward_pre_hook(_needs_positions, with_kwargs=True)
+    model.register_forward_pre_hook(functools.partial(_needs_positions, layout), with_kwargs=True)
     return model

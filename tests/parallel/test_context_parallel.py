@@ -175,12 +175,34 @@ def test_count_shows_what_the_ring_sends(capsys, monkeypatch):
     assert main([*COUNT, "--ring"]) == 0
     text = capsys.readouterr().out
     assert "  K_<μτa>      send/recv   forward   N*d_k*h*(w - 1)/w      262,144" in text
+    # each rank's work by layout, read off the block map: zig-zag balances the causal mask
+    assert "  contiguous  16,777,216  33,554,432  (max/mean 1.33)" in text
+    assert "  zig-zag     20,971,520  20,971,520  (max/mean 1.00)" in text
+    assert "balanced by: zig-zag (layout='zigzag')" in text
     page = (ROOT / "docs" / "distributed.md").read_text(encoding="utf-8")
-    assert "\n".join(text.splitlines()[-9:]) in page
+    assert text[text.index("Elements sent") :].rstrip() in page
     # the twin: ALiBi, which Ulysses refuses, is counted for the ring
     sizes = ["--size", "N=64", "--size", "d_in=8", "--size", "d_out=8", "--size", "h=2"]
     assert main(["count", "specs/alibi.attn", "--context", "2", "--ring", *sizes]) == 0
     assert "K_<μτa>" in capsys.readouterr().out
+
+
+def test_count_has_the_sink_s_two_passes(capsys, monkeypatch):
+    """attention_sinks' logsumexp is a pass over K of its own: K is sent twice, V once, and
+    the work is two passes' (the count said one pass, 256 where the ring sent 384)."""
+    monkeypatch.chdir(ROOT)
+    sizes = ["--size", "N=64", "--size", "d_m=8", "--size", "h_kv=2", "--size", "n_rep=1"]
+    assert main(["count", "specs/attention_sinks.attn", "--context", "2", "--ring", *sizes]) == 0
+    text = capsys.readouterr().out
+    rows = {
+        tuple(line.split()[:3]): line.split()[3] for line in text.splitlines() if "send/" in line
+    }
+    assert rows[("K_<gτa>", "send/recv", "forward")] == "2*N*d_k*h_kv*(w", rows
+    assert rows[("V_<gτa>", "send/recv", "forward")] == "N*d_k*h_kv*(w", rows
+    assert "2 passes over the keys" in text
+    # the twin: mha's softmax merges online, in one pass
+    assert main([*COUNT, "--ring"]) == 0
+    assert "1 pass over the keys" in capsys.readouterr().out
 
 
 def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
@@ -264,6 +286,56 @@ def test_the_ring_computes_its_schedule_and_sends_its_count(ranks):
     for found in _result(ranks, "ring_work_mha"):
         assert found["work"] == found["schedule"] > 0, found
         assert found["sent"] == found["counted"] > 0, found
+
+
+def test_the_ring_sends_the_count_of_a_sink_s_two_passes(ranks):
+    """attention_sinks' logsumexp is a pass over K of its own before the pass over K and V:
+    the count has both (it said 256 where the ring sent 384, at 2 ranks)."""
+    for found in _result(ranks, "ring_work_attention_sinks"):
+        assert found["sent"] == found["counted"] > 0, found
+        assert found["work"] == found["schedule"] > 0, found
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring", "heads"])
+def test_a_scalar_given_to_the_call_is_honoured_by_a_split_layer(ranks, strategy):
+    gaps = _largest(ranks, f"scalar_{strategy}")  # softcap_window's c for this call only
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, f"scalar_{strategy}_twin")  # against the module's own c
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+def test_the_defaults_agree_so_natural_code_equals_one_process(ranks, strategy):
+    gaps = _largest(ranks, f"natural_{strategy}")  # context_parallel and sequence_block as is
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, f"natural_{strategy}_twin")
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+def test_a_block_of_another_layout_is_refused_by_name(ranks, strategy):
+    message = _result(ranks, f"mismatch_{strategy}_contiguous")[0]
+    assert "X is a contiguous block" in message and "zig-zag" in message, message
+    assert _result(ranks, f"mismatch_{strategy}_zigzag")[0] == "no error"  # the twin
+
+
+@pytest.mark.parametrize("name", ["mha", "doc_mask", "rope"])
+def test_ulysses_on_zigzag_blocks_equals_one_process(ranks, name):
+    gaps = _largest(ranks, f"ulysses_zigzag_{name}")
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, f"ulysses_zigzag_{name}_twin")
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+@pytest.mark.parametrize("name", ["mha", "rope"])
+def test_bfloat16_split_is_as_close_to_float64_as_one_process(launched, strategy, name):
+    """Tables (rotary angles) in float32 or wider, and the ring's tiles and merges
+    accumulated in float32, as one process's kernels do: at N = 512 (rope's angles there in
+    bfloat16 were 20 times one process's error), within 1.5 times one process's error."""
+    for found in _result(launched(2), f"bfloat16_{strategy}_{name}"):
+        assert found["dtype"] == "torch.bfloat16", found
+        assert 0 < found["split"] <= 1.5 * found["one"], found
 
 
 def test_a_rank_receives_keys_only_from_ranks_its_window_reaches(ranks):
