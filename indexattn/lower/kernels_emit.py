@@ -8,7 +8,7 @@ from functools import partial
 from ..ir import Index
 from . import tables_emit
 from .printers import tuple_text, wrap
-from .steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
+from .steps import Attention, Flex, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from .values import axes_comment, expand, relayout
 
 
@@ -86,6 +86,12 @@ class KernelSteps:
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
         return lines + self.unmerged(step, out)
+
+    def step_Flex(self, step: Flex) -> list[str]:
+        """`flex_attention`, printed by the FlexAttention backend (backends/flex/emit.py)."""
+        from ..backends.flex import emit
+
+        return emit.lines(self, step) + self.unmerged(step, self.var(step.out))
 
     def unmerged(self, step: Attention, out: str) -> list[str]:
         """The kernel's result with its heads unmerged: the query heads run as rows

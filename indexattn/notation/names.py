@@ -71,6 +71,7 @@ ACCENTS = {
 # allocates every other name.
 RESERVED = frozenset(
     {"torch", "F", "math", "einsum", "rearrange", "training", "constants", "device", "dtype", "_"}
+    | {"indexattn_flex"}  # backend="flex": backends/flex/run.py
 ) | frozenset(dir(builtins))
 
 

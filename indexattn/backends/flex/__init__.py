@@ -49,7 +49,7 @@ def _values(spec: Spec, core: Core, given: dict) -> dict:
     """The spec's names -> values: the scalars' defaults, then what was given; tensors the core
     reads with their batch axes flattened into one (FlexAttention's b)."""
     values = {s.ascii: s.value for s in spec.scalars} | dict(given)
-    for tensor in core.reads:
+    for tensor in core.tensors:
         x = values.get(tensor.ascii)
         if x is not None and tensor.batched:
             own = sum(1 for _ in tensor.layout)
@@ -90,28 +90,24 @@ def block_mask(
     found = one_core(spec, core)
     given = _values(spec, found, values)
     source, stats = mods.box(spec, found)
-    ends = {}
-    for stat in stats:
-        tiles = masks.tile_ends(given[stat.tensor], BLOCK_SIZE)
-        ends[stat.lo], ends[stat.hi] = tiles
-    tensors = [given[s.tensor] for s in stats]
-    device = device or (tensors[0].device if tensors else "cpu")
-    n_q, n_kv = (
-        _length(spec, found, i, given, stats) for i in (found.match.query, found.match.key)
-    )
-    batch = max([t.shape[0] for t, r in zip(tensors, stats)] or [1])
+    reads = tuple((st.lo, st.hi, st.side, given[st.tensor]) for st in stats)
+    device = device or (reads[0][3].device if reads else "cpu")
+    n_q, n_kv = (_length(spec, found, i, given, stats) for i in (found.query, found.key))
+    batch = max([x.shape[0] for *_, x in reads] or [1])
     keep_reads = found.keep.free_symbols if found.keep is not None else set()
-    reads_head = any(i.symbol in keep_reads for i in found.heads)
-    heads = int(_size(spec, sympy.Mul(*(i.size for i in found.heads)), given)) if reads_head else 1
+    reads_head = any(i.symbol in keep_reads for i in found.head_indices)
+    heads = (
+        int(_size(spec, sympy.Mul(*(i.size for i in found.head_indices)), given))
+        if reads_head
+        else 1
+    )
     keep = _function(mods.mask_mod(spec, found), given)
-    box = _function(source, given | dict.fromkeys(ends))  # the ends given per block by build
-    sided = {stat.lo: (stat.side, ends[stat.lo]) for stat in stats}
-    sided |= {stat.hi: (stat.side, ends[stat.hi]) for stat in stats}
+    box = _function(source, given | {n: None for st in stats for n in (st.lo, st.hi)})
     with torch.no_grad():
         return masks.build(
             keep,
             box,
-            sided,
+            reads,
             batch=batch,
             heads=heads,
             n_q=n_q,
@@ -131,7 +127,7 @@ def _size(spec: Spec, expr: sympy.Basic, given: dict) -> int:
 
 def _length(spec: Spec, core: Core, index, given: dict, stats) -> int:
     """An index's length: its size given by name, else the length of a tensor read along it."""
-    side = "q" if index == core.match.query else "k"
+    side = "q" if index == core.query else "k"
     for stat in stats:
         names = dict(zip(spec.sizes, spec.size_asciis))
         if stat.side == side and names.get(index.size) not in given:

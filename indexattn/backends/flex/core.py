@@ -18,9 +18,8 @@ from sympy.logic.boolalg import to_nnf
 from ... import ir
 from ...ir import Equation, Index, Spec
 from ...lower import fusion, predicates
+from ...lower.steps import SCORE
 from ...ops import lookup
-
-SCORE = sympy.Symbol("score")  # the raw score: scale · Σ q·k
 
 
 class Read(sympy.Function):
@@ -36,18 +35,38 @@ class Core:
     match: fusion.AttentionMatch  # the roles; its `terms`, `keep` and `masks` are unused here
     score: sympy.Basic  # of SCORE, positions, sizes, scalars and Reads
     keep: sympy.Basic | None  # None: every key
-    reads: tuple[ir.Tensor, ...]  # the tensors `Read` numbers
+    tensors: tuple[ir.Tensor, ...]  # the tensors `Read` numbers
     inlined: tuple[Equation, ...]  # derived tensors the core alone reads: computed inside it
 
     @property
-    def equations(self) -> tuple[Equation, ...]:
+    def chain(self) -> tuple[Equation, ...]:
         """The equations one call computes before the output's."""
         return tuple(dict.fromkeys((*self.inlined, *self.match.chain)))
 
     @property
-    def heads(self) -> tuple[Index, ...]:
+    def output(self) -> Equation:
+        return self.match.output
+
+    @property
+    def node(self) -> ir.Product:
+        return self.match.node
+
+    @property
+    def whole(self) -> bool:
+        return self.match.whole
+
+    @property
+    def head_indices(self) -> tuple[Index, ...]:
         """The query head indices, merged into FlexAttention's one head axis."""
         return self.match.heads + self.match.groups
+
+    @property
+    def query(self) -> Index:
+        return self.match.query
+
+    @property
+    def key(self) -> Index:
+        return self.match.key
 
     def reads_score(self) -> bool:
         return SCORE in self.score.free_symbols

@@ -25,7 +25,7 @@ def tile_ends(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 def build(
     mask_mod,
     box,
-    stats: dict[str, tuple[str, torch.Tensor]],
+    stats: tuple[tuple[str, str, str, torch.Tensor], ...],
     *,
     batch: int,
     heads: int,
@@ -35,8 +35,8 @@ def build(
     device,
 ):
     """The BlockMask. `box(q0, q1, k0, k1, h, **ends)` -> (full, empty), broadcasting;
-    `stats`: its keywords of least/greatest ids, name -> ("q" or "k", the per-tile tensor
-    (batch, tiles))."""
+    `stats`: (its keyword of the least, of the greatest, "q" or "k", the tensor (batch,
+    position)) of each tensor it reads at the queries' or keys' own positions."""
     from torch.nn.attention.flex_attention import BlockMask
 
     rows, cols = -(-n_q // block), -(-n_kv // block)
@@ -44,10 +44,10 @@ def build(
     k0 = torch.arange(cols, device=device) * block
     q1, k1 = torch.clamp(q0 + block, max=n_q) - 1, torch.clamp(k0 + block, max=n_kv) - 1
     shape = (batch, heads, rows, cols)
-    ends = {
-        name: (tiles[:, None, :, None] if side == "q" else tiles[:, None, None, :])
-        for name, (side, tiles) in stats.items()
-    }
+    ends = {}
+    for lo, hi, side, x in stats:
+        for name, tiles in zip((lo, hi), tile_ends(x, block)):
+            ends[name] = tiles[:, None, :, None] if side == "q" else tiles[:, None, None, :]
     h = torch.arange(heads, device=device)[None, :, None, None]
     full, empty = box(q0[:, None], q1[:, None], k0[None, :], k1[None, :], h, **ends)
     full = torch.as_tensor(full, device=device).expand(shape).clone()

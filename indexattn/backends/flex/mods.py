@@ -18,7 +18,8 @@ import sympy
 from ...ir import Spec
 from ...ir.boxes import holds_on_box
 from ...lower.printers import GridPrinter, ScalarPrinter
-from .core import SCORE, Core, Read
+from ...lower.steps import SCORE
+from .core import Core, Read
 
 RESERVED = frozenset(
     {"b", "h", "q_idx", "kv_idx", "score", "q0", "q1", "k0", "k1"} | {"torch", "math"}
@@ -57,13 +58,14 @@ class _Printer(GridPrinter):
     def __init__(self, core: Core, tensors=frozenset()) -> None:
         super().__init__(frozenset({B, H, Q, K, SCORE, Q0, Q1, K0, K1, *tensors}), ScalarPrinter())
         self.core = core
-        self.batched = {k: t.batched for k, t in enumerate(core.reads)}
+        self.batched = {k: t.batched for k, t in enumerate(core.tensors)}
 
     def _print_Read(self, expr) -> str:
         number, *positions = expr.args
-        tensor = self.core.reads[int(number)]
+        tensor = self.core.tensors[int(number)]
         lead = ["b"] if self.batched[int(number)] else []
-        return f"{keyword(tensor.ascii)}[{', '.join(lead + [self._print(p) for p in positions])}]"
+        at = [self._print(p) + (".long()" if p.has(Read) else "") for p in positions]
+        return f"{keyword(tensor.ascii)}[{', '.join(lead + at)}]"
 
 
 def keyword(ascii: str) -> str:
@@ -83,7 +85,7 @@ def _names(spec: Spec) -> dict[sympy.Symbol, sympy.Symbol]:
 def _keywords(spec: Spec, core: Core, exprs, extra=()) -> tuple[tuple[str, str], ...]:
     """(parameter, spec name) of every tensor, size and scalar the expressions read."""
     read = {int(r.args[0]) for e in exprs for r in e.atoms(Read)}
-    found = [(keyword(t.ascii), t.ascii) for k, t in enumerate(core.reads) if k in read]
+    found = [(keyword(t.ascii), t.ascii) for k, t in enumerate(core.tensors) if k in read]
     found += list(extra)
     spelled = {keyword(a): a for a in (*spec.size_asciis, *(s.ascii for s in spec.scalars))}
     symbols = sorted({str(s) for e in exprs for s in e.free_symbols}, key=str)
@@ -97,8 +99,8 @@ def _head(head: list[str], keywords) -> str:
 
 def _positions(core: Core) -> dict[sympy.Symbol, sympy.Basic]:
     """The core's indices in FlexAttention's: the query, the key, the merged heads unravelled."""
-    found = {core.match.query.symbol: Q, core.match.key.symbol: K}
-    heads = core.heads
+    found = {core.query.symbol: Q, core.key.symbol: K}
+    heads = core.head_indices
     for k, index in enumerate(heads):
         after = sympy.Mul(*(i.size for i in heads[k + 1 :]))
         value = sympy.floor(H / after) if k == 0 else sympy.Mod(sympy.floor(H / after), index.size)
@@ -131,7 +133,7 @@ def box(spec: Spec, core: Core, name: str = "mask_box") -> tuple[Source, tuple[S
     at the queries' or keys' own positions (`Stat`); a part it cannot tell is False (the
     block is then read entry by entry)."""
     keep = (sympy.true if core.keep is None else core.keep).xreplace(_names(spec))
-    query, key = core.match.query.symbol, core.match.key.symbol
+    query, key = core.query.symbol, core.key.symbol
     ends = {query: (Q0, Q1), key: (K0, K1)}
     stats: list[Stat] = []
     values = {}
@@ -140,7 +142,7 @@ def box(spec: Spec, core: Core, name: str = "mask_box") -> tuple[Source, tuple[S
         side = {query: "q", key: "k"}.get(positions[-1]) if len(positions) == 1 else None
         if side is None:
             continue
-        tensor = core.reads[int(number)].ascii
+        tensor = core.tensors[int(number)].ascii
         lo, hi = (sympy.Symbol(f"{keyword(tensor)}_{side}_{e}", integer=True) for e in ("lo", "hi"))
         stats.append(Stat(tensor, side, str(lo), str(hi)))
         symbol = sympy.Dummy(integer=True)
@@ -148,7 +150,7 @@ def box(spec: Spec, core: Core, name: str = "mask_box") -> tuple[Source, tuple[S
         ends[symbol] = (lo, hi)
     keep = keep.xreplace(values)
     known = frozenset(s for s in keep.free_symbols if s not in ends) - {query, key}
-    heads = {i.symbol: _positions(core)[i.symbol] for i in core.heads}
+    heads = {i.symbol: _positions(core)[i.symbol] for i in core.head_indices}
     full = holds_on_box(keep, ends, known)
     empty = holds_on_box(sympy.Not(keep), ends, known)
     tests = [test.xreplace(heads) for test in (full, empty)]
