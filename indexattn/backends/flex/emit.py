@@ -13,7 +13,7 @@ RUN = "indexattn_flex"  # the generated module's name of run.py (reserved: notat
 
 def lines(em, step: Flex) -> list[str]:
     em.use("torch", RUN)
-    out, spec = em.var(step.out), em.spec
+    out = em.var(step.out)
     q = em.features(step.q, step.q_dims, step.widths, step.heads)
     k = em.features(step.k, step.k_dims, step.widths, step.kv_heads)
     v = em.heads(step.v, step.v_dims, step.kv_heads)
