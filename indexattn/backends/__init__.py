@@ -35,14 +35,20 @@ def named(name: str) -> str:
     return name
 
 
-def refused(name: str, spec: str, why: str) -> ValueError:
+class Refused(ValueError):
+    """A backend asked for by name cannot compute a spec's attention core: why."""
+
+
+def refused(name: str, spec: str, why: str) -> Refused:
     """The error for a backend asked for by name that cannot take a spec's core."""
-    return ValueError(f"backend={name!r} cannot compute the attention core of {spec}: {why}")
+    return Refused(f"backend={name!r} cannot compute the attention core of {spec}: {why}")
 
 
-def auto(device: str, training: bool, flex_takes: bool) -> str:
+def auto(device: str, flex_takes: bool) -> str:
     """What "auto" runs on a device (docs/decisions.md, "Backends: what auto chooses"): on
     CUDA and XPU FlexAttention wherever it takes the spec; elsewhere (CPU: FlexAttention has
     no backward there, and its forward compiles for tens of seconds a shape family) the code
-    compiled for every device, the blocked path and SDPA where it computes the core exactly."""
+    compiled for every device, the blocked path and SDPA where it computes the core exactly.
+    The same on both for training and inference: FlexAttention's backward exists wherever it
+    runs a forward but the CPU."""
     return "flex" if device in ("cuda", "xpu") and flex_takes else "auto"

@@ -253,6 +253,9 @@ class CompiledSpec:
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         kwargs = self._spelled(kwargs)
+        flex = self._auto_flex(kwargs)
+        if flex is not None:  # "auto" on CUDA or XPU: FlexAttention (backends.auto)
+            return flex(training=training, backward="autograd", **kwargs)
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -266,6 +269,28 @@ class CompiledSpec:
 
             return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
+
+    def _auto_flex(self, kwargs: dict) -> CompiledSpec | None:
+        """The spec compiled with backend="flex", where "auto" runs it: on CUDA or XPU, where
+        FlexAttention takes the spec's cores (docs/decisions.md, "Backends: what auto
+        chooses"); None elsewhere."""
+        if self.backend != "auto":
+            return None
+        first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if first is None or first.device.type == "cpu":  # no import on a CPU's calls
+            return None
+        from ..backends import auto
+
+        return self._flex if auto(first.device.type, self._flex is not None) == "flex" else None
+
+    @cached_property
+    def _flex(self) -> CompiledSpec | None:
+        from ..backends import Refused
+
+        try:
+            return self.with_backend("flex")
+        except Refused:  # FlexAttention cannot take the spec: today's code
+            return None
 
     def in_order(self, tensors: Sequence[torch.Tensor], scalars: dict, *, training: bool):
         """`spec(**tensors, **scalars)` for a caller that passes the tensors in argument order

@@ -42,6 +42,15 @@ def attention(
             "backend='flex': FlexAttention has no dropout on the attention weights; call "
             "with training=False, set the dropout probability to 0, or use backend='blocks'"
         )
+    if (
+        q.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and any(x.requires_grad for x in (q, k, v))
+    ):
+        raise ValueError(
+            "backend='flex': FlexAttention has no backward on a CPU; run under torch.no_grad(), "
+            "or use backend='blocks' (or 'auto', which takes it on a CPU)"
+        )
     from torch.nn.attention.flex_attention import flex_attention
 
     lead = q.shape[:-3]
