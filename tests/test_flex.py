@@ -272,3 +272,28 @@ def test_compiled_flex_forward_is_the_literal_reading(monkeypatch):
     for n in (256, 384):  # a second length: no recompile (dynamic shapes)
         found = verify.compare(spec, torch.float32, fixed={"N": n})
         assert found.ok, found.error
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_run_passes(tmp_path):
+    """benchmarks/on_a_gpu.sh --device cpu: the flex benchmark at a tiny length, no card."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = os.environ | {"PYTHON": sys.executable, "OUT": str(tmp_path), "DRY_SPECS": "doc_mask"}
+    done = subprocess.run(
+        ["bash", "benchmarks/on_a_gpu.sh", "--device", "cpu"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "flex.jsonl").read_text().splitlines()]
+    assert {r.get("backend") for r in rows if "spec" in r} == {"flex", "blocks"}
+    assert {r["core"] for r in rows if "core" in r} == {"doc+causal", "causal+cap", "doc+cap+bias"}
