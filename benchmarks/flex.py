@@ -178,7 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    compiled_flex = torch.compile(flex_attention, dynamic=True)
+    compiled_flex = torch.compile(flex_attention)
     result = {
         "machine": f"{platform.machine()} CPU, one thread, torch {torch.__version__}",
         "cores": [],

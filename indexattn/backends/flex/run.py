@@ -1,6 +1,8 @@
 """What a module generated with backend="flex" calls: FlexAttention on (…, heads, sequence,
-width) tensors, compiled once per shape family (dynamic shapes: no recompile per length), and
-the block mask of a call, made once per shape where it reads positions alone."""
+width) tensors, compiled once per shape family (torch.compile's automatic dynamic sizes: the
+second length recompiles once with sizes symbolic, none after; not `dynamic=True`, which makes
+float scalars graph inputs that inductor's CPU lowering of flex_attention cannot take), and the
+block mask of a call, made once per shape where it reads positions alone."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ MAX_MASKS = 8
 def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(
+        flex_attention
+    )  # sizes go dynamic at the second length: no recompile after
 
 
 def attention(
