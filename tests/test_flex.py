@@ -11,8 +11,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
 from indexattn import catalog, compile_spec
-from indexattn.backends import flex
-from indexattn.backends.flex import mods, run
+from indexattn.backends.flex import callables, mods, run
 from indexattn.oracle import verify
 
 
@@ -138,7 +137,7 @@ def _canonical(mask) -> list:
 def _inputs(spec, n: int, seed: int = 0) -> dict:
     """What a spec's mask reads at n positions: sorted document ids, a window, a prefix and a
     chunk a fraction of n (not their defaults, which would make most masks plain causal)."""
-    core = flex.one_core(spec.ir)
+    core = callables.one_core(spec.ir)
     source = mods.mask_mod(spec.ir, core)
     generator = torch.Generator().manual_seed(seed)
     values = {"N": n, "N_kv": n}
@@ -156,7 +155,7 @@ def masked_specs() -> list[str]:
     found = []
     for name in catalog.names():
         try:
-            cores = flex.cores_of(compile_spec(name).ir)
+            cores = callables.cores_of(compile_spec(name).ir)
         except (ValueError, LookupError):
             continue
         if len(cores) == 1 and cores[0].keep is not None:

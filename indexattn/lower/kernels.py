@@ -272,13 +272,14 @@ def _cores(spec: Spec, backend: str) -> tuple:
     backend asked for by name that cannot take a core is refused (ValueError, the reason)."""
     from .. import backends
     from ..backends import flex
+    from ..backends.flex import core as flex_core
 
     if backend == "blocks":
         return ()
     if backend == "flex":
         try:
-            found = flex.core.cores(spec)
-        except flex.Refused as error:
+            found = flex_core.cores(spec)
+        except flex_core.Refused as error:
             raise backends.refused(backend, spec.name, str(error)) from None
         for core in found:
             why = flex.takes(core)
@@ -289,8 +290,8 @@ def _cores(spec: Spec, backend: str) -> tuple:
     if backend == "sdpa":
         matched = {m.output.tensor.name for m in matches}
         try:
-            seen = flex.core.cores(spec)
-        except flex.Refused as error:
+            seen = flex_core.cores(spec)
+        except flex_core.Refused as error:
             seen = () if matches else error
         if isinstance(seen, Exception):
             raise backends.refused(backend, spec.name, str(seen))

@@ -547,9 +547,9 @@ class CompiledSpec:
         >>> round(float(mod(torch.tensor(100.0), 0, 0, 0, 0)), 2)
         48.2
         """
-        from ..backends import flex
+        from ..backends.flex import callables
 
-        return flex.score_mod(self.ir, core, **inputs)
+        return callables.score_mod(self.ir, core, **inputs)
 
     def mask_mod(self, core: int | None = None, **inputs):
         """FlexAttention's `mask_mod` of the spec's attention core (True where a key is seen).
@@ -558,9 +558,9 @@ class CompiledSpec:
         >>> [bool(keep(0, 0, torch.tensor(5), torch.tensor(k))) for k in (3, 4, 5, 6)]
         [False, True, True, False]
         """
-        from ..backends import flex
+        from ..backends.flex import callables
 
-        return flex.mask_mod(self.ir, core, **inputs)
+        return callables.mask_mod(self.ir, core, **inputs)
 
     def block_mask(self, core: int | None = None, *, BLOCK_SIZE: int = 128, **sizes_and_inputs):
         """The `BlockMask` of the spec's mask at the sizes and inputs given, read off the box
@@ -570,9 +570,9 @@ class CompiledSpec:
         >>> compile_spec("mha").block_mask(N=512).to_string().count("█")  # causal
         20
         """
-        from ..backends import flex
+        from ..backends.flex import callables
 
-        return flex.block_mask(self.ir, core, BLOCK_SIZE=BLOCK_SIZE, **sizes_and_inputs)
+        return callables.block_mask(self.ir, core, BLOCK_SIZE=BLOCK_SIZE, **sizes_and_inputs)
 
 
 def _kind_error(spec: str, name: str, t: torch.Tensor, integer: bool, like: str) -> str:
