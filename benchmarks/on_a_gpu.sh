@@ -5,10 +5,23 @@
 # forward+backward) and peak memory of forward+backward. Figures go to $OUT (default: a new
 # folder under /tmp). Run from the repository root with a Python that has torch with CUDA:
 #   PYTHON=python3 benchmarks/on_a_gpu.sh
+# Then benchmarks/flex_gpu.py: the specs FlexAttention takes through backend="flex" and
+# "blocks", and three cores against hand-written compiled flex_attention, at N = 8192 and
+# 32768 (forward, forward+backward, peak memory); FLEX_SPECS= (empty) times every spec flex
+# takes (about 35 compiles: more than the 8 minutes the default list fits in).
+#   benchmarks/on_a_gpu.sh --device cpu    # the dry run: no card, tiny N, eager flex_attention
 set -uo pipefail
 python=${PYTHON:-python3}
 out=${OUT:-$(mktemp -d)}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+flex_specs=${FLEX_SPECS-mha,sliding_window,softcap_window,alibi,doc_mask,gqa,chunked,prefix_lm,t5_bias,softcap_core,gqa_core}
+if [[ "${1:-}" == "--device" && "${2:-}" == "cpu" ]]; then
+  timeout "${FLEX_SECONDS:-600}" "$python" benchmarks/flex_gpu.py --device cpu --lengths 64 \
+    --rounds 1 --eager --specs "${DRY_SPECS:-$flex_specs}" 2>&1 | tee "$out/flex.jsonl"
+  status=${PIPESTATUS[0]}
+  echo "dry run: figures in $out"
+  exit "$status"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/card.txt"
 "$python" -c "import torch, sympy, opt_einsum, einops, transformers
 print('torch', torch.__version__, 'sympy', sympy.__version__, 'opt_einsum', opt_einsum.__version__,
@@ -26,4 +39,7 @@ timeout "${MEMORY_SECONDS:-100}" "$python" benchmarks/independent.py --device cu
 # (benchmarks/triton_gpu.py; its CPU dry run: --device cpu --lengths 40, in the interpreter)
 timeout "${TRITON_SECONDS:-200}" "$python" benchmarks/triton_gpu.py \
   --device cuda --lengths "${TRITON_LENGTHS:-8192,32768}" 2>&1 | tee "$out/triton.jsonl"
+timeout "${FLEX_SECONDS:-240}" "$python" benchmarks/flex_gpu.py --device cuda \
+  --lengths "${FLEX_LENGTHS:-8192,32768}" --rounds 3 --specs "$flex_specs" 2>&1 \
+  | tee "$out/flex.jsonl"
 echo "figures in $out"

@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         help="print the stage STAGE instead of the Python: canonical (the spec the planner "
         "reads), plan (the planner's program) or a pass's name (the program after it)",
     )
+    compile_.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "blocks", "sdpa", "flex"),
+        help="what computes the attention core (docs/backends.md); default auto",
+    )
     compile_.set_defaults(run=run_compile)
 
     check = commands.add_parser(
@@ -240,15 +246,21 @@ def _output_options(command: argparse.ArgumentParser, metavar: str) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
+    from .backends import Refused
+
+    backend = getattr(args, "backend", "auto")
     if args.dump_after is None:
-        compiled = _compiled(args.spec)
+        try:
+            compiled = _compiled(args.spec, backend)
+        except Refused as error:
+            raise UsageError(str(error)) from None
         source = compiled.standalone_source if args.standalone else compiled.source
         emit(source, args.output, args.force)
         return 0
     from .lower.pipeline import dump
 
     try:
-        text = dump(_checked(args.spec), args.dump_after)
+        text = dump(_checked(args.spec), args.dump_after, backend)
     except ValueError as error:
         raise UsageError(str(error)) from None
     emit(text + "\n", args.output, args.force)
@@ -479,14 +491,14 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _compiled(argument: str):
+def _compiled(argument: str, backend: str = "auto"):
     """The spec a SPEC argument names, read once with a bound, compiled (errors name the
     file)."""
     from .ir import check
     from .runtime import CompiledSpec
 
     text, name, file = _source(argument)
-    return CompiledSpec(check(text, name, file), text, file)
+    return CompiledSpec(check(text, name, file), text, file, backend=backend)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -65,8 +65,11 @@ class CompiledSpec(compiled.CompiledSpec):
         )
 
 
-def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
-    """runtime.compiled.compile_spec, giving the spec that also shows itself.
+def compile_spec(
+    spec: str | Path, name: str | None = None, *, backend: str = "auto"
+) -> CompiledSpec:
+    """runtime.compiled.compile_spec, giving the spec that also shows itself; `backend`:
+    what computes the attention core ("auto", "blocks", "sdpa", "flex": docs/backends.md).
 
     >>> spec = compile_spec("index i : n\\ninput x_<i>\\ny_<i> = 2 x_<i>", name="double")
     >>> print(spec.latex(), end="")
@@ -74,4 +77,4 @@ def compile_spec(spec: str | Path, name: str | None = None) -> CompiledSpec:
       y_{i} &= 2 x_{i}
     \\end{align}
     """
-    return compiled.compile_spec(spec, name, kind=CompiledSpec)
+    return compiled.compile_spec(spec, name, kind=CompiledSpec, backend=backend)

@@ -22,22 +22,24 @@ def stages(
     pipeline: tuple[passes.Pass, ...] = passes.PASSES,
     *,
     each: bool = True,
+    backend: str = "auto",
 ) -> Iterator[tuple[str, Spec | Program]]:
     """("canonical", the spec the planner reads), ("plan", its program), then the program
     after each pass, by name; `each`: every program checked (`Program.check`), else the
-    planner's and the last alone (a compile's own run)."""
+    planner's and the last alone (a compile's own run). `backend`: the attention core's
+    (indexattn/backends)."""
     spec = canonical.canonical(spec, rewrites)
     yield "canonical", spec
-    yield from passes.stages(Planner(spec).plan(), pipeline, each=each)
+    yield from passes.stages(Planner(spec, backend).plan(), pipeline, each=each)
 
 
-def pipeline(spec: Spec, after: str | None = None) -> Spec | Program:
+def pipeline(spec: Spec, after: str | None = None, backend: str = "auto") -> Spec | Program:
     """The program after every pass (what the generated module prints), or the stage named
     `after` (a canonical spec, or a program checked after each pass); ValueError naming the
     stages for a name that is none of them."""
     if after is not None and after not in STAGES:
         raise ValueError(f"no stage named {after!r}; the stages are {', '.join(STAGES)}")
-    for name, found in stages(spec, each=after is not None):
+    for name, found in stages(spec, each=after is not None, backend=backend):
         if name == after:
             return found
     return found
@@ -49,8 +51,8 @@ def plan(spec: Spec) -> Program:
     return pipeline(spec, after="plan")
 
 
-def dump(spec: Spec, after: str) -> str:
+def dump(spec: Spec, after: str, backend: str = "auto") -> str:
     """The stage `after` as text: the canonical spec as the language writes it, a program as
     its steps."""
-    found = pipeline(spec, after)
+    found = pipeline(spec, after, backend)
     return printer.spec_text(found) if isinstance(found, Spec) else str(found)

@@ -72,6 +72,7 @@ ACCENTS = {
 RESERVED = frozenset(
     {"torch", "F", "math", "einsum", "rearrange", "rt"}
     | {"training", "constants", "device", "dtype", "_"}
+    | {"indexattn_flex"}  # backend="flex": backends/flex/run.py
 ) | frozenset(dir(builtins))
 
 

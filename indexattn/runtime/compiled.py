@@ -38,7 +38,11 @@ MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
 
 
 def compile_spec(
-    spec: str | Path, name: str | None = None, *, kind: type[CompiledSpec] | None = None
+    spec: str | Path,
+    name: str | None = None,
+    *,
+    kind: type[CompiledSpec] | None = None,
+    backend: str = "auto",
 ) -> CompiledSpec:
     """Compile a spec file, a shipped spec or spec text into a callable: a `kind` (this
     module's CompiledSpec, which runs; indexattn.spec's, which also shows itself).
@@ -52,6 +56,9 @@ def compile_spec(
     [2.0, 2.0, 2.0]
     >>> compile_spec("gqa").name
     'gqa'
+
+    `backend`: what computes the attention core ("auto", "blocks", "sdpa", "flex";
+    indexattn/backends, docs/backends.md); one that cannot is refused with the reason.
     """
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(
@@ -67,23 +74,29 @@ def compile_spec(
     else:
         text, name, file = spec, name or "spec", f"<{name or 'spec'}>"
     kind = kind or CompiledSpec
-    key = (text, name, file, kind)
+    from ..backends import named
+
+    key = (text, name, file, kind, named(backend))
     if key not in _CACHE:
-        _CACHE[key] = _compile(text, name, file, kind)
+        _CACHE[key] = _compile(text, name, file, kind, backend)
     return _CACHE[key]
 
 
-def _compile(text: str, name: str, file: str, kind: type[CompiledSpec] | None = None):
-    """From the disk cache if kept there, else checked, planned and generated (and kept)."""
+def _compile(
+    text: str, name: str, file: str, kind: type[CompiledSpec] | None = None, backend="auto"
+):
+    """From the disk cache if kept there, else checked, planned and generated (and kept);
+    a backend asked for by name is compiled afresh (the disk keeps "auto"'s)."""
     kind = kind or CompiledSpec
-    kept = cache.load(text, name, file)
+    kept = cache.load(text, name, file) if backend == "auto" else None
     if kept is not None:
         return kind(None, text, file, plain=kept)
     from .. import ir
 
     with _collector_paused():
-        compiled = kind(ir.check(text, name, file), text, file)
-    cache.store(text, name, file, compiled.plain)
+        compiled = kind(ir.check(text, name, file), text, file, backend=backend)
+    if backend == "auto":
+        cache.store(text, name, file, compiled.plain)
     return compiled
 
 
@@ -163,9 +176,11 @@ class CompiledSpec:
         file: str = "<spec>",
         *,
         plain: Plain | None = None,
+        backend: str = "auto",
     ) -> None:
         self.text = text  # the spec's source text: what a pickled spec is rebuilt from
         self.file = file
+        self.backend = backend  # the attention core's (indexattn/backends)
         if spec is not None:
             self.ir = spec
             self.module_source = _generate(self.program)
@@ -205,14 +220,14 @@ class CompiledSpec:
         """The planner's program, before the passes."""
         from ..lower.pipeline import pipeline
 
-        return pipeline(self.ir, after="plan")
+        return pipeline(self.ir, after="plan", backend=self.backend)
 
     @cached_property
     def program(self) -> Program:
         """The program after every pass: what the generated module prints."""
         from ..lower.pipeline import pipeline
 
-        return pipeline(self.ir)
+        return pipeline(self.ir, backend=self.backend)
 
     @cached_property
     def module_source(self) -> Module:
@@ -228,7 +243,7 @@ class CompiledSpec:
 
     def __reduce__(self):
         # Pickled as its text and kind: generated functions and caches are rebuilt, not stored.
-        return partial(compile_spec, kind=type(self)), (self.text, self.name)
+        return partial(compile_spec, kind=type(self), backend=self.backend), (self.text, self.name)
 
     @property
     def sizes(self) -> tuple[sympy.Symbol, ...]:
@@ -246,6 +261,9 @@ class CompiledSpec:
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         kwargs = self._spelled(kwargs)
+        flex = self._auto_flex(kwargs)
+        if flex is not None:  # "auto" on CUDA or XPU: FlexAttention (backends.auto)
+            return flex(training=training, backward="autograd", **kwargs)
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -259,6 +277,28 @@ class CompiledSpec:
 
             return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
+
+    def _auto_flex(self, kwargs: dict) -> CompiledSpec | None:
+        """The spec compiled with backend="flex", where "auto" runs it: on CUDA or XPU, where
+        FlexAttention takes the spec's cores (docs/decisions.md, "Backends: what auto
+        chooses"); None elsewhere."""
+        if self.backend != "auto":
+            return None
+        first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if first is None or first.device.type == "cpu":  # no import on a CPU's calls
+            return None
+        from ..backends import auto
+
+        return self._flex if auto(first.device.type, self._flex is not None) == "flex" else None
+
+    @cached_property
+    def _flex(self) -> CompiledSpec | None:
+        from ..backends import Refused
+
+        try:
+            return self.with_backend("flex")
+        except Refused:  # FlexAttention cannot take the spec: today's code
+            return None
 
     def in_order(self, tensors: Sequence[torch.Tensor], scalars: dict, *, training: bool):
         """`spec(**tensors, **scalars)` for a caller that passes the tensors in argument order
@@ -495,11 +535,52 @@ class CompiledSpec:
 
         return sequence_plan(self.ir, over, keys, heads)
 
-    def module(self, /, **kwargs):
-        """An nn.Module whose parameters are the spec's params, built at the given sizes."""
+    def module(self, /, *, backend: str | None = None, **kwargs):
+        """An nn.Module whose parameters are the spec's params, built at the given sizes;
+        `backend`: the attention core's (indexattn/backends), by default this spec's."""
         from .module import SpecModule
 
-        return SpecModule(self, **kwargs)
+        spec = self if backend in (None, self.backend) else self.with_backend(backend)
+        return SpecModule(spec, **kwargs)
+
+    def with_backend(self, backend: str) -> CompiledSpec:
+        """This spec compiled with another backend for its attention core."""
+        return compile_spec(self.text, self.name, kind=type(self), backend=backend)
+
+    def score_mod(self, core: int | None = None, **inputs):
+        """FlexAttention's `score_mod` of the spec's attention core, reading the tensors,
+        sizes and scalars given by ASCII name (scalars default to the spec's values).
+
+        >>> mod = compile_spec("softcap_core").score_mod(M=torch.zeros(1, 1))
+        >>> round(float(mod(torch.tensor(100.0), 0, 0, 0, 0)), 2)
+        48.2
+        """
+        from ..backends.flex import callables
+
+        return callables.score_mod(self.ir, core, **inputs)
+
+    def mask_mod(self, core: int | None = None, **inputs):
+        """FlexAttention's `mask_mod` of the spec's attention core (True where a key is seen).
+
+        >>> keep = compile_spec("sliding_window").mask_mod(w=2)
+        >>> [bool(keep(0, 0, torch.tensor(5), torch.tensor(k))) for k in (3, 4, 5, 6)]
+        [False, True, True, False]
+        """
+        from ..backends.flex import callables
+
+        return callables.mask_mod(self.ir, core, **inputs)
+
+    def block_mask(self, core: int | None = None, *, BLOCK_SIZE: int = 128, **sizes_and_inputs):
+        """The `BlockMask` of the spec's mask at the sizes and inputs given, read off the box
+        bounds of its condition (never all N² entries): equal to `create_block_mask` of
+        `mask_mod(...)`.
+
+        >>> compile_spec("mha").block_mask(N=512).to_string().count("█")  # causal
+        20
+        """
+        from ..backends.flex import callables
+
+        return callables.block_mask(self.ir, core, BLOCK_SIZE=BLOCK_SIZE, **sizes_and_inputs)
 
 
 def _kind_error(spec: str, name: str, t: torch.Tensor, integer: bool, like: str) -> str:

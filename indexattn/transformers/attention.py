@@ -416,9 +416,12 @@ SHIPPED = (
 )
 
 
-def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention | Cores:
+def register(
+    name: str, spec: CompiledSpec | str | Path, *more, backend: str = "auto"
+) -> CoreAttention | Cores:
     """Make `attn_implementation=name` run the core spec `spec`, in every model; with `more`
     specs, each call runs the first whose soft cap and sinks are what the layer hands over.
+    `backend`: what computes each spec's attention core (docs/backends.md).
 
     >>> register("my_core", "my_core.attn")  # doctest: +SKIP
     >>> AutoModelForCausalLM.from_config(config, attn_implementation="my_core")  # doctest: +SKIP
@@ -432,7 +435,14 @@ def register(name: str, spec: CompiledSpec | str | Path, *more) -> CoreAttention
     from .guard import NAMES, install
 
     cores = [
-        CoreAttention(s if isinstance(s, CompiledSpec) else compile_spec(s)) for s in (spec, *more)
+        CoreAttention(
+            s.with_backend(backend)
+            if isinstance(s, CompiledSpec) and backend != "auto"
+            else s
+            if isinstance(s, CompiledSpec)
+            else compile_spec(s, backend=backend)
+        )
+        for s in (spec, *more)
     ]
     function = cores[0] if not more else Cores(cores)
     AttentionInterface.register(name, function)

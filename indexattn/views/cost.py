@@ -35,6 +35,7 @@ from ..ir import Index, Spec, Tensor
 from ..ir.shapes import honouring
 from ..lower.program.program import Block, Program
 from ..lower.program.steps import (
+    SCORE,
     Add,
     Attention,
     Cat,
@@ -42,6 +43,7 @@ from ..lower.program.steps import (
     Contract,
     Convolve,
     Elementwise,
+    Flex,
     Flip,
     Full,
     Fuse,
@@ -266,6 +268,17 @@ def _(step: Attention) -> Cost:
     values = sympy.Max(features, values) if step.cut else values
     matmul = 2 * scores * (features + values)
     per_score = 1 + (step.mask is not None) + SOFTMAX_PER_ELEMENT
+    return Cost(matmul=matmul, other=per_score * scores)
+
+
+@step_cost.register
+def _(step: Flex) -> Cost:
+    """As `Attention`'s, every score counted (the blocks a mask hides are skipped at run
+    time), one more per score for the score's changes where it has any."""
+    scores = elements(step.q_dims) * elements(step.k_dims[-1:])
+    features = sum(elements(w) for w in step.widths)
+    matmul = 2 * scores * (features + elements(step.v_dims[-1:]))
+    per_score = 1 + (step.keep is not None) + (step.score != SCORE) + SOFTMAX_PER_ELEMENT
     return Cost(matmul=matmul, other=per_score * scores)
 
 

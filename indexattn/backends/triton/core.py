@@ -12,8 +12,8 @@ import sympy
 from ... import ir, ops
 from ...errors import SpecError
 from ...ir import Equation, Index, Spec
-from ...lower import sinks
-from ...lower.fusion import renaming
+from ...lower.planner import sinks
+from ...lower.planner.fusion import renaming
 
 # The tile's own symbols: the product Q·K of one query and one key, their positions.
 QK, ROW, COL = sympy.symbols("qk row col", real=True)

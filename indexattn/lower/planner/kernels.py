@@ -11,7 +11,7 @@ import sympy
 from ... import ir
 from ...ir import Index, Spec
 from ..program.kinds import constant
-from ..program.steps import Arg, Attention, Grid, Operand, Pad, Spans, Split, Step, Var
+from ..program.steps import Arg, Attention, Flex, Grid, Operand, Pad, Spans, Split, Step, Var
 from .fusion import (
     AttentionMatch,
     LinearForm,
@@ -43,11 +43,11 @@ class Planner(Protocol):
 class Kernels:
     """Which equations a kernel computes, and the steps that compute them."""
 
-    def __init__(self, planner: Planner, spec: Spec) -> None:
+    def __init__(self, planner: Planner, spec: Spec, backend: str = "auto") -> None:
         self.planner = planner
-        self.attention: dict[str, list[AttentionMatch]] = {}
+        self.attention: dict[str, list] = {}  # AttentionMatch (sdpa) or backends.flex.Core
         precise = {t.name for t in spec.tensors if t.precision}  # planned apart (plan.precise)
-        for match in find_attention(spec):
+        for match in _cores(spec, backend):
             if precise.isdisjoint(e.tensor.name for e in (*match.chain, match.output)):
                 self.attention.setdefault(match.output.tensor.name, []).append(match)
         self.groups = {
@@ -73,7 +73,7 @@ class Kernels:
         matches, planner = self.attention[name], self.planner
         if matches[0].whole:
             planner.order = eq.indices
-            planner.assign(eq, self.attend(matches[0], eq.tensor.ascii))
+            planner.assign(eq, self.call(matches[0], eq.tensor.ascii))
         else:
             rhs = eq.rhs
             for k, match in enumerate(matches):
@@ -81,10 +81,18 @@ class Kernels:
             planner.general(eq, rhs)
         return (*dict.fromkeys(e for m in matches for e in m.chain), eq)
 
-    def held(self, match: AttentionMatch, eq: ir.Equation, k: int) -> ir.Ref:
+    def call(self, match, name: str) -> Operand:
+        """The core's kernel: SDPA for a match of fusion's, flex_attention for a flex Core."""
+        return (
+            self.attend(match, name)
+            if isinstance(match, AttentionMatch)
+            else self.flex(match, name)
+        )
+
+    def held(self, match, eq: ir.Equation, k: int) -> ir.Ref:
         """The kernel's result for a core inside a longer right-hand side, planned now and
         held as a tensor of its own that the rest of the equation reads."""
-        value = self.attend(match, eq.tensor.ascii)
+        value = self.call(match, eq.tensor.ascii)
         layout = tuple((i,) for i in value.dims)
         name = f"{eq.tensor.name} core {k}"  # no spec's tensor is named with spaces
         tensor = ir.Tensor(name, value.var.hint, "derived", layout, value.batched)
@@ -160,6 +168,48 @@ class Kernels:
             )
         )
 
+    def flex(self, core, name: str) -> Operand:
+        """The core as one `Flex` step: q, k and v planned as for SDPA, and the tensors its
+        score and keep read, each in its declared indices."""
+        planner, match = self.planner, core.match
+        planner.order, scores = match.order, match.at.tensor.ascii
+        q, k = (
+            tuple(planner.as_tensor(planner.node(n, scores), scores) for n in parts)
+            for parts in (match.q, match.k)
+        )
+        reads = []
+        for tensor in core.tensors:
+            own = tuple((i,) for axis in tensor.layout for i in axis)
+            planner.order = tuple(i for (i,) in own)
+            ref = ir.Ref(tensor, own, match.node.span)
+            reads.append(planner.as_tensor(planner.node(ref, tensor.ascii), tensor.ascii))
+        planner.order = match.output.indices
+        v = planner.as_tensor(planner.node(match.v, name), name)
+        rename = dict(match.rename)
+        heads = match.heads + match.groups
+        out = (*(rename[i] for i in (*heads, match.query)), match.value_width)
+        batched = any(a.batched for a in (*q, *k, v))
+        return planner.add(
+            Flex(
+                Operand(planner.var(name + "_attn"), out, batched),
+                q=q,
+                k=k,
+                v=v,
+                reads=tuple(reads),
+                q_dims=(*heads, match.query),
+                k_dims=(*match.heads, match.key),
+                widths=match.widths,
+                v_dims=(*(rename[i] for i in match.heads), rename[match.key], match.value_width),
+                heads=len(heads),
+                kv_heads=len(match.heads),
+                scale=match.scale,
+                score=core.score,
+                keep=core.keep,
+                tensors=core.tensors,
+                dropout=match.p,
+            )
+        )
+
     def spans(self, match: AttentionMatch, mask: Operand | None) -> Operand | None:
         """Blocks of queries over the keys each sees, where the mask may hide whole blocks of
         keys: a boolean mask, or a float one built once per shape (scanning a per-call float
@@ -214,6 +264,46 @@ class Kernels:
             value = planner.node(kept_node(eq), tensor.ascii)
             planner.held[tensor.name] = planner.as_tensor(value, tensor.ascii)
         planner.order = order
+
+
+def _cores(spec: Spec, backend: str) -> tuple:
+    """The cores the backend named computes: SDPA's matches for "auto" (the rest planned as
+    general steps, by blocks) and "sdpa", none for "blocks", FlexAttention's for "flex"; a
+    backend asked for by name that cannot take a core is refused (ValueError, the reason)."""
+    from ... import backends
+    from ...backends import flex
+    from ...backends.flex import core as flex_core
+
+    if backend == "blocks":
+        return ()
+    if backend == "flex":
+        try:
+            found = flex_core.cores(spec)
+        except flex_core.Refused as error:
+            raise backends.refused(backend, spec.name, str(error)) from None
+        for core in found:
+            why = flex.takes(core)
+            if why is not None:
+                raise backends.refused(backend, spec.name, why)
+        return found
+    matches = find_attention(spec)
+    if backend == "sdpa":
+        matched = {m.output.tensor.name for m in matches}
+        try:
+            seen = flex_core.cores(spec)
+        except flex_core.Refused as error:
+            seen = () if matches else error
+        if isinstance(seen, Exception):
+            raise backends.refused(backend, spec.name, str(seen))
+        for core in seen:
+            if core.match.output.tensor.name not in matched:
+                why = backends.sdpa.takes(core)
+                raise backends.refused(backend, spec.name, f"{why} ({_changes(core)})")
+    return matches
+
+
+def _changes(core) -> str:
+    return f"the scores of {core.match.output.tensor.name} are {core.score}"
 
 
 def _substitute(node: ir.Node, core: ir.Product, ref: ir.Ref) -> ir.Node:

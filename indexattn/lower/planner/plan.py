@@ -64,7 +64,7 @@ from .stacks import stack_form
 class Planner(Products, PrefixProducts, Scatters, Convolves):
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, backend: str = "auto") -> None:
         self.spec = spec
         self.ids = itertools.count()
         self.held: dict[str, Operand] = {}
@@ -77,7 +77,7 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         self.blocks: list[Block] = []  # the blocks planned before it
         self.order: tuple[Index, ...] = ()
         self.seen: dict[tuple, Operand] = {}  # steps planned so far, by what they compute
-        self.kernels = Kernels(self, spec)
+        self.kernels = Kernels(self, spec, backend)
         # prefix sums and decayed scores computed by chunks where they are read
         self.prefix = {**prefix.find(spec), **decay.find(spec)}
         self.defined = {eq.tensor.name: eq for eq in spec.equations}

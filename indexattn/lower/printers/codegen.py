@@ -28,6 +28,7 @@ IMPORTS = (
     ("math", "import math\n"),
     ("torch", "import torch"),
     ("F", "import torch.nn.functional as F"),
+    ("indexattn_flex", "from indexattn.backends.flex import run as indexattn_flex"),
 )
 RUNTIME = "from indexattn.runtime import lib as rt"  # what every module calls: runtime/lib.py
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from ...ir import Index
-from ..program.steps import Attention, Linear, Operand, Pad, SoftmaxValues, Spans, Split
+from ..program.steps import Attention, Flex, Linear, Operand, Pad, SoftmaxValues, Spans, Split
 from . import tables_emit
 from .expressions import tuple_text, wrap
 from .values import Values, axes_comment, expand, prints, relayout
@@ -89,6 +89,13 @@ class KernelSteps(Values):
         if step.cut:
             lines.append(f"{out} = {out}[..., :{self.size(step.v_dims[-1])}]")
         return lines + self.unmerged(step, out)
+
+    @prints(Flex)
+    def step_Flex(self, step: Flex) -> list[str]:
+        """`flex_attention`, printed by the FlexAttention backend (backends/flex/emit.py)."""
+        from ...backends.flex import emit
+
+        return emit.lines(self, step) + self.unmerged(step, self.var(step.out))
 
     def unmerged(self, step: Attention, out: str) -> list[str]:
         """The kernel's result with its heads unmerged: the query heads run as rows

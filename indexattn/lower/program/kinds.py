@@ -25,6 +25,7 @@ from .steps import (
     Contract,
     Convolve,
     Elementwise,
+    Flex,
     Flip,
     Full,
     Fuse,
@@ -122,6 +123,7 @@ KINDS: dict[type, Kind] = {
     Linear: Kind(pure=False, view=False, fresh=False, row_wise=lambda s, row: row not in s.inner),
     Split: Kind(pure=False, view=True, fresh=False),
     Attention: Kind(pure=False, view=False, fresh=False),
+    Flex: Kind(pure=False, view=False, fresh=False),
     Spans: Kind(pure=True, view=False, fresh=False),
     PrefixProduct: Kind(pure=False, view=False, fresh=False),
     SoftmaxValues: Kind(pure=False, view=False, fresh=False),
@@ -236,7 +238,7 @@ def makes_floats(step: Step) -> bool:
         return step.fn == "/" or not (op.integers or op.condition)
     if isinstance(step, Reduction):
         return not ops.REDUCTIONS[step.fn].integers
-    return isinstance(step, Linear | Attention | PrefixProduct)
+    return isinstance(step, Linear | Attention | Flex | PrefixProduct)
 
 
 def constant(steps: tuple[Step, ...]) -> set[Var]:

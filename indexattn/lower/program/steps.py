@@ -338,6 +338,51 @@ class Attention:
         return self.heads - self.kv_heads if self.grouped and plain and shared else 0
 
 
+SCORE = sympy.Symbol("score")  # in a Flex step's score: the raw score, scale · Σ q·k
+
+
+@dataclass(frozen=True)
+class Flex:
+    """`flex_attention` (the FlexAttention backend, indexattn/backends/flex): softmax over the
+    key of `score` (of the raw score scale·q·k, positions, sizes, scalars and the `tensors`
+    read as `reads`), kept where `keep`, times v. q, k and v as `Attention` views them."""
+
+    out: Operand
+    q: tuple[Operand, ...]
+    k: tuple[Operand, ...]
+    v: Operand
+    reads: tuple[Operand, ...]  # the tensors the score and keep read, in `tensors`' order
+    q_dims: tuple[Index, ...]  # (heads..., query)
+    k_dims: tuple[Index, ...]  # (key heads..., key)
+    widths: tuple[tuple[Index, ...], ...]
+    v_dims: tuple[Index, ...]  # (key heads..., key, value width)
+    heads: int
+    kv_heads: int
+    scale: sympy.Basic
+    score: sympy.Basic  # backends/flex/core.py's: of SCORE, positions and Reads
+    keep: sympy.Basic | None
+    tensors: tuple[Tensor, ...]  # what each Read reads
+    dropout: sympy.Basic | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.heads != self.kv_heads
+
+    @property
+    def query(self) -> Index:
+        return self.q_dims[-1]
+
+    @property
+    def key(self) -> Index:
+        return self.k_dims[-1]
+
+    @property
+    def head_indices(self) -> tuple[Index, ...]:
+        return self.q_dims[:-1]
+
+    packed = 0  # query heads never run as rows: the mask tells them apart
+
+
 @dataclass(frozen=True)
 class Spans:
     """The blocks of queries a mask (…, query, key) lets the kernel run one by one, each on the
@@ -429,6 +474,7 @@ Step = (
     | Linear
     | Split
     | Attention
+    | Flex
     | Spans
     | PrefixProduct
     | SoftmaxValues

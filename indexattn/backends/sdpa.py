@@ -1,0 +1,20 @@
+"""The `sdpa` backend: `F.scaled_dot_product_attention` where it computes the core exactly
+(softmax over the key of scale · q·k plus a mask or bias, times the values; GQA, dropout),
+matched by lower/fusion.py (`find_attention`) and printed by lower/kernels_emit.py
+(`step_Attention`, by blocks of queries over the keys a mask lets each see)."""
+
+from __future__ import annotations
+
+NAME = "sdpa"
+
+
+def takes(core) -> str | None:
+    """None for a core `find_attention` matched (an `AttentionMatch`); else why not."""
+    from ..lower.planner.fusion import AttentionMatch
+
+    if isinstance(core, AttentionMatch):
+        return None
+    return (
+        "F.scaled_dot_product_attention computes softmax(scale · q·k + mask) · v; this core "
+        "changes its scores otherwise"
+    )

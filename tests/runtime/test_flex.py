@@ -1,0 +1,298 @@
+"""The FlexAttention backend (indexattn/backends/flex): backend= dispatch and refusals, values
+against the literal interpreter (flex_attention's eager path; compiled in the slow tests),
+`spec.block_mask` against `create_block_mask` of `spec.mask_mod`, and `score_mod`."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from indexattn import catalog, compile_spec
+from indexattn.backends.flex import callables, mods, run
+from indexattn.oracle import verify
+
+
+@pytest.fixture(autouse=True)
+def eager(monkeypatch):
+    """flex_attention's eager path: exact, no compile (tens of seconds a shape on a CPU)."""
+    monkeypatch.setattr(run, "COMPILE", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# -- values: the generated module with backend="flex" against the literal reading
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "softcap_window",
+        "doc_mask",
+        *(pytest.param(n, marks=SLOW) for n in ("alibi", "gqa_core", "chunked", "prefix_lm")),
+        pytest.param("t5_bias", marks=SLOW),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_flex_values_are_the_literal_reading(name, dtype):
+    spec = compile_spec(name, backend="flex")
+    assert "indexattn_flex.attention(" in spec.source
+    for batch in ((), (2,)):
+        found = verify.compare(spec, dtype, batch)
+        assert found.ok, (name, dtype, batch, found.error)
+
+
+def test_a_wrong_score_mod_is_seen():
+    """Twin: the same module with its soft cap's score_mod changed differs from the oracle."""
+    spec = compile_spec("softcap_core", backend="flex")
+    sizes = verify.sample_sizes(spec.ir)
+    args = verify.sample_arguments(spec.ir, sizes, (), torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    right = spec(**args, **given, softcap=0.5)
+    namespace = spec.function.__globals__
+    original = namespace["O_score"]
+    namespace["O_score"] = lambda score, b, h, q_idx, kv_idx, *, softcap, M: original(
+        score, b, h, q_idx, kv_idx, softcap=2 * softcap, M=M
+    )
+    try:
+        wrong = spec(**args, **given, softcap=0.5)
+    finally:
+        namespace["O_score"] = original
+    assert (right - wrong).abs().max() > 1e-3
+
+
+def test_auto_and_blocks_and_sdpa_print_what_they_say():
+    auto = compile_spec("mha").source
+    assert "scaled_dot_product_attention" in auto and "indexattn_flex" not in auto
+    blocks = compile_spec("mha", backend="blocks")
+    assert "scaled_dot_product_attention" not in blocks.source
+    assert verify.compare(blocks, torch.float64).ok
+    assert "scaled_dot_product_attention" in compile_spec("mha", backend="sdpa").source
+
+
+def test_flex_in_the_dump_and_the_module(tmp_path):
+    from indexattn.ir import check
+    from indexattn.lower.pipeline import dump
+
+    spec = check(catalog.shipped("doc_mask").read_text(), "doc_mask")
+    assert "Flex: O" in dump(spec, "plan", "flex")
+    assert "Flex:" not in dump(spec, "plan")
+    assert (
+        "# the attention core by FlexAttention" in compile_spec("doc_mask", backend="flex").source
+    )
+
+
+def test_backends_refuse_by_name_with_the_reason():
+    with pytest.raises(ValueError, match=r"backend='sdpa' cannot .* softcap_window: .*tanh"):
+        compile_spec("softcap_window", backend="sdpa")
+    with pytest.raises(ValueError, match=r"backend='flex' cannot .* linear_attention: no softmax"):
+        compile_spec("linear_attention", backend="flex")
+    with pytest.raises(ValueError, match=r"no backend 'triton2'.*'auto', 'blocks'"):
+        compile_spec("mha", backend="triton2")
+
+
+def test_flex_has_no_cpu_backward_and_says_what_to_use():
+    spec = compile_spec("softcap_core", backend="flex")
+    sizes = verify.sample_sizes(spec.ir)
+    args = verify.sample_arguments(spec.ir, sizes, (), torch.float32)
+    args["Q"].requires_grad_()
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    with pytest.raises(ValueError, match=r"no backward on a CPU.*backend='blocks'"):
+        spec(**args, **given)
+
+
+def test_module_takes_a_backend():
+    layer = compile_spec("doc_mask").module(d_m=8, h=2, d_k=4, backend="flex")
+    assert layer.spec.backend == "flex"
+    x, d = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 1, 2])
+    with torch.no_grad():
+        got = layer(X=x, D=d)
+        want = compile_spec("doc_mask").module(d_m=8, h=2, d_k=4)
+        want.load_state_dict(layer.state_dict())
+        assert torch.allclose(got, want(X=x, D=d), atol=1e-5)
+        assert not torch.allclose(got, want(X=x, D=torch.zeros_like(d)), atol=1e-5)
+
+
+# -- block masks read off the notation
+
+
+def _canonical(mask) -> list:
+    """kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices: each row's blocks, sorted."""
+    out = []
+    for counts, indices in (
+        (mask.kv_num_blocks, mask.kv_indices),
+        (mask.full_kv_num_blocks, mask.full_kv_indices),
+    ):
+        rows = indices.flatten(0, -2)
+        out.append([sorted(r[:c].tolist()) for r, c in zip(rows, counts.flatten())])
+    return out
+
+
+def _inputs(spec, n: int, seed: int = 0) -> dict:
+    """What a spec's mask reads at n positions: sorted document ids, a window, a prefix and a
+    chunk a fraction of n (not their defaults, which would make most masks plain causal)."""
+    core = callables.one_core(spec.ir)
+    source = mods.mask_mod(spec.ir, core)
+    generator = torch.Generator().manual_seed(seed)
+    values = {"N": n, "N_kv": n}
+    for _, name in source.keywords:
+        tensor = next((t for t in core.tensors if t.ascii == name), None)
+        if tensor is not None:
+            ids = torch.randint(0, 4, (n,), generator=generator).sort().values
+            values[name] = ids[None] if tensor.batched else ids
+        else:
+            values[name] = max(1, n // 3 + seed)
+    return values
+
+
+def masked_specs() -> list[str]:
+    found = []
+    for name in catalog.names():
+        try:
+            cores = callables.cores_of(compile_spec(name).ir)
+        except (ValueError, LookupError):
+            continue
+        if len(cores) == 1 and cores[0].keep is not None:
+            found.append(name)
+    return found
+
+
+FEW = ["mha", "doc_mask", "sliding_window", "prefix_lm", "chunked"]
+
+
+def _check_block_mask(name: str, n: int, block: int) -> None:
+    spec = compile_spec(name)
+    values = _inputs(spec, n)
+    made = spec.block_mask(BLOCK_SIZE=block, **values)
+    heads = made.kv_num_blocks.shape[1]
+    batch = made.kv_num_blocks.shape[0]
+    want = create_block_mask(
+        spec.mask_mod(**values), batch, heads, n, n, device="cpu", BLOCK_SIZE=block
+    )
+    assert _canonical(made) == _canonical(want), (name, n, block)
+
+
+@pytest.mark.parametrize("name", FEW)
+@pytest.mark.parametrize("n,block", [(512, 128), (300, 64), (777, 128)])
+def test_block_mask_is_create_block_mask(name, n, block):
+    _check_block_mask(name, n, block)
+
+
+@pytest.mark.slow
+def test_block_mask_of_every_masked_shipped_spec():
+    names = masked_specs()
+    assert {"mha", "doc_mask", "softcap_window", "chunked"} <= set(names)
+    for name in names:
+        for n, block in ((1024, 128), (1000, 64), (257, 32)):
+            _check_block_mask(name, n, block)
+
+
+def test_a_flipped_block_is_seen():
+    """Twin: one block's kind changed (a partial block made full) is told apart."""
+    spec = compile_spec("sliding_window")
+    made = spec.block_mask(N=512, w=100, BLOCK_SIZE=64)
+    want = create_block_mask(spec.mask_mod(w=100), 1, 1, 512, 512, device="cpu", BLOCK_SIZE=64)
+    assert _canonical(made) == _canonical(want)
+    counts, indices = made.kv_num_blocks.clone(), made.kv_indices.clone()
+    full_counts, full = made.full_kv_num_blocks.clone(), made.full_kv_indices.clone()
+    row = 3
+    moved = indices[0, 0, row, counts[0, 0, row] - 1].item()  # its last partial block
+    counts[0, 0, row] -= 1
+    full[0, 0, row, full_counts[0, 0, row]] = moved
+    full_counts[0, 0, row] += 1
+    flipped = type(made).from_kv_blocks(counts, indices, full_counts, full, BLOCK_SIZE=64)
+    assert _canonical(flipped) != _canonical(want)
+
+
+def test_block_mask_never_reads_every_entry(monkeypatch):
+    """Only the blocks the box bounds cannot tell are read entry by entry: for a causal mask
+    the diagonal's, n / block of them, not (n / block)²."""
+    from indexattn.backends.flex import masks
+
+    read = []
+    original = masks.build
+
+    def counting(mask_mod, *args, **kwargs):
+        def counted(b, h, q, k):
+            read.append(b.shape[0])
+            return mask_mod(b, h, q, k)
+
+        return original(counted, *args, **kwargs)
+
+    monkeypatch.setattr(masks, "build", counting)
+    compile_spec("mha").block_mask(N=4096)
+    assert sum(read) == 4096 // 128
+
+
+def test_document_ids_keep_their_integer_dtype():
+    """Per-tile least and greatest ids in the ids' own dtype: ids past 2^53 stay apart."""
+    big = 2**60
+    ids = torch.tensor([big] * 128 + [big + 1] * 128)
+    made = compile_spec("doc_mask").block_mask(D=ids[None], N=256)
+    # the diagonal's blocks partial (causal), the block of the second document's queries
+    # against the first's keys empty: as doubles, the two ids would be one
+    assert _canonical(made) == [[[0], [1]], [[], []]]
+
+
+# -- the callables alone
+
+
+def test_score_mod_and_mask_mod_are_the_spec_s():
+    spec = compile_spec("softcap_window")
+    score = spec.score_mod(c=2.0)
+    x = torch.tensor([-10.0, 0.5, 30.0])
+    assert torch.allclose(score(x, 0, 0, 0, 0), 2.0 * torch.tanh(x / 2.0))
+    keep = spec.mask_mod(w=3)
+    q, k = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    assert torch.equal(keep(0, 0, q, k), (k <= q) & (q - k < 3))
+    assert not torch.equal(keep(0, 0, q, k), k <= q)  # twin: the window is read
+
+
+def test_alibi_s_slopes_read_the_head():
+    spec = compile_spec("alibi")
+    score = spec.score_mod(h=8)
+    got = score(torch.tensor(0.0), 0, torch.tensor(1), torch.tensor(5), torch.tensor(2))
+    assert torch.isclose(got, torch.tensor(-(2 ** (-2.0)) * 3))
+
+
+# -- compiled FlexAttention (tens of seconds per shape family on a CPU)
+
+
+@pytest.mark.slow
+def test_compiled_flex_forward_is_the_literal_reading(monkeypatch):
+    monkeypatch.setattr(run, "COMPILE", True)
+    spec = compile_spec("softcap_window", backend="flex")
+    for n in (256, 384):  # a second length: no recompile (dynamic shapes)
+        found = verify.compare(spec, torch.float32, fixed={"N": n})
+        assert found.ok, found.error
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_run_passes(tmp_path):
+    """benchmarks/on_a_gpu.sh --device cpu: the flex benchmark at a tiny length, no card."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHON": sys.executable, "OUT": str(tmp_path), "DRY_SPECS": "doc_mask"}
+    done = subprocess.run(
+        ["bash", "benchmarks/on_a_gpu.sh", "--device", "cpu"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "flex.jsonl").read_text().splitlines()]
+    assert {r.get("backend") for r in rows if "spec" in r} == {"flex", "blocks"}
+    assert {r["core"] for r in rows if "core" in r} == {"doc+causal", "causal+cap", "doc+cap+bias"}
