@@ -119,7 +119,8 @@ DROPOUT = (
 
 
 def test_every_spec_with_dropout_is_checked_in_train_mode():
-    calls = ("F.dropout(", "dropout_p=")  # torch's dropout, alone or inside the fused kernel
+    # torch's dropout: alone, in the fused kernel, or in the runtime's softmax_values
+    calls = ("F.dropout(", "dropout_p=", "training=training")
     with_dropout = {c.spec for c in CASES if any(f in compiled(c.spec).source for f in calls)}
     assert with_dropout == set(DROPOUT)
 
