@@ -18,7 +18,7 @@ from .core import Core
 @functools.lru_cache(maxsize=64)
 def cores_of(spec: Spec) -> tuple[Core, ...]:
     """The cores of the spec's canonical form (Refused, with the reason, where none)."""
-    from ...lower import canonical
+    from ...lower.planner import canonical
 
     return _core.cores(canonical.canonical(spec))
 
