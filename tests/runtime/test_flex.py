@@ -194,8 +194,11 @@ def test_block_mask_of_every_masked_shipped_spec():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open defect: kv_decode's block mask (a cached offset) "
-                   "differs from create_block_mask past the first rows")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect: kv_decode's block mask (a cached offset) "
+    "differs from create_block_mask past the first rows",
+)
 def test_block_mask_of_kv_decode():
     _check_block_mask("kv_decode", 1024, 128)
 
