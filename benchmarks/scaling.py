@@ -13,8 +13,8 @@ baseline side by side, in two invocations).
 
 A training step is the forward, then `backward` of the mean square (the spec through
 autograd). Each measurement is kept in benchmarks/scaling.json (the newest per spec, N,
-implementation and mode); `--write` regenerates from it the tables and the plot
-(docs/scaling.svg) between the markers of docs/performance.md ("Scaling").
+implementation and mode); benchmarks/report.py (or `--write`) makes docs/performance.md's
+tables and docs/scaling.svg from it.
 
     .venv/bin/python benchmarks/scaling.py --n 512 2048 8192 [--train] [--specs mha ...]
     .venv/bin/python benchmarks/scaling.py --n 32768 --train --specs mha --who hand --rounds 0
@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import report  # noqa: E402
 from spec_memory import growth, inputs  # noqa: E402
 
 SPECS = (
@@ -52,9 +53,6 @@ SPECS = (
 SIZES = {"d_in": 512, "d_out": 512, "d_m": 512, "d_k": 64, "h": 8, "w": 1024, "c": 50.0}
 SIZES_OF = {"attention_sinks": {"h_kv": 2, "n_rep": 4}, "differential": {"h": 4, "d": 64}}
 RESULTS = ROOT / "benchmarks" / "scaling.json"
-PAGE = ROOT / "docs" / "performance.md"
-PLOT = ROOT / "docs" / "scaling.svg"
-BEGIN, END = "<!-- scaling: benchmarks/scaling.py -->", "<!-- end scaling -->"
 
 
 def baseline(name: str):
@@ -144,47 +142,6 @@ def keep(record: dict) -> None:
         RESULTS.write_text(text + "\n", encoding="utf-8")
 
 
-def pairs(records: list[dict], mode: str) -> list[tuple[dict, dict]]:
-    """(spec, hand) records of the mode, by spec then N."""
-    found = {(r["name"], r["n"], r["who"]): r for r in records if r["mode"] == mode}
-    order = sorted({(SPECS.index(k[0]), k[1]) for k in found})
-    rows = ((SPECS[i], n) for i, n in order)
-    return [
-        (found[s, n, "spec"], found[s, n, "hand"])
-        for s, n in rows
-        if (s, n, "hand") in found and (s, n, "spec") in found
-    ]
-
-
-def table_text(records: list[dict], mode: str) -> str:
-    what = "training step" if mode == "train" else "forward"
-    lines = [
-        f"| spec ({what}) | N | spec MB | blocked MB | memory ratio | spec s | blocked s "
-        "| time ratio | timed calls |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for spec, hand in pairs(records, mode):
-        calls = spec["rounds"] or "first"
-        lines.append(
-            f"| {spec['name']} | {spec['n']} | {spec['MB']:.0f} | {hand['MB']:.0f} "
-            f"| {spec['MB'] / max(hand['MB'], 1):.2f} | {spec['s']:.2f} | {hand['s']:.2f} "
-            f"| {spec['s'] / hand['s']:.2f} | {calls} |"
-        )
-    return "\n".join(lines)
-
-
-def write(records: list[dict]) -> None:
-    from scaling_plot import svg
-
-    PLOT.write_text(svg(records, SPECS, "CPU, one thread, float32"), encoding="utf-8")
-    parts = [f"![memory and time against N]({PLOT.name})"]
-    parts += [table_text(records, m) for m in ("forward", "train") if pairs(records, m)]
-    page = PAGE.read_text(encoding="utf-8")
-    head, rest = page.split(BEGIN)
-    _, tail = rest.split(END)
-    PAGE.write_text(f"{head}{BEGIN}\n" + "\n\n".join(parts) + f"\n{END}{tail}", encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, nargs="*", default=[])
@@ -192,7 +149,7 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="a training step, not a forward")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after the first")
     parser.add_argument("--who", choices=("spec", "hand"), nargs="*", default=["spec", "hand"])
-    parser.add_argument("--write", action="store_true", help="tables and plot into docs/")
+    parser.add_argument("--write", action="store_true", help="then run benchmarks/report.py")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -207,7 +164,7 @@ def main() -> None:
                 keep(record)
                 print(json.dumps(record, ensure_ascii=False), flush=True)
     if args.write:
-        write(load())
+        report.main()
 
 
 if __name__ == "__main__":
