@@ -96,7 +96,7 @@ print(time.perf_counter() - start, time.process_time() - cpu)
 
 def chain(n: int) -> str:
     """A spec of n equations, each reading the one before and an input: what a long spec
-    costs the compiler per equation (docs/performance.md, "Compile time")."""
+    costs the compiler per equation (docs/measurements.md, "Compile time")."""
     lines = ["index τ : N", "index a : d", "input X_<τa>", "param w_<a>", "Y0_<τa> = X_<τa>"]
     lines += [f"Y{k}_<τa> = tanh(Y{k - 1}_<τa>) w_<a> + X_<τa>" for k in range(1, n)]
     return "\n".join(lines) + "\n"
