@@ -3,6 +3,7 @@ and guarantees), the derived backward's rewrites in order, the planner's product
 reduction rules in order, and the step kinds."""
 
 import re
+import sys
 import typing
 from pathlib import Path
 
@@ -93,3 +94,90 @@ def test_no_folder_loop_between_lower_and_derive():
     assert "lower" in imported_folders("derive")
     assert "derive" not in imported_folders("lower")
     assert "ir" in imported_folders("lower")  # the twin: the scan sees a folder's imports
+
+
+def layout():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import layout as measured
+
+    return measured.measure()
+
+
+def listed_folders(page: str) -> set[str]:
+    return {r[0] for r in rows("layout", page)}
+
+
+def test_the_line_counts_list_every_sub_package_and_the_largest_are_named():
+    """The table of lines per folder lists the folders benchmarks/layout.py measures, no more,
+    no fewer; the largest class and function the page names are the ones it finds."""
+    lines, largest_class, largest_function = layout()
+    assert listed_folders(PAGE) == set(lines)
+    assert all(int(r[1]) > 0 for r in rows("layout"))
+    paragraph = PAGE.split("<!-- end layout -->", 1)[1].split("\n\n", 2)[1]
+    assert "largest class" in paragraph and "largest function" in paragraph
+    for _, where in (largest_class, largest_function):
+        name, path = where.split(", ")
+        assert f"`{name}` (`{path.removeprefix('indexattn/')}`" in paragraph
+
+
+def test_a_folder_left_out_of_the_line_counts_is_seen():
+    lines, _, _ = layout()
+    page = PAGE.replace("| `indexattn/lifting/` |", "| `indexattn/lifted/` |")
+    assert listed_folders(page) != set(lines)
+
+
+def tree(page: str) -> str:
+    return page.split("## The folders\n\n```\n", 1)[1].split("```", 1)[0]
+
+
+def missing_from_tree(page: str) -> list[str]:
+    """The package's sub-packages (and backends' modules) the folder tree does not name."""
+    package = ROOT / "indexattn"
+    wanted = [p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    backends = package / "backends"
+    wanted += [p.name + ("/" if p.is_dir() else "") for p in backends.iterdir()]
+    wanted = [w for w in wanted if not w.startswith(("__", "."))]
+    drawn = tree(page)
+    return [w for w in wanted if not re.search(rf"^\s+{re.escape(w)}", drawn, re.M)]
+
+
+def test_the_folder_tree_names_every_sub_package_and_backend():
+    assert missing_from_tree(PAGE) == []
+    assert missing_from_tree(PAGE.replace("  lifting/ ", "  lifted/ ")) == ["lifting/"]
+
+
+def extension_files(page: str) -> dict[str, list[str]]:
+    return {r[0]: [f.strip(" `") for f in r[1].split(",")] for r in rows("extensions", page)}
+
+
+def unsupported(page: str) -> list[str]:
+    """Files of the extensions table that do not exist, or that do not mention what the
+    extension added (`cumprod`; the `flex` backend; a pass's PASSES; BACKWARD_REWRITES)."""
+    marks = {"cumprod": "cumprod", "flex": "flex", "pass": "PASSES", "rewrite": "BACKWARD_REWRITES"}
+    bad = []
+    for what, files in extension_files(page).items():
+        mark = next(m for k, m in marks.items() if k in what)
+        for name in files:
+            path = ROOT / name
+            if "<name>" in name:
+                continue
+            text = "".join(p.read_text() for p in path.rglob("*.py")) if path.is_dir() else ""
+            text = path.read_text() if path.is_file() else text
+            if mark.lower() not in text.lower():
+                bad.append(name)
+    return bad
+
+
+def test_each_extension_s_files_exist_and_hold_it():
+    assert unsupported(PAGE) == []
+    assert set(extension_files(PAGE)) == {
+        "a function or reduction (`cumprod`)",
+        "a pass",
+        "a backward rewrite",
+        "a backend (`flex`)",
+    }
+
+
+def test_a_file_that_does_not_hold_the_extension_is_seen():
+    page = PAGE.replace("`indexattn/derive/adjoints.py` |", "`indexattn/errors.py` |")
+    assert unsupported(page) == ["indexattn/errors.py"]
