@@ -221,6 +221,35 @@ def models(data: dict) -> str:
     return "\n".join(lines)
 
 
+def shape_text(shape) -> str:
+    return (
+        f"decode ({shape[0]}, {shape[1]}, cache {shape[2]})"
+        if len(shape) == 3
+        else str(tuple(shape))
+    )
+
+
+def startup_table(times: dict) -> list[str]:
+    lines = ["| spec | cold s (never seen) | warm s (cached) |", "|---|---:|---:|"]
+    return lines + [
+        f"| {name} | {t:.3f} | {times['warm'][name]:.3f} |" for name, t in times["cold"].items()
+    ]
+
+
+def bf16_table(results: dict) -> list[str]:
+    lines = ["| case | shape | float32 ms | bfloat16 ms | speed-up |", "|---|---|---:|---:|---:|"]
+    for row in results["bfloat16"]:
+        ms = row["ms"]
+        cells = [
+            row["case"],
+            shape_text(row["shape"]),
+            f"{ms['float32']:.3g}",
+            f"{ms['bfloat16']:.3g}",
+        ]
+        lines.append("| " + " | ".join([*cells, f"{row['speedup']:.2f}"]) + " |")
+    return lines
+
+
 def tables(data: dict) -> dict[str, str]:
     return {
         "full-run": full_run(data["results"]),
@@ -233,6 +262,8 @@ def tables(data: dict) -> dict[str, str]:
         "block-masks": block_masks(data["flex"]),
         "layers": layers(data["layers"]),
         "models": models(data["models"]),
+        "startup": "\n".join(startup_table(data["results"]["startup"])),
+        "bfloat16": "\n".join(bf16_table(data["results"])),
     }
 
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 import startup as startup_benchmark  # noqa: E402
 import torch  # noqa: E402
 from cases import CASES, IMPLEMENTATIONS, build  # noqa: E402
+from report import bf16_table, shape_text, startup_table  # noqa: E402
 
 HAND = ("eager", "compiled")
 
@@ -455,14 +456,6 @@ def summary_table(results: dict) -> list[str]:
     return lines
 
 
-def shape_text(shape) -> str:
-    return (
-        f"decode ({shape[0]}, {shape[1]}, cache {shape[2]})"
-        if len(shape) == 3
-        else str(tuple(shape))
-    )
-
-
 def ratio_table(timings: list[dict]) -> list[str]:
     names = IMPLEMENTATIONS
     lines = [
@@ -473,27 +466,6 @@ def ratio_table(timings: list[dict]) -> list[str]:
         ratios = [f"{row['ratio'][n]:.2f}" if n in row["ratio"] else "—" for n in names]
         cells = [row["case"], shape_text(row["shape"]), row["mode"]]
         lines.append("| " + " | ".join(cells + ratios) + " |")
-    return lines
-
-
-def startup_table(times: dict) -> list[str]:
-    lines = ["| spec | cold s (never seen) | warm s (cached) |", "|---|---:|---:|"]
-    return lines + [
-        f"| {name} | {t:.3f} | {times['warm'][name]:.3f} |" for name, t in times["cold"].items()
-    ]
-
-
-def bf16_table(results: dict) -> list[str]:
-    lines = ["| case | shape | float32 ms | bfloat16 ms | speed-up |", "|---|---|---:|---:|---:|"]
-    for row in results["bfloat16"]:
-        ms = row["ms"]
-        cells = [
-            row["case"],
-            shape_text(row["shape"]),
-            f"{ms['float32']:.3g}",
-            f"{ms['bfloat16']:.3g}",
-        ]
-        lines.append("| " + " | ".join([*cells, f"{row['speedup']:.2f}"]) + " |")
     return lines
 
 
