@@ -4,6 +4,7 @@ so a figure on the page cannot drift from the file that keeps its run. Each chec
 that changes one figure in the JSON and sees the page (or the plot) change."""
 
 import copy
+import os
 import re
 import sys
 from pathlib import Path
@@ -89,14 +90,15 @@ def slug(title: str) -> str:
 
 
 def broken(text: str, here: Path) -> list[str]:
-    """The page's links to a file or a heading that does not exist."""
+    """The page's links to a file outside the repository or that does not exist, or to a
+    heading that does not exist."""
     bad = []
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         file, _, anchor = target.partition("#")
         if target.startswith("http"):
             continue
         path = (here.parent / file).resolve() if file else here
-        if not path.exists():
+        if not path.exists() or not path.is_relative_to(ROOT):
             bad.append(target)
         elif anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text("utf-8"), flags=re.M)
@@ -104,13 +106,17 @@ def broken(text: str, here: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("name", ["performance.md", "measurements.md"])
-def test_links_lead_to_files_and_headings_that_exist(name):
-    path = ROOT / "docs" / name
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_links_lead_to_files_and_headings_that_exist(path):
     assert broken(path.read_text("utf-8"), path) == []
 
 
 def test_a_link_to_a_missing_heading_or_file_is_seen():
     path = ROOT / "docs" / "performance.md"
     text = "[a](measurements.md#phrasings) [b](measurements.md#phrasing) [c](nowhere.md)"
-    assert broken(text, path) == ["measurements.md#phrasing", "nowhere.md"]
+    outside = os.path.relpath(os.__file__, path.parent)  # a file that exists, not in the repository
+    text += f" [d]({outside}) [e](../README.md#performance-in-one-paragraph)"
+    assert broken(text, path) == ["measurements.md#phrasing", "nowhere.md", outside]
