@@ -5,22 +5,24 @@ over the keys the mask lets it see (passes/spans.py)."""
 from __future__ import annotations
 
 from ... import ops
-from ...ir import Index, Spec
+from ...ir import Index
 from ..program.program import KeySpans, Rows
 from ..program.steps import Elementwise, Operand, Step, Var
 from . import tables_emit
-from .emit import Emitter
+from .emit import lines_of
 from .expressions import joined, tuple_text, wrap
-from .naming import Names
+from .values import Context
 
 
 class RowsWriter:
     """Prints the rows' function, and the lines of the spec's function that call it: once
     for all rows, or per block of rows, whichever the sizes ask for."""
 
-    def __init__(self, spec: Spec, names: Names, rows: Rows, spans: KeySpans | None = None) -> None:
+    def __init__(self, main: Context, rows: Rows, spans: KeySpans | None = None) -> None:
+        spec, names = main.spec, main.names
         self.spec, self.names, self.rows, self.spans = spec, names, rows, spans
-        self.emitter = Emitter(spec, names)
+        self.main = main  # the spec's function's lines: where a table made per block is called
+        self.emitter = Context(spec, names, main.needs.sharing(), blocked=main.blocked)
         self.function = names.fresh(names.function + "_rows")
         self.knob = names.fresh("BLOCK_SCORES")
         self.floor = names.fresh("BLOCK_ROWS")
@@ -32,7 +34,7 @@ class RowsWriter:
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
-        self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
+        self.body += heading + [line for s in steps for line in lines_of(self.emitter, s)]
         self.body += self.names.dropped(drop)
         self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
         self.casts |= any(
@@ -73,10 +75,9 @@ class RowsWriter:
         lines = [knob, floor, "", "", head, *("    " + line for line in lines)]
         return "\n".join(lines)
 
-    def call(self, main: Emitter) -> list[str]:
+    def call(self) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
-        rows, names = self.rows, self.names
-        self.main = main  # where a table made per block is called (`_slice`)
+        rows, names, main = self.rows, self.names, self.main
         size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
@@ -96,7 +97,7 @@ class RowsWriter:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
 
-    def _per_row(self, main: Emitter, keys: str | None = None) -> list[str]:
+    def _per_row(self, main: Context, keys: str | None = None) -> list[str]:
         """The factors of a row's scores: its batch, heads and keys (`keys`: a span's count)."""
         rows, key = self.rows, self.spans.hidden.key if keys else None
         per_row = [
@@ -122,7 +123,7 @@ class RowsWriter:
             f"    {out} = {call}",
         ]
 
-    def _spans(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
+    def _spans(self, main: Context, size: str, count: str, whole: list[str]) -> list[str]:
         """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
         names, rows, spans = self.names, self.rows, self.spans
         q0, q1, k0, k1, start, blocks = (
@@ -202,7 +203,7 @@ class RowsWriter:
         found = [(self.rows.sliced, self.rows.row)]
         return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
 
-    def _parts(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
+    def _parts(self, main: Context, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
         block by block (into the keys of the block, where the blocks skip keys)."""
         names, rows, spans = self.names, self.rows, self.spans
@@ -240,7 +241,7 @@ class RowsWriter:
             *(f"    {names.var(e.var)} = {joined(lists[e.var], self._dim(e))}" for e in joins),
         ]
 
-    def _span_rows(self, main: Emitter, count: str, k0: str, k1: str) -> list[str]:
+    def _span_rows(self, main: Context, count: str, k0: str, k1: str) -> list[str]:
         """The rows of a block over a span's keys alone: the scores' budget spent on the keys
         the block reads, not on every key (a window's block of rows is then as long as the
         span, and writes its keys' gradients once)."""
@@ -250,7 +251,7 @@ class RowsWriter:
         count = f"{count} = max({self.floor}, {self.knob} // ({factors}))"
         return [count + "  # rows a block over these keys"]
 
-    def _into_keys(self, main: Emitter, exit: Operand, out: str, piece: str, k0: str, k1: str):
+    def _into_keys(self, main: Context, exit: Operand, out: str, piece: str, k0: str, k1: str):
         """A block's part of a sum over the rows, over the keys it sees: added into them."""
         key = self.spans.hidden.key
         dim = exit.dims.index(key) - len(exit.dims)
