@@ -41,8 +41,8 @@ from ..program.steps import (
     Var,
     Whole,
 )
-from . import decay, prefix
-from .conv import Convolves
+from . import decay, prefix, products
+from .conv import convolve_rule
 from .fusion import (
     LinearForm,
     declared_outer,
@@ -54,14 +54,13 @@ from .fusion import (
 )
 from .kernels import Kernels
 from .order import planning_count
-from .prefix import PrefixProducts
-from .products import Products, Rule
-from .scatter import Scatters, scatter_positions
+from .products import Rule
+from .scatter import scatter_positions, scatter_rule
 from .sinks import Sink, absorbed
 from .stacks import stack_form
 
 
-class Planner(Products, PrefixProducts, Scatters, Convolves):
+class Planner:
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec, backend: str = "auto") -> None:
@@ -359,6 +358,14 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         out = Operand(self.var(hint + "_cat"), self.ordered(node.free), parts[0].batched)
         return self.add(Cat(out, parts, node.over, node.along))
 
+    def node_Product(self, node: ir.Product, hint: str) -> Arg:
+        """The first rule of PRODUCT_RULES (products.py) that plans the product."""
+        for rule in products.PRODUCT_RULES:
+            found = rule.plan(self, node, hint)
+            if found is not None:
+                return found
+        raise AssertionError("the last rule, contract, plans every product")
+
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
         """The first rule of REDUCTION_RULES that plans the reduction."""
         for rule in REDUCTION_RULES:
@@ -366,14 +373,6 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
             if found is not None:
                 return found
         raise AssertionError("the last rule, reduce, plans every reduction")
-
-    def reduce_rule(self, node: ir.Reduce, hint: str) -> Arg:
-        body = self.as_tensor(self.node(node.body, hint), hint)
-        safe = node.fn == "softmax" and self.may_be_masked(node.body)
-        # what the reduction leaves, in the body's order (`X.sum(dim=-1)` moves no axis)
-        dims = body.dims if node.keeps else tuple(i for i in body.dims if i not in node.over)
-        out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
-        return self.add(Reduction(out, node.fn, body, node.over, safe))
 
     def sink_softmax(self, found: Sink, hint: str) -> Operand:
         """A softmax with one more logit in its denominator (lower/planner/sinks.py)."""
@@ -383,11 +382,20 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         return self.add(Reduction(out, "softmax", body, (found.over,), sink=logit))
 
 
+def reduce_rule(planner, node: ir.Reduce, hint: str) -> Arg:
+    body = planner.as_tensor(planner.node(node.body, hint), hint)
+    safe = node.fn == "softmax" and planner.may_be_masked(node.body)
+    # what the reduction leaves, in the body's order (`X.sum(dim=-1)` moves no axis)
+    dims = body.dims if node.keeps else tuple(i for i in body.dims if i not in node.over)
+    out = Operand(planner.var(f"{hint}_{node.fn}"), dims, body.batched)
+    return planner.add(Reduction(out, node.fn, body, node.over, safe))
+
+
 # The planner's rules for a reduction, in order: the first that applies plans it.
 REDUCTION_RULES = (
-    Rule("scatter", Scatters.scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
-    Rule("convolve", Convolves.convolve_rule),  # conv.py: a kernel over shifted reads
-    Rule("reduce", Planner.reduce_rule),  # the reduction over its axes
+    Rule("scatter", scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
+    Rule("convolve", convolve_rule),  # conv.py: a kernel over shifted reads
+    Rule("reduce", reduce_rule),  # the reduction over its axes
 )
 
 
