@@ -10,6 +10,7 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
+from ...backends.blocks.emit import RowsWriter
 from ..program import kinds, numerics
 from ..program.kinds import reads
 from ..program.program import Program
@@ -18,7 +19,6 @@ from . import tables_emit
 from .emit import lines_of
 from .expressions import number_text, wrap
 from .naming import Names, shared_hints, written_over
-from .rows_emit import RowsWriter
 from .values import Context, Needs
 
 HEADER = """\

@@ -1,17 +1,19 @@
-"""Prints the rows' function (passes/rows.py marks its steps) and the lines of the spec's
-function that call it: once for all rows, or per block of rows, each block over every key or
-over the keys the mask lets it see (passes/spans.py)."""
+"""The `blocks` backend's printer: the rows' function (lower/program/passes/rows.py marks its
+steps) and the lines of the spec's function that call it: once for all rows, or per block of
+rows, each block over every key or over the keys the mask lets it see (passes/spans.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import ops
-from ...ir import Index
-from ..program.program import KeySpans, Rows
-from ..program.steps import Elementwise, Operand, Step, Var
-from . import tables_emit
-from .emit import lines_of
-from .expressions import joined, tuple_text, wrap
-from .values import Context
+from ...ir import Index, Spec
+from ...lower.printers import tables_emit
+from ...lower.printers.emit import lines_of
+from ...lower.printers.expressions import joined, tuple_text, wrap
+from ...lower.printers.values import Context
+from ...lower.program.program import KeySpans, Rows
+from ...lower.program.steps import Elementwise, Operand, Step, Var
 
 
 class RowsWriter:
@@ -31,6 +33,7 @@ class RowsWriter:
         self.dropout = False
         self.casts = False  # a precision's casts: the call's dtype is passed, not read off
         self.blocks: dict[Var, str] = {}  # a table's block (passes/tables.py): its name
+        self.layouts = Layouts(rows, spans)
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
@@ -103,7 +106,7 @@ class RowsWriter:
         per_row = [
             keys if i == key else wrap(main.size(i)) for i in rows.scores.dims if i != rows.row
         ]
-        batch = self._batch()
+        batch = _batch(self.spec)
         return ([batch] if batch and rows.scores.batched else []) + per_row
 
     def _blocks(self, size: str, count: str, whole: list[str]) -> list[str]:
@@ -157,7 +160,7 @@ class RowsWriter:
         tables = self._tables()
         function = self.names.fresh(self.names.function + "_block")
         inputs = self.rows.inputs
-        tensors = {self.names.var(v): self._cut(v, cuts) for v in inputs if v not in tables}
+        tensors = {self.names.var(v): self.layouts.cut(v, cuts) for v in inputs if v not in tables}
         scalars = {s.ascii for s in self.spec.scalars}
         read, before = [name for name in self.keywords() if name in scalars], []
         for var in tables:
@@ -177,32 +180,6 @@ class RowsWriter:
         args += ["draws=training"] if self.dropout else []
         return lines, f"{by_blocks}({', '.join(args)})"
 
-    def _cut(self, var: Var, cuts: dict[Index, str]) -> str:
-        """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
-        from the end when batched, else from the start."""
-        found = self._axes(var, cuts)
-        if not found:
-            return "{}"
-        _, count, batched = self._layout(var)
-        which = {self.rows.row: "q"} | ({self.spans.hidden.key: "k"} if self.spans else {})
-        axes = {(axis - count if batched else axis): which[i] for axis, i in found.items()}
-        return "{" + ", ".join(f'{axis}: "{w}"' for axis, w in axes.items()) + "}"
-
-    def _axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
-        """The axes of the input along which it is cut to `pieces`: its row axis and key axis
-        (by their place in its layout), where `pieces` has one."""
-        return {t[var][0]: i for t, i in self._found() if var in t and i in pieces}
-
-    def _layout(self, var: Var) -> tuple:
-        """(axis, axes, batched) of an input cut along the rows or keys."""
-        return next(table[var] for table, _ in self._found() if var in table)
-
-    def _found(self) -> list[tuple[dict, Index]]:
-        """The inputs cut along the rows and along the keys (each by its layout), with the
-        index each is cut along."""
-        found = [(self.rows.sliced, self.rows.row)]
-        return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
-
     def _parts(self, main: Context, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
         block by block (into the keys of the block, where the blocks skip keys)."""
@@ -220,7 +197,7 @@ class RowsWriter:
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
             elif spans is not None and spans.hidden.key in e.dims:
-                loop += self._into_keys(main, e, out, piece, k0, k1)
+                loop += _into_keys(main, spans.hidden.key, e, out, piece, k0, k1)
             else:
                 loop.append(f"{out} = {piece} if {out} is None else {out}.add_({piece})")
         key = spans.hidden.key if spans else rows.row
@@ -250,18 +227,6 @@ class RowsWriter:
         factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))
         count = f"{count} = max({self.floor}, {self.knob} // ({factors}))"
         return [count + "  # rows a block over these keys"]
-
-    def _into_keys(self, main: Context, exit: Operand, out: str, piece: str, k0: str, k1: str):
-        """A block's part of a sum over the rows, over the keys it sees: added into them."""
-        key = self.spans.hidden.key
-        dim = exit.dims.index(key) - len(exit.dims)
-        after = f" + {piece}.shape[{dim + 1}:]" if dim < -1 else ""
-        shape = f"{piece}.shape[:{dim}] + ({main.size(key)},){after}"
-        return [
-            f"if {out} is None:",
-            f"    {out} = {piece}.new_zeros({shape})",
-            f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
-        ]
 
     def _call(self, arguments: list[str], block: bool = False) -> str:
         """The rows' function on `arguments`; for one `block` of several, through the
@@ -298,26 +263,74 @@ class RowsWriter:
         """The input cut to `pieces` along its row and key axes: counted from the end when
         batched (after `...`), else from the start."""
         name = self.names.var(var)
-        cuts = {axis: pieces[i] for axis, i in self._axes(var, pieces).items()}
+        cuts = {axis: pieces[i] for axis, i in self.layouts.axes(var, pieces).items()}
         made = self.emitter.blocked.get(var)
         if made is not None:  # a table made per block from its positions (passes/tables.py)
             own = {made.dims[axis]: piece for axis, piece in cuts.items()}
             return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
         if not cuts:
             return name
-        _, axes, batched = self._layout(var)
+        _, axes, batched = self.layouts.layout(var)
         kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
         items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
         return f"{name}[{', '.join(items)}]"
-
-    def _batch(self) -> str | None:
-        """The number of batch elements, read from the first batched input."""
-        first = next((t for t in self.spec.arguments if t.batched), None)
-        if first is None:
-            return None
-        return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"
 
 
 def _ending(lines: list[str], assign: str) -> list[str]:
     """Lines indented once, the last one assigned."""
     return ["    " + line for line in lines[:-1]] + ["    " + assign + lines[-1]]
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """Where the rows' inputs are cut to a block: along the rows, and along the keys where
+    the blocks skip keys (`spans`)."""
+
+    rows: Rows
+    spans: KeySpans | None
+
+    def cut(self, var: Var, cuts: dict[Index, str]) -> str:
+        """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
+        from the end when batched, else from the start."""
+        found = self.axes(var, cuts)
+        if not found:
+            return "{}"
+        _, count, batched = self.layout(var)
+        which = {self.rows.row: "q"} | ({self.spans.hidden.key: "k"} if self.spans else {})
+        axes = {(axis - count if batched else axis): which[i] for axis, i in found.items()}
+        return "{" + ", ".join(f'{axis}: "{w}"' for axis, w in axes.items()) + "}"
+
+    def axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
+        """The axes of the input along which it is cut to `pieces`: its row axis and key axis
+        (by their place in its layout), where `pieces` has one."""
+        return {t[var][0]: i for t, i in self.found() if var in t and i in pieces}
+
+    def layout(self, var: Var) -> tuple:
+        """(axis, axes, batched) of an input cut along the rows or keys."""
+        return next(table[var] for table, _ in self.found() if var in table)
+
+    def found(self) -> list[tuple[dict, Index]]:
+        """The inputs cut along the rows and along the keys (each by its layout), with the
+        index each is cut along."""
+        found = [(self.rows.sliced, self.rows.row)]
+        return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
+
+
+def _into_keys(main: Context, key: Index, exit: Operand, out: str, piece: str, k0: str, k1: str):
+    """A block's part of a sum over the rows, over the keys it sees: added into them."""
+    dim = exit.dims.index(key) - len(exit.dims)
+    after = f" + {piece}.shape[{dim + 1}:]" if dim < -1 else ""
+    shape = f"{piece}.shape[:{dim}] + ({main.size(key)},){after}"
+    return [
+        f"if {out} is None:",
+        f"    {out} = {piece}.new_zeros({shape})",
+        f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
+    ]
+
+
+def _batch(spec: Spec) -> str | None:
+    """The number of batch elements, read from the first batched input."""
+    first = next((t for t in spec.arguments if t.batched), None)
+    if first is None:
+        return None
+    return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"
