@@ -4,7 +4,7 @@ rows, each block over every key or over the keys the mask lets it see (passes/sp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ... import ops
 from ...ir import Index, Spec
@@ -32,8 +32,7 @@ class RowsWriter:
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
         self.casts = False  # a precision's casts: the call's dtype is passed, not read off
-        self.blocks: dict[Var, str] = {}  # a table's block (passes/tables.py): its name
-        self.layouts = Layouts(rows, spans)
+        self.inputs = Inputs(rows, spans, main)
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
@@ -67,15 +66,8 @@ class RowsWriter:
             prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
         exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
         lines = [doc, *prologue, *self.body, f"return {exits}"]
-        knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
-        if self.rows.summed:  # a backward holds four to nine tensors of the scores' size
-            knob = f"{self.knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
-        knob += f" (but {self.floor} rows)"
-        floor = f"{self.floor} = 64  # rows a block holds at least: its keys' gradients cost"
-        floor += " a 64th of its work"
-        if self.rows.summed:  # a backward's blocks: as few rows as its budget asks
-            floor = f"{self.floor} = 1  # rows a block holds at least"
-        lines = [knob, floor, "", "", head, *("    " + line for line in lines)]
+        knobs = _knobs(self.knob, self.floor, bool(self.rows.summed))
+        lines = [*knobs, "", "", head, *("    " + line for line in lines)]
         return "\n".join(lines)
 
     def call(self) -> list[str]:
@@ -93,7 +85,7 @@ class RowsWriter:
             f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
             f"    {count} = {size}",
         ]
-        whole = [*self._made({}), self._call(self._arguments({}))]
+        whole = [*self.inputs.made({}), self._call(self.inputs.arguments({}))]
         if len(rows.exits) > 1:
             return head + self._parts(main, size, count, whole)
         if self.spans is None:
@@ -157,21 +149,21 @@ class RowsWriter:
         each block's gradients into one per tensor): the rows' inputs, the tensors the
         tables made by block read, and the scalars, which may be tensors (passed, never
         closed over: their gradients are made)."""
-        tables = self._tables()
+        tables = self.inputs.tables()
         function = self.names.fresh(self.names.function + "_block")
         inputs = self.rows.inputs
-        tensors = {self.names.var(v): self.layouts.cut(v, cuts) for v in inputs if v not in tables}
+        tensors = {self.names.var(v): self.inputs.cut(v, cuts) for v in inputs if v not in tables}
         scalars = {s.ascii for s in self.spec.scalars}
         read, before = [name for name in self.keywords() if name in scalars], []
         for var in tables:
             more, lines = tables_emit.block_reads(self.emitter.blocked[var], self.main, var)
             read, before = read + more, before + lines
         tensors |= {name: "{}" for name in read if name not in tensors}
-        arguments = [self._block(v) if v in tables else self.names.var(v) for v in inputs]
+        arguments = [self.inputs.block(v) if v in tables else self.names.var(v) for v in inputs]
         lines = [
             *before,
             f"def {function}({', '.join([*span, *tensors])}):  # made again in the backward",
-            *("    " + line for line in self._made(cuts)),
+            *("    " + line for line in self.inputs.made(cuts)),
             f"    return {self._call(arguments)}",
         ]
         by_blocks = self.main.runtime("by_blocks")
@@ -191,8 +183,8 @@ class RowsWriter:
         lists = {e.var: names.fresh(out + "_blocks") for e, out in zip(rows.exits, outs)}
         joins = [e for e in rows.exits if e.var not in rows.summed]
         sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
-        loop = [f"{end} = min({start} + {count}, {q1})", *self._made(cuts)]
-        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts), True)}"]
+        loop = [f"{end} = min({start} + {count}, {q1})", *self.inputs.made(cuts)]
+        loop += [f"{', '.join(pieces)} = {self._call(self.inputs.arguments(cuts), True)}"]
         for e, out, piece in zip(rows.exits, outs, pieces):
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
@@ -241,39 +233,19 @@ class RowsWriter:
         exit = exit or self.rows.exits[0]
         return exit.dims.index(self.rows.row) - len(exit.dims)
 
-    def _made(self, pieces: dict[Index, str]) -> list[str]:
-        """The lines that make the blocks of the tables the rows read (passes/tables.py),
-        each from the positions of the pieces."""
-        return [f"{self._block(v)} = {self._slice(v, pieces)}" for v in self._tables()]
 
-    def _arguments(self, pieces: dict[Index, str]) -> list[str]:
-        """The rows' inputs cut to the pieces; a table's block by its name (`_made`)."""
-        tables = self._tables()
-        return [self._block(v) if v in tables else self._slice(v, pieces) for v in self.rows.inputs]
-
-    def _tables(self) -> list[Var]:
-        return [v for v in self.rows.inputs if v in self.emitter.blocked]
-
-    def _block(self, var: Var) -> str:
-        if var not in self.blocks:
-            self.blocks[var] = self.names.fresh(self.names.var(var) + "_block")
-        return self.blocks[var]
-
-    def _slice(self, var: Var, pieces: dict[Index, str]) -> str:
-        """The input cut to `pieces` along its row and key axes: counted from the end when
-        batched (after `...`), else from the start."""
-        name = self.names.var(var)
-        cuts = {axis: pieces[i] for axis, i in self.layouts.axes(var, pieces).items()}
-        made = self.emitter.blocked.get(var)
-        if made is not None:  # a table made per block from its positions (passes/tables.py)
-            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
-            return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
-        if not cuts:
-            return name
-        _, axes, batched = self.layouts.layout(var)
-        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
-        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
-        return f"{name}[{', '.join(items)}]"
+def _knobs(knob: str, floor: str, summed: bool) -> list[str]:
+    """The rows' budgets, module-level constants a reader may tune: a backward (`summed`)
+    holds four to nine tensors of the scores' size, and its blocks as few rows as its budget
+    asks."""
+    if summed:
+        scores = f"{knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
+        rows = f"{floor} = 1  # rows a block holds at least"
+    else:
+        scores = f"{knob} = 2 ** 22  # on long sequences, scores held at once, at most"
+        rows = f"{floor} = 64  # rows a block holds at least: its keys' gradients cost"
+        rows += " a 64th of its work"
+    return [scores + f" (but {floor} rows)", rows]
 
 
 def _ending(lines: list[str], assign: str) -> list[str]:
@@ -282,12 +254,15 @@ def _ending(lines: list[str], assign: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Layouts:
-    """Where the rows' inputs are cut to a block: along the rows, and along the keys where
-    the blocks skip keys (`spans`)."""
+class Inputs:
+    """The rows' inputs as a block reads them: cut along the rows, and along the keys where
+    the blocks skip keys (`spans`); a table made per block (passes/tables.py) made from the
+    block's positions in `main`, the spec's function, under a name of its own (`blocks`)."""
 
     rows: Rows
     spans: KeySpans | None
+    main: Context
+    blocks: dict = field(default_factory=dict)  # a table's block: its name
 
     def cut(self, var: Var, cuts: dict[Index, str]) -> str:
         """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
@@ -314,6 +289,40 @@ class Layouts:
         index each is cut along."""
         found = [(self.rows.sliced, self.rows.row)]
         return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
+
+    def made(self, pieces: dict[Index, str]) -> list[str]:
+        """The lines that make the blocks of the tables the rows read (passes/tables.py),
+        each from the positions of the pieces."""
+        return [f"{self.block(v)} = {self.slice(v, pieces)}" for v in self.tables()]
+
+    def arguments(self, pieces: dict[Index, str]) -> list[str]:
+        """The rows' inputs cut to the pieces; a table's block by its name (`made`)."""
+        tables = self.tables()
+        return [self.block(v) if v in tables else self.slice(v, pieces) for v in self.rows.inputs]
+
+    def tables(self) -> list[Var]:
+        return [v for v in self.rows.inputs if v in self.main.blocked]
+
+    def block(self, var: Var) -> str:
+        if var not in self.blocks:
+            self.blocks[var] = self.main.names.fresh(self.main.names.var(var) + "_block")
+        return self.blocks[var]
+
+    def slice(self, var: Var, pieces: dict[Index, str]) -> str:
+        """The input cut to `pieces` along its row and key axes: counted from the end when
+        batched (after `...`), else from the start."""
+        name = self.main.names.var(var)
+        cuts = {axis: pieces[i] for axis, i in self.axes(var, pieces).items()}
+        made = self.main.blocked.get(var)
+        if made is not None:  # a table made per block from its positions (passes/tables.py)
+            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
+            return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
+        if not cuts:
+            return name
+        _, axes, batched = self.layout(var)
+        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
+        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
+        return f"{name}[{', '.join(items)}]"
 
 
 def _into_keys(main: Context, key: Index, exit: Operand, out: str, piece: str, k0: str, k1: str):
