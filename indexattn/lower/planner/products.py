@@ -14,17 +14,25 @@ import sympy
 from ... import ir
 from ...ir import Index
 from ...ir.einstein import denominator
-from ..program.steps import Arg, Choose, Contract, Elementwise, Number, Operand
+from ..program.steps import Arg, Choose, Contract, Elementwise, Number, Operand, Reduction
 from .conv import convolve_rule
 from .fusion import direct, linear_form
 from .order import choice, orders, prescale, result_dims
 from .prefix import prefix_rule
-from .sinks import sink
+from .sinks import Sink, sink
 
 
 def sink_rule(planner, node: ir.Product, hint: str) -> Arg | None:
     found = sink(node, planner.defined)
-    return planner.sink_softmax(found, hint) if found is not None else None
+    return sink_softmax(planner, found, hint) if found is not None else None
+
+
+def sink_softmax(planner, found: Sink, hint: str) -> Operand:
+    """A softmax with one more logit in its denominator (lower/planner/sinks.py)."""
+    body = planner.as_tensor(planner.node(found.scores, hint), hint)
+    logit = planner.as_tensor(planner.node(found.logit, hint + "_sink"), hint + "_sink")
+    out = Operand(planner.var(f"{hint}_softmax"), body.dims, body.batched)
+    return planner.add(Reduction(out, "softmax", body, (found.over,), sink=logit))
 
 
 def linear_rule(planner, node: ir.Product, hint: str) -> Arg | None:

@@ -17,6 +17,7 @@ from ...ir import Index
 from ...ir.kinds import kind
 from ..program.steps import Arg, Flip, Operand, Rename, Scatter
 from .fusion import reversal
+from .gathers import whole_positions
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def scatter_rule(planner, node: ir.Reduce, hint: str) -> Arg | None:
         out = Operand(planner.var(hint + "_flip"), dims, value.batched)
         return planner.add(Flip(out, value, flipped))
     value = _viewed(planner, value)
-    positions = planner.whole_positions(ir.At(form.positions, node.span), hint)
+    positions = whole_positions(planner, ir.At(form.positions, node.span), hint)
     first = min(value.dims.index(i) for i in positions.dims)
     rest = [i for i in value.dims if i not in positions.dims]
     dims = (*rest[:first], form.axis, *rest[first:])
