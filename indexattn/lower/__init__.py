@@ -12,9 +12,12 @@ draws them):
 - **program/passes/**: each `Program -> Program`, computing the same values; their order is
   `passes.PASSES` (the one list; `indexattn compile SPEC --dump-after PASS` prints the program
   after any of them, and tests/lower/test_passes.py runs it against the oracle);
-- **printers/** (`codegen.py`, `emit.py`, `kernels_emit.py`, `rows_emit.py`, `tables_emit.py`):
-  the final program as Python, one operation per line, every name from one allocator
-  (`naming.py`). The printer decides nothing a pass could: it reads the program.
+- **printers/** (`codegen.py`, `emit.py`, `kernels_emit.py`, `tables_emit.py`): the final
+  program as Python, one operation per line, every name from one allocator (`naming.py`);
+  each step kind's printer a function `@prints(Kind)` of a frozen `Context` (`values.py`),
+  the attention core's by its backend (indexattn/backends/: `sdpa/emit.py`, the blocked
+  rows' function in `blocks/emit.py`, `flex/emit.py`). The printer decides nothing a pass
+  could: it reads the program.
 
 `pipeline.pipeline(spec)` runs the canonical form, the planner and the passes, the one way
 the runtime, the command line and the tests take (`pipeline(spec, after=STAGE)` stops at any).

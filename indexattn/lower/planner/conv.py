@@ -154,19 +154,16 @@ def _pads(condition: ir.Field, shifts: tuple[Shift, ...]) -> bool:
     )
 
 
-class Convolves:
-    """Mixed into the Planner, which supplies var, add and node."""
-
-    def convolve_rule(self, node: ir.Node, hint: str) -> Arg | None:
-        """One `F.conv1d`/`F.conv2d` where the sum is a convolution (`conv_form`)."""
-        form = conv_form(node)
-        if form is None:
-            return None
-        signal = self.node(_unshifted(form), hint)
-        kernel = self.node(form.kernel, hint)
-        offsets = tuple(s.offset for s in form.shifts)
-        channels = tuple(i for i in kernel.dims if i not in offsets)
-        alongs = tuple(s.along for s in form.shifts)
-        rest = tuple(i for i in signal.dims if i not in (*channels, *alongs))
-        out = Operand(self.var(hint + "_conv"), (*rest, *channels, *alongs), signal.batched)
-        return self.add(Convolve(out, signal, kernel, channels, form.shifts))
+def convolve_rule(planner, node: ir.Node, hint: str) -> Arg | None:
+    """One `F.conv1d`/`F.conv2d` where the sum is a convolution (`conv_form`)."""
+    form = conv_form(node)
+    if form is None:
+        return None
+    signal = planner.node(_unshifted(form), hint)
+    kernel = planner.node(form.kernel, hint)
+    offsets = tuple(s.offset for s in form.shifts)
+    channels = tuple(i for i in kernel.dims if i not in offsets)
+    alongs = tuple(s.along for s in form.shifts)
+    rest = tuple(i for i in signal.dims if i not in (*channels, *alongs))
+    out = Operand(planner.var(hint + "_conv"), (*rest, *channels, *alongs), signal.batched)
+    return planner.add(Convolve(out, signal, kernel, channels, form.shifts))

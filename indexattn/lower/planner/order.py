@@ -14,6 +14,7 @@ import opt_einsum
 import sympy
 
 from ...ir import Index
+from ..program.steps import Contract, Operand
 
 # Sizes used to choose contraction orders where a spec leaves them symbolic.
 PLANNING_SIZE = 64
@@ -148,3 +149,14 @@ def _at_most(a: sympy.Expr, b: sympy.Expr) -> sympy.Basic:
     above = sympy.Add(*(t for t in terms if t.could_extract_minus_sign() is False))
     below = -sympy.Add(*(t for t in terms if t.could_extract_minus_sign()))
     return sympy.Le(below, above)
+
+
+def prescale(planner, args: list[Operand], scale: sympy.Basic) -> list[Operand]:
+    """The scale goes onto the smallest factor, before the product: Q / sqrt(d_k) keeps
+    float16 scores from overflowing where (Q K) / sqrt(d_k) would not."""
+    k = min(range(len(args)), key=lambda j: planning_count(args[j].dims))
+    arg = args[k]
+    out = Operand(
+        planner.var(arg.var.hint.removesuffix("_split") + "_scaled"), arg.dims, arg.batched
+    )
+    return [*args[:k], planner.add(Contract(out, (arg,), scale)), *args[k + 1 :]]

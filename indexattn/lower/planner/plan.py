@@ -14,7 +14,6 @@ import sympy
 from ... import ir
 from ...ir import Index, Spec, Tensor
 from ...ir.einstein import signed
-from ...ir.kinds import integer_tensors, whole_form
 from ...ir.shapes import recipe
 from ..program import numerics
 from ..program.program import Block, Program
@@ -23,45 +22,38 @@ from ..program.steps import (
     Arg,
     Cat,
     Elementwise,
-    Flip,
     Full,
     Fuse,
-    Gather,
     Grid,
     Linear,
     Number,
     Operand,
     Reduction,
     Rename,
-    Slice,
     Split,
     Stack,
     Step,
     Unfuse,
     Var,
-    Whole,
 )
-from . import decay, prefix
-from .conv import Convolves
+from . import decay, prefix, products
+from .conv import convolve_rule
 from .fusion import (
     LinearForm,
     declared_outer,
     direct,
     linear_form,
-    repetition,
-    reversal,
-    shift,
 )
+from .gathers import gather
 from .kernels import Kernels
 from .order import planning_count
-from .prefix import PrefixProducts
-from .products import Products, Rule
-from .scatter import Scatters, scatter_positions
-from .sinks import Sink, absorbed
+from .products import Rule
+from .scatter import scatter_positions, scatter_rule
+from .sinks import absorbed
 from .stacks import stack_form
 
 
-class Planner(Products, PrefixProducts, Scatters, Convolves):
+class Planner:
     """Walks the equations in order; each becomes a block of steps (or joins a kernel's)."""
 
     def __init__(self, spec: Spec, backend: str = "auto") -> None:
@@ -248,48 +240,8 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         dims = tuple(c if isinstance(c, Index) else d for d, c in kept)
         value = Operand(base.var, dims, base.batched, select)
         for declared, at in ((d, c) for d, c in kept if isinstance(c, ir.At)):
-            value = self.gather(value, declared, at, node, hint)
+            value = gather(self, value, declared, at, node, hint)
         return value
-
-    def gather(self, value: Operand, axis: Index, at: ir.At, node: ir.Ref, hint: str) -> Operand:
-        field = self.fields.get(at.value, at.value)
-        flipped, start = reversal(field, axis), shift(field, axis)
-        if flipped is not None or start is not None:
-            index = flipped or field.free[0]
-            dims = tuple(index if d == axis else d for d in value.dims)
-            if flipped is not None:
-                out = Operand(self.var(f"{node.tensor.ascii}_flip"), dims, value.batched)
-                return self.add(Flip(out, value, axis))
-            out = Operand(self.var(f"{node.tensor.ascii}_part"), dims, value.batched)
-            return self.add(Slice(out, value, axis, start))
-        positions = self.whole_positions(at, hint)
-        integer = at.value in self.fields or isinstance(at.value, ir.Field)
-        where = f"{node.tensor!r}, axis {node.tensor.indices.index(axis)} ({axis.glyph})"
-        dims = _gathered(value, axis, positions, self.ordered)
-        out = Operand(self.var(f"{node.tensor.ascii}_at"), dims, value.batched or positions.batched)
-        bounds = None
-        if not integer and not positions.var.argument and integer_tensors(at.value):
-            equations = {eq.tensor.name: eq.rhs for eq in self.spec.equations}
-            bounds = whole_form(at.value, equations)
-        repeat = None if positions.batched else repetition(field, axis)
-        return self.add(Gather(out, value, axis, positions, where, bounds, repeat))
-
-    def whole_positions(self, at: ir.At, hint: str) -> Operand:
-        """Positions as integers: whole numbers computed in the call's float dtype made so."""
-        positions = self.positions(at, hint)
-        integer = at.value in self.fields or isinstance(at.value, ir.Field)
-        if integer or integer_tensors(at.value):
-            return positions
-        out = Operand(self.var(positions.var.hint + "_pos"), positions.dims, positions.batched)
-        return self.add(Whole(out, positions))
-
-    def positions(self, at: ir.At, hint: str) -> Operand:
-        """Whole numbers to gather at: a grid of positions, or integer data."""
-        field = self.fields.get(at.value, at.value)
-        if isinstance(field, ir.Field):
-            out = Operand(self.var(hint + "_pos"), self.ordered(field.free), False)
-            return self.add(Grid(out, field.expr, index=True))
-        return self.as_tensor(self.node(at.value, hint + "_pos"), hint + "_pos")
 
     def unfuse(self, tensor: Tensor, positions: tuple[int, ...]) -> Operand:
         flat = tensor.indices
@@ -359,6 +311,14 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
         out = Operand(self.var(hint + "_cat"), self.ordered(node.free), parts[0].batched)
         return self.add(Cat(out, parts, node.over, node.along))
 
+    def node_Product(self, node: ir.Product, hint: str) -> Arg:
+        """The first rule of PRODUCT_RULES (products.py) that plans the product."""
+        for rule in products.PRODUCT_RULES:
+            found = rule.plan(self, node, hint)
+            if found is not None:
+                return found
+        raise AssertionError("the last rule, contract, plans every product")
+
     def node_Reduce(self, node: ir.Reduce, hint: str) -> Arg:
         """The first rule of REDUCTION_RULES that plans the reduction."""
         for rule in REDUCTION_RULES:
@@ -367,44 +327,22 @@ class Planner(Products, PrefixProducts, Scatters, Convolves):
                 return found
         raise AssertionError("the last rule, reduce, plans every reduction")
 
-    def reduce_rule(self, node: ir.Reduce, hint: str) -> Arg:
-        body = self.as_tensor(self.node(node.body, hint), hint)
-        safe = node.fn == "softmax" and self.may_be_masked(node.body)
-        # what the reduction leaves, in the body's order (`X.sum(dim=-1)` moves no axis)
-        dims = body.dims if node.keeps else tuple(i for i in body.dims if i not in node.over)
-        out = Operand(self.var(f"{hint}_{node.fn}"), dims, body.batched)
-        return self.add(Reduction(out, node.fn, body, node.over, safe))
 
-    def sink_softmax(self, found: Sink, hint: str) -> Operand:
-        """A softmax with one more logit in its denominator (lower/planner/sinks.py)."""
-        body = self.as_tensor(self.node(found.scores, hint), hint)
-        logit = self.as_tensor(self.node(found.logit, hint + "_sink"), hint + "_sink")
-        out = Operand(self.var(f"{hint}_softmax"), body.dims, body.batched)
-        return self.add(Reduction(out, "softmax", body, (found.over,), sink=logit))
+def reduce_rule(planner, node: ir.Reduce, hint: str) -> Arg:
+    body = planner.as_tensor(planner.node(node.body, hint), hint)
+    safe = node.fn == "softmax" and planner.may_be_masked(node.body)
+    # what the reduction leaves, in the body's order (`X.sum(dim=-1)` moves no axis)
+    dims = body.dims if node.keeps else tuple(i for i in body.dims if i not in node.over)
+    out = Operand(planner.var(f"{hint}_{node.fn}"), dims, body.batched)
+    return planner.add(Reduction(out, node.fn, body, node.over, safe))
 
 
 # The planner's rules for a reduction, in order: the first that applies plans it.
 REDUCTION_RULES = (
-    Rule("scatter", Scatters.scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
-    Rule("convolve", Convolves.convolve_rule),  # conv.py: a kernel over shifted reads
-    Rule("reduce", Planner.reduce_rule),  # the reduction over its axes
+    Rule("scatter", scatter_rule),  # scatter.py: a sum of where(b == P, E, 0)
+    Rule("convolve", convolve_rule),  # conv.py: a kernel over shifted reads
+    Rule("reduce", reduce_rule),  # the reduction over its axes
 )
-
-
-def _gathered(value: Operand, axis: Index, positions: Operand, ordered) -> tuple[Index, ...]:
-    """The axes of a gather: the positions' in the axis's place, unbatched tables ordered as
-    the equation wants them when the positions' axes stay together there (the table is
-    viewed that way first, so the result needs no copy to be put in order: an attention
-    bias gathered straight into (heads, query, key))."""
-    k = value.dims.index(axis)
-    rest = value.dims[:k] + value.dims[k + 1 :]
-    if positions.batched:  # batch axes lead: the positions' axes come first
-        return positions.dims + rest
-    wanted = ordered(rest + positions.dims)
-    start = wanted.index(positions.dims[0]) if positions.dims else k
-    if wanted[start : start + len(positions.dims)] == positions.dims:
-        return wanted
-    return value.dims[:k] + positions.dims + value.dims[k + 1 :]
 
 
 def _signature(step: Step) -> tuple | None:

@@ -16,6 +16,7 @@ from ... import ir
 from ...ir import Index, Spec
 from ...ir.einstein import denominator
 from ..program.steps import Arg, Operand, PrefixProduct
+from .order import prescale
 
 CHUNK = 64  # positions per chunk of a prefix sum: fastest of 32, 64, 128 (docs/decisions.md)
 DECAY_CHUNK = 64  # positions per chunk of a decay: fastest of 32 to 256 (docs/decisions.md)
@@ -115,31 +116,28 @@ def numerator(node: ir.Node) -> ir.Product | None:
     return ir.Product(above, node.summed, node.span) if len(above) == 2 else None
 
 
-class PrefixProducts:
-    """Mixed into the Planner, which supplies var, add, node, as_tensor, ordered, prefix
-    and prescale."""
+def prefix_rule(planner, node: ir.Product, hint: str) -> Arg | None:
+    """The reader of a product found above (`H_<τa> S_<τab>`, `R_<ττ'> V_<τ'b>`): its
+    chunked step; else None."""
+    read = [f for f in node.factors if isinstance(f, ir.Ref) and f.tensor.name in planner.prefix]
+    if not read or len(node.factors) != 2:  # with a denominator: its numerator comes here
+        return None
+    match = planner.prefix[read[0].tensor.name]
+    args = [planner.as_tensor(planner.node(x, hint), hint) for x in (match.f, match.g)]
+    args.insert(0, _scaled(planner, match.h, hint))
+    rate = None if match.rate is None else planner.node(match.rate, hint + "_rate")
+    dims = (*planner.ordered(match.common), match.over, match.width)
+    out = Operand(planner.var(hint + "_prod"), dims, any(a.batched for a in args))
+    chunk = CHUNK if rate is None else DECAY_CHUNK
+    where = (match.over, match.inner, match.name, chunk, rate, match.power)
+    return planner.add(PrefixProduct(out, *args, *where))
 
-    def prefix_product(self, node: ir.Product, hint: str) -> Arg | None:
-        """The reader of a product found above (`H_<τa> S_<τab>`, `R_<ττ'> V_<τ'b>`): its
-        chunked step; else None."""
-        read = [f for f in node.factors if isinstance(f, ir.Ref) and f.tensor.name in self.prefix]
-        if not read or len(node.factors) != 2:  # with a denominator: its numerator comes here
-            return None
-        match = self.prefix[read[0].tensor.name]
-        args = [self.as_tensor(self.node(x, hint), hint) for x in (match.f, match.g)]
-        args.insert(0, self.scaled(match.h, hint))
-        rate = None if match.rate is None else self.node(match.rate, hint + "_rate")
-        dims = (*self.ordered(match.common), match.over, match.width)
-        out = Operand(self.var(hint + "_prod"), dims, any(a.batched for a in args))
-        chunk = CHUNK if rate is None else DECAY_CHUNK
-        where = (match.over, match.inner, match.name, chunk, rate, match.power)
-        return self.add(PrefixProduct(out, *args, *where))
 
-    def scaled(self, h: ir.Node, hint: str) -> Operand:
-        """H, or H times numbers (a decay's `Q / sqrt(d_k)`) as the scaled H."""
-        numbers = [f for f in getattr(h, "factors", ()) if isinstance(f, ir.Field)]
-        if not numbers:
-            return self.as_tensor(self.node(h, hint), hint)
-        (tensor,) = (f for f in h.factors if not isinstance(f, ir.Field))
-        scale = sympy.Mul(*(f.expr for f in numbers))
-        return self.prescale([self.as_tensor(self.node(tensor, hint), hint)], scale)[0]
+def _scaled(planner, h: ir.Node, hint: str) -> Operand:
+    """H, or H times numbers (a decay's `Q / sqrt(d_k)`) as the scaled H."""
+    numbers = [f for f in getattr(h, "factors", ()) if isinstance(f, ir.Field)]
+    if not numbers:
+        return planner.as_tensor(planner.node(h, hint), hint)
+    (tensor,) = (f for f in h.factors if not isinstance(f, ir.Field))
+    scale = sympy.Mul(*(f.expr for f in numbers))
+    return prescale(planner, [planner.as_tensor(planner.node(tensor, hint), hint)], scale)[0]

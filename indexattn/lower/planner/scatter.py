@@ -17,6 +17,7 @@ from ...ir import Index
 from ...ir.kinds import kind
 from ..program.steps import Arg, Flip, Operand, Rename, Scatter
 from .fusion import reversal
+from .gathers import whole_positions
 
 
 @dataclass(frozen=True)
@@ -91,39 +92,36 @@ def scatter_positions(node: ir.Node):
             yield form.positions
 
 
-class Scatters:
-    """Mixed into the Planner, which supplies var, add, node, as_tensor, whole_positions and
-    the steps `planned`."""
+def scatter_rule(planner, node: ir.Reduce, hint: str) -> Arg | None:
+    """One scatter-add where the sum is a scatter (`scatter_form`); a flip where the
+    positions reverse a whole axis (`[1 - c']` on halves: each slot gets one value)."""
+    form = scatter_form(node)
+    if form is None:
+        return None
+    value = planner.as_tensor(planner.node(form.value, hint), hint)
+    flipped = reversal(form.positions, form.axis)
+    if flipped is not None:  # each slot from one position: the values reversed
+        dims = tuple(form.axis if i == flipped else i for i in value.dims)
+        out = Operand(planner.var(hint + "_flip"), dims, value.batched)
+        return planner.add(Flip(out, value, flipped))
+    value = _viewed(planner, value)
+    positions = whole_positions(planner, ir.At(form.positions, node.span), hint)
+    first = min(value.dims.index(i) for i in positions.dims)
+    rest = [i for i in value.dims if i not in positions.dims]
+    dims = (*rest[:first], form.axis, *rest[first:])
+    batched = value.batched or positions.batched
+    out = Operand(planner.var(hint + "_scatter"), dims, batched)
+    return planner.add(Scatter(out, value, form.axis, positions))
 
-    def scatter_rule(self, node: ir.Reduce, hint: str) -> Arg | None:
-        """One scatter-add where the sum is a scatter (`scatter_form`); a flip where the
-        positions reverse a whole axis (`[1 - c']` on halves: each slot gets one value)."""
-        form = scatter_form(node)
-        if form is None:
-            return None
-        value = self.as_tensor(self.node(form.value, hint), hint)
-        flipped = reversal(form.positions, form.axis)
-        if flipped is not None:  # each slot from one position: the values reversed
-            dims = tuple(form.axis if i == flipped else i for i in value.dims)
-            out = Operand(self.var(hint + "_flip"), dims, value.batched)
-            return self.add(Flip(out, value, flipped))
-        value = self.viewed(value)
-        positions = self.whole_positions(ir.At(form.positions, node.span), hint)
-        first = min(value.dims.index(i) for i in positions.dims)
-        rest = [i for i in value.dims if i not in positions.dims]
-        dims = (*rest[:first], form.axis, *rest[first:])
-        batched = value.batched or positions.batched
-        out = Operand(self.var(hint + "_scatter"), dims, batched)
-        return self.add(Scatter(out, value, form.axis, positions))
 
-    def viewed(self, value: Operand) -> Operand:
-        """A value that names another's axes anew (`dB_2_<ττ'μ> = dS_<μττ'>`, a view), as that
-        other value in its own order: the scatter reads the storage in its order (three
-        times faster than through the view, T5's buckets at N = 1024 on a CPU)."""
-        made = next((s for s in reversed(self.planned) if s.out.var == value.var), None)
-        if not isinstance(made, Rename) or value.select or made.arg.select:
-            return value
-        if set(made.arg.dims) != set(made.out.dims):
-            return value
-        names = dict(zip(made.out.dims, value.dims))
-        return Operand(made.arg.var, tuple(names[i] for i in made.arg.dims), made.arg.batched)
+def _viewed(planner, value: Operand) -> Operand:
+    """A value that names another's axes anew (`dB_2_<ττ'μ> = dS_<μττ'>`, a view), as that
+    other value in its own order: the scatter reads the storage in its order (three
+    times faster than through the view, T5's buckets at N = 1024 on a CPU)."""
+    made = next((s for s in reversed(planner.planned) if s.out.var == value.var), None)
+    if not isinstance(made, Rename) or value.select or made.arg.select:
+        return value
+    if set(made.arg.dims) != set(made.out.dims):
+        return value
+    names = dict(zip(made.out.dims, value.dims))
+    return Operand(made.arg.var, tuple(names[i] for i in made.arg.dims), made.arg.batched)

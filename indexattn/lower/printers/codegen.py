@@ -10,15 +10,16 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
+from ...backends.blocks.emit import RowsWriter
 from ..program import kinds, numerics
 from ..program.kinds import reads
 from ..program.program import Program
 from ..program.steps import Grid, Var
 from . import tables_emit
-from .emit import Emitter
+from .emit import lines_of
 from .expressions import number_text, wrap
 from .naming import Names, shared_hints, written_over
-from .rows_emit import RowsWriter
+from .values import Context, Needs
 
 HEADER = """\
 # {title}
@@ -65,11 +66,12 @@ class Writer:
         self.plan, self.spec = plan, plan.spec
         self.names = Names(self.spec)
         self.names.same, self.names.hints = written_over(plan), shared_hints(plan)
-        cast = numerics.tables(plan).cast
-        self.main = Emitter(self.spec, self.names, cast=cast)
-        self.grids = Emitter(self.spec, self.names, tables=True, cast=cast)
-        _share(self.main, self.grids)
-        self.main.blocked = self.grids.blocked = table_functions(plan, self.names, self.main)
+        cast, needs = numerics.tables(plan).cast, Needs()
+        blocked = table_functions(plan, self.names, needs, cast)
+        self.main = Context(self.spec, self.names, needs, cast=cast, blocked=blocked)
+        self.grids = Context(
+            self.spec, self.names, needs.sharing(), tables=True, cast=cast, blocked=blocked
+        )
         self.held: list[str] = []  # the constants, in the order they are built
         self.rows: RowsWriter | None = None  # the steps computed by blocks of queries
 
@@ -106,8 +108,7 @@ class Writer:
         """The spec's function's lines and the constants function's, block by block."""
         plan, rows = self.plan, self.plan.rows
         if rows is not None:
-            self.rows = RowsWriter(self.spec, self.names, rows, plan.spans)
-            _share(self.main, self.rows.emitter)
+            self.rows = RowsWriter(self.main, rows, plan.spans)
         body: list[str] = []
         constants: list[str] = []
         for b, block in enumerate(plan.blocks):
@@ -117,14 +118,14 @@ class Writer:
             fixed, rowwise, plain = parts["constant"], parts["rows"], parts["call"]
             heading = [f"# {comment(text)}" for text in block.texts]
             if fixed:
-                constants += heading + [line for s in fixed for line in self.grids.lines(s)]
+                constants += heading + [line for s in fixed for line in lines_of(self.grids, s)]
             if rowwise:
                 tensors = [comment(eq.tensor.name) for eq in block.equations]
                 self.rows.add(tensors, heading, rowwise, rows.drop[b] if rows.drop else ())
             if plain or not (fixed or rowwise or parts["table"]):
-                body += heading + [line for s in plain for line in self.main.lines(s)]
+                body += heading + [line for s in plain for line in lines_of(self.main, s)]
             if rows is not None and b == rows.last:
-                body += self.rows.call(self.main)
+                body += self.rows.call()
             body += self.names.dropped(block.drop)
         self.held = [self.names.var(v) for v in plan.held]
         self.held_vars = plan.held
@@ -204,20 +205,13 @@ class Writer:
         return "\n".join(out) + "\n" if out else ""
 
 
-def _positions(emitter: Emitter) -> list[str]:
+def _positions(emitter: Context) -> list[str]:
     """The tensors of positions the emitter's lines read."""
     return [
         f"{emitter.names.index(i)} = torch.arange({emitter.size(i)}, device=device, "
         "dtype=torch.float64)"
         for i in emitter.needs.indices
     ]
-
-
-def _share(main: Emitter, other: Emitter) -> None:
-    """One module's knobs and helpers, whichever function's lines use them."""
-    other.needs.knobs = main.needs.knobs
-    other.needs.helpers = main.needs.helpers
-    other.blocked = main.blocked
 
 
 def _table_dtype(needed: bool) -> list[str]:
@@ -230,7 +224,7 @@ def _indent(lines: list[str]) -> list[str]:
 
 
 def table_functions(
-    plan: Program, names: Names, main: Emitter
+    plan: Program, names: Names, module: Needs, cast: frozenset
 ) -> dict[Var, tables_emit.TableFunction]:
     """A function per table the rest of the program reads (those only other tables read are
     computed inside them), by the table's value."""
@@ -239,13 +233,13 @@ def table_functions(
     out = {}
     for step in (s for s in wide if s.out.var in read):
         chain = kinds.chain(wide, step.out.var)
-        emitter = Emitter(plan.spec, names, tables=True, positional=True, cast=main.cast)
-        emitter.needs.knobs, emitter.needs.helpers = main.needs.knobs, main.needs.helpers
+        inner = dict(tables=True, positional=True, cast=cast)  # a table's function
+        emitter = Context(plan.spec, names, module.sharing(), **inner)
         body = []
         for block in plan.blocks:  # each block's steps under its equations
             steps = [s for s in block.steps if s in chain]
             body += [f"# {comment(text)}" for text in block.texts] if steps else []
-            body += [line for s in steps for line in emitter.lines(s)]
+            body += [line for s in steps for line in lines_of(emitter, s)]
         made = {s.out.var for s in chain}
         inputs = [o.var for s in chain for o in reads(s) if o.var not in made]
         inputs = tuple(names.var(v) for v in dict.fromkeys(inputs))
@@ -258,7 +252,7 @@ def table_functions(
         doc = f'"""{names.var(step.out.var)} at the positions given: a block of rows."""'
         lines = [doc, *_table_dtype(needs.table), *body, f"return {names.var(step.out.var)}"]
         text = "\n".join([f"def {name}({', '.join(params)}):", *("    " + x for x in lines)])
-        main.needs.imports |= needs.imports
+        module.imports |= needs.imports
         distance = tables_emit.by_distance(chain, step.out.dims, indices)
         out[step.out.var] = tables_emit.TableFunction(
             name, indices, inputs, keywords, step.out.dims, text, tuple(chain), distance

@@ -80,7 +80,7 @@ def block_reads(table: TableFunction, emitter, var: Var) -> tuple[list[str], lis
 
 def call(table: TableFunction, emitter, pieces: dict[Index, str], row: str | None = None) -> str:
     """The table at the positions of `pieces` (each index's slice; every position where an
-    index has none), in a function whose lines `emitter` (an Emitter) prints; a table made
+    index has none), in a function whose lines `emitter` (a Context) prints; a table made
     by distance gathered from its `row` (row_call), where given."""
     names = emitter.names
     positions = {

@@ -4,7 +4,7 @@ device and dtype) is recorded as they are printed, never recovered from the text
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import sympy
@@ -31,10 +31,15 @@ class Needs:
     helpers: dict[str, tuple[str, str]] = field(default_factory=dict)  # hint: (name, its text)
     # the spec's own helpers (a table's box); what every module calls is the runtime's
 
+    def sharing(self) -> Needs:
+        """Fresh needs for another function of the module: one module's knobs and helpers,
+        whichever function's lines use them."""
+        return Needs(knobs=self.knobs, helpers=self.helpers)
 
-# Each step kind's printer, by kind: `@prints(Kind)` on the emitter's method that prints it;
-# `Emitter.lines` looks the kind up here and calls the printer with the emitter, whose values
-# it prints, as its context (tests/lower/test_kinds.py: every kind has one).
+
+# Each step kind's printer, by kind: `@prints(Kind)` on a function `(context, step)`;
+# `emit.lines` looks the kind up here and calls the printer with the `Context` of the function
+# it prints into (tests/lower/test_kinds.py: every kind has one).
 PRINTERS: dict[type, Callable] = {}
 
 
@@ -46,35 +51,37 @@ def prints(kind: type) -> Callable[[Callable], Callable]:
     return register
 
 
-class Values:
-    """Prints values; `needs` accumulates what the printed lines use. What it prints into is
-    fixed when it is made: the constants function (`tables`), a table's function
-    (`positional`), and the values cast to the call's dtype where made (`cast`)."""
+@dataclass(frozen=True)
+class Context:
+    """What a printer reads, fixed before printing: the spec, the module's names, what it
+    prints into (the constants function: `tables`; a table's function: `positional`), the
+    values cast to the call's dtype where made (`cast`) and the tables made per block
+    (`blocked`: their functions, tables_emit.py). `needs` accumulates what the printed lines
+    use; `block_names` and `distance_rows` the names allocated for those tables."""
 
-    def __init__(
-        self,
-        spec: Spec,
-        names: Names,
-        *,
-        tables: bool = False,
-        positional: bool = False,
-        cast: frozenset = frozenset(),
-    ) -> None:
-        self.spec, self.names, self.needs = spec, names, Needs()
-        # sizes are whole (printers.py prints floor(d_r / 2) as d_r // 2)
-        whole = {"integer": True, "positive": True}
-        self.symbols = {s: sympy.Symbol(a, **whole) for s, a in spec.size_names.items()}
-        # real: a scalar is a Python float, never dynamic (printers.py prints its log by math)
-        self.symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
-        self.scalar_symbols = {s.symbol for s in spec.scalars}
+    spec: Spec
+    names: Names
+    needs: Needs = field(default_factory=Needs)
+    tables: bool = False
+    positional: bool = False
+    cast: frozenset = frozenset()
+    blocked: Mapping = field(default_factory=dict)
+    block_names: dict = field(default_factory=dict)  # a table's block: its name
+    distance_rows: dict = field(default_factory=dict)  # a table made by distance: its row
+    symbols: dict = field(init=False, repr=False)
+    scalar_symbols: set = field(init=False, repr=False)
+    quotients: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        spec, whole = self.spec, {"integer": True, "positive": True}
+        # sizes are whole (printers.py prints floor(d_r / 2) as d_r // 2); a scalar is real, a
+        # Python float, never dynamic (printers.py prints its log by math)
+        symbols = {s: sympy.Symbol(a, **whole) for s, a in spec.size_names.items()}
+        symbols |= {s.symbol: sympy.Symbol(s.ascii, real=True) for s in spec.scalars}
+        object.__setattr__(self, "symbols", symbols)
+        object.__setattr__(self, "scalar_symbols", {s.symbol for s in spec.scalars})
         # N / ℓ is whole (each call checks it divides: ir/shapes.py), so printed N // ℓ
-        self.quotients = {q: sympy.floor(q) for q in quotients(spec)}
-        self.tables = tables  # printing the constants function: floats in the tables' dtype
-        self.cast = cast  # values cast to the call's dtype where made
-        self.positional = positional  # printing a table's function: grids span the positions
-        self.blocked: dict = {}  # the tables made per block: their functions (tables_emit.py)
-        self.block_names: dict = {}  # the names of those tables' blocks, one per table
-        self.distance_rows: dict = {}  # a table made by distance: the name of its row
+        object.__setattr__(self, "quotients", {q: sympy.floor(q) for q in quotients(spec)})
 
     # -- values
 
@@ -166,7 +173,50 @@ class Values:
         ]
         return " ".join((["..."] if batched else []) + words)
 
-    # -- steps
+    def distance_row(self, var) -> str:
+        """The name of a table's row over the differences of its positions (by_distance)."""
+        if var not in self.distance_rows:
+            self.distance_rows[var] = self.names.fresh(self.names.var(var) + "_row")
+        return self.distance_rows[var]
+
+    def block_name(self, var) -> str:
+        """The name of a table's block in the spec's function, one per table."""
+        if var not in self.block_names:
+            self.block_names[var] = self.names.fresh(self.names.var(var) + "_block")
+        return self.block_names[var]
+
+    def features(self, parts, lead: tuple[Index, ...], widths, heads: int, rows: int = 0) -> str:
+        """Queries or keys as the kernel wants them: each part's features flattened, the
+        parts side by side."""
+        codes = [self.heads(p, (*lead, *w), heads, len(w), rows) for p, w in zip(parts, widths)]
+        self.use("torch")
+        return codes[0] if len(codes) == 1 else f"torch.cat([{', '.join(codes)}], dim=-1)"
+
+    def heads(
+        self, arg: Operand, dims: tuple[Index, ...], heads: int, width: int = 1, rows: int = 0
+    ) -> str:
+        """(…, heads..., sequence, width), the heads as one axis, as the kernel wants; the
+        last `rows` heads merged into the sequence instead (Attention.packed)."""
+        code = relayout(self.ref(arg), arg.dims, tuple(i for i in dims if i in arg.dims))
+        code += f".flatten({-width})" if width > 1 else ""
+        code = self.spread(code, arg, dims[: len(dims) - width])
+        code += f".flatten({-2 - rows}, -2)" if rows else ""
+        heads -= rows
+        if heads == 0:
+            return code + ".unsqueeze(-3)"
+        return code + (f".flatten({-2 - heads}, -3)" if heads > 1 else "")
+
+    def spread(self, code: str, arg: Operand, lead: tuple[Index, ...]) -> str:
+        """`code`, laid out (…, lead..., features) but for the heads `arg` lacks, viewed
+        over those heads (no copy): one rotary key for every head."""
+        lacking = [k for k, i in enumerate(lead) if i not in arg.dims]
+        if not lacking:
+            return code
+        for k in reversed(lacking):
+            code += f".unsqueeze({k - len(lead) - 1})"
+        sizes = [self.size(i) if k in lacking else "-1" for k, i in enumerate(lead)]
+        batch = [f"*{self.ref(arg)}.shape[:-{len(arg.dims)}]"] if arg.batched else []
+        return f"{code}.expand({', '.join([*batch, *sizes, '-1'])})"
 
 
 def relayout(code: str, have: tuple, want: tuple) -> str:

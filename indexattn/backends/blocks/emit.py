@@ -1,26 +1,30 @@
-"""Prints the rows' function (passes/rows.py marks its steps) and the lines of the spec's
-function that call it: once for all rows, or per block of rows, each block over every key or
-over the keys the mask lets it see (passes/spans.py)."""
+"""The `blocks` backend's printer: the rows' function (lower/program/passes/rows.py marks its
+steps) and the lines of the spec's function that call it: once for all rows, or per block of
+rows, each block over every key or over the keys the mask lets it see (passes/spans.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ... import ops
 from ...ir import Index, Spec
-from ..program.program import KeySpans, Rows
-from ..program.steps import Elementwise, Operand, Step, Var
-from . import tables_emit
-from .emit import Emitter
-from .expressions import joined, tuple_text, wrap
-from .naming import Names
+from ...lower.printers import tables_emit
+from ...lower.printers.emit import lines_of
+from ...lower.printers.expressions import joined, tuple_text, wrap
+from ...lower.printers.values import Context
+from ...lower.program.program import KeySpans, Rows
+from ...lower.program.steps import Elementwise, Operand, Step, Var
 
 
 class RowsWriter:
     """Prints the rows' function, and the lines of the spec's function that call it: once
     for all rows, or per block of rows, whichever the sizes ask for."""
 
-    def __init__(self, spec: Spec, names: Names, rows: Rows, spans: KeySpans | None = None) -> None:
+    def __init__(self, main: Context, rows: Rows, spans: KeySpans | None = None) -> None:
+        spec, names = main.spec, main.names
         self.spec, self.names, self.rows, self.spans = spec, names, rows, spans
-        self.emitter = Emitter(spec, names)
+        self.main = main  # the spec's function's lines: where a table made per block is called
+        self.emitter = Context(spec, names, main.needs.sharing(), blocked=main.blocked)
         self.function = names.fresh(names.function + "_rows")
         self.knob = names.fresh("BLOCK_SCORES")
         self.floor = names.fresh("BLOCK_ROWS")
@@ -28,11 +32,11 @@ class RowsWriter:
         self.computed: list[str] = []  # the tensors of the equations whose steps are here
         self.dropout = False
         self.casts = False  # a precision's casts: the call's dtype is passed, not read off
-        self.blocks: dict[Var, str] = {}  # a table's block (passes/tables.py): its name
+        self.inputs = Inputs(rows, spans, main)
 
     def add(self, tensors: list[str], heading: list[str], steps: list[Step], drop=()) -> None:
         self.computed += tensors
-        self.body += heading + [line for s in steps for line in self.emitter.lines(s)]
+        self.body += heading + [line for s in steps for line in lines_of(self.emitter, s)]
         self.body += self.names.dropped(drop)
         self.dropout |= any(isinstance(s, Elementwise) and s.fn == "dropout" for s in steps)
         self.casts |= any(
@@ -62,21 +66,13 @@ class RowsWriter:
             prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
         exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
         lines = [doc, *prologue, *self.body, f"return {exits}"]
-        knob = f"{self.knob} = 2 ** 22  # on long sequences, scores held at once, at most"
-        if self.rows.summed:  # a backward holds four to nine tensors of the scores' size
-            knob = f"{self.knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
-        knob += f" (but {self.floor} rows)"
-        floor = f"{self.floor} = 64  # rows a block holds at least: its keys' gradients cost"
-        floor += " a 64th of its work"
-        if self.rows.summed:  # a backward's blocks: as few rows as its budget asks
-            floor = f"{self.floor} = 1  # rows a block holds at least"
-        lines = [knob, floor, "", "", head, *("    " + line for line in lines)]
+        knobs = _knobs(self.knob, self.floor, bool(self.rows.summed))
+        lines = [*knobs, "", "", head, *("    " + line for line in lines)]
         return "\n".join(lines)
 
-    def call(self, main: Emitter) -> list[str]:
+    def call(self) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
-        rows, names = self.rows, self.names
-        self.main = main  # where a table made per block is called (`_slice`)
+        rows, names, main = self.rows, self.names, self.main
         size, count = main.size(rows.row), names.fresh("rows")
         main.needs.sizes |= self.emitter.needs.sizes
         main.needs.scalars |= self.emitter.needs.scalars
@@ -89,20 +85,20 @@ class RowsWriter:
             f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
             f"    {count} = {size}",
         ]
-        whole = [*self._made({}), self._call(self._arguments({}))]
+        whole = [*self.inputs.made({}), self._call(self.inputs.arguments({}))]
         if len(rows.exits) > 1:
             return head + self._parts(main, size, count, whole)
         if self.spans is None:
             return head + self._blocks(size, count, whole)
         return head + self._spans(main, size, count, whole)
 
-    def _per_row(self, main: Emitter, keys: str | None = None) -> list[str]:
+    def _per_row(self, main: Context, keys: str | None = None) -> list[str]:
         """The factors of a row's scores: its batch, heads and keys (`keys`: a span's count)."""
         rows, key = self.rows, self.spans.hidden.key if keys else None
         per_row = [
             keys if i == key else wrap(main.size(i)) for i in rows.scores.dims if i != rows.row
         ]
-        batch = self._batch()
+        batch = _batch(self.spec)
         return ([batch] if batch and rows.scores.batched else []) + per_row
 
     def _blocks(self, size: str, count: str, whole: list[str]) -> list[str]:
@@ -122,7 +118,7 @@ class RowsWriter:
             f"    {out} = {call}",
         ]
 
-    def _spans(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
+    def _spans(self, main: Context, size: str, count: str, whole: list[str]) -> list[str]:
         """Blocks of rows, each over the keys the mask lets any of them see (hidden.py)."""
         names, rows, spans = self.names, self.rows, self.spans
         q0, q1, k0, k1, start, blocks = (
@@ -153,21 +149,21 @@ class RowsWriter:
         each block's gradients into one per tensor): the rows' inputs, the tensors the
         tables made by block read, and the scalars, which may be tensors (passed, never
         closed over: their gradients are made)."""
-        tables = self._tables()
+        tables = self.inputs.tables()
         function = self.names.fresh(self.names.function + "_block")
         inputs = self.rows.inputs
-        tensors = {self.names.var(v): self._cut(v, cuts) for v in inputs if v not in tables}
+        tensors = {self.names.var(v): self.inputs.cut(v, cuts) for v in inputs if v not in tables}
         scalars = {s.ascii for s in self.spec.scalars}
         read, before = [name for name in self.keywords() if name in scalars], []
         for var in tables:
             more, lines = tables_emit.block_reads(self.emitter.blocked[var], self.main, var)
             read, before = read + more, before + lines
         tensors |= {name: "{}" for name in read if name not in tensors}
-        arguments = [self._block(v) if v in tables else self.names.var(v) for v in inputs]
+        arguments = [self.inputs.block(v) if v in tables else self.names.var(v) for v in inputs]
         lines = [
             *before,
             f"def {function}({', '.join([*span, *tensors])}):  # made again in the backward",
-            *("    " + line for line in self._made(cuts)),
+            *("    " + line for line in self.inputs.made(cuts)),
             f"    return {self._call(arguments)}",
         ]
         by_blocks = self.main.runtime("by_blocks")
@@ -176,33 +172,7 @@ class RowsWriter:
         args += ["draws=training"] if self.dropout else []
         return lines, f"{by_blocks}({', '.join(args)})"
 
-    def _cut(self, var: Var, cuts: dict[Index, str]) -> str:
-        """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
-        from the end when batched, else from the start."""
-        found = self._axes(var, cuts)
-        if not found:
-            return "{}"
-        _, count, batched = self._layout(var)
-        which = {self.rows.row: "q"} | ({self.spans.hidden.key: "k"} if self.spans else {})
-        axes = {(axis - count if batched else axis): which[i] for axis, i in found.items()}
-        return "{" + ", ".join(f'{axis}: "{w}"' for axis, w in axes.items()) + "}"
-
-    def _axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
-        """The axes of the input along which it is cut to `pieces`: its row axis and key axis
-        (by their place in its layout), where `pieces` has one."""
-        return {t[var][0]: i for t, i in self._found() if var in t and i in pieces}
-
-    def _layout(self, var: Var) -> tuple:
-        """(axis, axes, batched) of an input cut along the rows or keys."""
-        return next(table[var] for table, _ in self._found() if var in table)
-
-    def _found(self) -> list[tuple[dict, Index]]:
-        """The inputs cut along the rows and along the keys (each by its layout), with the
-        index each is cut along."""
-        found = [(self.rows.sliced, self.rows.row)]
-        return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
-
-    def _parts(self, main: Emitter, size: str, count: str, whole: list[str]) -> list[str]:
+    def _parts(self, main: Context, size: str, count: str, whole: list[str]) -> list[str]:
         """Several exits: those over the rows joined, those that sum the rows away added up
         block by block (into the keys of the block, where the blocks skip keys)."""
         names, rows, spans = self.names, self.rows, self.spans
@@ -213,13 +183,13 @@ class RowsWriter:
         lists = {e.var: names.fresh(out + "_blocks") for e, out in zip(rows.exits, outs)}
         joins = [e for e in rows.exits if e.var not in rows.summed]
         sums = [out for e, out in zip(rows.exits, outs) if e.var in rows.summed]
-        loop = [f"{end} = min({start} + {count}, {q1})", *self._made(cuts)]
-        loop += [f"{', '.join(pieces)} = {self._call(self._arguments(cuts), True)}"]
+        loop = [f"{end} = min({start} + {count}, {q1})", *self.inputs.made(cuts)]
+        loop += [f"{', '.join(pieces)} = {self._call(self.inputs.arguments(cuts), True)}"]
         for e, out, piece in zip(rows.exits, outs, pieces):
             if e.var not in rows.summed:
                 loop.append(f"{lists[e.var]}.append({piece})")
             elif spans is not None and spans.hidden.key in e.dims:
-                loop += self._into_keys(main, e, out, piece, k0, k1)
+                loop += _into_keys(main, spans.hidden.key, e, out, piece, k0, k1)
             else:
                 loop.append(f"{out} = {piece} if {out} is None else {out}.add_({piece})")
         key = spans.hidden.key if spans else rows.row
@@ -240,7 +210,7 @@ class RowsWriter:
             *(f"    {names.var(e.var)} = {joined(lists[e.var], self._dim(e))}" for e in joins),
         ]
 
-    def _span_rows(self, main: Emitter, count: str, k0: str, k1: str) -> list[str]:
+    def _span_rows(self, main: Context, count: str, k0: str, k1: str) -> list[str]:
         """The rows of a block over a span's keys alone: the scores' budget spent on the keys
         the block reads, not on every key (a window's block of rows is then as long as the
         span, and writes its keys' gradients once)."""
@@ -249,18 +219,6 @@ class RowsWriter:
         factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))
         count = f"{count} = max({self.floor}, {self.knob} // ({factors}))"
         return [count + "  # rows a block over these keys"]
-
-    def _into_keys(self, main: Emitter, exit: Operand, out: str, piece: str, k0: str, k1: str):
-        """A block's part of a sum over the rows, over the keys it sees: added into them."""
-        key = self.spans.hidden.key
-        dim = exit.dims.index(key) - len(exit.dims)
-        after = f" + {piece}.shape[{dim + 1}:]" if dim < -1 else ""
-        shape = f"{piece}.shape[:{dim}] + ({main.size(key)},){after}"
-        return [
-            f"if {out} is None:",
-            f"    {out} = {piece}.new_zeros({shape})",
-            f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
-        ]
 
     def _call(self, arguments: list[str], block: bool = False) -> str:
         """The rows' function on `arguments`; for one `block` of several, through the
@@ -275,48 +233,113 @@ class RowsWriter:
         exit = exit or self.rows.exits[0]
         return exit.dims.index(self.rows.row) - len(exit.dims)
 
-    def _made(self, pieces: dict[Index, str]) -> list[str]:
-        """The lines that make the blocks of the tables the rows read (passes/tables.py),
-        each from the positions of the pieces."""
-        return [f"{self._block(v)} = {self._slice(v, pieces)}" for v in self._tables()]
 
-    def _arguments(self, pieces: dict[Index, str]) -> list[str]:
-        """The rows' inputs cut to the pieces; a table's block by its name (`_made`)."""
-        tables = self._tables()
-        return [self._block(v) if v in tables else self._slice(v, pieces) for v in self.rows.inputs]
-
-    def _tables(self) -> list[Var]:
-        return [v for v in self.rows.inputs if v in self.emitter.blocked]
-
-    def _block(self, var: Var) -> str:
-        if var not in self.blocks:
-            self.blocks[var] = self.names.fresh(self.names.var(var) + "_block")
-        return self.blocks[var]
-
-    def _slice(self, var: Var, pieces: dict[Index, str]) -> str:
-        """The input cut to `pieces` along its row and key axes: counted from the end when
-        batched (after `...`), else from the start."""
-        name = self.names.var(var)
-        cuts = {axis: pieces[i] for axis, i in self._axes(var, pieces).items()}
-        made = self.emitter.blocked.get(var)
-        if made is not None:  # a table made per block from its positions (passes/tables.py)
-            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
-            return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
-        if not cuts:
-            return name
-        _, axes, batched = self._layout(var)
-        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
-        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
-        return f"{name}[{', '.join(items)}]"
-
-    def _batch(self) -> str | None:
-        """The number of batch elements, read from the first batched input."""
-        first = next((t for t in self.spec.arguments if t.batched), None)
-        if first is None:
-            return None
-        return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"
+def _knobs(knob: str, floor: str, summed: bool) -> list[str]:
+    """The rows' budgets, module-level constants a reader may tune: a backward (`summed`)
+    holds four to nine tensors of the scores' size, and its blocks as few rows as its budget
+    asks."""
+    if summed:
+        scores = f"{knob} = 2 ** 20  # on long sequences, scores per tensor, at most"
+        rows = f"{floor} = 1  # rows a block holds at least"
+    else:
+        scores = f"{knob} = 2 ** 22  # on long sequences, scores held at once, at most"
+        rows = f"{floor} = 64  # rows a block holds at least: its keys' gradients cost"
+        rows += " a 64th of its work"
+    return [scores + f" (but {floor} rows)", rows]
 
 
 def _ending(lines: list[str], assign: str) -> list[str]:
     """Lines indented once, the last one assigned."""
     return ["    " + line for line in lines[:-1]] + ["    " + assign + lines[-1]]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The rows' inputs as a block reads them: cut along the rows, and along the keys where
+    the blocks skip keys (`spans`); a table made per block (passes/tables.py) made from the
+    block's positions in `main`, the spec's function, under a name of its own (`blocks`)."""
+
+    rows: Rows
+    spans: KeySpans | None
+    main: Context
+    blocks: dict = field(default_factory=dict)  # a table's block: its name
+
+    def cut(self, var: Var, cuts: dict[Index, str]) -> str:
+        """Where `by_blocks` cuts the input to a block: `{axis: "q" or "k"}`, the axis counted
+        from the end when batched, else from the start."""
+        found = self.axes(var, cuts)
+        if not found:
+            return "{}"
+        _, count, batched = self.layout(var)
+        which = {self.rows.row: "q"} | ({self.spans.hidden.key: "k"} if self.spans else {})
+        axes = {(axis - count if batched else axis): which[i] for axis, i in found.items()}
+        return "{" + ", ".join(f'{axis}: "{w}"' for axis, w in axes.items()) + "}"
+
+    def axes(self, var: Var, pieces: dict[Index, str]) -> dict[int, Index]:
+        """The axes of the input along which it is cut to `pieces`: its row axis and key axis
+        (by their place in its layout), where `pieces` has one."""
+        return {t[var][0]: i for t, i in self.found() if var in t and i in pieces}
+
+    def layout(self, var: Var) -> tuple:
+        """(axis, axes, batched) of an input cut along the rows or keys."""
+        return next(table[var] for table, _ in self.found() if var in table)
+
+    def found(self) -> list[tuple[dict, Index]]:
+        """The inputs cut along the rows and along the keys (each by its layout), with the
+        index each is cut along."""
+        found = [(self.rows.sliced, self.rows.row)]
+        return found + ([(self.spans.hidden.keyed, self.spans.hidden.key)] if self.spans else [])
+
+    def made(self, pieces: dict[Index, str]) -> list[str]:
+        """The lines that make the blocks of the tables the rows read (passes/tables.py),
+        each from the positions of the pieces."""
+        return [f"{self.block(v)} = {self.slice(v, pieces)}" for v in self.tables()]
+
+    def arguments(self, pieces: dict[Index, str]) -> list[str]:
+        """The rows' inputs cut to the pieces; a table's block by its name (`made`)."""
+        tables = self.tables()
+        return [self.block(v) if v in tables else self.slice(v, pieces) for v in self.rows.inputs]
+
+    def tables(self) -> list[Var]:
+        return [v for v in self.rows.inputs if v in self.main.blocked]
+
+    def block(self, var: Var) -> str:
+        if var not in self.blocks:
+            self.blocks[var] = self.main.names.fresh(self.main.names.var(var) + "_block")
+        return self.blocks[var]
+
+    def slice(self, var: Var, pieces: dict[Index, str]) -> str:
+        """The input cut to `pieces` along its row and key axes: counted from the end when
+        batched (after `...`), else from the start."""
+        name = self.main.names.var(var)
+        cuts = {axis: pieces[i] for axis, i in self.axes(var, pieces).items()}
+        made = self.main.blocked.get(var)
+        if made is not None:  # a table made per block from its positions (passes/tables.py)
+            own = {made.dims[axis]: piece for axis, piece in cuts.items()}
+            return tables_emit.call(made, self.main, own, self.main.distance_rows.get(var))
+        if not cuts:
+            return name
+        _, axes, batched = self.layout(var)
+        kept = range(min(cuts), axes) if batched else range(max(cuts) + 1)
+        items = (["..."] if batched else []) + [cuts.get(k, ":") for k in kept]
+        return f"{name}[{', '.join(items)}]"
+
+
+def _into_keys(main: Context, key: Index, exit: Operand, out: str, piece: str, k0: str, k1: str):
+    """A block's part of a sum over the rows, over the keys it sees: added into them."""
+    dim = exit.dims.index(key) - len(exit.dims)
+    after = f" + {piece}.shape[{dim + 1}:]" if dim < -1 else ""
+    shape = f"{piece}.shape[:{dim}] + ({main.size(key)},){after}"
+    return [
+        f"if {out} is None:",
+        f"    {out} = {piece}.new_zeros({shape})",
+        f"{out}.narrow({dim}, {k0}, {k1} - {k0}).add_({piece})",
+    ]
+
+
+def _batch(spec: Spec) -> str | None:
+    """The number of batch elements, read from the first batched input."""
+    first = next((t for t in spec.arguments if t.batched), None)
+    if first is None:
+        return None
+    return f"{first.ascii}.shape[:-{len(first.layout)}].numel()"

@@ -1,7 +1,8 @@
 """The `sdpa` backend: `F.scaled_dot_product_attention` where it computes the core exactly
 (softmax over the key of scale · q·k plus a mask or bias, times the values; GQA, dropout),
-matched by lower/fusion.py (`find_attention`) and printed by lower/kernels_emit.py
-(`step_Attention`, by blocks of queries over the keys a mask lets each see)."""
+matched by lower/planner/fusion.py (`find_attention`) and printed by its `emit.py`
+(`step_Attention`, by blocks of queries over the keys a mask lets each see). Nothing heavy is
+imported here: naming the backend costs no sympy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ NAME = "sdpa"
 
 def takes(core) -> str | None:
     """None for a core `find_attention` matched (an `AttentionMatch`); else why not."""
-    from ..lower.planner.fusion import AttentionMatch
+    from ...lower.planner.fusion import AttentionMatch
 
     if isinstance(core, AttentionMatch):
         return None
