@@ -225,3 +225,99 @@ def test_a_dropped_load_mask_is_caught():
     longer the guarded run's (that twin of the value check)."""
     _, finite = _launch_guarded(frozenset({"k"}))
     assert not finite
+
+
+# -- the backend seam: backend="triton" in compile_spec, module, auto
+
+
+def test_compile_spec_backend_triton_runs_the_kernels(monkeypatch):
+    """backend="triton": the spec's outputs, equal to the blocked path's, computed by the
+    kernels (each call of `whole.attend` counted); the twin: "auto" never calls them."""
+    from indexattn.backends.triton import whole
+
+    calls = []
+    attend = whole.attend
+    monkeypatch.setattr(whole, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    spec = _spec("sigmoid_attention")
+    sizes = sample_sizes(spec, fixed={"N": 20, "h": 2, "d_k": 3, "d_m": 4})
+    args = sample_arguments(spec, sizes, batch=(2,), dtype=torch.float32, seed=1)
+    want = indexattn.compile_spec("sigmoid_attention", backend="blocks")(**args, h=2)
+    got = indexattn.compile_spec("sigmoid_attention", backend="triton")(**args, h=2)
+    assert check.relative(got, want) < 1e-6 and calls == [1]
+    indexattn.compile_spec("sigmoid_attention")(**args, h=2)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("differential", "no attention cores"),
+        ("t5_bias", "T5 buckets"),
+        ("talking_heads", "stick-breaking, top-k"),
+    ],
+)
+def test_backend_triton_refuses_by_name(name, reason):
+    from indexattn.backends import Refused as BackendRefused
+
+    with pytest.raises(BackendRefused, match=f"backend='triton' cannot .* {name}: .*{reason}"):
+        indexattn.compile_spec(name, backend="triton")
+
+
+def test_backend_triton_without_the_package_is_refused_by_name(monkeypatch):
+    """The twin of a spec it takes: causal_head compiles with triton there, not without it."""
+    from indexattn.backends import Refused as BackendRefused
+    from indexattn.runtime import compiled
+
+    monkeypatch.setattr(backend, "available", lambda: False)
+    monkeypatch.setattr(compiled, "_CACHE", {})
+    with pytest.raises(BackendRefused, match=r"pip install 'indexattn\[triton\]'"):
+        indexattn.compile_spec("causal_head", backend="triton")
+    monkeypatch.undo()
+    assert indexattn.compile_spec("causal_head", backend="triton").backend == "triton"
+
+
+def test_auto_picks_triton_on_cuda_where_flex_cannot():
+    from indexattn.backends import auto
+
+    assert auto("cuda", False, True) == "triton"
+    assert auto("cuda", True, True) == "flex"
+    assert auto("xpu", False, True) == "auto"
+    assert auto("cpu", False, True) == "auto"
+    assert auto("cuda", False, False) == "auto"
+
+
+# -- the gradients of what else the score reads: a bias per element, scalars
+
+
+def _softcap_gradients(cap_for_reference: float):
+    """softcap_core's gradients on the kernels and on the blocked path's autograd: Q, K, V,
+    the additive mask M (per element) and the scalars softcap and scaling (tensors)."""
+    spec = _spec("softcap_core")
+    fixed = {"N": 20, "N_kv": 21, "h_kv": 1, "n_rep": 2, "d_k": 4, "d_v": 4}
+    args = sample_arguments(spec, sample_sizes(spec, fixed=fixed), dtype=torch.float32, seed=1)
+    names = ("Q", "K", "V", "M")
+    for n in names:
+        args[n].requires_grad_(True)
+    errors = {}
+    outs = []
+    for name, cap in (("triton", 1.5), ("blocks", cap_for_reference)):
+        scalars = [torch.tensor(cap, requires_grad=True), torch.tensor(0.3, requires_grad=True)]
+        out = indexattn.compile_spec("softcap_core", backend=name)(
+            **args, softcap=scalars[0], scaling=scalars[1]
+        )
+        seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        outs.append(torch.autograd.grad(out, [args[n] for n in names] + scalars, seed))
+    for n, a, b in zip((*names, "softcap", "scaling"), *outs):
+        errors[n] = check.relative(a, b)
+    return errors
+
+
+def test_the_gradients_of_a_bias_and_of_scalars_are_autograds():
+    errors = _softcap_gradients(1.5)
+    assert max(errors.values()) < 2e-5, errors
+
+
+def test_a_moved_scalar_moves_its_gradient():
+    """The twin: against the reference at another cap, the cap's gradient differs."""
+    errors = _softcap_gradients(2.0)
+    assert errors["softcap"] > 1e-3, errors

@@ -37,19 +37,31 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def learnable(spec) -> list[str]:
     """The float arguments whose gradients the kernels give: all but the tensors the scores
-    read element by element (masks, biases: refused with requires_grad)."""
+    read element by element without a derivative there (integer ids; masks read in a
+    condition only)."""
     from .core import describe
+    from .emit import generate
 
-    loads = {x.tensor.ascii for x in describe(spec).loads}
-    return [t.ascii for t in spec.arguments if t.dtype != "int" and t.ascii not in loads]
+    kernels = generate(describe(spec))
+    ungraded = {x.tensor.ascii for _, x in kernels.loads} - {x.tensor.ascii for x in kernels.graded}
+    return [t.ascii for t in spec.arguments if t.dtype != "int" and t.ascii not in ungraded]
 
 
 def compare(
-    spec, sizes: dict, *, dtype=torch.float32, batch=(2,), edit=None, learned=None, splits=1
+    spec,
+    sizes: dict,
+    *,
+    dtype=torch.float32,
+    batch=(2,),
+    edit=None,
+    learned=None,
+    splits=1,
+    block=None,
 ):
     """{"forward": error, name: error of its gradient, ...}: `learned` names the arguments
     whose gradients are compared (default: `learnable`); `edit` changes the arguments
-    first (a dead row); `splits`: the forward split-K in that many chunks."""
+    first (a dead row); `splits`: the forward split-K in that many chunks; `block`: rows
+    and keys per program (default launch.BLOCK)."""
     from . import run
 
     sizes = sample_sizes(spec, fixed=sizes)
@@ -61,7 +73,8 @@ def compare(
         learned = learnable(spec)
     for n in learned:
         args[n].requires_grad_(True)
-    got = run(spec, splits=splits, **args, **given)
+    options = {"splits": splits} if block is None else {"splits": splits, "block": block}
+    got = run(spec, **options, **args, **given)
     want = evaluate(spec, **args, **given)
     errors = {"forward": max(relative(g, w) for g, w in zip(got, want))}
     seeds = [torch.randn_like(w) for w in want]
