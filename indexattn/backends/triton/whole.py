@@ -11,15 +11,19 @@ import torch
 from ...ir import Spec
 from ...ir.shapes import recipe, solve
 from ...oracle.reference import Interpreter
+from . import launch
 from .core import COL, ROW, Core, Load, describe
 from .emit import Kernels, generate
-from .launch import BLOCK, Attention, Launch
+from .launch import Attention, Launch
 
 
-def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, splits: int = 1, **kwargs):
+def run(
+    spec: Spec, /, *, training: bool = False, block: int | None = None, splits: int = 1, **kwargs
+):
     """`run(spec, X=x, ...)` -> the spec's outputs, as the oracle's `evaluate` returns them.
-    `block`: rows and keys per program; `splits`: the forward split over the keys in that
-    many chunks (split-K, for decoding), combined after."""
+    `block`: rows and keys per program (default `launch.BLOCK`, read per call); `splits`:
+    the forward split over the keys in that many chunks (split-K, for decoding), combined
+    after."""
     kernels = _kernels(spec)
     core = kernels.core
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
@@ -93,7 +97,7 @@ def attend(
     kernels: Kernels,
     held: dict,
     values: dict,
-    block: int = BLOCK,
+    block: int | None = None,
     splits: int = 1,
     scalars: dict | None = None,
 ) -> torch.Tensor:
@@ -116,8 +120,9 @@ def attend(
     given = [(scalars or {}).get(c, 0.0) for c in kernels.scalars]
     learned = [t for t in (*loads, *given) if isinstance(t, torch.Tensor) and t.requires_grad]
     params = bool(learned) and torch.is_grad_enabled()
-    launch = Launch(kernels, q4, k4, v4, sink, loads, values, block, splits, params)
-    o = Attention.apply(launch, q4, k4, v4, sink, *loads, *given)
+    block = launch.BLOCK if block is None else block
+    launched = Launch(kernels, q4, k4, v4, sink, loads, values, block, splits, params)
+    o = Attention.apply(launched, q4, k4, v4, sink, *loads, *given)
     return o.reshape(*batch, *heads, o.shape[2], o.shape[3])
 
 
