@@ -120,15 +120,12 @@ def test_a_dead_row_beside_a_sink_gives_zeros_and_zero_gradients():
     assert dq[..., 1, :].abs().max() == 0 and dq.abs().max() > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 64, 100, 300])
-def test_sizes_across_block_edges(n):
-    errors = compare(
-        "sinks_core",
-        {"N": n, "N_kv": n, "h_kv": 1, "n_rep": 1},
-        batch=(),
-        learned=["Q", "K", "V", "s_aux"],
-    )
+@pytest.mark.parametrize("n", check.EDGES)
+@pytest.mark.parametrize(("name", "sizes", "what"), check.SWEPT)
+def test_features_across_block_edges(name, sizes, what, n):
+    """Each feature at N around the 64-wide block's edges, batched, every gradient."""
+    sizes = check.at_length(name, sizes, n)
+    errors = compare(name, sizes, block=check.SWEPT_BLOCK)
     assert max(errors.values()) < 5e-5, errors
 
 

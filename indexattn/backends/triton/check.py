@@ -27,6 +27,29 @@ SLOW = (
     ("causal_head", {"N": 50}, "causal, no heads"),
 )
 
+# The sweep across block edges: each feature at N = EDGES (and N_kv = N), at the GPU's block
+# of 64 rows and keys, batched: (name, sizes but N, what it shows).
+EDGES = (1, 63, 64, 65, 130, 300)
+SWEPT = (
+    ("sinks_core", {"h_kv": 1, "n_rep": 2}, "learned sink, GQA, a mask"),
+    ("softcap_window", {"d_k": 4, "d_m": 4, "h": 1}, "soft cap and window"),
+    ("alibi", {"h": 2, "d_k": 4, "d_m": 4}, "ALiBi"),
+    ("doc_mask", {"h": 1, "d_k": 4, "d_m": 4}, "document ids"),
+    ("mqa", {"h": 2, "d_k": 4, "d_m": 4}, "one key head for all query heads"),
+)
+SWEPT_BLOCK = 64
+
+
+def at_length(name: str, sizes: dict, n: int) -> dict:
+    """`sizes` with the positions N (and the keys' N_kv, where the spec has them) at n."""
+    return {**sizes, "N": n, **({"N_kv": n} if "N_kv" in _size_names(name) else {})}
+
+
+def _size_names(name: str) -> frozenset:
+    from ...runtime.compiled import compile_spec
+
+    return frozenset(compile_spec(name).ir.size_asciis)
+
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     """inf where either holds a NaN (a max over errors would skip it)."""
