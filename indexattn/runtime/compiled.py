@@ -57,7 +57,7 @@ def compile_spec(
     >>> compile_spec("gqa").name
     'gqa'
 
-    `backend`: what computes the attention core ("auto", "blocks", "sdpa", "flex";
+    `backend`: what computes the attention core ("auto", "blocks", "sdpa", "flex", "triton";
     indexattn/backends, docs/backends.md); one that cannot is refused with the reason.
     """
     if not isinstance(spec, (str, os.PathLike)):
