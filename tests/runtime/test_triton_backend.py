@@ -153,9 +153,10 @@ def test_refused_without_triton(monkeypatch):
 
 
 SENTINEL = float("nan")  # a read of it poisons what it touches, 0 · NaN included
+# guards of 4096 elements each side: a twin's unmasked tile (a block past the view) stays inside
 
 
-def _guarded(shape, dtype, fill=None, pad=300):
+def _guarded(shape, dtype, fill=None, pad=4096):
     """A tensor of `shape` in the middle of a larger buffer whose rest holds a sentinel; its
     rows strided wider than it is (so that a read past a row's end reads the sentinel)."""
     rows = shape[-1] + 5
@@ -176,7 +177,8 @@ def _untouched(buffer: torch.Tensor, view: torch.Tensor) -> bool:
 
 
 def _launch_guarded(unmasked=frozenset()):
-    """Every kernel of sinks_core on guarded buffers: (all guards untouched, outputs)."""
+    """Every kernel of sinks_core on guarded buffers, the gradients of its mask M and of its
+    scalars written too: (whether each one's guards are untouched, all outputs finite)."""
     spec = _spec("sinks_core")
     kernels = generate(describe(spec), unmasked)
     g = torch.Generator().manual_seed(0)
@@ -194,13 +196,17 @@ def _launch_guarded(unmasked=frozenset()):
     sink = tensor("sink", (B, H, NQ), torch.randn(1, H, 1, generator=g).expand(B, H, NQ))
     values = {s.symbol: s.value for s in spec.scalars}
     values.update(dict(zip(spec.sizes, [NQ, NK, HK, H // HK, D, DV])))
-    launch = Launch(kernels, q, k, v, sink, [mask], values)
+    launch = Launch(kernels, q, k, v, sink, [mask], values, params=True)
     o, lse = tensor("o", (B, H, NQ, DV)), tensor("lse", (B, H, NQ))
     launch.forward(o, lse)
     do = tensor("do", (B, H, NQ, DV), torch.randn(B, H, NQ, DV, generator=g))
     grads = [tensor(n, s) for n, s in (("dq", q.shape), ("dk", k.shape), ("dv", v.shape))]
     delta, dsink = tensor("delta", (B, H, NQ)), tensor("dsink", (B, H, NQ))
-    launch.backward(o, lse, do, *grads, delta, dsink)
+    params = (
+        tensor("dload", (len(kernels.graded), B * H, NQ, NK)),
+        tensor("dscalar", (len(kernels.scalars), B * H, NQ)),
+    )
+    launch.backward(o, lse, do, *grads, delta, dsink, params)
     untouched = {name: _untouched(*pair) for name, pair in made.items()}
     finite = all(torch.isfinite(pair[1]).all() for pair in made.values())
     return untouched, finite
@@ -215,6 +221,13 @@ def test_a_dropped_store_mask_is_caught_by_the_guards():
     """The twin: the output's store printed without its mask writes past the rows."""
     untouched, _ = _launch_guarded(frozenset({"o"}))
     assert not untouched["o"], untouched
+
+
+def test_a_dropped_gradient_store_mask_is_caught_by_the_guards():
+    """The twin for the mask's gradient, written per element: without its store's mask the
+    dQ kernel writes past each row of the buffer."""
+    untouched, _ = _launch_guarded(frozenset({"dload"}))
+    assert not untouched["dload"] and untouched["o"], untouched
 
 
 def test_a_dropped_load_mask_is_caught():

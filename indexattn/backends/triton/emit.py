@@ -54,7 +54,7 @@ _TEMPLATE_NAMES = frozenset(
         "DLOADS",
         "DSCALARS",
         "PARAMS",
-        "NBH",
+        *("sdl0", "sdl1", "sdl2", "sdl3", "sds0", "sds1", "sds2"),
         "b",
         "bh",
         "hq",
@@ -602,12 +602,12 @@ class _Generator:
 
     def dq(self) -> str:
         """dQ, and with PARAMS the gradients of what else the score reads: each float load's
-        per element (DLOADS, [loads, B·H, N_Q, N_K]), each scalar's per row (DSCALARS,
-        [scalars, B·H, N_Q], summed after in order: deterministic)."""
+        per element (DLOADS, [loads, B·H, N_Q, N_K], any strides), each scalar's per row
+        (DSCALARS, [scalars, B·H, N_Q], summed after in order: deterministic)."""
         softmax = self.core.normaliser == "softmax"
         body = [*self._setup("start_m"), *self._box_rows(), *self._rows(("q", "do"))]
         body += [*self._row_stats(), "dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)"]
-        body += ["NBH = tl.num_programs(1)", *self._params(self._scalar_starts())]
+        body += self._params(self._scalar_starts())
         inner = [
             *self._keys(),
             f"qk = {self._dot('q', 'tl.trans(k)')}",
@@ -627,7 +627,8 @@ class _Generator:
         )
         body += self._params(self._scalar_stores())
         names = ["Q", "K", "V", "DO", "DQ", *(["LSE", "DELTA"] if softmax else [])]
-        operands = (*self._operands(names, softmax), "DLOADS", "DSCALARS")
+        params = ("DLOADS", *(f"sdl{k}" for k in range(4)), "DSCALARS", "sds0", "sds1", "sds2")
+        operands = (*self._operands(names, softmax), *params)
         return self._kernel("attention_dq", operands, body, ("PARAMS",))
 
     @staticmethod
@@ -644,7 +645,7 @@ class _Generator:
         """Each learnable thing's share of this tile: ds times d score / d it, where kept."""
         lines = []
         for j, (_, d) in enumerate(self.graded):
-            at = f"(({j} * NBH + bh).to(tl.int64) * N_Q + row) * N_K + col"
+            at = f"{j} * sdl0 + bh.to(tl.int64) * sdl1 + row * sdl2 + col * sdl3"
             mask = self.mask("dload", "row_ok & col_ok")
             lines.append(
                 f"tl.store(DLOADS + {at}, tl.where(keep, ds * ({self.print(d)}), 0.0){mask})"
@@ -657,7 +658,8 @@ class _Generator:
     def _scalar_stores(self) -> list[str]:
         mask = self.mask("dscalar", "offs_m < N_Q")
         return [
-            f"tl.store(DSCALARS + ({j} * NBH + bh) * N_Q + offs_m, {self._scalar_name(c)}{mask})"
+            f"tl.store(DSCALARS + {j} * sds0 + bh * sds1 + offs_m * sds2, "
+            f"{self._scalar_name(c)}{mask})"
             for j, (c, _) in enumerate(self.scalars)
         ]
 

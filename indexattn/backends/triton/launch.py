@@ -171,7 +171,8 @@ class Launch:
             pre = [o, do, delta, *([lse, dsink] if self.sink is not None else [])]
             self.run("attention_preprocess", self.rows_grid(), pre)
         self.run("attention_dkdv", self.keys_grid(), [self.q, self.k, self.v, do, dk, dv, *stats])
-        extra = params if params is not None else (dq, dq)  # unread without PARAMS
+        dloads, dscalars = params if params is not None else (dq, delta)  # unread without
+        extra = (dloads, *dloads.stride(), dscalars, *dscalars.stride())
         operands = [self.q, self.k, self.v, do, dq, *stats]
         self.run("attention_dq", self.rows_grid(), operands, extra, PARAMS=params is not None)
 
