@@ -19,8 +19,6 @@ import torch
 import indexattn
 from indexattn.backends.triton import check
 
-SWEEP = (1, 15, 16, 17, 31, 33, 64, 100, 300)  # positions, across the 16-wide block edges
-
 
 def cases():
     for name, sizes, what in (*check.CASES, *check.SLOW):
@@ -36,8 +34,10 @@ def cases():
         args["M"][..., 3:7, :] = -torch.inf
 
     yield "gqa_core", {"N": 19, "N_kv": 21, "h_kv": 1, "n_rep": 2}, "dead rows", {"edit": dead}
-    for n in SWEEP:
-        yield "sinks_core", {"N": n, "N_kv": n, "h_kv": 1, "n_rep": 1}, f"N = {n}", {"batch": ()}
+    for name, sizes, what in check.SWEPT:
+        for n in check.EDGES:
+            at = check.at_length(name, sizes, n)
+            yield name, at, f"{what}, N = {n}", {"block": check.SWEPT_BLOCK}
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ def compile_spec(
     spec: str | Path, name: str | None = None, *, backend: str = "auto"
 ) -> CompiledSpec:
     """runtime.compiled.compile_spec, giving the spec that also shows itself; `backend`:
-    what computes the attention core ("auto", "blocks", "sdpa", "flex": docs/backends.md).
+    what computes the attention core ("auto", "blocks", "sdpa", "flex", "triton": docs/backends.md).
 
     >>> spec = compile_spec("index i : n\\ninput x_<i>\\ny_<i> = 2 x_<i>", name="double")
     >>> print(spec.latex(), end="")

@@ -5,7 +5,7 @@ today's choice where the code is compiled (docs/decisions.md, "Backends: what au
 
     >>> from indexattn.backends import BACKENDS
     >>> sorted(BACKENDS)
-    ['blocks', 'flex', 'sdpa']
+    ['blocks', 'flex', 'sdpa', 'triton']
 
 A backend is a module with `NAME` and `takes(core) -> str | None` (None: it computes the core;
 else the reason it cannot); adding one is a module and one line of `BACKENDS`."""
@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Protocol
 
-from . import blocks, flex, sdpa
+from . import blocks, flex, sdpa, triton
 
 
 class Backend(Protocol):
@@ -24,7 +24,7 @@ class Backend(Protocol):
     def takes(self, core) -> str | None: ...
 
 
-BACKENDS: dict[str, ModuleType] = {b.NAME: b for b in (blocks, sdpa, flex)}
+BACKENDS: dict[str, ModuleType] = {b.NAME: b for b in (blocks, sdpa, flex, triton)}
 CHOICES = ("auto", *BACKENDS)
 
 
@@ -44,11 +44,13 @@ def refused(name: str, spec: str, why: str) -> Refused:
     return Refused(f"backend={name!r} cannot compute the attention core of {spec}: {why}")
 
 
-def auto(device: str, flex_takes: bool) -> str:
+def auto(device: str, flex_takes: bool, triton_takes: bool = False) -> str:
     """What "auto" runs on a device (docs/decisions.md, "Backends: what auto chooses"): on
-    CUDA and XPU FlexAttention wherever it takes the spec; elsewhere (CPU: FlexAttention has
-    no backward there, and its forward compiles for tens of seconds a shape family) the code
-    compiled for every device, the blocked path and SDPA where it computes the core exactly.
-    The same on both for training and inference: FlexAttention's backward exists wherever it
-    runs a forward but the CPU."""
-    return "flex" if device in ("cuda", "xpu") and flex_takes else "auto"
+    CUDA and XPU FlexAttention wherever it takes the spec, else on CUDA the triton kernels
+    wherever they take it; elsewhere (CPU: FlexAttention has no backward there, and its
+    forward compiles for tens of seconds a shape family; Triton's interpreter is a proof, not
+    a speed) the code compiled for every device, the blocked path and SDPA where it computes
+    the core exactly. The same on both for training and inference."""
+    if device in ("cuda", "xpu") and flex_takes:
+        return "flex"
+    return "triton" if device == "cuda" and triton_takes else "auto"

@@ -57,7 +57,7 @@ def compile_spec(
     >>> compile_spec("gqa").name
     'gqa'
 
-    `backend`: what computes the attention core ("auto", "blocks", "sdpa", "flex";
+    `backend`: what computes the attention core ("auto", "blocks", "sdpa", "flex", "triton";
     indexattn/backends, docs/backends.md); one that cannot is refused with the reason.
     """
     if not isinstance(spec, (str, os.PathLike)):
@@ -190,6 +190,8 @@ class CompiledSpec:
         self.name, self.source = plain.name, plain.source
         namespace = _load(self.source, self.name)
         self.function = namespace[plain.function]
+        if backend == "triton":  # the core on the printed kernels, the rest read literally
+            self.function = _on_triton(self)
         self.constants_function = namespace[plain.constants] if plain.constants else None
         # Plain attributes, read on every call (and by torch.compile, which cannot trace a lock).
         self.rules, self.positions = plain.rules, plain.positions
@@ -202,6 +204,7 @@ class CompiledSpec:
         self._constants: dict = {}
         self._checked: dict = {}
         self._lock = threading.Lock()
+        self._backends: dict[str, CompiledSpec | None] = {}  # what "auto" runs on a device
 
     @cached_property
     def _straight(self):
@@ -261,9 +264,9 @@ class CompiledSpec:
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         kwargs = self._spelled(kwargs)
-        flex = self._auto_flex(kwargs)
-        if flex is not None:  # "auto" on CUDA or XPU: FlexAttention (backends.auto)
-            return flex(training=training, backward="autograd", **kwargs)
+        chosen = self._auto_backend(kwargs)
+        if chosen is not None:  # "auto" on CUDA or XPU: FlexAttention or triton (backends.auto)
+            return chosen(training=training, backward="autograd", **kwargs)
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -278,10 +281,11 @@ class CompiledSpec:
             return run(self, list(tensors.values()), given, scalars, training)
         return self._run(tuple(tensors.values()), given, scalars, training)
 
-    def _auto_flex(self, kwargs: dict) -> CompiledSpec | None:
-        """The spec compiled with backend="flex", where "auto" runs it: on CUDA or XPU, where
-        FlexAttention takes the spec's cores (docs/decisions.md, "Backends: what auto
-        chooses"); None elsewhere."""
+    def _auto_backend(self, kwargs: dict) -> CompiledSpec | None:
+        """The spec compiled with the backend "auto" runs on the call's device: on CUDA or
+        XPU, FlexAttention where it takes the spec's cores, else on CUDA the triton kernels
+        where they take it (docs/decisions.md, "Backends: what auto chooses"); None
+        elsewhere."""
         if self.backend != "auto":
             return None
         first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
@@ -289,23 +293,29 @@ class CompiledSpec:
             return None
         from ..backends import auto
 
-        return self._flex if auto(first.device.type, self._flex is not None) == "flex" else None
+        device = first.device.type
+        flex = self._taken("flex")
+        triton = self._taken("triton") if device == "cuda" and flex is None else None
+        chosen = auto(device, flex is not None, triton is not None)
+        return {"flex": flex, "triton": triton}.get(chosen)
 
-    @cached_property
-    def _flex(self) -> CompiledSpec | None:
+    def _taken(self, backend: str) -> CompiledSpec | None:
+        """The spec compiled with `backend`, or None where it cannot take the spec (kept)."""
         from ..backends import Refused
 
-        try:
-            return self.with_backend("flex")
-        except Refused:  # FlexAttention cannot take the spec: today's code
-            return None
+        if backend not in self._backends:
+            try:
+                self._backends[backend] = self.with_backend(backend)
+            except Refused:  # the backend cannot take the spec: today's code
+                self._backends[backend] = None
+        return self._backends[backend]
 
     def in_order(self, tensors: Sequence[torch.Tensor], scalars: dict, *, training: bool):
         """`spec(**tensors, **scalars)` for a caller that passes the tensors in argument order
         and only scalars the spec declares (transformers' attention function, at every decode
         step): no keyword respelled or matched by name; sizes, shapes, dtypes and devices are
         checked as in any call."""
-        if self.default_backward == "derived":
+        if self.default_backward == "derived" and self.backend != "triton":
             return self(training=training, **dict(zip(self.arguments, tensors)), **scalars)
         return self._run(tensors, {}, scalars, training)
 
@@ -493,7 +503,7 @@ class CompiledSpec:
         fast as autograd's and no larger, else "autograd"."""
         from ..derive.defaults import default
 
-        return default(self.text)
+        return "autograd" if self.backend == "triton" else default(self.text)
 
     def backward_text(self, *, training: bool = True, scalars: frozenset = frozenset()) -> str:
         """The derived backward as spec text: the forward's equations, an input `dY` per
@@ -679,3 +689,16 @@ def _plain(spec: ir.Spec, plan: Program, module: Module) -> Plain:
         batch=tuple((arguments.index(t), len(t.layout)) for t in spec.tensors_of("input")),
         layer=layer(spec),
     )
+
+
+def _on_triton(spec: CompiledSpec):
+    """The generated function's stand-in for backend="triton": the same arguments (tensors
+    in order, sizes and scalars by ASCII name), the outputs of `backends.triton.run`."""
+    from ..backends import triton
+
+    def function(*tensors, training: bool = False, **keywords):
+        return triton.run(
+            spec.ir, training=training, **dict(zip(spec.arguments, tensors)), **keywords
+        )
+
+    return function

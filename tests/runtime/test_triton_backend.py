@@ -120,15 +120,12 @@ def test_a_dead_row_beside_a_sink_gives_zeros_and_zero_gradients():
     assert dq[..., 1, :].abs().max() == 0 and dq.abs().max() > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 64, 100, 300])
-def test_sizes_across_block_edges(n):
-    errors = compare(
-        "sinks_core",
-        {"N": n, "N_kv": n, "h_kv": 1, "n_rep": 1},
-        batch=(),
-        learned=["Q", "K", "V", "s_aux"],
-    )
+@pytest.mark.parametrize("n", check.EDGES)
+@pytest.mark.parametrize(("name", "sizes", "what"), check.SWEPT)
+def test_features_across_block_edges(name, sizes, what, n):
+    """Each feature at N around the 64-wide block's edges, batched, every gradient."""
+    sizes = check.at_length(name, sizes, n)
+    errors = compare(name, sizes, block=check.SWEPT_BLOCK)
     assert max(errors.values()) < 5e-5, errors
 
 
@@ -156,9 +153,10 @@ def test_refused_without_triton(monkeypatch):
 
 
 SENTINEL = float("nan")  # a read of it poisons what it touches, 0 · NaN included
+# guards of 4096 elements each side: a twin's unmasked tile (a block past the view) stays inside
 
 
-def _guarded(shape, dtype, fill=None, pad=300):
+def _guarded(shape, dtype, fill=None, pad=4096):
     """A tensor of `shape` in the middle of a larger buffer whose rest holds a sentinel; its
     rows strided wider than it is (so that a read past a row's end reads the sentinel)."""
     rows = shape[-1] + 5
@@ -179,7 +177,8 @@ def _untouched(buffer: torch.Tensor, view: torch.Tensor) -> bool:
 
 
 def _launch_guarded(unmasked=frozenset()):
-    """Every kernel of sinks_core on guarded buffers: (all guards untouched, outputs)."""
+    """Every kernel of sinks_core on guarded buffers, the gradients of its mask M and of its
+    scalars written too: (whether each one's guards are untouched, all outputs finite)."""
     spec = _spec("sinks_core")
     kernels = generate(describe(spec), unmasked)
     g = torch.Generator().manual_seed(0)
@@ -197,13 +196,17 @@ def _launch_guarded(unmasked=frozenset()):
     sink = tensor("sink", (B, H, NQ), torch.randn(1, H, 1, generator=g).expand(B, H, NQ))
     values = {s.symbol: s.value for s in spec.scalars}
     values.update(dict(zip(spec.sizes, [NQ, NK, HK, H // HK, D, DV])))
-    launch = Launch(kernels, q, k, v, sink, [mask], values)
+    launch = Launch(kernels, q, k, v, sink, [mask], values, params=True)
     o, lse = tensor("o", (B, H, NQ, DV)), tensor("lse", (B, H, NQ))
     launch.forward(o, lse)
     do = tensor("do", (B, H, NQ, DV), torch.randn(B, H, NQ, DV, generator=g))
     grads = [tensor(n, s) for n, s in (("dq", q.shape), ("dk", k.shape), ("dv", v.shape))]
     delta, dsink = tensor("delta", (B, H, NQ)), tensor("dsink", (B, H, NQ))
-    launch.backward(o, lse, do, *grads, delta, dsink)
+    params = (
+        tensor("dload", (len(kernels.graded), B * H, NQ, NK)),
+        tensor("dscalar", (len(kernels.scalars), B * H, NQ)),
+    )
+    launch.backward(o, lse, do, *grads, delta, dsink, params)
     untouched = {name: _untouched(*pair) for name, pair in made.items()}
     finite = all(torch.isfinite(pair[1]).all() for pair in made.values())
     return untouched, finite
@@ -220,8 +223,139 @@ def test_a_dropped_store_mask_is_caught_by_the_guards():
     assert not untouched["o"], untouched
 
 
+def test_a_dropped_gradient_store_mask_is_caught_by_the_guards():
+    """The twin for the mask's gradient, written per element: without its store's mask the
+    dQ kernel writes past each row of the buffer."""
+    untouched, _ = _launch_guarded(frozenset({"dload"}))
+    assert not untouched["dload"] and untouched["o"], untouched
+
+
 def test_a_dropped_load_mask_is_caught():
     """The keys read without their mask read the sentinels past each row: the outputs are no
     longer the guarded run's (that twin of the value check)."""
     _, finite = _launch_guarded(frozenset({"k"}))
     assert not finite
+
+
+# -- the backend seam: backend="triton" in compile_spec, module, auto
+
+
+def test_compile_spec_backend_triton_runs_the_kernels(monkeypatch):
+    """backend="triton": the spec's outputs, equal to the blocked path's, computed by the
+    kernels (each call of `whole.attend` counted); the twin: "auto" never calls them."""
+    from indexattn.backends.triton import whole
+
+    calls = []
+    attend = whole.attend
+    monkeypatch.setattr(whole, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    spec = _spec("sigmoid_attention")
+    sizes = sample_sizes(spec, fixed={"N": 20, "h": 2, "d_k": 3, "d_m": 4})
+    args = sample_arguments(spec, sizes, batch=(2,), dtype=torch.float32, seed=1)
+    want = indexattn.compile_spec("sigmoid_attention", backend="blocks")(**args, h=2)
+    got = indexattn.compile_spec("sigmoid_attention", backend="triton")(**args, h=2)
+    assert check.relative(got, want) < 1e-6 and calls == [1]
+    indexattn.compile_spec("sigmoid_attention")(**args, h=2)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("differential", "no attention cores"),
+        ("t5_bias", "T5 buckets"),
+        ("talking_heads", "stick-breaking, top-k"),
+    ],
+)
+def test_backend_triton_refuses_by_name(name, reason):
+    from indexattn.backends import Refused as BackendRefused
+
+    with pytest.raises(BackendRefused, match=f"backend='triton' cannot .* {name}: .*{reason}"):
+        indexattn.compile_spec(name, backend="triton")
+
+
+def test_backend_triton_without_the_package_is_refused_by_name(monkeypatch):
+    """The twin of a spec it takes: causal_head compiles with triton there, not without it."""
+    from indexattn.backends import Refused as BackendRefused
+    from indexattn.runtime import compiled
+
+    monkeypatch.setattr(backend, "available", lambda: False)
+    monkeypatch.setattr(compiled, "_CACHE", {})
+    with pytest.raises(BackendRefused, match=r"pip install 'indexattn\[triton\]'"):
+        indexattn.compile_spec("causal_head", backend="triton")
+    monkeypatch.undo()
+    assert indexattn.compile_spec("causal_head", backend="triton").backend == "triton"
+
+
+def test_auto_picks_triton_on_cuda_where_flex_cannot():
+    from indexattn.backends import auto
+
+    assert auto("cuda", False, True) == "triton"
+    assert auto("cuda", True, True) == "flex"
+    assert auto("xpu", False, True) == "auto"
+    assert auto("cpu", False, True) == "auto"
+    assert auto("cuda", False, False) == "auto"
+
+
+# -- the gradients of what else the score reads: a bias per element, scalars
+
+
+def _softcap_gradients(cap_for_reference: float):
+    """softcap_core's gradients on the kernels and on the blocked path's autograd: Q, K, V,
+    the additive mask M (per element) and the scalars softcap and scaling (tensors)."""
+    spec = _spec("softcap_core")
+    fixed = {"N": 20, "N_kv": 21, "h_kv": 1, "n_rep": 2, "d_k": 4, "d_v": 4}
+    args = sample_arguments(spec, sample_sizes(spec, fixed=fixed), dtype=torch.float32, seed=1)
+    names = ("Q", "K", "V", "M")
+    for n in names:
+        args[n].requires_grad_(True)
+    errors = {}
+    outs = []
+    for name, cap in (("triton", 1.5), ("blocks", cap_for_reference)):
+        scalars = [torch.tensor(cap, requires_grad=True), torch.tensor(0.3, requires_grad=True)]
+        out = indexattn.compile_spec("softcap_core", backend=name)(
+            **args, softcap=scalars[0], scaling=scalars[1]
+        )
+        seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        outs.append(torch.autograd.grad(out, [args[n] for n in names] + scalars, seed))
+    for n, a, b in zip((*names, "softcap", "scaling"), *outs):
+        errors[n] = check.relative(a, b)
+    return errors
+
+
+def test_the_gradients_of_a_bias_and_of_scalars_are_autograds():
+    errors = _softcap_gradients(1.5)
+    assert max(errors.values()) < 2e-5, errors
+
+
+def test_a_moved_scalar_moves_its_gradient():
+    """The twin: against the reference at another cap, the cap's gradient differs."""
+    errors = _softcap_gradients(2.0)
+    assert errors["softcap"] > 1e-3, errors
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_run_passes(tmp_path):
+    """benchmarks/on_a_gpu.sh --device cpu, its triton section: the kernels, FlexAttention's
+    eager forward and the blocked path timed at N = 40 in the interpreter, equal outputs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHON": sys.executable, "OUT": str(tmp_path)}
+    env |= {"DRY_SECTIONS": "triton", "TRITON_DRY_SPECS": "softcap_core"}
+    done = subprocess.run(
+        ["bash", "benchmarks/on_a_gpu.sh", "--device", "cpu"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "triton.jsonl").read_text().splitlines()]
+    timed = ("triton_forward", "triton_train", "flex_forward", "blocks_forward", "blocks_train")
+    assert all(isinstance(row[k]["s"], float) for k in timed), row
+    assert row["config"] == "b16" and row["max_error_vs_blocks"] < 1e-5, row

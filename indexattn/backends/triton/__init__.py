@@ -1,29 +1,45 @@
 """The `triton` backend: the attention core of a spec as fused Triton kernels, printed from its
 equations, forward and backward (`core` reads the core, `emit` prints the kernels, `launch`
 runs them, `whole` runs a whole spec with its core on them). On a CPU the kernels run in
-Triton's interpreter; without the triton package the backend is refused by name."""
+Triton's interpreter; without the triton package the backend is refused by name. Nothing
+heavy is imported here: naming the backend costs no sympy."""
 
 from __future__ import annotations
 
 import importlib.util
 
-from .core import Core, Refused, describe
-
 NAME = "triton"
-__all__ = ["NAME", "Core", "Refused", "available", "describe", "run"]
+MISSING = "the triton backend needs the triton package: pip install 'indexattn[triton]'"
+__all__ = ["MISSING", "NAME", "available", "reads", "run", "takes"]
 
 
 def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def takes(core) -> str | None:
+    """Why the kernels cannot compute this core (a `core.Core`); None where they can: every
+    core `core.describe` reads (it refuses the others, with the reason, as it reads them)."""
+    return None
+
+
+def reads(spec):
+    """The spec's attention core as the kernels compute it (`core.Core`), or `core.Refused`
+    saying why not: the triton package missing, or what `describe` cannot read."""
+    from .core import Refused, describe
+
+    if not available():
+        raise Refused(MISSING)
+    return describe(spec)
+
+
 def run(spec, /, **kwargs):
     """A spec's outputs with its attention core on the printed kernels: `spec` a checked
     `ir.Spec`, or what `indexattn.compile_spec` takes (a shipped name, a path, text)."""
+    from .core import Refused
+
     if not available():
-        raise Refused(
-            "the triton backend needs the triton package: pip install 'indexattn[triton]'"
-        )
+        raise Refused(MISSING)
     from . import whole
 
     return whole.run(_checked(spec), **kwargs)

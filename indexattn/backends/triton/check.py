@@ -27,6 +27,29 @@ SLOW = (
     ("causal_head", {"N": 50}, "causal, no heads"),
 )
 
+# The sweep across block edges: each feature at N = EDGES (and N_kv = N), at the GPU's block
+# of 64 rows and keys, batched: (name, sizes but N, what it shows).
+EDGES = (1, 63, 64, 65, 130, 300)
+SWEPT = (
+    ("sinks_core", {"h_kv": 1, "n_rep": 2}, "learned sink, GQA, a mask"),
+    ("softcap_window", {"d_k": 4, "d_m": 4, "h": 1}, "soft cap and window"),
+    ("alibi", {"h": 2, "d_k": 4, "d_m": 4}, "ALiBi"),
+    ("doc_mask", {"h": 1, "d_k": 4, "d_m": 4}, "document ids"),
+    ("mqa", {"h": 2, "d_k": 4, "d_m": 4}, "one key head for all query heads"),
+)
+SWEPT_BLOCK = 64
+
+
+def at_length(name: str, sizes: dict, n: int) -> dict:
+    """`sizes` with the positions N (and the keys' N_kv, where the spec has them) at n."""
+    return {**sizes, "N": n, **({"N_kv": n} if "N_kv" in _size_names(name) else {})}
+
+
+def _size_names(name: str) -> frozenset:
+    from ...runtime.compiled import compile_spec
+
+    return frozenset(compile_spec(name).ir.size_asciis)
+
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     """inf where either holds a NaN (a max over errors would skip it)."""
@@ -37,19 +60,31 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def learnable(spec) -> list[str]:
     """The float arguments whose gradients the kernels give: all but the tensors the scores
-    read element by element (masks, biases: refused with requires_grad)."""
+    read element by element without a derivative there (integer ids; masks read in a
+    condition only)."""
     from .core import describe
+    from .emit import generate
 
-    loads = {x.tensor.ascii for x in describe(spec).loads}
-    return [t.ascii for t in spec.arguments if t.dtype != "int" and t.ascii not in loads]
+    kernels = generate(describe(spec))
+    ungraded = {x.tensor.ascii for _, x in kernels.loads} - {x.tensor.ascii for x in kernels.graded}
+    return [t.ascii for t in spec.arguments if t.dtype != "int" and t.ascii not in ungraded]
 
 
 def compare(
-    spec, sizes: dict, *, dtype=torch.float32, batch=(2,), edit=None, learned=None, splits=1
+    spec,
+    sizes: dict,
+    *,
+    dtype=torch.float32,
+    batch=(2,),
+    edit=None,
+    learned=None,
+    splits=1,
+    block=None,
 ):
     """{"forward": error, name: error of its gradient, ...}: `learned` names the arguments
     whose gradients are compared (default: `learnable`); `edit` changes the arguments
-    first (a dead row); `splits`: the forward split-K in that many chunks."""
+    first (a dead row); `splits`: the forward split-K in that many chunks; `block`: rows
+    and keys per program (default launch.BLOCK)."""
     from . import run
 
     sizes = sample_sizes(spec, fixed=sizes)
@@ -61,7 +96,8 @@ def compare(
         learned = learnable(spec)
     for n in learned:
         args[n].requires_grad_(True)
-    got = run(spec, splits=splits, **args, **given)
+    options = {"splits": splits} if block is None else {"splits": splits, "block": block}
+    got = run(spec, **options, **args, **given)
     want = evaluate(spec, **args, **given)
     errors = {"forward": max(relative(g, w) for g, w in zip(got, want))}
     seeds = [torch.randn_like(w) for w in want]

@@ -87,8 +87,13 @@ def describe(spec: Spec) -> Core:
     defined = {eq.tensor.name: eq for eq in spec.equations}
     found = [eq for eq in spec.equations if _weighs(eq, defined)]
     if len(found) != 1:
-        what = "no" if not found else f"{len(found)} (differential and the like)"
-        raise _refuse(spec.equations[-1], f"{what} attention cores: the triton kernel takes one")
+        what = "no" if not found else f"{len(found)}"
+        raise _refuse(
+            spec.equations[-1],
+            f"{what} attention cores: the triton kernel takes one, softmax, softmax with a sink "
+            "or sigmoid weights times the values (differential attention's difference of two "
+            "softmaxes and linear attention are not printed)",
+        )
     return _Reader(spec, found[0]).core()
 
 

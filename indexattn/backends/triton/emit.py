@@ -25,7 +25,10 @@ FIRST_ROW, LAST_ROW, FIRST_COL, LAST_COL = sympy.symbols(
 )
 # Every memory access a kernel makes, by name: `unmasked` drops the mask of those named (the
 # twin of the guard-region test, which must catch it).
-ACCESSES = ("q", "k", "v", "o", "lse", "do", "delta", "dq", "dk", "dv", "load", "sink", "dsink")
+ACCESSES = (
+    *("q", "k", "v", "o", "lse", "do", "delta", "dq", "dk", "dv", "load", "sink", "dsink"),
+    *("dload", "dscalar"),
+)
 # The names the kernels' own template gives its values: never allocated.
 _TEMPLATE_NAMES = frozenset(
     (
@@ -48,6 +51,10 @@ _TEMPLATE_NAMES = frozenset(
         "split",
         "part",
         "DSINK",
+        "DLOADS",
+        "DSCALARS",
+        "PARAMS",
+        *("sdl0", "sdl1", "sdl2", "sdl3", "sds0", "sds1", "sds2"),
         "b",
         "bh",
         "hq",
@@ -141,6 +148,8 @@ class Kernels:
     constants: tuple[tuple[str, sympy.Expr], ...]
     loads: tuple[tuple[str, Load], ...]
     heads: tuple[tuple[str, sympy.Expr], ...]  # (name, size) innermost last
+    graded: tuple[Load, ...]  # the loads whose gradient attention_dq writes when PARAMS
+    scalars: tuple[sympy.Symbol, ...]  # the scalars the score reads: their row partials too
 
     @property
     def sink(self) -> bool:
@@ -254,6 +263,16 @@ class _Generator:
         self.names = tile
         self.constants: dict[sympy.Expr, str] = {}
         self.printer = _Printer(self.names)
+        # d score / d x for each learnable thing the score reads: float loads, scalars
+        self.graded = [
+            (x, d)
+            for _, x in self.loads
+            if x.tensor.dtype != "int" and (d := sympy.diff(core.score, x.symbol)) != 0
+        ]
+        spec_scalars = [s.symbol for s in core.spec.scalars]
+        self.scalars = [
+            (c, sympy.diff(core.score, c)) for c in spec_scalars if c in core.score.free_symbols
+        ]
 
     def print(self, expr: sympy.Basic) -> str:
         return self.printer.doprint(self._constants(expr))
@@ -319,7 +338,7 @@ class _Generator:
         skip = self.skip()
         return body if skip is None else [f"if not ({skip}):", *("    " + line for line in body)]
 
-    def signature(self, *operands: str) -> str:
+    def signature(self, *operands: str, constexprs: tuple[str, ...] = ()) -> str:
         parts = [*operands]
         if self.core.sink is not None:
             parts += ["SINK", "sink_s0", "sink_s1", "sink_s2"]
@@ -328,7 +347,7 @@ class _Generator:
         parts += ["CONSTANTS_"]
         parts += ["H", "HK", "N_Q", "N_K", "W_QK", "W_V", "N_REP"]
         parts += [f"{k}: tl.constexpr" for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")]
-        parts += ["ACC: tl.constexpr"]
+        parts += [f"{k}: tl.constexpr" for k in ("ACC", *constexprs)]
         return ", ".join(parts)
 
     # -- the kernels
@@ -343,8 +362,8 @@ class _Generator:
             "CONSTANTS_", constants or "NO_CONSTANTS"
         )
 
-    def _kernel(self, name: str, operands: tuple[str, ...], body: list[str]) -> str:
-        head = f"def {name}({self.signature(*operands)}):"
+    def _kernel(self, name: str, operands: tuple[str, ...], body: list[str], constexprs=()) -> str:
+        head = f"def {name}({self.signature(*operands, constexprs=constexprs)}):"
         return "\n".join([head, *("    " + line if line else "" for line in body)]) + "\n"
 
     def _rows(self, loads: tuple[str, ...]) -> list[str]:
@@ -582,9 +601,13 @@ class _Generator:
         return self._kernel("attention_dkdv", self._operands(names, softmax), body)
 
     def dq(self) -> str:
+        """dQ, and with PARAMS the gradients of what else the score reads: each float load's
+        per element (DLOADS, [loads, B·H, N_Q, N_K], any strides), each scalar's per row
+        (DSCALARS, [scalars, B·H, N_Q], summed after in order: deterministic)."""
         softmax = self.core.normaliser == "softmax"
         body = [*self._setup("start_m"), *self._box_rows(), *self._rows(("q", "do"))]
         body += [*self._row_stats(), "dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)"]
+        body += self._params(self._scalar_starts())
         inner = [
             *self._keys(),
             f"qk = {self._dot('q', 'tl.trans(k)')}",
@@ -593,6 +616,7 @@ class _Generator:
             f"dp = {self._dot('do', 'tl.trans(v)')}",
             *self._gradient(),
             f"dq += {self._dot('dqk.to(k.dtype)', 'k')}",
+            *self._params(self._param_tile()),
         ]
         body += ["for start_n in range(0, N_K, BLOCK_N):"]
         body += ["    " + line for line in [*self._box_cols(), *self.guarded(inner)]]
@@ -601,8 +625,43 @@ class _Generator:
             "tl.store(DQ + b * sdq0 + hq * sdq1 + row * sdq2 + offs_d[None, :] * sdq3, "
             f"dq.to(DQ.dtype.element_ty){mask})"
         )
+        body += self._params(self._scalar_stores())
         names = ["Q", "K", "V", "DO", "DQ", *(["LSE", "DELTA"] if softmax else [])]
-        return self._kernel("attention_dq", self._operands(names, softmax), body)
+        params = ("DLOADS", *(f"sdl{k}" for k in range(4)), "DSCALARS", "sds0", "sds1", "sds2")
+        operands = (*self._operands(names, softmax), *params)
+        return self._kernel("attention_dq", operands, body, ("PARAMS",))
+
+    @staticmethod
+    def _params(lines: list[str]) -> list[str]:
+        return ["if PARAMS:", *("    " + line for line in lines)] if lines else []
+
+    def _scalar_name(self, c: sympy.Symbol) -> str:
+        return self.allocate(("dscalar", c), "dscalar")
+
+    def _scalar_starts(self) -> list[str]:
+        return [f"{self._scalar_name(c)} = tl.zeros([BLOCK_M], dtype=ACC)" for c, _ in self.scalars]
+
+    def _param_tile(self) -> list[str]:
+        """Each learnable thing's share of this tile: ds times d score / d it, where kept."""
+        lines = []
+        for j, (_, d) in enumerate(self.graded):
+            at = f"{j} * sdl0 + bh.to(tl.int64) * sdl1 + row * sdl2 + col * sdl3"
+            mask = self.mask("dload", "row_ok & col_ok")
+            lines.append(
+                f"tl.store(DLOADS + {at}, tl.where(keep, ds * ({self.print(d)}), 0.0){mask})"
+            )
+        for c, d in self.scalars:
+            name = self._scalar_name(c)
+            lines.append(f"{name} += tl.sum(tl.where(keep, ds * ({self.print(d)}), 0.0), 1)")
+        return lines
+
+    def _scalar_stores(self) -> list[str]:
+        mask = self.mask("dscalar", "offs_m < N_Q")
+        return [
+            f"tl.store(DSCALARS + {j} * sds0 + bh * sds1 + offs_m * sds2, "
+            f"{self._scalar_name(c)}{mask})"
+            for j, (c, _) in enumerate(self.scalars)
+        ]
 
 
 def generate(core: Core, unmasked: frozenset[str] = frozenset()) -> Kernels:
@@ -613,4 +672,6 @@ def generate(core: Core, unmasked: frozenset[str] = frozenset()) -> Kernels:
     source = gen.source()
     constants = tuple((name, expr) for expr, name in gen.constants.items())
     heads = tuple((name, index.size) for name, index in gen.heads)
-    return Kernels(source, core, constants, tuple(gen.loads), heads)
+    graded = tuple(x for x, _ in gen.graded)
+    scalars = tuple(c for c, _ in gen.scalars)
+    return Kernels(source, core, constants, tuple(gen.loads), heads, graded, scalars)

@@ -83,8 +83,10 @@ class Launch:
         values: dict,
         block: int = BLOCK,
         splits: int = 1,
+        params: bool = False,
     ):
         self.kernels, self.q, self.k, self.v, self.sink, self.loads = kernels, q, k, v, sink, loads
+        self.params = params  # the backward gives the loads' and scalars' gradients too
         self.fns = functions(kernels, q.device)
         self.B, self.H, self.N_Q, self.D = q.shape
         self.HK, self.N_K, self.DV = k.shape[1], k.shape[2], v.shape[3]
@@ -103,7 +105,7 @@ class Launch:
         args += [self.H, self.HK, self.N_Q, self.N_K, self.D, self.DV, self.H // self.HK]
         return args
 
-    def run(self, name: str, grid, operands: list, extra: tuple = ()) -> None:
+    def run(self, name: str, grid, operands: list, extra: tuple = (), **constexprs) -> None:
         flat = []
         for t in operands:
             flat += [t, *t.stride()]
@@ -117,6 +119,7 @@ class Launch:
             BLOCK_D=_pow2(self.D),
             BLOCK_DV=_pow2(self.DV),
             ACC=self.acc,
+            **constexprs,
         )
 
     def rows_grid(self):
@@ -153,13 +156,25 @@ class Launch:
         by_chunk = [t.unflatten(0, (self.B, splits)) for t in (part, *stats)]
         combine(*by_chunk, o=o, lse=lse)
 
-    def backward(self, o, lse, do, dq, dk, dv, delta, dsink) -> None:
+    def params_buffers(self):
+        """Where attention_dq writes the graded loads' gradients (per element, zero where a
+        block is skipped) and the scalars' (per row): (dloads, dscalars)."""
+        graded, scalars = len(self.kernels.graded), len(self.kernels.scalars)
+        dtype, bh = launch_dtype(self.q), self.B * self.H
+        dloads = self.q.new_zeros((graded, bh, self.N_Q, self.N_K), dtype=dtype)
+        return dloads, self.q.new_empty((scalars, bh, self.N_Q), dtype=dtype)
+
+    def backward(self, o, lse, do, dq, dk, dv, delta, dsink, params=None) -> None:
+        """dq, dk, dv (and dsink); `params`: the buffers of `params_buffers`, or None."""
         stats = [lse, delta] if self.softmax else []
         if self.softmax:
             pre = [o, do, delta, *([lse, dsink] if self.sink is not None else [])]
             self.run("attention_preprocess", self.rows_grid(), pre)
         self.run("attention_dkdv", self.keys_grid(), [self.q, self.k, self.v, do, dk, dv, *stats])
-        self.run("attention_dq", self.rows_grid(), [self.q, self.k, self.v, do, dq, *stats])
+        dloads, dscalars = params if params is not None else (dq, delta)  # unread without
+        extra = (dloads, *dloads.stride(), dscalars, *dscalars.stride())
+        operands = [self.q, self.k, self.v, do, dq, *stats]
+        self.run("attention_dq", self.rows_grid(), operands, extra, PARAMS=params is not None)
 
 
 def combine(part, top=None, total=None, *, o, lse) -> None:
@@ -191,18 +206,19 @@ def _number(expr: sympy.Expr, values: dict):
 
 
 class Attention(torch.autograd.Function):
-    """O from q, k, v (and the sink's logits, [B, H, N_Q] broadcast); its backward launches
-    the printed backward kernels."""
+    """O from q, k, v, the sink's logits ([B, H, N_Q] broadcast), the loads ([B, H, N_Q,
+    N_K] views) and the scalars the score reads (tensors, or floats without gradient); its
+    backward launches the printed backward kernels."""
 
     @staticmethod
-    def forward(ctx, launch: Launch, q, k, v, sink):
+    def forward(ctx, launch: Launch, q, k, v, sink, *params):
         o = q.new_empty((*q.shape[:3], v.shape[3]))
         lse = q.new_empty(q.shape[:3], dtype=launch_dtype(q))
         if launch.splits > 1:
             launch.split_forward(o, lse, launch.splits)
         else:
             launch.forward(o, lse)
-        ctx.launch = launch
+        ctx.launch, ctx.params = launch, params
         ctx.save_for_backward(o, lse)
         return o
 
@@ -214,8 +230,27 @@ class Attention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty_like(lse)
         dsink = torch.empty_like(lse) if launch.sink is not None else None
-        launch.backward(o, lse, do.contiguous(), dq, dk, dv, delta, dsink)
-        return None, dq, dk, dv, dsink
+        buffers = launch.params_buffers() if launch.params else None
+        launch.backward(o, lse, do.contiguous(), dq, dk, dv, delta, dsink, buffers)
+        return None, dq, dk, dv, dsink, *_params_grads(launch, ctx.params, buffers)
+
+
+def _params_grads(launch: Launch, params: tuple, buffers) -> list:
+    """Each load's gradient (its graded buffer, as the load's view) and each scalar's (its
+    rows' partials summed in order), None for what needs none."""
+    n = len(launch.loads)
+    if buffers is None:
+        return [None] * len(params)
+    dloads, dscalars = buffers
+    graded = list(launch.kernels.graded)
+    grads = []
+    for (_, load), value in zip(launch.kernels.loads, params[:n]):
+        j = graded.index(load) if load in graded else None
+        grads.append(None if j is None else dloads[j].view(value.shape).to(value.dtype))
+    for j, value in enumerate(params[n:]):
+        keep = isinstance(value, torch.Tensor) and value.requires_grad
+        grads.append(dscalars[j].sum().reshape(value.shape).to(value.dtype) if keep else None)
+    return grads
 
 
 def launch_dtype(q: torch.Tensor) -> torch.dtype:

@@ -11,22 +11,27 @@ import torch
 from ...ir import Spec
 from ...ir.shapes import recipe, solve
 from ...oracle.reference import Interpreter
-from .core import COL, ROW, Core, Load, Refused, describe
+from . import launch
+from .core import COL, ROW, Core, Load, describe
 from .emit import Kernels, generate
-from .launch import BLOCK, Attention, Launch
+from .launch import Attention, Launch
 
 
-def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, splits: int = 1, **kwargs):
+def run(
+    spec: Spec, /, *, training: bool = False, block: int | None = None, splits: int = 1, **kwargs
+):
     """`run(spec, X=x, ...)` -> the spec's outputs, as the oracle's `evaluate` returns them.
-    `block`: rows and keys per program; `splits`: the forward split over the keys in that
-    many chunks (split-K, for decoding), combined after."""
+    `block`: rows and keys per program (default `launch.BLOCK`, read per call); `splits`:
+    the forward split over the keys in that many chunks (split-K, for decoding), combined
+    after."""
     kernels = _kernels(spec)
     core = kernels.core
     arguments = {t.ascii: kwargs.pop(t.ascii) for t in spec.arguments}
     shapes = {name: tuple(value.shape) for name, value in arguments.items()}
     given = {name: value for name, value in kwargs.items() if name in spec.size_asciis}
     sizes = solve(spec, recipe(spec), shapes, given)
-    scalars = {s.symbol: float(kwargs.get(s.ascii, s.value)) for s in spec.scalars}
+    given_scalars = {s.symbol: kwargs.get(s.ascii, s.value) for s in spec.scalars}
+    scalars = {c: float(_detached(value)) for c, value in given_scalars.items()}
     like = arguments[spec.like.ascii]
     interpreter = Interpreter(sizes, scalars, like.dtype, like.device, training)
     held = {t.name: interpreter.unfuse(arguments[t.ascii], t) for t in spec.arguments}
@@ -37,7 +42,7 @@ def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, splits: in
         if eq is core.output:
             _no_dropout(core, {**sizes, **scalars}, training)
             held[eq.tensor.name] = (
-                attend(kernels, held, {**sizes, **scalars}, block, splits),
+                attend(kernels, held, {**sizes, **scalars}, block, splits, given_scalars),
                 eq.indices,
             )
             continue
@@ -46,6 +51,10 @@ def run(spec: Spec, /, *, training: bool = False, block: int = BLOCK, splits: in
             eq.indices,
         )
     return tuple(interpreter.fuse(held[t.name][0], t) for t in spec.outputs)
+
+
+def _detached(value):
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 _CACHE: dict[int, Kernels] = {}
@@ -85,10 +94,16 @@ def _no_dropout(core: Core, values: dict, training: bool) -> None:
 
 
 def attend(
-    kernels: Kernels, held: dict, values: dict, block: int = BLOCK, splits: int = 1
+    kernels: Kernels,
+    held: dict,
+    values: dict,
+    block: int | None = None,
+    splits: int = 1,
+    scalars: dict | None = None,
 ) -> torch.Tensor:
     """The core's output from the held values of its operands and loads, with axes
-    (batch..., heads..., query, value width)."""
+    (batch..., heads..., query, value width); `scalars`: the values given for the spec's
+    scalars, tensors among them given their gradients by the kernels."""
     core = kernels.core
     q, k, v = (held[x.tensor.name][0] for x in (core.q, core.k, core.v))
     nq, nk = len(core.q.indices), len(core.k.indices)
@@ -102,14 +117,12 @@ def attend(
     if core.sink is not None:
         sink = _load(core, core.sink, held, batch, heads, shape)[..., 0]
     loads = [_load(core, x, held, batch, heads, shape) for _, x in kernels.loads]
-    learned = [x.tensor.name for (_, x), t in zip(kernels.loads, loads) if t.requires_grad]
-    if learned and torch.is_grad_enabled():
-        raise Refused(
-            f"the triton backend: the gradient of {', '.join(learned)} (read by the scores) is "
-            "not printed yet; pass it without requires_grad, or use another backend"
-        )
-    launch = Launch(kernels, q4, k4, v4, sink, loads, values, block, splits)
-    o = Attention.apply(launch, q4, k4, v4, sink)
+    given = [(scalars or {}).get(c, 0.0) for c in kernels.scalars]
+    learned = [t for t in (*loads, *given) if isinstance(t, torch.Tensor) and t.requires_grad]
+    params = bool(learned) and torch.is_grad_enabled()
+    block = launch.BLOCK if block is None else block
+    launched = Launch(kernels, q4, k4, v4, sink, loads, values, block, splits, params)
+    o = Attention.apply(launched, q4, k4, v4, sink, *loads, *given)
     return o.reshape(*batch, *heads, o.shape[2], o.shape[3])
 
 

@@ -268,8 +268,9 @@ class Kernels:
 
 def _cores(spec: Spec, backend: str) -> tuple:
     """The cores the backend named computes: SDPA's matches for "auto" (the rest planned as
-    general steps, by blocks) and "sdpa", none for "blocks", FlexAttention's for "flex"; a
-    backend asked for by name that cannot take a core is refused (ValueError, the reason)."""
+    general steps, by blocks) and "sdpa", none for "blocks", FlexAttention's for "flex",
+    auto's for "triton" (whose calls run its kernels: runtime/compiled.py); a backend asked
+    for by name that cannot take a core is refused (ValueError, the reason)."""
     from ... import backends
     from ...backends import flex
     from ...backends.flex import core as flex_core
@@ -277,15 +278,12 @@ def _cores(spec: Spec, backend: str) -> tuple:
     if backend == "blocks":
         return ()
     if backend == "flex":
-        try:
-            found = flex_core.cores(spec)
-        except flex_core.Refused as error:
-            raise backends.refused(backend, spec.name, str(error)) from None
-        for core in found:
-            why = flex.takes(core)
-            if why is not None:
-                raise backends.refused(backend, spec.name, why)
-        return found
+        return _taken(flex, flex_core.cores, flex_core.Refused, spec)
+    if backend == "triton":  # the generated module is auto's; calls run the kernels
+        from ...backends.triton import core as triton_core
+
+        read = backends.triton.reads
+        _taken(backends.triton, lambda s: (read(s),), triton_core.Refused, spec)
     matches = find_attention(spec)
     if backend == "sdpa":
         matched = {m.output.tensor.name for m in matches}
@@ -300,6 +298,22 @@ def _cores(spec: Spec, backend: str) -> tuple:
                 why = backends.sdpa.takes(core)
                 raise backends.refused(backend, spec.name, f"{why} ({_changes(core)})")
     return matches
+
+
+def _taken(backend, read, refusal: type[Exception], spec: Spec) -> tuple:
+    """The cores `read(spec)` finds, each taken by the backend module; else refused by name
+    with the reason (the reader's `refusal`, or the backend's `takes`)."""
+    from ... import backends
+
+    try:
+        found = read(spec)
+    except refusal as error:
+        raise backends.refused(backend.NAME, spec.name, str(error)) from None
+    for core in found:
+        why = backend.takes(core)
+        if why is not None:
+            raise backends.refused(backend.NAME, spec.name, why)
+    return found
 
 
 def _changes(core) -> str:
