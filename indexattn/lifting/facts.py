@@ -81,46 +81,48 @@ def facts(exported: Exported) -> Facts:
 class Reader:
     def __init__(self, exported: Exported) -> None:
         self.exported = exported
-        self.values: dict[str, object] = {}
+        self.values: dict[object, object] = {}  # graph node -> its Value (or list, or None)
         self.tensors: list[Tensor] = []
         self.equations: list[tuple[Tensor, object]] = []
         self.batch: list[Atom] = []
         self.names: set[str] = set()
         self.widths: dict[str, list] = {}  # a product's tensor -> the atoms it contracted
-        graph = exported.program.graph_module.graph
-        self.users = {n.name: len(n.users) for n in graph.nodes}
-        self.only_selected = {
-            n.name: bool(n.users) and all(_selects(u) for u in n.users) for n in graph.nodes
-        }
 
     def read(self) -> Facts:
         graph = self.exported.program.graph_module.graph
-        for node in graph.nodes:
-            try:
-                self.node(node)
-            except LiftError as error:
-                raise at_node(error, node) from None
+        self.nodes(graph)
+        named = {node.name: node for node in graph.nodes}
         outputs = []
         for k, name in enumerate(self.exported.outputs):
-            value, base = self.values[name], "Y" if k == 0 else f"Y{k}"
+            value, base = self.values[named[name]], "Y" if k == 0 else f"Y{k}"
             last = self.equations[-1][0] if self.equations else None
             if last is not None and _is_whole(value, last) and base not in self.names:
                 outputs.append(self.renamed(last, base))  # the last projection is the output
             else:
                 outputs.append(self.materialise(value, base, force=True))
+        read = {n for _, expr in self.equations for n in _ref_names(expr)}
+        kept = [t for t in self.tensors if t.role not in ("param", "buffer") or t.name in read]
         return Facts(
-            tuple(self.tensors),
+            tuple(kept),
             tuple(self.equations),
             tuple(outputs),
             tuple(find(b).id for b in self.batch),
             frozenset(self.exported.sequence),
         )
 
+    def nodes(self, graph) -> None:
+        for node in graph.nodes:
+            try:
+                self.node(node)
+            except LiftError as error:
+                raise at_node(error, node) from None
+
     def node(self, node) -> None:
         if node.op == "placeholder":
-            self.values[node.name] = self.placeholder(node)
+            if node not in self.values:  # a region's are its operands
+                self.values[node] = self.placeholder(node)
             return
-        if node.op == "output":
+        if node.op in ("output", "get_attr"):  # get_attr: a region's graph, read where called
             return
         val = node.meta.get("val")
         if isinstance(val, (torch.SymInt, int, float, bool)) and not isinstance(val, torch.Tensor):
@@ -132,14 +134,25 @@ class Reader:
         args = [self.arg(a) for a in node.args]
         kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
         out = fn(self, node, *args, **kwargs)
-        read_twice = isinstance(out, Value) and self.users.get(node.name, 0) > 1
-        if read_twice and not (self.only_selected[node.name] or out.const or _cheap(out.expr)):
+        read_twice = isinstance(out, Value) and len(node.users) > 1
+        only_selected = all(_selects(u) for u in node.users)
+        if read_twice and not (only_selected or out.const or _cheap(out.expr)):
             out = self.materialised(out)  # a value read twice is a tensor, computed once
-        self.values[node.name] = out
+        self.values[node] = out
+
+    def region(self, node, graph, operands) -> list:
+        """A region's graph (no_grad, autocast) read inline, its placeholders the operands."""
+        inner = [n for n in graph.nodes if n.op == "placeholder"]
+        self.values.update(zip(inner, operands))
+        self.nodes(graph)
+        (out,) = [n for n in graph.nodes if n.op == "output"]
+        return [self.arg(a) for a in out.args[0]]
 
     def arg(self, a):
         if isinstance(a, torch.fx.Node):
-            return self.values.get(a.name, _symbolic(a))
+            if a.op == "get_attr":
+                return getattr(self.exported.program.graph_module, a.target)
+            return self.values.get(a, _symbolic(a))
         if isinstance(a, (list, tuple)):
             return type(a)(self.arg(x) for x in a)
         return a
@@ -173,7 +186,8 @@ class Reader:
             return positional
         atoms = [Atom(_size(s)) for s in shape]
         role = "param" if kind == "param" else "buffer"
-        tensor = self.declare(target.replace(".", "_"), role, atoms, target=target)
+        name = target.removeprefix("layer.").replace(".", "_")  # a Call's layer: its own names
+        tensor = self.declare(name, role, atoms, target=target)
         return Value(Ref(tensor.name, tuple((a,) for a in atoms)), [[a] for a in atoms])
 
     def declare(self, name: str, role: str, atoms, dtype="float", target="") -> Tensor:
@@ -284,11 +298,22 @@ def _number(x) -> bool:
     "aten.lift_fresh_copy.default",
     "aten.to.dtype",
     "aten.to.dtype_layout",
+    "aten.to.device",
     "aten._to_copy.default",
     "aten.type_as.default",
 )
 def _same(reader, node, x, *args, **kwargs):
     return x
+
+
+@rule("wrap_with_set_grad_enabled")
+def _no_grad(reader, node, enabled, graph, *operands):
+    return reader.region(node, graph.graph, operands)
+
+
+@rule("wrap_with_autocast")
+def _autocast(reader, node, device, dtype, enabled, cache, graph, *operands):
+    return reader.region(node, graph.graph, operands)
 
 
 @rule("aten._assert_tensor_metadata.default")
@@ -337,6 +362,11 @@ def _transpose(reader, node, x, a, b):
 @rule("aten.t.default")
 def _t(reader, node, x):
     return _transpose(reader, node, x, 0, 1)
+
+
+@rule("aten.numpy_T.default")
+def _numpy_t(reader, node, x):
+    return x.along(list(reversed(x.axes)))
 
 
 @rule("aten.permute.default")
@@ -480,6 +510,8 @@ def _binary(op):
     def read(reader, node, a, b, *args, alpha=1, **kwargs):
         if alpha != 1:
             b = _elementwise("*", b, alpha, reader=reader) if isinstance(b, Value) else b * alpha
+        if op in "*/" and _number(b) and b == 1:
+            return a  # attention_scaling 1.0: no factor
         scaled = _scale(reader, op, a, b)
         return scaled or _elementwise(op, a, b, reader=reader)
 
@@ -588,6 +620,37 @@ def _full(reader, node, size, value, **kwargs):
 @rule("aten.ones.default", "aten.zeros.default")
 def _ones(reader, node, size, **kwargs):
     return _full(reader, node, size, 1.0 if "ones" in str(node.target) else 0.0)
+
+
+@rule("aten.new_ones.default", "aten.new_zeros.default")
+def _new(reader, node, x, size, **kwargs):
+    value = 1.0 if "ones" in str(node.target) else 0.0
+    kind = "bool" if kwargs.get("dtype") is torch.bool else "float"
+    return replace(_full(reader, node, size, value), kind=kind)
+
+
+def _logical(op: str, unit: float):
+    """`a & b`, `a | b` of predicates; the unit (and_masks' new_ones, or_masks' new_zeros)
+    left out."""
+
+    def read(reader, node, a, b):
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, Value) and x.const and not x.axes and key(x.expr) == key(Num(unit)):
+                return y
+        return _elementwise(op, a, b, kind="bool", reader=reader)
+
+    return read
+
+
+for _name, (_op, _unit) in {
+    "aten.bitwise_and.Tensor": ("and", 1.0),
+    "aten.logical_and.default": ("and", 1.0),
+    "aten.__and__.Tensor": ("and", 1.0),
+    "aten.__or__.Tensor": ("or", 0.0),
+    "aten.bitwise_or.Tensor": ("or", 0.0),
+    "aten.logical_or.default": ("or", 0.0),
+}.items():
+    RULES[_name] = _logical(_op, _unit)
 
 
 @rule("aten.triu.default", "aten.tril.default")
