@@ -12,7 +12,8 @@ BASE = dict(
     eos_token_id=None, bos_token_id=None, pad_token_id=None,
 )  # fmt: skip
 
-# family -> (module, config and class stem, config fields); the rotary module is <stem>RotaryEmbedding
+SOFT_CAP = {"attn_logit_softcapping": 20.0, "sliding_window": WINDOW}
+# family -> (module, config and class stem, config fields); rotary: <stem>RotaryEmbedding
 FAMILIES = {
     "llama": ("llama", "Llama", {}),
     "mistral": ("mistral", "Mistral", {"sliding_window": WINDOW}),
@@ -22,9 +23,13 @@ FAMILIES = {
     "gemma2": (
         "gemma2",
         "Gemma2",
-        {"head_dim": 8, "query_pre_attn_scalar": 6, "attn_logit_softcapping": 20.0,
-         "sliding_window": WINDOW},
-    ),  # fmt: skip
+        {
+            "head_dim": 8,
+            "query_pre_attn_scalar": 6,
+            "attn_logit_softcapping": 20.0,
+            "sliding_window": WINDOW,
+        },
+    ),
     "granite": ("granite", "Granite", {"attention_multiplier": 0.3}),
     "olmo": ("olmo", "Olmo", {}),
     "starcoder2": ("starcoder2", "Starcoder2", {"sliding_window": WINDOW}),

@@ -506,6 +506,12 @@ def _elementwise(op: str, *values, kind="float", reader=None):
     return Value(Op(op, args), axes, kind, const)
 
 
+def _table(make, ops: dict) -> None:
+    """Registers `make(what)` as the reading of each op named: one table per kind of op."""
+    for name, what in ops.items():
+        RULES[name] = make(*what) if isinstance(what, tuple) else make(what)
+
+
 def _binary(op):
     def read(reader, node, a, b, *args, alpha=1, **kwargs):
         if alpha != 1:
@@ -518,15 +524,17 @@ def _binary(op):
     return read
 
 
-for _name, _op in {
-    "aten.add.Tensor": "+",
-    "aten.sub.Tensor": "-",
-    "aten.mul.Tensor": "*",
-    "aten.div.Tensor": "/",
-    "aten.pow.Tensor_Scalar": "^",
-    "aten.pow.Tensor_Tensor": "^",
-}.items():
-    RULES[_name] = _binary(_op)
+_table(
+    _binary,
+    {
+        "aten.add.Tensor": "+",
+        "aten.sub.Tensor": "-",
+        "aten.mul.Tensor": "*",
+        "aten.div.Tensor": "/",
+        "aten.pow.Tensor_Scalar": "^",
+        "aten.pow.Tensor_Tensor": "^",
+    },
+)
 
 
 @rule("aten.rsub.Scalar", "aten.rsub.Tensor")
@@ -541,21 +549,21 @@ def _compare(op):
     return read
 
 
-for _name, _op in {
-    "aten.eq.Scalar": "==",
-    "aten.eq.Tensor": "==",
-    "aten.ne.Scalar": "!=",
-    "aten.ne.Tensor": "!=",
-    "aten.lt.Scalar": "<",
-    "aten.lt.Tensor": "<",
-    "aten.le.Scalar": "<=",
-    "aten.le.Tensor": "<=",
-    "aten.gt.Scalar": ">",
-    "aten.gt.Tensor": ">",
-    "aten.ge.Scalar": ">=",
-    "aten.ge.Tensor": ">=",
-}.items():
-    RULES[_name] = _compare(_op)
+_table(
+    _compare,
+    {
+        f"aten.{name}.{kind}": op
+        for name, op in {
+            "eq": "==",
+            "ne": "!=",
+            "lt": "<",
+            "le": "<=",
+            "gt": ">",
+            "ge": ">=",
+        }.items()
+        for kind in ("Scalar", "Tensor")
+    },
+)
 
 
 def _function(fn):
@@ -565,23 +573,25 @@ def _function(fn):
     return read
 
 
-for _name, _fn in {
-    "aten.neg.default": "neg",
-    "aten.exp.default": "exp",
-    "aten.log.default": "log",
-    "aten.sqrt.default": "sqrt",
-    "aten.rsqrt.default": "rsqrt",
-    "aten.tanh.default": "tanh",
-    "aten.sigmoid.default": "sigmoid",
-    "aten.cos.default": "cos",
-    "aten.sin.default": "sin",
-    "aten.relu.default": "relu",
-    "aten.silu.default": "silu",
-    "aten.abs.default": "abs",
-    "aten.logical_not.default": "not",
-    "aten.bitwise_not.default": "not",
-}.items():
-    RULES[_name] = _function(_fn)
+_table(
+    _function,
+    {
+        "aten.neg.default": "neg",
+        "aten.exp.default": "exp",
+        "aten.log.default": "log",
+        "aten.sqrt.default": "sqrt",
+        "aten.rsqrt.default": "rsqrt",
+        "aten.tanh.default": "tanh",
+        "aten.sigmoid.default": "sigmoid",
+        "aten.cos.default": "cos",
+        "aten.sin.default": "sin",
+        "aten.relu.default": "relu",
+        "aten.silu.default": "silu",
+        "aten.abs.default": "abs",
+        "aten.logical_not.default": "not",
+        "aten.bitwise_not.default": "not",
+    },
+)
 
 
 @rule("aten.masked_fill.Scalar")
@@ -642,15 +652,17 @@ def _logical(op: str, unit: float):
     return read
 
 
-for _name, (_op, _unit) in {
-    "aten.bitwise_and.Tensor": ("and", 1.0),
-    "aten.logical_and.default": ("and", 1.0),
-    "aten.__and__.Tensor": ("and", 1.0),
-    "aten.__or__.Tensor": ("or", 0.0),
-    "aten.bitwise_or.Tensor": ("or", 0.0),
-    "aten.logical_or.default": ("or", 0.0),
-}.items():
-    RULES[_name] = _logical(_op, _unit)
+_table(
+    _logical,
+    {
+        "aten.bitwise_and.Tensor": ("and", 1.0),
+        "aten.logical_and.default": ("and", 1.0),
+        "aten.__and__.Tensor": ("and", 1.0),
+        "aten.__or__.Tensor": ("or", 0.0),
+        "aten.bitwise_or.Tensor": ("or", 0.0),
+        "aten.logical_or.default": ("or", 0.0),
+    },
+)
 
 
 @rule("aten.triu.default", "aten.tril.default")

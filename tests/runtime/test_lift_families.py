@@ -133,5 +133,5 @@ def test_what_cannot_be_lifted_is_named_with_its_line(name):
 
 def test_a_keyword_that_is_a_tensor_is_refused_with_what_to_write():
     layer, _ = family("llama")
-    with pytest.raises(LiftError, match="position_embeddings=model.rotary_emb"):
+    with pytest.raises(LiftError, match=r"position_embeddings=model\.rotary_emb"):
         indexattn.lift(layer, torch.randn(2, 6, WIDTH), attention_mask=torch.zeros(6, 6))
