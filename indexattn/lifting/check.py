@@ -34,13 +34,15 @@ def check(lifted, module, inputs, sizes=()) -> None:
                 **dict(zip(names, args)),
                 **{k: v.double() for k, v in weights.items()},
                 **lifted.sizes,
-            )[0]
-        if not torch.allclose(got, want, rtol=1e-9, atol=1e-9):
-            error = (got - want).abs().max().item()
-            raise LiftError(
-                f"the lifted spec differs from the module by {error:.3g} at sequence length {n} "
-                f"(float64):\n{lifted.spec_text}"
             )
+        wants = want if isinstance(want, tuple) else (want,)  # (output, weights): each
+        for out, expected in zip(got, wants):
+            if not torch.allclose(out, expected, rtol=1e-9, atol=1e-9):
+                error = (out - expected).abs().max().item()
+                raise LiftError(
+                    f"the lifted spec differs from the module by {error:.3g} at sequence "
+                    f"length {n} (float64):\n{lifted.spec_text}"
+                )
 
 
 def _resized(x: torch.Tensor, n, g) -> torch.Tensor:

@@ -624,7 +624,8 @@ def _arange(reader, node, *args, **kwargs):
 @rule("aten.full.default")
 def _full(reader, node, size, value, **kwargs):
     atoms = [Atom(_size(s)) for s in node.meta["val"].shape]
-    return Value(Num(float(value)), [[a] for a in atoms], const=True)
+    kind = "bool" if node.meta["val"].dtype is torch.bool else "float"
+    return Value(Num(float(value)), [[a] for a in atoms], kind, const=True)
 
 
 @rule("aten.ones.default", "aten.zeros.default")
@@ -634,9 +635,7 @@ def _ones(reader, node, size, **kwargs):
 
 @rule("aten.new_ones.default", "aten.new_zeros.default")
 def _new(reader, node, x, size, **kwargs):
-    value = 1.0 if "ones" in str(node.target) else 0.0
-    kind = "bool" if kwargs.get("dtype") is torch.bool else "float"
-    return replace(_full(reader, node, size, value), kind=kind)
+    return _ones(reader, node, size)
 
 
 def _logical(op: str, unit: float):
@@ -677,6 +676,8 @@ def _triangle(reader, node, x, diagonal=0):
     else:
         distance = Op("-", (Var(cols[0]), Var(rows[0])))
         keep = Op(">=" if upper else "<=", (distance, Num(float(diagonal))))
+    if x.kind == "bool" and key(x.expr) == key(Num(1.0)):  # a triangle of True: the predicate
+        return Value(keep, x.axes, "bool", x.const)
     return Value(Op("where", (keep, x.expr, Num(0.0))), x.axes, x.kind, x.const)
 
 

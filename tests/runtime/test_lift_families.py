@@ -7,7 +7,6 @@ for the families with a shipped spec, the lifted spec computes what the shipped 
 the families the lifter cannot read are refused by op, graph node and source line."""
 
 import copy
-import time
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # torch.export of each layer: 3 to 10 s each
 
 SHIPPED = {"llama": "llama3", "mistral": "mistral", "qwen2": "qwen2"}
-TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -31,9 +29,7 @@ def pair(request):
     torch.manual_seed(0)
     layer, keywords = family(request.param)
     randomise(layer)
-    start = time.perf_counter()
     lifted = indexattn.lift(layer, torch.randn(2, 6, WIDTH), **keywords)
-    TIMES[request.param] = time.perf_counter() - start
     return request.param, Call(layer, keywords).double(), lifted.double()
 
 
