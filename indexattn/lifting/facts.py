@@ -403,6 +403,20 @@ def _expand(reader, node, x, sizes):
     return x.along(out)
 
 
+@rule("aten.repeat_interleave.self_int")
+def _repeat_interleave(reader, node, x, repeats, dim=None, output_size=None):
+    """Each entry of an axis repeated `repeats` times (GQA's kv heads): the axis (g r), r
+    broadcast."""
+    if dim is None:
+        raise LiftError("a repeat_interleave of the flattened tensor: give dim")
+    d = _axis(x, dim)
+    atoms = flat(x.axes[d])
+    if len(atoms) == 1:
+        find(atoms[0]).hint = find(atoms[0]).hint or "g"
+    repeated = [*x.axes[d], Atom(sympy.Integer(repeats), "r")]
+    return x.along([*x.axes[:d], repeated, *x.axes[d + 1 :]])
+
+
 @rule("aten.linear.default")
 def _linear(reader, node, x, weight, bias=None):
     x = _operand(reader, x)
@@ -626,6 +640,14 @@ def _full(reader, node, size, value, **kwargs):
     atoms = [Atom(_size(s)) for s in node.meta["val"].shape]
     kind = "bool" if node.meta["val"].dtype is torch.bool else "float"
     return Value(Num(float(value)), [[a] for a in atoms], kind, const=True)
+
+
+@rule("aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default")
+def _like(reader, node, x, value=None, **kwargs):
+    if value is None:
+        value = 1.0 if "ones" in str(node.target) else 0.0
+    kind = "bool" if node.meta["val"].dtype is torch.bool else "float"
+    return Value(Num(float(value)), x.axes, kind, const=True)
 
 
 @rule("aten.ones.default", "aten.zeros.default")
