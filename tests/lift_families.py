@@ -39,10 +39,12 @@ FAMILIES = {
 }
 EAGER = {"gemma2"}  # a soft cap: transformers' eager attention (softmax in float32)
 
-# refused, and the op that refuses them: q/k RMSNorm's mean, interleaved rotary, GPT-2's Conv1D
+# refused, and the op that refuses them: q/k RMSNorm's mean, interleaved rotary's x[..., ::2],
+# GPT-2's Conv1D
 REFUSED = {
     "qwen3": ("qwen3", "Qwen3", {"head_dim": 8}, "aten.mean.dim"),
-    "cohere": ("cohere", "Cohere", {}, "aten.repeat_interleave.self_int"),
+    "olmo2": ("olmo2", "Olmo2", {}, "aten.mean.dim"),
+    "cohere": ("cohere", "Cohere", {}, "aten.slice.Tensor"),
     "gpt2": ("gpt2", "GPT2", {"n_embd": WIDTH, "n_head": 4}, "aten.addmm.default"),
 }
 
