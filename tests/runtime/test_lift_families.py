@@ -20,7 +20,13 @@ from indexattn.lifting.check import Float64
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # torch.export of each layer: 3 to 10 s each
 
-SHIPPED = {"llama": "llama3", "mistral": "mistral", "qwen2": "qwen2"}
+SHIPPED = {  # family -> specs/models/ (Gemma2's layer 0 is a sliding one)
+    "llama": "llama3",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "gpt_neox": "gpt_neox",
+    "gemma2": "gemma2_sliding",
+}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
