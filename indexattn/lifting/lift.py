@@ -68,6 +68,8 @@ def lift(
         raise LiftError(f"the lifted spec does not compile:\n{text.text}\n{error}") from error
     lifted = Lifted(spec, text, module)
     check(lifted, module, example_inputs, check_sizes)
+    if keywords:  # the keys of the layer lifted, not of its Call (rotary.inv_freq stays)
+        lifted.weights = {k: v.removeprefix("layer.") for k, v in lifted.weights.items()}
     return lifted
 
 

@@ -67,7 +67,7 @@ def test_lifted_layer_equals_transformers_in_values_and_gradients(pair, n):
     got, dx = run(lifted, inputs(n))
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(dx, dx_want, rtol=1e-10, atol=1e-10)
-    params, originals = dict(lifted.layer.named_parameters()), dict(module.named_parameters())
+    params, originals = dict(lifted.layer.named_parameters()), dict(module.layer.named_parameters())
     compared = [s for s in lifted.weights if s in params]
     assert len(compared) == len(originals), name  # every weight of the layer is a param
     for spec_name in compared:
