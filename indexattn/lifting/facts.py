@@ -81,46 +81,48 @@ def facts(exported: Exported) -> Facts:
 class Reader:
     def __init__(self, exported: Exported) -> None:
         self.exported = exported
-        self.values: dict[str, object] = {}
+        self.values: dict[object, object] = {}  # graph node -> its Value (or list, or None)
         self.tensors: list[Tensor] = []
         self.equations: list[tuple[Tensor, object]] = []
         self.batch: list[Atom] = []
         self.names: set[str] = set()
         self.widths: dict[str, list] = {}  # a product's tensor -> the atoms it contracted
-        graph = exported.program.graph_module.graph
-        self.users = {n.name: len(n.users) for n in graph.nodes}
-        self.only_selected = {
-            n.name: bool(n.users) and all(_selects(u) for u in n.users) for n in graph.nodes
-        }
 
     def read(self) -> Facts:
         graph = self.exported.program.graph_module.graph
-        for node in graph.nodes:
-            try:
-                self.node(node)
-            except LiftError as error:
-                raise at_node(error, node) from None
+        self.nodes(graph)
+        named = {node.name: node for node in graph.nodes}
         outputs = []
         for k, name in enumerate(self.exported.outputs):
-            value, base = self.values[name], "Y" if k == 0 else f"Y{k}"
+            value, base = self.values[named[name]], "Y" if k == 0 else f"Y{k}"
             last = self.equations[-1][0] if self.equations else None
             if last is not None and _is_whole(value, last) and base not in self.names:
                 outputs.append(self.renamed(last, base))  # the last projection is the output
             else:
                 outputs.append(self.materialise(value, base, force=True))
+        read = {n for _, expr in self.equations for n in _ref_names(expr)}
+        kept = [t for t in self.tensors if t.role not in ("param", "buffer") or t.name in read]
         return Facts(
-            tuple(self.tensors),
+            tuple(kept),
             tuple(self.equations),
             tuple(outputs),
             tuple(find(b).id for b in self.batch),
             frozenset(self.exported.sequence),
         )
 
+    def nodes(self, graph) -> None:
+        for node in graph.nodes:
+            try:
+                self.node(node)
+            except LiftError as error:
+                raise at_node(error, node) from None
+
     def node(self, node) -> None:
         if node.op == "placeholder":
-            self.values[node.name] = self.placeholder(node)
+            if node not in self.values:  # a region's are its operands
+                self.values[node] = self.placeholder(node)
             return
-        if node.op == "output":
+        if node.op in ("output", "get_attr"):  # get_attr: a region's graph, read where called
             return
         val = node.meta.get("val")
         if isinstance(val, (torch.SymInt, int, float, bool)) and not isinstance(val, torch.Tensor):
@@ -132,14 +134,25 @@ class Reader:
         args = [self.arg(a) for a in node.args]
         kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
         out = fn(self, node, *args, **kwargs)
-        read_twice = isinstance(out, Value) and self.users.get(node.name, 0) > 1
-        if read_twice and not (self.only_selected[node.name] or out.const or _cheap(out.expr)):
+        read_twice = isinstance(out, Value) and len(node.users) > 1
+        only_selected = all(_selects(u) for u in node.users)
+        if read_twice and not (only_selected or out.const or _cheap(out.expr)):
             out = self.materialised(out)  # a value read twice is a tensor, computed once
-        self.values[node.name] = out
+        self.values[node] = out
+
+    def region(self, node, graph, operands) -> list:
+        """A region's graph (no_grad, autocast) read inline, its placeholders the operands."""
+        inner = [n for n in graph.nodes if n.op == "placeholder"]
+        self.values.update(zip(inner, operands))
+        self.nodes(graph)
+        (out,) = [n for n in graph.nodes if n.op == "output"]
+        return [self.arg(a) for a in out.args[0]]
 
     def arg(self, a):
         if isinstance(a, torch.fx.Node):
-            return self.values.get(a.name, _symbolic(a))
+            if a.op == "get_attr":
+                return getattr(self.exported.program.graph_module, a.target)
+            return self.values.get(a, _symbolic(a))
         if isinstance(a, (list, tuple)):
             return type(a)(self.arg(x) for x in a)
         return a
@@ -173,7 +186,8 @@ class Reader:
             return positional
         atoms = [Atom(_size(s)) for s in shape]
         role = "param" if kind == "param" else "buffer"
-        tensor = self.declare(target.replace(".", "_"), role, atoms, target=target)
+        name = target.removeprefix("layer.").replace(".", "_")  # a Call's layer: its own names
+        tensor = self.declare(name, role, atoms, target=target)
         return Value(Ref(tensor.name, tuple((a,) for a in atoms)), [[a] for a in atoms])
 
     def declare(self, name: str, role: str, atoms, dtype="float", target="") -> Tensor:
@@ -284,11 +298,22 @@ def _number(x) -> bool:
     "aten.lift_fresh_copy.default",
     "aten.to.dtype",
     "aten.to.dtype_layout",
+    "aten.to.device",
     "aten._to_copy.default",
     "aten.type_as.default",
 )
 def _same(reader, node, x, *args, **kwargs):
     return x
+
+
+@rule("wrap_with_set_grad_enabled")
+def _no_grad(reader, node, enabled, graph, *operands):
+    return reader.region(node, graph.graph, operands)
+
+
+@rule("wrap_with_autocast")
+def _autocast(reader, node, device, dtype, enabled, cache, graph, *operands):
+    return reader.region(node, graph.graph, operands)
 
 
 @rule("aten._assert_tensor_metadata.default")
@@ -339,6 +364,11 @@ def _t(reader, node, x):
     return _transpose(reader, node, x, 0, 1)
 
 
+@rule("aten.numpy_T.default")
+def _numpy_t(reader, node, x):
+    return x.along(list(reversed(x.axes)))
+
+
 @rule("aten.permute.default")
 def _permute(reader, node, x, dims):
     return x.along([x.axes[d] for d in dims])
@@ -371,6 +401,20 @@ def _expand(reader, node, x, sizes):
         else:
             out.append(axis)
     return x.along(out)
+
+
+@rule("aten.repeat_interleave.self_int")
+def _repeat_interleave(reader, node, x, repeats, dim=None, output_size=None):
+    """Each entry of an axis repeated `repeats` times (GQA's kv heads): the axis (g r), r
+    broadcast."""
+    if dim is None:
+        raise LiftError("a repeat_interleave of the flattened tensor: give dim")
+    d = _axis(x, dim)
+    atoms = flat(x.axes[d])
+    if len(atoms) == 1:
+        find(atoms[0]).hint = find(atoms[0]).hint or "g"
+    repeated = [*x.axes[d], Atom(sympy.Integer(repeats), "r")]
+    return x.along([*x.axes[:d], repeated, *x.axes[d + 1 :]])
 
 
 @rule("aten.linear.default")
@@ -476,25 +520,35 @@ def _elementwise(op: str, *values, kind="float", reader=None):
     return Value(Op(op, args), axes, kind, const)
 
 
+def _table(make, ops: dict) -> None:
+    """Registers `make(what)` as the reading of each op named: one table per kind of op."""
+    for name, what in ops.items():
+        RULES[name] = make(*what) if isinstance(what, tuple) else make(what)
+
+
 def _binary(op):
     def read(reader, node, a, b, *args, alpha=1, **kwargs):
         if alpha != 1:
             b = _elementwise("*", b, alpha, reader=reader) if isinstance(b, Value) else b * alpha
+        if op in "*/" and _number(b) and b == 1:
+            return a  # attention_scaling 1.0: no factor
         scaled = _scale(reader, op, a, b)
         return scaled or _elementwise(op, a, b, reader=reader)
 
     return read
 
 
-for _name, _op in {
-    "aten.add.Tensor": "+",
-    "aten.sub.Tensor": "-",
-    "aten.mul.Tensor": "*",
-    "aten.div.Tensor": "/",
-    "aten.pow.Tensor_Scalar": "^",
-    "aten.pow.Tensor_Tensor": "^",
-}.items():
-    RULES[_name] = _binary(_op)
+_table(
+    _binary,
+    {
+        "aten.add.Tensor": "+",
+        "aten.sub.Tensor": "-",
+        "aten.mul.Tensor": "*",
+        "aten.div.Tensor": "/",
+        "aten.pow.Tensor_Scalar": "^",
+        "aten.pow.Tensor_Tensor": "^",
+    },
+)
 
 
 @rule("aten.rsub.Scalar", "aten.rsub.Tensor")
@@ -509,21 +563,21 @@ def _compare(op):
     return read
 
 
-for _name, _op in {
-    "aten.eq.Scalar": "==",
-    "aten.eq.Tensor": "==",
-    "aten.ne.Scalar": "!=",
-    "aten.ne.Tensor": "!=",
-    "aten.lt.Scalar": "<",
-    "aten.lt.Tensor": "<",
-    "aten.le.Scalar": "<=",
-    "aten.le.Tensor": "<=",
-    "aten.gt.Scalar": ">",
-    "aten.gt.Tensor": ">",
-    "aten.ge.Scalar": ">=",
-    "aten.ge.Tensor": ">=",
-}.items():
-    RULES[_name] = _compare(_op)
+_table(
+    _compare,
+    {
+        f"aten.{name}.{kind}": op
+        for name, op in {
+            "eq": "==",
+            "ne": "!=",
+            "lt": "<",
+            "le": "<=",
+            "gt": ">",
+            "ge": ">=",
+        }.items()
+        for kind in ("Scalar", "Tensor")
+    },
+)
 
 
 def _function(fn):
@@ -533,23 +587,25 @@ def _function(fn):
     return read
 
 
-for _name, _fn in {
-    "aten.neg.default": "neg",
-    "aten.exp.default": "exp",
-    "aten.log.default": "log",
-    "aten.sqrt.default": "sqrt",
-    "aten.rsqrt.default": "rsqrt",
-    "aten.tanh.default": "tanh",
-    "aten.sigmoid.default": "sigmoid",
-    "aten.cos.default": "cos",
-    "aten.sin.default": "sin",
-    "aten.relu.default": "relu",
-    "aten.silu.default": "silu",
-    "aten.abs.default": "abs",
-    "aten.logical_not.default": "not",
-    "aten.bitwise_not.default": "not",
-}.items():
-    RULES[_name] = _function(_fn)
+_table(
+    _function,
+    {
+        "aten.neg.default": "neg",
+        "aten.exp.default": "exp",
+        "aten.log.default": "log",
+        "aten.sqrt.default": "sqrt",
+        "aten.rsqrt.default": "rsqrt",
+        "aten.tanh.default": "tanh",
+        "aten.sigmoid.default": "sigmoid",
+        "aten.cos.default": "cos",
+        "aten.sin.default": "sin",
+        "aten.relu.default": "relu",
+        "aten.silu.default": "silu",
+        "aten.abs.default": "abs",
+        "aten.logical_not.default": "not",
+        "aten.bitwise_not.default": "not",
+    },
+)
 
 
 @rule("aten.masked_fill.Scalar")
@@ -582,12 +638,52 @@ def _arange(reader, node, *args, **kwargs):
 @rule("aten.full.default")
 def _full(reader, node, size, value, **kwargs):
     atoms = [Atom(_size(s)) for s in node.meta["val"].shape]
-    return Value(Num(float(value)), [[a] for a in atoms], const=True)
+    kind = "bool" if node.meta["val"].dtype is torch.bool else "float"
+    return Value(Num(float(value)), [[a] for a in atoms], kind, const=True)
+
+
+@rule("aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default")
+def _like(reader, node, x, value=None, **kwargs):
+    if value is None:
+        value = 1.0 if "ones" in str(node.target) else 0.0
+    kind = "bool" if node.meta["val"].dtype is torch.bool else "float"
+    return Value(Num(float(value)), x.axes, kind, const=True)
 
 
 @rule("aten.ones.default", "aten.zeros.default")
 def _ones(reader, node, size, **kwargs):
     return _full(reader, node, size, 1.0 if "ones" in str(node.target) else 0.0)
+
+
+@rule("aten.new_ones.default", "aten.new_zeros.default")
+def _new(reader, node, x, size, **kwargs):
+    return _ones(reader, node, size)
+
+
+def _logical(op: str, unit: float):
+    """`a & b`, `a | b` of predicates; the unit (and_masks' new_ones, or_masks' new_zeros)
+    left out."""
+
+    def read(reader, node, a, b):
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, Value) and x.const and not x.axes and key(x.expr) == key(Num(unit)):
+                return y
+        return _elementwise(op, a, b, kind="bool", reader=reader)
+
+    return read
+
+
+_table(
+    _logical,
+    {
+        "aten.bitwise_and.Tensor": ("and", 1.0),
+        "aten.logical_and.default": ("and", 1.0),
+        "aten.__and__.Tensor": ("and", 1.0),
+        "aten.__or__.Tensor": ("or", 0.0),
+        "aten.bitwise_or.Tensor": ("or", 0.0),
+        "aten.logical_or.default": ("or", 0.0),
+    },
+)
 
 
 @rule("aten.triu.default", "aten.tril.default")
@@ -602,6 +698,8 @@ def _triangle(reader, node, x, diagonal=0):
     else:
         distance = Op("-", (Var(cols[0]), Var(rows[0])))
         keep = Op(">=" if upper else "<=", (distance, Num(float(diagonal))))
+    if x.kind == "bool" and key(x.expr) == key(Num(1.0)):  # a triangle of True: the predicate
+        return Value(keep, x.axes, "bool", x.const)
     return Value(Op("where", (keep, x.expr, Num(0.0))), x.axes, x.kind, x.const)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .calls import Call
 from .check import check
 from .errors import LiftError
 from .export import export_module
@@ -41,17 +42,25 @@ class Lifted(nn.Module):
 
 
 def lift(
-    module: nn.Module, *example_inputs: torch.Tensor, check_sizes: tuple = (), name: str = ""
+    module: nn.Module,
+    *example_inputs: torch.Tensor,
+    check_sizes: tuple = (),
+    name: str = "",
+    **keywords,
 ) -> Lifted:
     """`lifted = lift(layer, x)`: the spec `layer` computes, as a module with its weights.
+    Keywords are what a model hands its layer, made from x's positions (calls.py):
+    `lift(attn, x, position_embeddings=model.rotary_emb, attention_mask=causal_mask_function)`.
 
     >>> layer = torch.nn.MultiheadAttention(8, 2, batch_first=True)  # doctest: +SKIP
     """
     from ..spec import compile_spec
 
+    title = name or type(module).__name__
+    if keywords:
+        module = Call(module, keywords)
     exported = export_module(module, *example_inputs)
     found = facts(exported)
-    title = name or type(module).__name__
     text = spec_text(found, f"{title}, lifted")
     try:
         spec = compile_spec(text.text, name=_stem(title))
@@ -59,6 +68,8 @@ def lift(
         raise LiftError(f"the lifted spec does not compile:\n{text.text}\n{error}") from error
     lifted = Lifted(spec, text, module)
     check(lifted, module, example_inputs, check_sizes)
+    if keywords:  # the keys of the layer lifted, not of its Call (rotary.inv_freq stays)
+        lifted.weights = {k: v.removeprefix("layer.") for k, v in lifted.weights.items()}
     return lifted
 
 
