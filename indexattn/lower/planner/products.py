@@ -14,6 +14,7 @@ import sympy
 from ... import ir
 from ...ir import Index
 from ...ir.einstein import denominator
+from ...ir.kinds import kind
 from ..program.steps import Arg, Choose, Contract, Elementwise, Number, Operand
 from .fusion import direct, linear_form
 from .order import choice, orders, planning_count, result_dims
@@ -54,15 +55,24 @@ class Products:
     def contract_rule(self, node: ir.Product, hint: str) -> Arg:
         scale = sympy.Integer(1)
         tensors: list[Operand] = []
+        floats = node.summed and any(kind(f) == "float" for f in node.factors)
         for factor in node.factors:
             value = self.node(factor, hint)
             if isinstance(value, Number):
                 scale = scale * value.expr
+            elif floats and kind(factor) == "int" and ir.refs(factor):
+                tensors.append(self.floated(value))
             else:
                 tensors.append(value)
         if len(tensors) <= 2:
             return self.contract(tensors, node.free, scale, hint)
         return self.contract_path(tensors, node, scale, hint)
+
+    def floated(self, value: Operand) -> Operand:
+        """Integer data summed against floats (`P_<τ> dθ_<τj>`, a rotary base's gradient):
+        in the call's dtype, as matmul and einsum take no mixed dtypes."""
+        out = Operand(self.var(value.var.hint + "_float"), value.dims, value.batched)
+        return self.add(Elementwise(out, "narrow", (value,)))
 
     def quotient(self, node: ir.Product, below: list[ir.Node], hint: str) -> Arg:
         """`a / b` written as a division: the numerator's sums stay above the bar."""
