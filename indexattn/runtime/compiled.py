@@ -252,11 +252,19 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, backward: str | None = None, **kwargs):
+    def __call__(
+        self, /, *positional, training: bool = False, backward: str | None = None, **kwargs
+    ):
         """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
         `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
         of its own record of the forward; `"autograd"`: its own record; by default, the one
         benchmarks/gradients.py chose for this spec's text (`default_backward`)."""
+        if positional:
+            raise TypeError(
+                f"{self.name}() takes keywords only, and got {len(positional)} positional "
+                f"argument(s): write {self.name}({', '.join(f'{a}=...' for a in self.arguments)}"
+                f"); it takes {self._signature()}"
+            )
         backward = self.default_backward if backward is None else backward
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
