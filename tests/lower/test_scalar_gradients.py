@@ -206,3 +206,36 @@ def test_twin_the_check_finds_a_scalar_read_by_math():
     planted = type("Planted", (), {"ir": spec.ir, "source": "def f(s):\n    return math.exp(s)\n"})
     assert numbers_of_scalars(planted) == ["math.exp(s)"]
     assert math.isfinite(gradient(spec, "s", 0.3)[1])
+
+
+# ------------------------------------- every float scalar of every shipped spec, against FD
+
+
+def smooth(spec, name: str, value: float) -> tuple[float | None, float] | None:
+    """(autograd's gradient, finite differences) at `value`, or None where the outputs jump
+    there (a window's edge, a switch such as `attention_factor > 0`): differences at two steps
+    that disagree."""
+    got, fd = gradient(spec, name, value)
+    step = 1e-6 * max(1.0, abs(value))
+    again = gradient(spec, name, value + step / 4)[1]
+    return None if abs(fd - again) > 1e-4 * max(1.0, abs(fd)) else (got, fd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT / "specs")) for p in SHIPPED])
+def test_every_float_scalar_gets_its_gradient(path, record_property):
+    """Each scalar of the spec, at its default (plus a quarter where that is 0 or whole, off
+    a window's edge), a tensor that requires grad: autograd's gradient is the finite
+    differences'. The counts are recorded (docs/robustness.md)."""
+    spec = indexattn.compile_spec(path)
+    checked, jumps = 0, 0
+    for name, default in spec.plain.scalars:
+        value = float(default) + (0.25 if float(default) == int(float(default)) else 0.0)
+        found = smooth(spec, name, value)
+        if found is None:
+            jumps += 1
+            continue
+        got, fd = found
+        assert (got or 0.0) == pytest.approx(fd, rel=1e-4, abs=1e-6), name
+        checked += 1
+    record_property("scalars", (checked, jumps))
