@@ -361,6 +361,7 @@ class CompiledSpec:
         longs = self._kinds.get(kinds)
         if longs is None:
             _no_nan(self.name, scalars)
+            self._float_rates(scalars)
             self._same_kind(tensors)
             longs = self._longs(tensors)
         shapes = [tuple(t.shape) for t in tensors]
@@ -378,6 +379,24 @@ class CompiledSpec:
                 _bounded(self._kinds)[kinds] = longs
             _bounded(self._calls)[key] = found
         return found
+
+    def _float_rates(self, scalars: dict) -> None:
+        """Refuse by name a dropout probability passed as a tensor (torch's dropout takes a
+        float, and a rate has no gradient through the masks it draws)."""
+        if not any(isinstance(v, torch.Tensor) for v in scalars.values()):
+            return
+        from ..derive.reverse import dropouts
+        from ..ir import Field, walk
+
+        read = [n for _, d in dropouts(self.ir) for n in walk(d.args[1]) if isinstance(n, Field)]
+        rates = {x for n in read for x in n.expr.free_symbols}
+        for scalar in self.ir.scalars:
+            if scalar.symbol in rates and isinstance(scalars.get(scalar.ascii), torch.Tensor):
+                raise TypeError(
+                    f"{self.name}: the scalar {scalar.ascii} is a dropout probability, and "
+                    f"got a tensor: pass a float ({scalar.ascii}=float(...)); no gradient "
+                    "reaches a dropout rate"
+                )
 
     def _constants_for(self, sizes: dict, scalars: dict, like: torch.Tensor) -> tuple:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""
