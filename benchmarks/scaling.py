@@ -24,7 +24,6 @@ tables and docs/scaling.svg from it.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import statistics
@@ -32,6 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -124,8 +125,7 @@ def keep(record: dict) -> None:
     """Adds a measurement to benchmarks/scaling.json, in place of an older one of the same
     (under a lock: runs of several lengths may go on side by side)."""
     key = ("name", "n", "who", "mode")
-    with open(RESULTS, "a") as lock:  # made if missing; rewritten in place, the lock held
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(f"{RESULTS}.lock"):  # filelock ships with torch, and runs on Windows
         old = [r for r in load() if any(r[k] != record[k] for k in key)]
         text = json.dumps([*old, record], indent=1, ensure_ascii=False)
         RESULTS.write_text(text + "\n", encoding="utf-8")

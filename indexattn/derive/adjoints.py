@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import sympy
 
-from ..ir import Apply, At, Concat, Field, Node, Product, Reduce, Ref, Sum
+from ..ir import Apply, At, Concat, Field, Node, Product, Reduce, Ref, Sum, printer
 from ..lower.program.numerics import guarded
 from ..ops import DERIVATIVES
 from . import rules
@@ -40,10 +40,18 @@ def back_field(d: Walk, node: Field, cot: Cot) -> None:
     """A field that reads a scalar sends the cotangent times its derivative in that
     scalar, summed over every index, to the scalar."""
     for symbol, scalar in d.symbols.items():
-        slope = sympy.diff(node.expr, symbol)
+        slope = rules.field_slope(node.expr, symbol)
+        if slope is None:
+            raise d.refuse(
+                f"the scalar {scalar.name}",
+                node,
+                f"{printer.field(node.expr)} has no derivative rule in {scalar.name}; pass "
+                f"{scalar.ascii} as a float, or as a tensor that does not require grad.",
+            )
         if slope != 0:
-            free = frozenset(node.free)
-            factor = Cot(Field(slope, node.free, node.span), free, mentioned(node))
+            carried = tuple(i for i in node.free if i.symbol in slope.free_symbols)
+            free = frozenset(carried)
+            factor = Cot(Field(slope, carried, node.span), free, free)
             d.scalar_parts.setdefault(scalar, []).append(product([cot, factor], frozenset()).node)
 
 

@@ -20,6 +20,28 @@ from ..ops import DERIVATIVES, lookup
 PLACEHOLDERS = "xyz"
 
 
+ROUNDING = (sympy.floor, sympy.ceiling, sympy.sign)
+
+
+def field_slope(expr: sympy.Basic, symbol: sympy.Symbol) -> sympy.Basic | None:
+    """∂ expr / ∂ symbol for a tensor-free value, piecewise functions by the rules autograd
+    follows: max's and min's Heaviside is (1 + sign(x)) / 2 (one half on a tie, as
+    torch.maximum), rounding and sign are flat (their Dirac deltas zero), `mod(x, y)` is
+    x - y floor(x / y). None where a derivative is left unevaluated."""
+    expr = expr.replace(sympy.Mod, lambda x, y: x - y * sympy.floor(x / y))
+    slope = sympy.diff(expr, symbol)
+    slope = slope.replace(sympy.Heaviside, lambda x, *_: (1 + sympy.sign(x)) / 2)
+    slope = slope.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+    slope = slope.replace(flat, lambda *_: sympy.Integer(0))  # then Subs(0, ξ, 3 x) is 0:
+    slope = slope.replace(lambda e: isinstance(e, sympy.Subs), lambda e: e.doit())
+    return None if slope.has(sympy.Derivative) else slope
+
+
+def flat(e: sympy.Basic) -> bool:
+    """A derivative of a rounding function (`Derivative(ceiling(ξ), ξ)`)."""
+    return isinstance(e, sympy.Derivative) and isinstance(e.expr, ROUNDING)
+
+
 def slope(node: Apply, k: int, value: Callable[[Node], Node]) -> Node:
     """∂ node.fn / ∂ argument k at node's arguments, each read as `value(argument)` (a
     forward value, named once); where the rule reads the function's own value (tanh's

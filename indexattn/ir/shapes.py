@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..sizes import Check, Quotient, Rank, Read, Rules, Tree
-from .nodes import At, Field, Index, Spec, Tensor, refs
+from .nodes import Apply, At, Field, Index, Ref, Spec, Tensor, children, refs
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,36 @@ def relations(spec: Spec) -> tuple[sympy.Expr, ...]:
                 at = item if isinstance(item, int) else _fixed(item)
                 if at is not None:
                     found[sympy.expand(index.size - at)] = None
+        for ref in unguarded(eq.rhs):
+            for index, item in zip(ref.tensor.indices, ref.written):
+                last = _greatest(item)
+                if last is not None:
+                    found[sympy.expand(index.size - last)] = None
     return tuple(e for e in found if not e.is_number)
+
+
+def unguarded(node) -> list:
+    """The references outside every `where`, whose positions a condition may keep in range."""
+    if isinstance(node, Ref):
+        return [node]
+    if isinstance(node, Apply) and node.fn == "where":
+        return []
+    return [r for c in children(node) for r in unguarded(c)]
+
+
+def _greatest(item) -> sympy.Expr | None:
+    """The greatest position a gather at a polynomial of indices with non-negative
+    coefficients reads (`[ℓ β + r]`: ℓ (nb - 1) + ℓ - 1, so the axis asks N ≥ ℓ nb); None
+    for any other."""
+    if not (isinstance(item, At) and item.free and isinstance(item.value, Field)):
+        return None
+    expr, symbols = item.value.expr, [i.symbol for i in item.free]
+    if not expr.is_polynomial(*symbols):
+        return None
+    terms = sympy.Poly(expr, *symbols).coeffs()
+    if not all(sympy.sympify(c).is_nonnegative for c in terms):
+        return None
+    return expr.subs({i.symbol: i.size - 1 for i in item.free})
 
 
 def _fixed(item) -> sympy.Expr | None:
@@ -227,7 +256,10 @@ def honouring(
         if 1 - relation.subs(sizes) > 0:
             named = (s for s in spec.sizes if spec.size_ascii(s) in fixed)
             given = ", ".join(f"{s} = {sizes[s]}" for s in named)
-            raise ValueError(f"the sizes {given} leave {relation} < 1: it is the range of an index")
+            raise ValueError(
+                f"the sizes {given} leave {relation} < 1: it is the range of an index, or of an"
+                " axis past the last position a read takes; give other sizes with --size"
+            )
     for quotient in quotients(spec):
         _divisible(spec, quotient, sizes, fixed)
     return sizes

@@ -255,11 +255,19 @@ class CompiledSpec:
     def __repr__(self) -> str:
         return f"<indexattn spec {self.name}: {', '.join(self.arguments)}>"
 
-    def __call__(self, /, *, training: bool = False, backward: str | None = None, **kwargs):
+    def __call__(
+        self, /, *positional, training: bool = False, backward: str | None = None, **kwargs
+    ):
         """Runs the generated function; keywords are tensors, sizes and scalars by ASCII name.
         `backward="derived"`: autograd runs the derived backward (indexattn/derive) instead
         of its own record of the forward; `"autograd"`: its own record; by default, the one
         benchmarks/gradients.py chose for this spec's text (`default_backward`)."""
+        if positional:
+            raise TypeError(
+                f"{self.name}() takes keywords only, and got {len(positional)} positional "
+                f"argument(s): write {self.name}({', '.join(f'{a}=...' for a in self.arguments)}"
+                f"); it takes {self._signature()}"
+            )
         backward = self.default_backward if backward is None else backward
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
@@ -363,6 +371,7 @@ class CompiledSpec:
         longs = self._kinds.get(kinds)
         if longs is None:
             _no_nan(self.name, scalars)
+            self._float_rates(scalars)
             self._same_kind(tensors)
             longs = self._longs(tensors)
         shapes = [tuple(t.shape) for t in tensors]
@@ -380,6 +389,24 @@ class CompiledSpec:
                 _bounded(self._kinds)[kinds] = longs
             _bounded(self._calls)[key] = found
         return found
+
+    def _float_rates(self, scalars: dict) -> None:
+        """Refuse by name a dropout probability passed as a tensor (torch's dropout takes a
+        float, and a rate has no gradient through the masks it draws)."""
+        if not any(isinstance(v, torch.Tensor) for v in scalars.values()):
+            return
+        from ..derive.reverse import dropouts
+        from ..ir import Field, walk
+
+        read = [n for _, d in dropouts(self.ir) for n in walk(d.args[1]) if isinstance(n, Field)]
+        rates = {x for n in read for x in n.expr.free_symbols}
+        for scalar in self.ir.scalars:
+            if scalar.symbol in rates and isinstance(scalars.get(scalar.ascii), torch.Tensor):
+                raise TypeError(
+                    f"{self.name}: the scalar {scalar.ascii} is a dropout probability, and "
+                    f"got a tensor: pass a float ({scalar.ascii}=float(...)); no gradient "
+                    "reaches a dropout rate"
+                )
 
     def _constants_for(self, sizes: dict, scalars: dict, like: torch.Tensor) -> tuple:
         """The tensors of positions for these sizes, scalars, device and dtype, built once."""

@@ -315,6 +315,17 @@ class Blocks(torch.autograd.Function):
         return None, None, None, None, None, *(next(sums) if n else None for n in needs)
 
 
+def block_rows(floor, budget):
+    """The rows of a block: the scores' budget's, at least `floor` (a module's BLOCK_ROWS),
+    which must be a whole number of 1 or more (0 would step no row forward)."""
+    if not (isinstance(floor, int) and floor >= 1):
+        raise ValueError(
+            f"BLOCK_ROWS = {floor!r}: the rows a block holds at least must be a whole number "
+            "of 1 or more (64 by default; 1 lets the budget BLOCK_SCORES alone decide)"
+        )
+    return max(floor, budget)
+
+
 def by_blocks(block, spans, tensors, cuts, dim=-2, draws=False):
     """block(*span, *pieces) at each span (first query, end, first key, end, ...), joined
     along `dim`: each tensor cut to the span as `cuts` says (pieces); a number (a scalar,

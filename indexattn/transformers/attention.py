@@ -11,7 +11,6 @@ carried by the mask, or is refused by name.
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
@@ -381,21 +380,26 @@ BUILT = {  # families whose layers read the mask as built, and sdpa's skipped on
 }
 
 
-@functools.cache
 def sdpa_mask():
-    """transformers' sdpa mask function (imported when first asked for)."""
+    """transformers' sdpa mask function (imported when first asked for: a look-up after)."""
     from transformers.masking_utils import sdpa_mask
 
     return sdpa_mask
 
 
-@functools.cache
+# Memos by model type, as plain dicts: torch.compile traces a model's mask function, and
+# warns at each functools.cache it meets there (docs/decisions.md, "Memos Dynamo traces").
+BUILDS: dict[str, bool] = {}
+
+
 def builds_mask(model_type: str) -> bool:
     """Whether the family's layers always get a mask built: BUILT, or not run with sdpa."""
-    return model_type in BUILT or not runs_sdpa(model_type)
+    found = BUILDS.get(model_type)
+    if found is None:
+        found = BUILDS[model_type] = model_type in BUILT or not runs_sdpa(model_type)
+    return found
 
 
-@functools.cache
 def runs_sdpa(model_type: str) -> bool:
     """Whether transformers runs the family's models with sdpa (True where it is not known)."""
     import transformers

@@ -111,6 +111,23 @@ def refuse_unused(model, requested) -> None:
             f" attn_implementation={requested!r} would never run: build it without"
             f" attn_implementation"
         )
+    refuse_weightless(model, requested)
+
+
+def refuse_weightless(model, requested: str) -> None:
+    """Refuse a model configured with output_attentions whose core specs output no weights:
+    when it is built, not at its first forward."""
+    from transformers import AttentionInterface
+
+    function = AttentionInterface._global_mapping.get(requested)
+    cores = getattr(function, "cores", [function])
+    weightless = [c.name for c in cores if getattr(c, "spec", None) and c.spec.plain.outputs < 2]
+    if getattr(model.config, "output_attentions", False) and weightless:
+        raise NotImplementedError(
+            f"{type(model).__name__} is configured with output_attentions=True, and attention"
+            f" spec {weightless[0]!r} outputs no weights: register a core spec that outputs"
+            " them too (`output O, A`, as specs/sdpa.attn), or set output_attentions=False"
+        )
 
 
 def saved_name(name: str) -> str:

@@ -290,3 +290,29 @@ def test_ci_checks_for_every_file_the_document_loads():
         "kpsewhich" in ci and "apt-get update -qq" in ci and "DEBIAN_FRONTEND=noninteractive" in ci
     )
     assert subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")]).returncode == 0
+
+
+GATHER = """index μ : h
+index τ : N
+index β : nb
+index r : ℓ
+index a : d
+input Q_<μτa>
+input K_<μτa>
+S_<μτβr> = Q_<μτa> K_<μ[ℓ β + r]a>
+"""
+
+
+def test_check_draws_sizes_a_gather_fits(tmp_path, capsys):
+    """Failed before: `internal error: ShapeError: gather: ... positions 0 to 9 are out of
+    range` (N drawn below ℓ nb)."""
+    (tmp_path / "gather.attn").write_text(GATHER, encoding="utf-8")
+    assert cli.main(["check", str(tmp_path / "gather.attn")]) == 0
+    assert "ok   gather" in capsys.readouterr().out
+
+
+def test_twin_sizes_given_that_a_gather_overruns_name_size(tmp_path, capsys):
+    (tmp_path / "gather.attn").write_text(GATHER, encoding="utf-8")
+    assert cli.main(["check", str(tmp_path / "gather.attn"), "--size", "N=4", "--size", "l=3"]) == 2
+    err = capsys.readouterr().err
+    assert "N - l*nb + 1 < 1" in err and "give other sizes with --size" in err

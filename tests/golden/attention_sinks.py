@@ -88,7 +88,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
     # A_<grττ'> = softmax_<τ'>(S_<grττ'>) sigmoid(L_<grτ> - sinks_<(gr)>)
     sinks_split = rearrange(sinks, "(g r) -> g r", g=h_kv)  # (g, r)
     # S, L, A, O: by blocks of τ on long sequences
-    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
+    rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
@@ -100,7 +100,7 @@ def attention_sinks(X, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v
             return attention_sinks_rows(Q, K_scaled, M_block, sinks_split, V)
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * (k1 - k0)))  # rows a block over these keys
+            rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h_kv * n_rep * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
         O = rt.by_blocks(attention_sinks_block, blocks, (Q, K_scaled, sinks_split, V, w), ({-2: "q"}, {-2: "k"}, {}, {-2: "k"}, {}))

@@ -95,7 +95,7 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
     lambda__scaled = lambda_ * -1  # ()
     del lambda_
     # A, D, O: by blocks of τ on long sequences
-    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
+    rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
@@ -107,7 +107,7 @@ def differential(X, q_proj_weight, k_proj_weight, v_proj_weight, out_proj_weight
             return differential_rows(Q_scaled, K, M_block, lambda__scaled, V)
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * (k1 - k0)))  # rows a block over these keys
+            rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * 2 * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
         O = rt.by_blocks(differential_block, blocks, (Q_scaled, K, lambda__scaled, V), ({-2: "q"}, {-2: "k"}, {}, {-2: "k"}))

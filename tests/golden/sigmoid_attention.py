@@ -78,7 +78,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     del Q_proj, Q
     # S, A, O: by blocks of τ on long sequences
-    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and A_grid_spans in (None, [(0, N, 0, N, True)]):
@@ -90,7 +90,7 @@ def sigmoid_attention(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_wei
             return sigmoid_attention_rows(Q_scaled, K, A_grid_block, V, N=N)
         blocks = []
         for q0, q1, k0, k1, _ in A_grid_spans or [(0, N, 0, N, False)]:
-            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
+            rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
         O = rt.by_blocks(sigmoid_attention_block, blocks, (Q_scaled, K, V), ({-2: "q"}, {-2: "k"}, {-2: "k"}))

@@ -85,7 +85,7 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
     Q_scaled = Q / (query_pre_attn_scalar ** 0.5)  # (…, μ, τ, a)
     del Q_proj, Q
     # R, S, A, O: by blocks of τ on long sequences
-    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
@@ -97,7 +97,7 @@ def softcap_window(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight
             return softcap_window_rows(Q_scaled, K, M_block, V, c=c)
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
+            rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
         O = rt.by_blocks(softcap_window_block, blocks, (Q_scaled, K, V, c, w), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}, {}))

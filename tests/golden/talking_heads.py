@@ -89,7 +89,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
     Q_scaled = Q / math.sqrt(d_k)  # (…, μ, τ, a)
     del Q_proj, Q
     # S, L, A, W, O: by blocks of τ on long sequences
-    rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
+    rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * N))
     if torch.compiler.is_compiling():  # one block: a graph that holds at every N
         rows = N
     if rows >= N and M_spans in (None, [(0, N, 0, N, True)]):
@@ -101,7 +101,7 @@ def talking_heads(X, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight,
             return talking_heads_rows(Q_scaled, K, P_l, M_block, P_w, V)
         blocks = []
         for q0, q1, k0, k1, _ in M_spans or [(0, N, 0, N, False)]:
-            rows = max(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
+            rows = rt.block_rows(BLOCK_ROWS, BLOCK_SCORES // (X.shape[:-2].numel() * h * (k1 - k0)))  # rows a block over these keys
             for t in range(q0, q1, rows):
                 blocks.append((t, min(t + rows, q1), k0, k1))
         O = rt.by_blocks(talking_heads_block, blocks, (Q_scaled, K, P_l, P_w, V), ({-2: "q"}, {-2: "k"}, {}, {}, {-2: "k"}))

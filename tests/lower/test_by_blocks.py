@@ -194,3 +194,26 @@ def test_under_autocast_the_backward_makes_the_blocks_as_the_forward_did(monkeyp
     seen.clear()
     step(spec, "softcap_window", dtype=torch.float32)  # the twin: no autocast
     assert set(seen) == {(False, False), (True, False)}
+
+
+@pytest.mark.parametrize("floor", [0, -1, 2.5])
+def test_a_block_rows_knob_below_one_is_refused_by_name(floor, monkeypatch):
+    """Failed before: `range() arg 3 must not be zero` (BLOCK_ROWS = 0 and a budget of 0)."""
+    spec = spec_in_blocks("sigmoid_attention", monkeypatch)
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_SCORES", 0)
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_ROWS", floor)
+    sizes = sample_sizes(spec.ir) | {"N": 32}
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    with pytest.raises(ValueError, match=rf"BLOCK_ROWS = {floor}: .* whole number of 1 or more"):
+        spec(**args, **{k: v for k, v in sizes.items() if k in spec.required})
+
+
+def test_twin_block_rows_of_one_runs_as_the_whole(monkeypatch):
+    spec = spec_in_blocks("sigmoid_attention", monkeypatch)
+    sizes = sample_sizes(spec.ir) | {"N": 32}
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    whole = spec(**args, **given)
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_SCORES", 0)
+    monkeypatch.setitem(spec.function.__globals__, "BLOCK_ROWS", 1)
+    torch.testing.assert_close(spec(**args, **given), whole, rtol=1e-12, atol=1e-12)

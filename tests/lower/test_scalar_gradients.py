@@ -9,10 +9,12 @@ import math
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 
 import indexattn
 import indexattn.catalog
+from indexattn.derive.rules import field_slope
 from indexattn.oracle.verify import sample_arguments, sample_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +33,13 @@ output O
 """
 
 
-def gradient(spec, name: str, value: float, backward: str = "autograd", **fixed):
+def gradient(spec, name: str, value: float, backward: str = "autograd", inputs=None, **fixed):
     """(the scalar's gradient of a random projection of the outputs, or None; the same by
-    central finite differences), at `value`, the other scalars at their defaults or `fixed`."""
+    central finite differences), at `value`, the other scalars at their defaults or `fixed`,
+    `inputs` (a function of the drawn arguments) changing some of them."""
     sizes = sample_sizes(spec.ir)
     args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    args |= inputs(args) if inputs else {}
     given = {k: v for k, v in sizes.items() if k in spec.required} | fixed
     for tensor in args.values():
         tensor.requires_grad_(tensor.is_floating_point())
@@ -76,6 +80,74 @@ def test_a_tensor_scalar_gets_its_gradient(case):
 def test_twin_a_scalar_read_only_by_a_window_gets_none():
     got, want = gradient(shipped("sliding_window"), "w", 2.5)
     assert got in (None, 0.0) and want == 0.0
+
+
+# ------------------------------------------------- the derived backward of every kind of scalar
+
+ROTARY_Q = """index τ, τ' : N
+index j : d
+input Q_<τj>
+input K_<τ'j>
+input V_<τ'j>
+scalar offset = 0
+θ_<τj> = (offset + τ) 10000^(-j / d)
+S_<ττ'> = Q_<τj> cos(θ_<τj>) K_<τ'j>
+A_<ττ'> = softmax_<τ'>(S_<ττ'>)
+O_<τj> = A_<ττ'> V_<τ'j>
+output O
+"""
+
+DERIVED = {  # failed before: Double and Long; unknown function 'Heaviside'; Subs(Derivative(
+    # ceil(...))); `index τ is not on the left` in doffset
+    "rope_theta with integer positions": (lambda: shipped("layers/llama"), "rope_theta", 1e4),
+    "YaRN's factor through max": (lambda: shipped("models/llama3_yarn"), "factor", 4.0),
+    "YaRN's beta_fast through ceil": (lambda: shipped("models/llama3_yarn"), "beta_fast", 32.0),
+    "a rotary offset on the queries": (lambda: indexattn.compile_spec(ROTARY_Q), "offset", 3.0),
+}
+
+
+@pytest.mark.parametrize("case", DERIVED)
+def test_the_derived_backward_gets_every_scalar_gradient(case):
+    make, name, value = DERIVED[case]
+    spec = make()
+    got, want = gradient(spec, name, value, "derived")
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-9)
+    assert got == pytest.approx(gradient(spec, name, value)[0], rel=1e-6, abs=1e-12)
+
+
+def test_twin_positions_at_zero_make_the_rotary_base_flat():
+    """At position 0 every angle is 0 whatever the base: the base's gradient vanishes."""
+    spec, zero = shipped("layers/llama"), lambda args: {"P": torch.zeros_like(args["P"])}
+    assert gradient(spec, "rope_theta", 1e4, "derived", zero) == pytest.approx((0, 0), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "expr, at, want",  # max's kink takes one half, as torch.maximum's gradient on a tie
+    [
+        ("log(Max(1, x))", 2.0, 0.5),
+        ("log(Max(1, x))", 0.5, 0.0),
+        ("Max(1, x)", 1.0, 0.5),
+        ("ceiling(3*x) + x", 0.7, 1.0),
+        ("Abs(x)", -2.0, -1.0),
+        ("Mod(7, x)", 3.0, -2.0),
+    ],
+)
+def test_piecewise_functions_have_slopes(expr, at, want):
+    x = sympy.Symbol("x", real=True)
+    slope = field_slope(sympy.sympify(expr, locals={"x": x}), x)
+    assert float(slope.subs(x, at)) == pytest.approx(want)
+
+
+def test_integer_positions_summed_against_floats():
+    """Failed before: `expected m1 and m2 to have the same dtype` (P summed against X)."""
+    spec = indexattn.compile_spec(
+        "index τ : N\nindex i : d\ninput P_<τ> : int\ninput X_<τi>\nY_<i> = P_<τ> X_<τi>\n"
+    )
+    p, x = torch.tensor([7, 3, -5]), torch.randn(3, 2, dtype=torch.float64)
+    before = spec(P=p, X=x)
+    torch.testing.assert_close(before, p.double() @ x)
+    p[1] = 4  # one position one further: the sum gains that row of X
+    torch.testing.assert_close(spec(P=p, X=x) - before, x[1])
 
 
 SCALES = ["gqa_core", "gqa_causal_core", "gqa_unmasked_core"]
@@ -134,3 +206,53 @@ def test_twin_the_check_finds_a_scalar_read_by_math():
     planted = type("Planted", (), {"ir": spec.ir, "source": "def f(s):\n    return math.exp(s)\n"})
     assert numbers_of_scalars(planted) == ["math.exp(s)"]
     assert math.isfinite(gradient(spec, "s", 0.3)[1])
+
+
+# ------------------------------------- every float scalar of every shipped spec, against FD
+
+
+def smooth(spec, name: str, value: float) -> tuple[float | None, float] | None:
+    """(autograd's gradient, finite differences) at `value`, or None where the outputs jump
+    there (a window's edge, a switch such as `attention_factor > 0`): differences at two steps
+    that disagree."""
+    got, fd = gradient(spec, name, value)
+    step = 1e-6 * max(1.0, abs(value))
+    again = gradient(spec, name, value + step / 4)[1]
+    return None if abs(fd - again) > 1e-4 * max(1.0, abs(fd)) else (got, fd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT / "specs")) for p in SHIPPED])
+def test_every_float_scalar_gets_its_gradient(path, record_property):
+    """Each scalar of the spec, at its default (plus a quarter where that is whole, off a
+    window's edge), a tensor that requires grad: autograd's gradient is the finite
+    differences', or the scalar is a dropout rate and is refused by its name (failed before:
+    torch's `dropout(): argument 'p' must be float, not Tensor`). The counts are recorded
+    (docs/robustness.md)."""
+    spec = indexattn.compile_spec(path)
+    counts = {"checked": 0, "jumps": 0, "refused": 0}
+    for name, default in spec.plain.scalars:
+        value = float(default) + (0.25 if float(default) == int(float(default)) else 0.0)
+        try:
+            found = smooth(spec, name, value)
+        except TypeError as error:
+            assert f"the scalar {name} is a dropout probability" in str(error)
+            counts["refused"] += 1
+            continue
+        if found is None:
+            counts["jumps"] += 1
+            continue
+        got, fd = found
+        assert (got or 0.0) == pytest.approx(fd, rel=1e-4, abs=1e-6), name
+        counts["checked"] += 1
+    record_property("scalars", counts)
+
+
+def test_a_float_dropout_rate_runs_where_a_tensor_one_is_refused():
+    spec = shipped("gpt2")
+    sizes = sample_sizes(spec.ir)
+    args = sample_arguments(spec.ir, sizes, (), torch.float64)
+    given = {k: v for k, v in sizes.items() if k in spec.required}
+    torch.testing.assert_close(spec(**args, **given, p=0.1), spec(**args, **given, p=0.0))
+    with pytest.raises(TypeError, match="the scalar p is a dropout probability"):
+        spec(**args, **given, p=torch.tensor(0.1))

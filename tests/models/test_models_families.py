@@ -483,11 +483,10 @@ def in_docs(version: str) -> str | None:
 def write(version: str, made: str) -> None:
     """`made` into docs/models.md as `version`'s table: in place of the one there, else after
     the last table (the runs of several versions may write at once: one at a time)."""
-    import fcntl
+    from filelock import FileLock
 
     begin, end = markers(version)
-    with open(DOC, "r+", encoding="utf-8") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)
+    with FileLock(f"{DOC}.lock"), open(DOC, "r+", encoding="utf-8") as file:
         text = file.read()
         block = f"{begin}\n\n{made}\n\n{end}"
         if begin in text:

@@ -52,6 +52,20 @@ def test_twin_a_glyph_and_its_ascii_spelling_at_once_are_refused():
         spec(x=x, theta=x, φ=x)
 
 
+def test_a_positional_call_says_the_keywords():
+    """Failed before: Python's `takes 1 positional argument but 3 were given`."""
+    spec = indexattn.compile_spec(THETA, name="theta")
+    x = torch.randn(3, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"keywords only, .* write theta\(x=\.\.\., theta=\.\.\.\)"):
+        spec(x, x)
+
+
+def test_twin_the_same_call_by_keywords_runs():
+    spec = indexattn.compile_spec(THETA, name="theta")
+    x = torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(spec(x=x, theta=2 * x), 2 * x * x)
+
+
 @pytest.mark.parametrize("thing", [b"index i : n\n", None, 3, ["mha"]])
 def test_compile_spec_of_no_spec_says_what_it_takes(thing):
     with pytest.raises(TypeError, match=r"takes a spec's text \(str\), the name of a shipped"):

@@ -98,6 +98,7 @@ def test_the_standalone_form_is_the_imported_form_with_the_runtime_inlined():
     assert inlined == {"HOST_READS", "QUERY_BLOCK", "key_spans", "safe_softmax", "pieces"} | {
         "each_block",
         "Blocks",
+        "block_rows",
         "by_blocks",
     }
     assert all(defined[name].text in lib for name in inlined)

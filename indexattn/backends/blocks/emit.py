@@ -81,7 +81,7 @@ class RowsWriter:
         per_row = " * ".join(self._per_row(main)) or "1"
         head = [
             f"# {', '.join(self.computed)}: by blocks of {rows.row.glyph} on long sequences",
-            f"{count} = max({self.floor}, {self.knob} // ({per_row}))",
+            f"{count} = {main.runtime('block_rows')}({self.floor}, {self.knob} // ({per_row}))",
             f"if torch.compiler.is_compiling():  # one block: a graph that holds at every {size}",
             f"    {count} = {size}",
         ]
@@ -217,7 +217,8 @@ class RowsWriter:
         if self.spans is None:
             return []
         factors = " * ".join(self._per_row(main, f"({k1} - {k0})"))
-        count = f"{count} = max({self.floor}, {self.knob} // ({factors}))"
+        rows = main.runtime("block_rows")
+        count = f"{count} = {rows}({self.floor}, {self.knob} // ({factors}))"
         return [count + "  # rows a block over these keys"]
 
     def _call(self, arguments: list[str], block: bool = False) -> str:

@@ -14,6 +14,7 @@ import sympy
 from ... import ir
 from ...ir import Index
 from ...ir.einstein import denominator
+from ...ir.kinds import kind
 from ..program.steps import Arg, Choose, Contract, Elementwise, Number, Operand, Reduction
 from .conv import convolve_rule
 from .fusion import direct, linear_form
@@ -56,15 +57,25 @@ def quotient_rule(planner, node: ir.Product, hint: str) -> Arg | None:
 def contract_rule(planner, node: ir.Product, hint: str) -> Arg:
     scale = sympy.Integer(1)
     tensors: list[Operand] = []
+    floats = node.summed and any(kind(f) == "float" for f in node.factors)
     for factor in node.factors:
         value = planner.node(factor, hint)
         if isinstance(value, Number):
             scale = scale * value.expr
+        elif floats and kind(factor) == "int" and ir.refs(factor):
+            tensors.append(floated(planner, value))
         else:
             tensors.append(value)
     if len(tensors) <= 2:
         return contract(planner, tensors, node.free, scale, hint)
     return contract_path(planner, tensors, node, scale, hint)
+
+
+def floated(planner, value: Operand) -> Operand:
+    """Integer data summed against floats (`P_<τ> dθ_<τj>`, a rotary base's gradient):
+    in the call's dtype, as matmul and einsum take no mixed dtypes."""
+    out = Operand(planner.var(value.var.hint + "_float"), value.dims, value.batched)
+    return planner.add(Elementwise(out, "narrow", (value,)))
 
 
 def quotient(planner, node: ir.Product, below: list[ir.Node], hint: str) -> Arg:
