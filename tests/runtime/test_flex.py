@@ -166,15 +166,25 @@ def masked_specs() -> list[str]:
 FEW = ["mha", "doc_mask", "sliding_window", "prefix_lm", "chunked"]
 
 
-def _check_block_mask(name: str, n: int, block: int) -> None:
+def _lengths(spec, values: dict) -> tuple[int, int]:
+    """The query and key lengths from the spec's own sizes (kv_decode's keys: N_c + N)."""
+    core = callables.one_core(spec.ir)
+    names = dict(zip(spec.ir.sizes, spec.ir.size_asciis))
+    given = {s: values[a] for s, a in names.items() if a in values}
+    return tuple(int(i.size.xreplace(given)) for i in (core.query, core.key))
+
+
+def _check_block_mask(name: str, n: int, block: int, seed: int = 0) -> None:
     spec = compile_spec(name)
-    values = _inputs(spec, n)
+    values = _inputs(spec, n, seed)
     made = spec.block_mask(BLOCK_SIZE=block, **values)
     heads = made.kv_num_blocks.shape[1]
     batch = made.kv_num_blocks.shape[0]
+    n_q, n_kv = _lengths(spec, values)
     want = create_block_mask(
-        spec.mask_mod(**values), batch, heads, n, n, device="cpu", BLOCK_SIZE=block
+        spec.mask_mod(**values), batch, heads, n_q, n_kv, device="cpu", BLOCK_SIZE=block
     )
+    assert made.seq_lengths == (n_q, n_kv), (name, made.seq_lengths, n_q, n_kv)
     assert _canonical(made) == _canonical(want), (name, n, block)
 
 
@@ -188,19 +198,27 @@ def test_block_mask_is_create_block_mask(name, n, block):
 def test_block_mask_of_every_masked_shipped_spec():
     names = masked_specs()
     assert {"mha", "doc_mask", "softcap_window", "chunked"} <= set(names)
-    for name in set(names) - {"kv_decode"}:
+    for name in names:
         for n, block in ((1024, 128), (1000, 64), (257, 32)):
             _check_block_mask(name, n, block)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: kv_decode's block mask (a cached offset) "
-    "differs from create_block_mask past the first rows",
-)
-def test_block_mask_of_kv_decode():
-    _check_block_mask("kv_decode", 1024, 128)
+@pytest.mark.parametrize("n,block,seed", [(1, 128, 40), (1, 32, 7), (64, 64, 3), (300, 128, 0)])
+def test_block_mask_of_kv_decode(n, block, seed):
+    """A cached offset: N new queries at N_c + τ over N_c + N keys, N_c not a block's multiple
+    (one decode step, a chunked prefill)."""
+    _check_block_mask("kv_decode", n, block, seed)
+
+
+def test_block_mask_of_kv_decode_without_its_offset_differs():
+    """Twin: the same queries read as if no keys were cached (N_c = 0) give another mask."""
+    spec = compile_spec("kv_decode")
+    values = {"N": 300, "N_c": 200}
+    made = spec.block_mask(BLOCK_SIZE=64, **values)
+    no_cache = create_block_mask(
+        spec.mask_mod(N=300, N_c=0), 1, 1, 300, 500, device="cpu", BLOCK_SIZE=64
+    )
+    assert _canonical(made) != _canonical(no_cache)
 
 
 def test_a_flipped_block_is_seen():
