@@ -126,7 +126,7 @@ def main() -> None:
                     torch.cuda.empty_cache()
                 print(json.dumps({"spec": name, "backend": backend, "N": n, **row}), flush=True)
         for case in cores.CASES:
-            compiled = run._compiled() if run.COMPILE else cores.flex_attention
+            compiled = run._compiled(device == "cpu") if run.COMPILE else cores.flex_attention
             functions = cores.core_functions(case, n, compiled, device, dtype)
             with torch.no_grad():
                 times = {k: timed(f, args.rounds, device) for k, f in functions.items()}

@@ -324,3 +324,27 @@ def test_the_gpu_script_dry_run_passes(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "flex.jsonl").read_text().splitlines()]
     assert {r.get("backend") for r in rows if "spec" in r} == {"flex", "blocks"}
     assert {r["core"] for r in rows if "core" in r} == {"doc+causal", "causal+cap", "doc+cap+bias"}
+
+
+def test_a_block_mask_is_kept_while_the_ids_it_reads_are_the_same(monkeypatch):
+    """One build for equal document ids (a fresh tensor: as a model's layers share them); a
+    rebuild, and the other output, when they change (the twin)."""
+    from indexattn.backends.flex import masks
+
+    built = []
+    original = masks.build
+    monkeypatch.setattr(masks, "build", lambda *a, **k: built.append(1) or original(*a, **k))
+    monkeypatch.setattr(run, "_MASKS", {})
+    layer = compile_spec("doc_mask").module(d_m=8, h=2, d_k=4, backend="flex")
+    blocks = compile_spec("doc_mask").module(d_m=8, h=2, d_k=4, backend="blocks")
+    blocks.load_state_dict(layer.state_dict())
+    x, d = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 1, 2])
+    other = torch.tensor([0, 1, 1, 1, 2, 2])
+    with torch.no_grad():
+        first = layer(X=x, D=d)
+        again = layer(X=x, D=d.clone())
+        assert len(built) == 1 and torch.equal(first, again)
+        changed = layer(X=x, D=other)
+        assert len(built) == 2
+        assert torch.allclose(changed, blocks(X=x, D=other), atol=1e-5)
+        assert not torch.allclose(changed, first, atol=1e-5)
