@@ -348,3 +348,62 @@ def test_a_block_mask_is_kept_while_the_ids_it_reads_are_the_same(monkeypatch):
         assert len(built) == 2
         assert torch.allclose(changed, blocks(X=x, D=other), atol=1e-5)
         assert not torch.allclose(changed, first, atol=1e-5)
+
+
+LEARNED = """index τ, τ' : N
+index μ : h
+index a : d
+input Q_<μτa>
+input K_<μτ'a>
+input V_<μτ'a>
+input D_<τ> : int
+param b_<μ>
+scalar c = 20
+M_<ττ'> = where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
+S_<μττ'> = c tanh(Q_<μτa> K_<μτ'a> / (sqrt(d) c)) + b_<μ> (τ' - τ) + M_<ττ'>
+O_<μτa> = softmax_<τ'>(S_<μττ'>) V_<μτ'a>
+output O
+"""
+
+
+def _by_mods(spec, q, k, v, d, b):
+    """softmax(score_mod(scale · q·k)) · v where mask_mod keeps, every score at once: what
+    flex_attention computes (eagerly, so with gradients on a CPU)."""
+    h, n, width = q.shape
+    score = spec.score_mod(b=b)
+    keep = spec.mask_mod(D=d[None])
+    hh, qq, kk = torch.arange(h)[:, None, None], torch.arange(n)[:, None], torch.arange(n)
+    zero = torch.zeros((), dtype=torch.long)
+    raw = q @ k.transpose(-1, -2) / (width**0.5 * 20)  # the module's scale, 1/(c √d)
+    s = score(raw, zero, hh, qq, kk).masked_fill(~keep(zero, hh, qq, kk), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def test_a_learned_bias_the_score_reads_has_the_spec_s_gradient():
+    """The score_mod's math and its gradient in a learned per-head slope b_<μ> against the
+    blocked path's autograd (FlexAttention has no CPU backward: the mods run eagerly)."""
+    spec = compile_spec(LEARNED, name="learned_bias")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    d = torch.tensor([0] * 5 + [1] * 7)
+    grads = []
+    for way in (lambda b: spec(Q=q, K=k, V=v, D=d, b=b), lambda b: _by_mods(spec, q, k, v, d, b)):
+        b = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
+        out = way(b)
+        (out * v.flip(-1)).sum().backward()
+        grads.append((out.detach(), b.grad))
+    (want, want_grad), (got, got_grad) = grads
+    assert torch.allclose(got, want, atol=1e-10) and torch.allclose(got_grad, want_grad, atol=1e-10)
+    assert want_grad.abs().min() > 1e-4
+
+
+def test_a_learned_bias_read_at_the_wrong_head_is_seen():
+    """Twin: the slopes swapped between the heads change the output and the gradient."""
+    spec = compile_spec(LEARNED, name="learned_bias")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    d = torch.tensor([0] * 5 + [1] * 7)
+    b = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
+    right = spec(Q=q, K=k, V=v, D=d, b=b)
+    swapped = _by_mods(spec, q, k, v, d, b.flip(0))
+    assert (right - swapped).abs().max() > 1e-4
