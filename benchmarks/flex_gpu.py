@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -126,7 +127,7 @@ def main() -> None:
                     torch.cuda.empty_cache()
                 print(json.dumps({"spec": name, "backend": backend, "N": n, **row}), flush=True)
         for case in cores.CASES:
-            compiled = run._compiled() if run.COMPILE else cores.flex_attention
+            compiled = run._compiled(device == "cpu") if run.COMPILE else flex_attention
             functions = cores.core_functions(case, n, compiled, device, dtype)
             with torch.no_grad():
                 times = {k: timed(f, args.rounds, device) for k, f in functions.items()}

@@ -84,34 +84,49 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
         if train:
             y.square().mean().backward()
 
-    for p in params.values():
+    return timed(run, make, n, train, rounds, params.values())
+
+
+def timed(run, make, n: int, train: bool, rounds: int, params, clock=time.perf_counter) -> dict:
+    """Peak resident growth of `run(make(n))`'s first call (after one at N = 16 for the lazy
+    imports; the spec's per-shape constants are built in it) and the median time of `rounds`
+    calls after it by `clock` (the first call's with none); also benchmarks/unseen.py's."""
+    import torch
+
+    for p in params:
         p.requires_grad_(train)
     with torch.set_grad_enabled(train):
         run(make(16))
         x = make(n)
-        start = time.perf_counter()
-        peak = growth(lambda: run(x))  # the first call: the per-shape constants too
-        seconds = [time.perf_counter() - start]
+        start = clock()
+        peak = growth(lambda: run(x))
+        seconds = [clock() - start]
         for _ in range(rounds):
-            start = time.perf_counter()
+            start = clock()
             run(x)
-            seconds.append(time.perf_counter() - start)
+            seconds.append(clock() - start)
     median = statistics.median(seconds[1:] or seconds)
     return {"MB": peak, "s": round(median, 4), "first s": round(seconds[0], 4)}
 
 
 def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
+    return spawn(__file__, name, n, hand, train, rounds) | {"device": "cpu"}
+
+
+def spawn(script: str, name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
+    """`script --probe ...` in a fresh process (glibc mapping each block over 128 kB on its
+    own, one thread): its record, with the machine's load average at its end."""
     flags = [name, str(n), "hand" if hand else "spec", "train" if train else "forward"]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, __file__, "--probe", *flags, str(rounds)],
+        [sys.executable, script, "--probe", *flags, str(rounds)],
         stdout=subprocess.PIPE,
         check=True,
         env=env,
         text=True,
     )
     keys = ("name", "n", "who", "mode")
-    got = {**dict(zip(keys, [name, n, *flags[2:]])), "device": "cpu", "rounds": rounds}
+    got = {**dict(zip(keys, [name, n, *flags[2:]])), "rounds": rounds}
     got["load"] = [round(x, 1) for x in os.getloadavg()]
     return {**got, **json.loads(done.stdout)}
 

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from spec_memory import growth, inputs  # noqa: E402
+from scaling import spawn, timed  # noqa: E402
+from spec_memory import inputs  # noqa: E402
 
 SPECS = ("rope_softcap_doc", "gqa_alibi_window_sinks")
 SIZES = {
@@ -56,36 +54,15 @@ def probe(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
         if train:
             y.square().mean().backward()
 
-    for p in params.values():
-        p.requires_grad_(train)
-    with torch.set_grad_enabled(train):
-        run(inputs(spec, 16, SIZES[name]))
-        x = inputs(spec, n, SIZES[name])
-        start = time.perf_counter()
-        peak = growth(lambda: run(x))
-        seconds = [time.perf_counter() - start]
-        for _ in range(rounds):
-            start = time.perf_counter()
-            run(x)
-            seconds.append(time.perf_counter() - start)
-    median = statistics.median(seconds[1:] or seconds)
-    return {"MB": peak, "s": round(median, 4), "first s": round(seconds[0], 4)}
+    make = lambda n: inputs(spec, n, SIZES[name])  # noqa: E731
+    return timed(run, make, n, train, rounds, params.values(), time.process_time)
 
 
 def measure(name: str, n: int, hand: bool, train: bool, rounds: int) -> dict:
-    flags = [name, str(n), "hand" if hand else "spec", "train" if train else "forward"]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, __file__, "--probe", *flags, str(rounds)],
-        stdout=subprocess.PIPE,
-        check=True,
-        env=env,
-        text=True,
-    )
-    record = dict(zip(("name", "n", "who", "mode"), [name, n, *flags[2:]]))
-    record |= {"device": "cpu, one thread", "rounds": rounds}
-    record["load"] = [round(x, 1) for x in os.getloadavg()]
-    return record | json.loads(done.stdout)
+    return spawn(__file__, name, n, hand, train, rounds) | {
+        "device": "cpu, one thread",
+        "clock": "CPU time of the process (time.process_time): the machine is shared",
+    }
 
 
 def keep(record: dict) -> None:

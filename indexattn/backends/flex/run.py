@@ -1,8 +1,9 @@
 """What a module generated with backend="flex" calls: FlexAttention on (…, heads, sequence,
-width) tensors, compiled once per shape family (torch.compile's automatic dynamic sizes: the
-second length recompiles once with sizes symbolic, none after; not `dynamic=True`, which makes
-float scalars graph inputs that inductor's CPU lowering of flex_attention cannot take), and the
-block mask of a call, made once per shape where it reads positions alone."""
+width) tensors, compiled once per shape family on a GPU (torch.compile's automatic dynamic
+sizes: the second length recompiles once with sizes symbolic, none after; not `dynamic=True`,
+which makes float scalars graph inputs that inductor's CPU lowering of flex_attention cannot
+take), once per shape on a CPU (its flex kernel fails to build with symbolic sizes), and the
+block mask of a call, made once per shape and inputs it reads."""
 
 from __future__ import annotations
 
@@ -14,17 +15,21 @@ from . import masks
 
 COMPILE = True  # False: flex_attention's eager path (every score: for tests at small sizes)
 BLOCK = 128  # queries and keys per block of the block mask
-_MASKS: dict = {}  # block masks of positions, by shape (the newest MAX_MASKS)
+_MASKS: dict = {}  # block masks, with the inputs they read, by shape (the newest MAX_MASKS)
 MAX_MASKS = 8
+RECOMPILES = 64  # kernels of flex_attention kept on a CPU (shapes × score_mods)
 
 
 @functools.cache
-def _compiled():
+def _compiled(static: bool):
+    """flex_attention compiled; `static`: a recompile per shape (inductor's CPU flex kernel
+    does not build with symbolic sizes: `cur_qSplitSize` undeclared at the second length)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(
-        flex_attention
-    )  # sizes go dynamic at the second length: no recompile after
+    if static:  # a kernel per shape and per score_mod: more than dynamo's 8 before eager
+        limits = torch._dynamo.config
+        limits.recompile_limit = max(limits.recompile_limit, RECOMPILES)
+    return torch.compile(flex_attention, dynamic=False if static else None)
 
 
 def attention(
@@ -59,7 +64,7 @@ def attention(
 
     lead = q.shape[:-3]
     q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))
-    call = _compiled() if COMPILE else flex_attention
+    call = _compiled(q.device.type == "cpu") if COMPILE else flex_attention
     out = call(
         q4, k4, v4, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
     )
@@ -72,22 +77,25 @@ def flat(x: torch.Tensor, own: int) -> torch.Tensor:
 
 
 def block_mask(mask_mod, box, stats=(), *, batch, heads, n_q, n_kv, device):
-    """The call's BlockMask (masks.build); one of positions alone (no `stats`, no tensor
-    bound) made once per shape and kept."""
+    """The call's BlockMask (masks.build), kept by shape and by the values of the tensors it
+    reads (a copy of each, O(N) integers, compared at the next call): made once per shape for a
+    mask of positions, once per batch of document ids shared by a model's layers."""
     bound = getattr(mask_mod, "keywords", {})
-    key = None
-    if not stats and not any(isinstance(x, torch.Tensor) for x in bound.values()):
-        key = (
-            getattr(mask_mod, "func", mask_mod),
-            tuple(sorted(bound.items())),
-            batch,
-            heads,
-            n_q,
-            n_kv,
-            str(device),
-        )
-        if key in _MASKS:
-            return _MASKS[key]
+    reads = [x for _, x in sorted(bound.items()) if isinstance(x, torch.Tensor)]
+    reads += [st[3] for st in stats]
+    key = (
+        getattr(mask_mod, "func", mask_mod),
+        tuple((k, x) for k, x in sorted(bound.items()) if not isinstance(x, torch.Tensor)),
+        tuple((x.shape, x.dtype) for x in reads),
+        batch,
+        heads,
+        n_q,
+        n_kv,
+        str(device),
+    )
+    kept = _MASKS.get(key)
+    if kept is not None and all(torch.equal(a, b) for a, b in zip(kept[0], reads)):
+        return kept[1]
     with torch.no_grad():
         made = masks.build(
             mask_mod,
@@ -100,10 +108,10 @@ def block_mask(mask_mod, box, stats=(), *, batch, heads, n_q, n_kv, device):
             block=BLOCK,
             device=device,
         )
-    if key is not None:
-        while len(_MASKS) >= MAX_MASKS:
-            _MASKS.pop(next(iter(_MASKS)))
-        _MASKS[key] = made
+    _MASKS.pop(key, None)
+    while len(_MASKS) >= MAX_MASKS:
+        _MASKS.pop(next(iter(_MASKS)))
+    _MASKS[key] = (tuple(x.detach().clone() for x in reads), made)
     return made
 
 

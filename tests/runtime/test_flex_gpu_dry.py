@@ -1,0 +1,51 @@
+"""benchmarks/on_a_gpu.sh's flex part, dry on a CPU (`--device cpu`: N = 64, eager
+flex_attention): every spec asked for timed through backend="flex" and "blocks", and the three
+cores of benchmarks/flex.py against hand-written flex_attention."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dry(specs: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "DRY_SPECS": specs}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    script = ROOT / "benchmarks" / "on_a_gpu.sh"
+    return subprocess.run(
+        ["bash", str(script), "--device", "cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_the_dry_run_times_each_spec_and_core(tmp_path):
+    done = _dry("doc_mask,softcap_core", tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "flex.jsonl").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    timed = {(r["spec"], r["backend"]) for r in rows if "spec" in r and r["forward_ms"] > 0}
+    assert timed == {(s, b) for s in ("doc_mask", "softcap_core") for b in ("flex", "blocks")}
+    cores = {r["core"]: r["forward_ms"] for r in rows if "core" in r}
+    assert set(cores) == {"doc+causal", "causal+cap", "doc+cap+bias"}
+    assert all(len(times) == 3 and min(times.values()) > 0 for times in cores.values())
+
+
+@pytest.mark.slow
+def test_the_dry_run_fails_on_a_spec_it_cannot_time(tmp_path):
+    """Twin: a spec that does not exist makes the dry run fail, not pass silently."""
+    assert _dry("no_such_spec", tmp_path).returncode != 0
