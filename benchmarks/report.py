@@ -180,11 +180,11 @@ def gpu_cell(r: dict) -> str:
 
 
 def flex_cpu(data: dict) -> str:
-    lines = head("core, N = 1024", "hand-written flex ms", '`backend="flex"`', "`auto`")
+    lines = head("core", "N", "hand-written flex ms", '`backend="flex"`', "`auto`")
     for c in (c for c in data["cores"] if "ms" in c):  # an N that failed keeps its error only
         hand = c["ms"]["flex (hand-written)"]
         ratios = [f"{c['ratio'][k]:.2f}×" for k in ('backend="flex"', "auto")]
-        lines.append(row(c["case"], f"{hand:.0f}", *ratios))
+        lines.append(row(c["case"], c["N"], f"{hand:.1f}", *ratios))
     return "\n".join(lines)
 
 
