@@ -793,7 +793,9 @@ def sent_table(
         f"and {once:,} per step ({_bytes(once * 4)})"
     )
     if ring:
-        lines += work_lines(spec, plan, sizes, ranks)
+        from .tiles import plan_lines  # compiles each pass's tile spec
+
+        lines += work_lines(spec, plan, sizes, ranks) + plan_lines(spec, plan)
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ import sympy
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
-from .sequence import RingPass, SequencePlan, pair
+from .sequence import RingPass, SequencePlan, pair, ring_passes
 
 OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
 SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
@@ -209,6 +209,23 @@ def _lse(over, body: str) -> str:
 
 def _glyphs(indices) -> str:
     return "".join(i.glyph for i in indices)
+
+
+def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
+    """How the ring evaluates each pass's tile pairs: the compiled tile spec, or the literal
+    interpreter and why (slow: its tile pairs are counted as any others)."""
+    lines = ["Tile pairs of each ring pass (indexattn/parallel/tiles.py)"]
+    for name, passes in ring_passes(spec, plan).items():
+        for each in passes:
+            found = core(spec, plan, each)
+            what = (
+                "compiled tile spec, merged by "
+                + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
+                if isinstance(found, TileCore)
+                else f"literal interpreter, slow ({found})"
+            )
+            lines.append(f"  {name} over {', '.join(each.travels)}: {what}")
+    return lines
 
 
 @functools.lru_cache(maxsize=64)
