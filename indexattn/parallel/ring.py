@@ -2,13 +2,15 @@
 blocks travel between ranks by P2P, and every reduction over a key index merges as the
 sequence plan says (indexattn/parallel/sequence.py).
 
-The equations are run by the literal interpreter (indexattn/oracle) on blocks: a tensor along
-one sequence index is held for this rank's positions; a tensor along the query index and a key
-index (scores, weights) is never held whole, only for one pair of tiles at a time; an equation
-that reduces one over a key index is computed tile pair by tile pair and merged: a softmax by
-its log-sum-exp (online, or with the row statistics of an earlier pass), sums added, maxima
-compared. A cumsum along the sequence adds the totals of the chunks before (an exclusive scan
-across ranks). Index variables read the global positions of each tile, so masks, rotary
+The equations outside the tile pairs (projections, the output's) are run by the literal
+interpreter (indexattn/oracle) on this rank's blocks; a tensor along the query index and a key
+index (scores, weights) is never held whole, only for one pair of tiles at a time: each ring
+pass's tile pairs run through the pass's compiled tile spec (tiles.py: the spec's own pair
+equations compiled, at the tiles' global positions), which returns the pass's targets and the
+tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
+compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
+and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
+sequence adds the totals of the chunks before (an exclusive scan across ranks). Index variables read the global positions of each tile, so masks, rotary
 angles and ALiBi distances are those of one process. A tile pair that a mask hides entirely
 (read off the mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed,
 and a rank whose queries need nothing of another's keys receives nothing from it. The passes
