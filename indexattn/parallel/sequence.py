@@ -793,9 +793,7 @@ def sent_table(
         f"and {once:,} per step ({_bytes(once * 4)})"
     )
     if ring:
-        from .tiles import plan_lines  # compiles each pass's tile spec
-
-        lines += work_lines(spec, plan, sizes, ranks) + plan_lines(spec, plan)
+        lines += work_lines(spec, plan, sizes, ranks)
     return "\n".join(lines) + "\n"
 
 
