@@ -10,13 +10,14 @@ equations compiled, at the tiles' global positions), which returns the pass's ta
 tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
 compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
-sequence adds the totals of the chunks before (an exclusive scan across ranks). Index variables read the global positions of each tile, so masks, rotary
-angles and ALiBi distances are those of one process. A tile pair that a mask hides entirely
-(read off the mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed,
-and a rank whose queries need nothing of another's keys receives nothing from it. The passes
-over the keys are read off the notation once (sequence.ring_passes), and the count reads the
-same. In low precision, tables are built in float32 or wider and tile pairs accumulate in
-float32, as one process's kernels do.
+sequence adds the totals of the chunks before (an exclusive scan across ranks). Index
+variables read the global positions of each tile, so masks, rotary angles and ALiBi
+distances are those of one process. A tile pair that a mask hides entirely (read off the
+mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed, and a rank
+whose queries need nothing of another's keys receives nothing from it. The passes over the
+keys are read off the notation once (sequence.ring_passes), and the count reads the same. In
+low precision, tables are built in float32 or wider and tile pairs accumulate in float32, as
+one process's kernels do.
 
 Imported only when used (`import indexattn.distributed`): it imports torch.distributed.
 """
