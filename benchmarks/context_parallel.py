@@ -7,10 +7,11 @@ over one process's), and the elements sent against the symbolic count.
     .venv/bin/python benchmarks/context_parallel.py --strategy ring --tile 1024 --worlds 2,4 \\
         --specs mha,softcap_window,doc_mask,attention_sinks --sizes 32768 --rounds 1
 
-The ring runs the literal interpreter on tiles of `--tile` positions (zig-zag chunks, tile
-pairs that a mask hides skipped, each tile pair recomputed in the backward); its elements sent
-are the P2P blocks (keys, values and their gradients), counted as they are posted and by
-indexattn.sequence.ring_sent.
+The ring runs each tile pair of `--tile` positions through its pass's compiled tile spec
+(indexattn/parallel/tiles.py; the projections outside the tile pairs on the interpreter;
+zig-zag chunks, tile pairs that a mask hides skipped, each tile pair recomputed in the
+backward); its elements sent are the P2P blocks (keys, values and their gradients), counted
+as they are posted and by indexattn.sequence.ring_sent.
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
 query head), float32, one thread per process, with its shipped scalars (softcap_window's

@@ -568,6 +568,10 @@ def run_count(args: argparse.Namespace) -> int:
         plan = sequence_plan(spec, args.over, tuple(args.keys))
         strategy = "ring" if args.ring else "ulysses"
         sys.stdout.write("\n" + sent_table(spec, plan, report.sizes, args.context, strategy))
+        if args.ring:  # how each pass's tile pairs run: its tile spec compiled, or why not
+            from .parallel.tiles import plan_lines
+
+            sys.stdout.write("\n".join(plan_lines(spec, plan)) + "\n")
     return 0
 
 

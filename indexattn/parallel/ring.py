@@ -2,19 +2,22 @@
 blocks travel between ranks by P2P, and every reduction over a key index merges as the
 sequence plan says (indexattn/parallel/sequence.py).
 
-The equations are run by the literal interpreter (indexattn/oracle) on blocks: a tensor along
-one sequence index is held for this rank's positions; a tensor along the query index and a key
-index (scores, weights) is never held whole, only for one pair of tiles at a time; an equation
-that reduces one over a key index is computed tile pair by tile pair and merged: a softmax by
-its log-sum-exp (online, or with the row statistics of an earlier pass), sums added, maxima
-compared. A cumsum along the sequence adds the totals of the chunks before (an exclusive scan
-across ranks). Index variables read the global positions of each tile, so masks, rotary
-angles and ALiBi distances are those of one process. A tile pair that a mask hides entirely
-(read off the mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed,
-and a rank whose queries need nothing of another's keys receives nothing from it. The passes
-over the keys are read off the notation once (sequence.ring_passes), and the count reads the
-same. In low precision, tables are built in float32 or wider and tile pairs accumulate in
-float32, as one process's kernels do.
+The equations outside the tile pairs (projections, the output's) are run by the literal
+interpreter (indexattn/oracle) on this rank's blocks; a tensor along the query index and a key
+index (scores, weights) is never held whole, only for one pair of tiles at a time: each ring
+pass's tile pairs run through the pass's compiled tile spec (tiles.py: the spec's own pair
+equations compiled, at the tiles' global positions), which returns the pass's targets and the
+tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
+compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
+and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
+sequence adds the totals of the chunks before (an exclusive scan across ranks). Index
+variables read the global positions of each tile, so masks, rotary angles and ALiBi
+distances are those of one process. A tile pair that a mask hides entirely (read off the
+mask's condition, bounded on the tile's box: sequence.BlockMap) is not computed, and a rank
+whose queries need nothing of another's keys receives nothing from it. The passes over the
+keys are read off the notation once (sequence.ring_passes), and the count reads the same. In
+low precision, tables are built in float32 or wider and tile pairs accumulate in float32, as
+one process's kernels do.
 
 Imported only when used (`import indexattn.distributed`): it imports torch.distributed.
 """
@@ -46,6 +49,7 @@ from .sequence import (
     ring_work,
 )
 from .sequence import pair as _is_pair
+from .tiles import FLOOR, TileCore, core
 
 INF = float("inf")
 # differentiable all-gather along a new leading axis (renamed in torch 2.13)
@@ -78,6 +82,11 @@ def lse(x: torch.Tensor, dims) -> torch.Tensor:
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == -INF, torch.zeros_like(x), x)
+
+
+def _empty(x: torch.Tensor) -> torch.Tensor:
+    """A compiled tile's log-sum-exp merged: -inf where no key was seen (tiles.FLOOR)."""
+    return torch.where(x < -FLOOR / 10, -INF, x)
 
 
 def merge_lse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -386,6 +395,8 @@ class _Ring(Interpreter):
         targets, online, names = list(each.targets), each.online, list(each.travels)
         mine = [held[n][0] for n in names]
         keys = next(iter(self.keys))
+        tile = core(self.spec, self.plan, each)
+        online = tile.online if isinstance(tile, TileCore) else online
         merged: dict = {}
         steps = [None, _Step(self, 1, names, mine)] if self.world > 1 else [None]
         for s in range(self.world):
@@ -404,11 +415,17 @@ class _Ring(Interpreter):
                     if self.hides(q, k):
                         continue
                     self.counts["work"] += q.length * k.length
-                    pair = functools.partial(self.pair, targets, online, q, k, visiting, held)
+                    pair = (
+                        functools.partial(self.compiled, tile, q, k, visiting, held)
+                        if isinstance(tile, TileCore)
+                        else functools.partial(self.pair, targets, online, q, k, visiting, held)
+                    )
                     parts = checkpoint(pair, use_reentrant=False)
                     self.merge(merged, q, targets, online, parts)
         for n, target in enumerate(targets):
             value, free = self.finish(n, target, merged)
+            if isinstance(tile, TileCore) and getattr(target, "fn", None) == "logsumexp":
+                value = _empty(value)
             self.memo[id(target)] = (value.to(self.dtype), free)
             if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
                 self.stats[target.body] = (value, free)  # as merged: float32 or wider
@@ -427,6 +444,34 @@ class _Ring(Interpreter):
         finally:
             self.rows, self.pairing, self.online = saved, None, None
             self.working, self.reading_data = self.dtype, False
+
+    def compiled(self, tile: TileCore, q: Tile, k: Tile, visiting, held) -> tuple:
+        """One tile pair through the pass's compiled tile spec (tiles.py): its targets and,
+        merged online, its log-sum-exp, aligned as the targets are."""
+        given = {}
+        for read in tile.reads.values():
+            tensor = visiting[read.name] if read.side == "k" else held[read.name][0]
+            if read.side:
+                cut = q if read.side == "q" else k
+                axis = next(n for n, i in enumerate(read.tensor.indices) if i in self.sequence)
+                axis += tensor.dim() - len(read.tensor.indices)
+                tensor = tensor.narrow(axis, cut.offset, cut.length)
+            if tensor.is_floating_point() and read.name not in self.tables:
+                tensor = tensor.to(self.wide)
+            given[read.tensor.ascii] = tensor
+        out = tile.compiled(
+            **given,
+            **tile.given(self.sizes, self.scalars, q.start, k.start),
+            training=self.training,
+        )
+        out = out if isinstance(out, tuple) else (out,)
+        if tile.online is None:
+            return out
+        *values, lse_tile = out
+        for n, index in enumerate(tile.targets[0].free):  # the targets' axes (a subset, in order)
+            if index not in tile.lse_free:
+                lse_tile = lse_tile.unsqueeze(n - len(tile.targets[0].free))
+        return (*values, lse_tile)
 
     def merge(self, merged: dict, q: Tile, targets, online, parts: tuple) -> None:
         for n, target in enumerate(targets):

@@ -1,0 +1,237 @@
+"""A ring pass's tile pair as a spec of its own, compiled: the spec's compiled core (the
+blocked path on a CPU) on one query tile and one key tile at their global positions.
+
+The tile spec is printed from the IR (indexattn.ir.printer): the query index ranges over the
+tile's queries, every key index over the tile's keys; the tensors the pass reads along one
+sequence index (keys and values, the query side, a row statistic) and the whole ones (a sink's
+logit) are its inputs, each read at the key index its own input; the equations along both the
+query and a key index (scores, masks, weights) are the spec's own; index variables read as
+numbers are shifted by two scalars, the tiles' first global positions, so that masks and
+positions are those of one process. Its outputs are the pass's targets on the tile pair and,
+for a softmax merged online, the tile's log-sum-exp of its scores: what the ring merges.
+A pass this form cannot take (a reduction other than a sum, log-sum-exp, max or min; a
+softmax read non-linearly; a position computed from a tensor) has no core: the ring names it
+in `plan_lines` and runs it through the literal interpreter (ring.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import sympy
+
+from .. import ir
+from ..errors import SpecError
+from ..ir.printer import field, text
+from .sequence import RingPass, SequencePlan, pair, ring_passes
+
+OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
+SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
+LSE_OUT = "ring_lse"
+FLOOR = 1e30  # below any score, above float32's least: exp(-FLOOR - x) is 0
+MERGED = ("sum", "logsumexp", "max", "min")
+
+
+class Refused(Exception):
+    """Why a ring pass has no compiled tile core."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One input of the tile spec: the ring's tensor `name`, cut to the query tile ("q"), to
+    the key tile ("k") or passed whole (""), declared unfused as `tensor`."""
+
+    name: str
+    side: str
+    tensor: ir.Tensor
+
+
+class TileCore:
+    """The compiled tile spec of one ring pass, and how the ring calls it."""
+
+    def __init__(self, spec: ir.Spec, plan: SequencePlan, each: RingPass) -> None:
+        from ..runtime.compiled import compile_spec
+
+        glyphs = {i.glyph: i for i in spec.indices}
+        self.spec, self.query = spec, glyphs[plan.over]
+        self.keys = {glyphs[g] for g in plan.indices} - {self.query}
+        self.pairs = {
+            eq.tensor.name: eq for eq in spec.equations if pair(eq.indices, self.query, self.keys)
+        }
+        self.reads: dict[tuple, Read] = {}
+        self.shift = {self.query.symbol: self.query.symbol + sympy.Symbol(OFFSETS[0])}
+        self.shift.update({k.symbol: k.symbol + sympy.Symbol(OFFSETS[1]) for k in self.keys})
+        self.targets = each.targets
+        self.online = self._online(each)
+        self.text = self._text()
+        self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
+
+    # what the pass reads
+
+    def _chain(self) -> list[ir.Equation]:
+        """The pair equations the targets read, in the spec's order."""
+        seen, stack = set(), list(self.targets)
+        while stack:
+            for r in ir.refs(stack.pop()):
+                if r.tensor.name in self.pairs and r.tensor.name not in seen:
+                    seen.add(r.tensor.name)
+                    stack.append(self.pairs[r.tensor.name].rhs)
+        return [eq for eq in self.spec.equations if eq.tensor.name in seen]
+
+    def _online(self, each: RingPass) -> ir.Reduce | None:
+        """The softmax merged online: the schedule's, or the one softmax a single target reads
+        linearly whose statistics an earlier pass found (merged online all the same)."""
+        for target in self.targets:
+            if isinstance(target, ir.Reduce) and target.fn not in MERGED:
+                raise Refused(f"{target.fn} over a key index merges only in the interpreter")
+        found = [
+            n
+            for eq in self._chain()
+            for n in ir.walk(eq.rhs)
+            if isinstance(n, ir.Reduce) and n.fn == "softmax" and set(n.over) & self.keys
+        ]
+        found += [
+            n
+            for t in self.targets
+            for n in ir.walk(t)
+            if isinstance(n, ir.Reduce) and n.fn == "softmax"
+        ]
+        found = list(dict.fromkeys(found))
+        if not found:
+            return None
+        if each.online is not None:
+            return each.online
+        from .sequence import _Schedule
+
+        linear = _Schedule.linear
+        if len(self.targets) == 1 and len(found) == 1:
+            schedule = _Schedule.__new__(_Schedule)
+            schedule.pairs = self.pairs
+            if linear(schedule, self.targets[0], found[0]):
+                return found[0]
+        raise Refused("a softmax over the keys read other than linearly by one target")
+
+    # the tile spec's text
+
+    def _text(self) -> str:
+        equations = [
+            f"{eq.tensor.name}_<{_glyphs(eq.indices)}> = {text(self._node(eq.rhs))}"
+            for eq in self._chain()
+        ]
+        outputs = []
+        for n, target in enumerate(self.targets):
+            outputs.append(f"ring_out{n}")
+            value = (
+                _lse(target.over, text(self._node(target.body)))
+                if isinstance(target, ir.Reduce) and target.fn == "logsumexp"
+                else text(self._node(target))
+            )
+            equations.append(f"ring_out{n}_<{_glyphs(target.free)}> = {value}")
+        if self.online is not None:
+            rest = [i for i in self.targets[0].free if i in self.online.body.free]
+            rest = [i for i in rest if i not in self.online.over]
+            body = text(self._node(self.online.body))
+            equations.append(f"{LSE_OUT}_<{_glyphs(rest)}> = {_lse(self.online.over, body)}")
+            outputs.append(LSE_OUT)
+            self.lse_free = tuple(rest)
+        lines = [self._index(i) for i in self.spec.indices]
+        for read in self.reads.values():
+            kind = " : int" if read.tensor.dtype == "int" else ""
+            lines.append(f"input {read.tensor!r}{kind}")
+        lines += [f"scalar {s.name} = {s.value!r}" for s in self.spec.scalars]
+        lines += [f"scalar {name} = 0" for name in OFFSETS]
+        return "\n".join([*lines, *equations, "output " + ", ".join(outputs)]) + "\n"
+
+    def _index(self, index: ir.Index) -> str:
+        if index == self.query:
+            return f"index {index.glyph} : {SIZES[0]}"
+        if index in self.keys:
+            return f"index {index.glyph} : {SIZES[1]}"
+        return f"index {index.glyph} : {field(index.size)}"
+
+    def _node(self, node: ir.Node) -> ir.Node:
+        """The node with its index variables at global positions and its tensors' reads the
+        tile spec's inputs."""
+        if isinstance(node, ir.Field):
+            return dataclasses.replace(node, expr=node.expr.subs(self.shift, simultaneous=True))
+        if isinstance(node, ir.Ref):
+            return self._ref(node)
+        inner = tuple(self._node(c) for c in ir.children(node))
+        if isinstance(node, ir.Product):
+            return dataclasses.replace(node, factors=inner)
+        if isinstance(node, ir.Sum):
+            return dataclasses.replace(node, terms=inner)
+        if isinstance(node, ir.Apply):
+            return dataclasses.replace(node, args=inner)
+        if isinstance(node, ir.Reduce):
+            return dataclasses.replace(node, body=inner[0])
+        raise Refused(f"a {type(node).__name__.lower()} in a tile pair")
+
+    def _ref(self, node: ir.Ref) -> ir.Ref:
+        t = node.tensor
+        if t.name in self.pairs:
+            return node
+        items = tuple(i for axis in node.axes for i in axis)
+        if not all(isinstance(i, ir.Index) for i in items):
+            raise Refused(f"{t.name} read at a literal or computed position")
+        sides = {"q" if i == self.query else "k" for i in items if i in self.keys | {self.query}}
+        if len(sides) > 1:
+            raise Refused(f"{t.name} read along the query and a key index at once")
+        side = next(iter(sides), "")
+        key = (t.name, items)
+        if key not in self.reads:
+            name = f"{t.ascii}_ring{len(self.reads)}"
+            layout = tuple((i,) for i in items)
+            declared = ir.Tensor(name, name, "input", layout, t.batched, dtype=t.dtype)
+            self.reads[key] = Read(t.name, side, declared)
+        declared = self.reads[key].tensor
+        return dataclasses.replace(node, tensor=declared, axes=declared.layout)
+
+    def given(self, sizes: dict, scalars: dict, q0: int, k0: int) -> dict:
+        """The tile spec's sizes and scalars for one call (by ASCII name): the spec's, and the
+        tiles' first global positions."""
+        found = {
+            self.spec.size_ascii(i.size): int(i.size.subs(sizes))
+            for i in self.spec.indices
+            if i != self.query and i not in self.keys and isinstance(i.size, sympy.Symbol)
+        }
+        found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
+        return {**found, OFFSETS[0]: q0, OFFSETS[1]: k0}
+
+
+def _lse(over, body: str) -> str:
+    """A tile's log-sum-exp, its scores floored at -FLOOR: a row of the tile that sees no key
+    has a finite one, whose gradient is 0 (torch.logsumexp's is NaN at a row of -inf); the
+    ring reads a merged value below -FLOOR / 10 as -inf (ring.py, `_empty`)."""
+    return f"logsumexp_<{_glyphs(over)}>(max({body}, -{FLOOR:g}))"
+
+
+def _glyphs(indices) -> str:
+    return "".join(i.glyph for i in indices)
+
+
+def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
+    """How the ring evaluates each pass's tile pairs: the compiled tile spec, or the literal
+    interpreter and why (slow: its tile pairs are counted as any others)."""
+    lines = ["Tile pairs of each ring pass (indexattn/parallel/tiles.py)"]
+    for name, passes in ring_passes(spec, plan).items():
+        for each in passes:
+            found = core(spec, plan, each)
+            what = (
+                "compiled tile spec, merged by "
+                + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
+                if isinstance(found, TileCore)
+                else f"literal interpreter, slow ({found})"
+            )
+            lines.append(f"  {name} over {', '.join(each.travels)}: {what}")
+    return lines
+
+
+@functools.lru_cache(maxsize=64)
+def core(spec: ir.Spec, plan: SequencePlan, each: RingPass) -> TileCore | str:
+    """The pass's compiled tile core, made once; or why it has none."""
+    try:
+        return TileCore(spec, plan, each)
+    except (Refused, SpecError) as why:
+        return str(why).splitlines()[0]

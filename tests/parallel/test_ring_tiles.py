@@ -1,0 +1,136 @@
+"""The ring's tile pairs through each pass's compiled tile spec (indexattn/parallel/tiles.py),
+in one process: ring.forward on one rank with tiles of 2 positions merges many tile pairs by
+their row statistics, and must equal the spec's compiled one-process call, values and
+gradients, in float64. The launches on 2 and 4 ranks (test_context_parallel.py, slow tier)
+run the same cores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import indexattn
+from indexattn.parallel import ring, tiles
+from indexattn.parallel.sequence import ZIGZAG
+
+EXACT, MOVED = 1e-12, 1e-6
+N = 12  # zig-zag chunks of 6 on one rank, tiles of 2: 36 tile pairs, some all hidden
+
+UNSEEN = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+param Wq_<(μa)i>
+param Wk_<(μa)i>
+param Wv_<(μa)i>
+param g_<μ>
+scalar m = 0.3
+scalar w = 5
+Q_<μτa> = Wq_<(μa)i> X_<τi>
+K_<μτa> = Wk_<(μa)i> X_<τi>
+V_<μτa> = Wv_<(μa)i> X_<τi>
+M_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, -m (τ - τ'))
+S_<μττ'> = 2 tanh(Q_<μτa> K_<μτ'a> / 2) + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>) sigmoid(g_<μ>)
+O_<μτa> = A_<μττ'> V_<μτ'a>
+P_<μτ> = max_<τ'>(S_<μττ'>)
+Y_<τμa> = O_<μτa> + P_<μτ>
+output Y
+"""  # ALiBi-like distances beside a window, a soft cap, a gate per head, a max over the keys
+
+MEAN = UNSEEN.replace("P_<μτ> = max_<τ'>(S", "P_<μτ> = mean_<τ'>(A")  # the interpreter's
+
+SPECS = {
+    "mha": ("mha", {"d_m": 8, "h": 2, "d_k": 3}),
+    "softcap_window": (
+        "softcap_window",
+        {"d_m": 8, "h": 2, "d_k": 3, "c": 1.0, "w": 3, "query_pre_attn_scalar": 3},
+    ),
+    "doc_mask": ("doc_mask", {"d_m": 8, "h": 2, "d_k": 3}),
+    "attention_sinks": ("attention_sinks", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "w": 3}),
+    "unseen": (UNSEEN, {"d_m": 8, "h": 2, "d_k": 3}),
+    "mean": (MEAN, {"d_m": 8, "h": 2, "d_k": 3}),
+}
+
+
+def _module(name: str):
+    source, sizes = SPECS[name]
+    spec = indexattn.compile_spec(source, name=None if source == name else name)
+    torch.manual_seed(0)
+    layer = spec.module(**sizes).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.5)
+    return spec, layer
+
+
+def _inputs(spec) -> dict:
+    torch.manual_seed(1)
+    xs = {"X": torch.randn(2, N, 8, dtype=torch.float64, requires_grad=True)}
+    if "D" in spec.arguments:  # documents straddling the zig-zag chunks
+        xs["D"] = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [0] * 2 + [1] * 10])
+    return xs
+
+
+def _ring(spec, layer, xs: dict) -> torch.Tensor:
+    """This one rank's ring over zig-zag chunks, in the layout's order: positions 0 … 5, then
+    6 … 11 (ZIGZAG at one rank is the whole sequence, in order)."""
+    arguments = {**xs, **dict(layer.named_parameters())}
+    setup = {
+        "group": None,
+        "rank": 0,
+        "world": 1,
+        "layout": ZIGZAG,
+        "tile": 2,
+        "sizes": layer.sizes,
+        "scalars": dict(layer.scalars),
+        "training": False,
+    }
+    return ring.forward(spec.ir, spec.sequence_plan("τ"), arguments, setup)[0][0]
+
+
+def _gaps(name: str) -> dict:
+    spec, layer = _module(name)
+    xs = _inputs(spec)
+    one = layer(**xs)
+    grads = torch.autograd.grad(one.sum(), [xs["X"], *layer.parameters()])
+    split = _ring(spec, layer, xs)
+    split_grads = torch.autograd.grad(split.sum(), [xs["X"], *layer.parameters()])
+    return {
+        "out": (split - one).abs().max().item(),
+        "grad": max((a - b).abs().max().item() for a, b in zip(split_grads, grads)),
+    }
+
+
+@pytest.mark.parametrize("name", [*SPECS])
+def test_tile_pairs_merged_equal_one_process(name):
+    gaps = _gaps(name)
+    assert gaps["out"] < EXACT and gaps["grad"] < EXACT, gaps
+
+
+@pytest.mark.parametrize("name", ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen"])
+def test_twin_a_key_tile_at_the_wrong_global_position_is_seen(name, monkeypatch):
+    given = tiles.TileCore.given
+
+    def shifted(self, sizes, scalars, q0, k0):  # every key tile one position late
+        return given(self, sizes, scalars, q0, k0 + 1)
+
+    monkeypatch.setattr(tiles.TileCore, "given", shifted)
+    gaps = _gaps(name)
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
+
+
+@pytest.mark.parametrize("name", ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen"])
+def test_every_pass_of_the_four_and_an_unseen_spec_is_compiled(name):
+    spec, _ = _module(name)
+    lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
+    assert len(lines) > 1 and all("compiled tile spec" in line for line in lines[1:]), lines
+
+
+def test_a_pass_the_tile_spec_cannot_take_is_named_in_the_plan():
+    spec, _ = _module("mean")
+    lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
+    assert any("literal interpreter, slow (mean over a key index" in line for line in lines)
+    assert any("compiled tile spec" in line for line in lines), lines  # O's pass is compiled
