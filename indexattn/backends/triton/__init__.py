@@ -46,10 +46,18 @@ def run(spec, /, **kwargs):
 
 
 def _checked(spec):
-    from ...ir import Spec
+    """A checked `ir.Spec` from one, a shipped spec's name, a path or a spec's text: read here,
+    not through runtime/ (which imports the planner, which imports the backends)."""
+    import os
+    from pathlib import Path
 
-    if isinstance(spec, Spec):
+    from ... import catalog, ir
+
+    if isinstance(spec, ir.Spec):
         return spec
-    from ...runtime.compiled import compile_spec
-
-    return compile_spec(spec).ir
+    if isinstance(spec, str) and catalog.looks_like_a_name(spec):
+        spec = catalog.shipped(spec)
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and spec.endswith(".attn")):
+        path = Path(spec)
+        return ir.check(path.read_text(encoding="utf-8"), path.stem, str(path))
+    return ir.check(spec, "spec", "<spec>")
