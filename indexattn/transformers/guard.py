@@ -119,10 +119,12 @@ def refuse_weightless(model, requested: str) -> None:
     when it is built, not at its first forward."""
     from transformers import AttentionInterface
 
+    if not getattr(model.config, "output_attentions", False):
+        return
     function = AttentionInterface._global_mapping.get(requested)
     cores = getattr(function, "cores", [function])
     weightless = [c.name for c in cores if getattr(c, "spec", None) and c.spec.plain.outputs < 2]
-    if getattr(model.config, "output_attentions", False) and weightless:
+    if weightless:
         raise NotImplementedError(
             f"{type(model).__name__} is configured with output_attentions=True, and attention"
             f" spec {weightless[0]!r} outputs no weights: register a core spec that outputs"
