@@ -301,31 +301,6 @@ def test_compiled_flex_forward_is_the_literal_reading(monkeypatch):
         assert found.ok, found.error
 
 
-@pytest.mark.slow
-def test_the_gpu_script_dry_run_passes(tmp_path):
-    """benchmarks/on_a_gpu.sh --device cpu: the flex benchmark at a tiny length, no card."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = os.environ | {"PYTHON": sys.executable, "OUT": str(tmp_path), "DRY_SPECS": "doc_mask"}
-    done = subprocess.run(
-        ["bash", "benchmarks/on_a_gpu.sh", "--device", "cpu"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = [json.loads(line) for line in (tmp_path / "flex.jsonl").read_text().splitlines()]
-    assert {r.get("backend") for r in rows if "spec" in r} == {"flex", "blocks"}
-    assert {r["core"] for r in rows if "core" in r} == {"doc+causal", "causal+cap", "doc+cap+bias"}
-
-
 def test_a_block_mask_is_kept_while_the_ids_it_reads_are_the_same(monkeypatch):
     """One build for equal document ids (a fresh tensor: as a model's layers share them); a
     rebuild, and the other output, when they change (the twin)."""

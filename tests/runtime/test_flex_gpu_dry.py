@@ -1,6 +1,7 @@
-"""benchmarks/on_a_gpu.sh's flex part, dry on a CPU (`--device cpu`: N = 64, eager
+"""benchmarks/on_a_gpu.sh, dry on a CPU (`--device cpu`). Its flex section (N = 64, eager
 flex_attention): every spec asked for timed through backend="flex" and "blocks", and the three
-cores of benchmarks/flex.py against hand-written flex_attention."""
+cores of benchmarks/flex.py against hand-written flex_attention. Its triton section (N = 40,
+Triton's interpreter): the kernels, FlexAttention's eager forward and the blocked path."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _dry(specs: str, tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "DRY_SPECS": specs}
+def _dry(tmp_path, **chosen: str) -> subprocess.CompletedProcess:
+    """The dry run with `chosen` set in its environment (DRY_SECTIONS, DRY_SPECS, ...)."""
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), **chosen}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     script = ROOT / "benchmarks" / "on_a_gpu.sh"
     return subprocess.run(
@@ -31,7 +33,7 @@ def _dry(specs: str, tmp_path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_dry_run_times_each_spec_and_core(tmp_path):
-    done = _dry("doc_mask,softcap_core", tmp_path)
+    done = _dry(tmp_path, DRY_SECTIONS="flex", DRY_SPECS="doc_mask,softcap_core")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [
         json.loads(line)
@@ -48,4 +50,16 @@ def test_the_dry_run_times_each_spec_and_core(tmp_path):
 @pytest.mark.slow
 def test_the_dry_run_fails_on_a_spec_it_cannot_time(tmp_path):
     """Twin: a spec that does not exist makes the dry run fail, not pass silently."""
-    assert _dry("no_such_spec", tmp_path).returncode != 0
+    assert _dry(tmp_path, DRY_SECTIONS="flex", DRY_SPECS="no_such_spec").returncode != 0
+
+
+@pytest.mark.slow
+def test_the_triton_section_times_the_kernels(tmp_path):
+    """The kernels, FlexAttention's eager forward and the blocked path timed, equal outputs."""
+    pytest.importorskip("triton")
+    done = _dry(tmp_path, DRY_SECTIONS="triton", TRITON_DRY_SPECS="softcap_core")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "triton.jsonl").read_text().splitlines()]
+    timed = ("triton_forward", "triton_train", "flex_forward", "blocks_forward", "blocks_train")
+    assert all(isinstance(row[k]["s"], float) for k in timed), row
+    assert row["config"] == "b16" and row["max_error_vs_blocks"] < 1e-5, row
