@@ -1,8 +1,9 @@
 """The derived backward at scores near float64's range (issue 51): its softmax rule is
 FlashAttention's `dS = A (dA - D)`, D = dO · O, where autograd's is D = Σ A dA. Where A is one
 key (scores 1e100 apart), the two D agree to rounding only, and dQ = dS K carries that
-rounding times K: the derived dQ is off by up to about eps · N · |dO| |V| |K| where autograd's
-is exactly 0. The bound, and that it is attained, documented in docs/gradients.md."""
+rounding times K: the derived dQ is off by up to about eps · N · |dO| |V| |K| where the exact
+gradient (and autograd's up to torch 2.13) is 0. The bound, and that it is attained, documented
+in docs/gradients.md."""
 
 import pytest
 import torch
@@ -40,8 +41,11 @@ def gradients(scale: float):
 @pytest.mark.parametrize("scale", [1e50, 1e100, 1e200])
 def test_the_derived_gradient_at_huge_scores_is_within_its_bound(scale):
     autograd, derived, bound = gradients(scale)
-    assert autograd.abs().max() == 0  # one key takes all the weight: no gradient to Q
-    assert 0 < (derived - autograd).abs().max() <= bound  # rounding times K, attained
+    # one key takes all the weight: the exact gradient to Q is 0
+    assert 0 < derived.abs().max() <= bound  # rounding times K, attained
+    # torch's own: exactly 0 to torch 2.13 (D = Σ A dA); from 2.15 its CPU backward takes the
+    # flash form too and lands on the derived value (CI's newest environment)
+    assert autograd.abs().max() == 0 or torch.equal(autograd, derived)
 
 
 def test_twin_at_moderate_scores_the_two_backwards_agree():
