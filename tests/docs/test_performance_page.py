@@ -73,6 +73,19 @@ def test_the_log_axis_draws_small_times_where_they_are(data):
     assert abs((low - mid) - (mid - high)) < 0.2
 
 
+def test_twin_two_times_under_a_tenth_of_a_second_draw_apart(data):
+    """Through the plot itself: one of the run's times at 0.02 s or at 0.05 s draws another
+    plot (before, every time under 0.1 s was drawn at 0.1 s: one plot for both)."""
+
+    def drawn(seconds: float) -> str:
+        changed = copy.deepcopy(data)
+        record = next(r for r in changed["scaling"] if (r["n"], r["mode"]) == (512, "forward"))
+        record["s"] = seconds
+        return report.scaling_svg(changed["scaling"])
+
+    assert drawn(0.02) != drawn(0.05)
+
+
 def test_the_scaling_plot_is_one_runs_data(data):
     """scaling.svg draws the records of the one run (report.ONE_RUN) and none from another:
     each of that run's records once per panel (memory, time), and a record at another N

@@ -83,3 +83,21 @@ def test_ids_along_queries_and_keys_of_different_lengths(n_q, n_k):
     other = spec(**args)
     torch.testing.assert_close(other, evaluate(spec.ir, **args)[0], rtol=1e-12, atol=1e-12)
     assert (other - got).abs().max() > 1e-3
+
+
+def test_the_derived_backward_of_ids_along_both_axes():
+    """Failed before (found by test_tensor_masks.py): the derived backward's rows read their
+    device and dtype off their first input, the ids D: `value cannot be converted to type
+    int64 without overflow` (-inf in int64). Its gradients are autograd's."""
+    spec = indexattn.compile_spec(CROSS, name="cross_ids")
+    q, k, v = (x.requires_grad_() for x in qkv(5, 7))
+    ids = {"D": torch.tensor([0, 0, 1, 1, 2]), "E": torch.tensor([0, 1, 1, 2, 2, 2, 0])}
+
+    def grads(backward, **given):
+        out = spec(Q=q, K=k, V=v, **(ids | given), backward=backward)
+        return torch.autograd.grad(out.sin().sum(), (q, k, v))
+
+    for got, want in zip(grads("derived"), grads("autograd")):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    other = grads("derived", E=ids["E"].roll(1))  # twin: other documents for the keys
+    assert max((a - b).abs().max() for a, b in zip(other, grads("derived"))) > 1e-3

@@ -121,6 +121,27 @@ def test_twin_positions_at_zero_make_the_rotary_base_flat():
     assert gradient(spec, "rope_theta", 1e4, "derived", zero) == pytest.approx((0, 0), abs=1e-12)
 
 
+def test_a_slope_left_unevaluated_refuses_by_the_scalars_name(monkeypatch):
+    """No function of the language leaves sympy's derivative unevaluated today (the rules
+    above close every one), so the refusal is reached by making the rule give up: the error
+    names the scalar as the user wrote it and says what to pass instead, never backward text."""
+    from indexattn.derive import rules
+
+    monkeypatch.setattr(rules, "field_slope", lambda expr, symbol: None)
+    spec = indexattn.compile_spec(TABLE.replace("s = 0.3", "s = 0.35"), name="table_refused")
+    with pytest.raises(indexattn.SpecError) as caught:
+        gradient(spec, "s", 0.35, "derived")
+    text = str(caught.value)
+    assert "no derived backward for the scalar s" in text and "pass s as a float" in text
+    assert "Derivative" not in text and "Heaviside" not in text
+
+
+def test_twin_the_same_scalar_with_its_rule_is_derived():
+    spec = indexattn.compile_spec(TABLE.replace("s = 0.3", "s = 0.36"), name="table_ruled")
+    got, want = gradient(spec, "s", 0.35, "derived")
+    assert got == pytest.approx(want, rel=1e-5) and abs(want) > 1e-3
+
+
 @pytest.mark.parametrize(
     "expr, at, want",  # max's kink takes one half, as torch.maximum's gradient on a tie
     [

@@ -59,16 +59,23 @@ class RowsWriter:
             f"# {', '.join(self.computed)} at some positions {self.rows.row.glyph}: all of "
             "them, or a block of them"
         )
-        prologue = []
+        prologue, like = [], self.like()
         if self.casts:  # its inputs may be wider than the call: dtype is a keyword
-            prologue = [f"device = {inputs[0]}.device"] if self.emitter.needs.device else []
+            prologue = [f"device = {like}.device"] if self.emitter.needs.device else []
         elif self.emitter.needs.device or self.emitter.needs.dtype:
-            prologue = [f"device, dtype = {inputs[0]}.device, {inputs[0]}.dtype"]
+            prologue = [f"device, dtype = {like}.device, {like}.dtype"]
         exits = ", ".join(self.names.var(e.var) for e in self.rows.exits)
         lines = [doc, *prologue, *self.body, f"return {exits}"]
         knobs = _knobs(self.knob, self.floor, bool(self.rows.summed))
         lines = [*knobs, "", "", head, *("    " + line for line in lines)]
         return "\n".join(lines)
+
+    def like(self) -> str:
+        """The input whose device and dtype the rows compute in: the first that is not one of
+        the spec's integer inputs (ids, positions: a backward's rows may read those first)."""
+        ints = {t.ascii for t in self.spec.arguments if t.dtype == "int"}
+        first = next(v for v in self.rows.inputs if not (v.argument and v.hint in ints))
+        return self.names.var(first)
 
     def call(self) -> list[str]:
         """Lines of the spec's function: the rows at once, or in blocks."""
