@@ -9,8 +9,8 @@ test_context_parallel.py (slow tier, `ring_documents`)."""
 from __future__ import annotations
 
 import pytest
-import torch
 import test_ring_tiles
+import torch
 from test_ring_tiles import EXACT, MOVED, N, _module
 
 from indexattn.parallel import ring, sequence
