@@ -255,31 +255,24 @@ class _Ring(Interpreter):
 
     def read_ids(self, held: dict) -> None:
         """The block map with the integer inputs its mask compares (document ids) bounded per
-        grain of positions on every rank (one all-gather, in int64: exact), its tile chosen
-        from them where `tile=` does not say: tile pairs between documents are skipped, and
-        a rank whose queries need nothing of another's keys receives nothing from it."""
-        names = sorted({name for name, _ in self.map.ids.values()})
-        if not names or any(held[n][0].numel() == 0 for n in names):
+        grain of positions on every rank (an all-gather of each one's bounds, in int64:
+        exact), its tile chosen from them where `tile=` does not say: tile pairs between
+        documents are skipped, and a rank whose queries read nothing of another's keys
+        receives nothing from it."""
+        reads = dict(sorted({name: index.size for name, index in self.map.ids.values()}.items()))
+        if not reads or any(held[n][0].numel() == 0 for n in reads):
             return
-        grain = self.map.grain
-        mine = torch.stack([_bounds(held[n][0], grain) for n in names])  # (ids, blocks, 2)
-        every = [mine] * self.world
-        if self.world > 1:
-            every = [torch.empty_like(mine) for _ in range(self.world)]
-            dist.all_gather(every, mine, group=self.group)
-            self.counts["bounds"] = mine.numel() * (self.world - 1)
-        found = _global(every, self.blocks[self.map.query.size], grain)
-        bounds = Bounds(grain, *({n: f[k] for n, f in zip(names, found)} for k in (0, 1)))
-        self.map = BlockMap(
-            self.spec,
-            self.plan,
-            self.sizes,
-            self.scalars,
-            self.world,
-            self.layout,
-            self.tile,
-            bounds,
-        )
+        grain, least, greatest = self.map.grain, {}, {}
+        for name, size in reads.items():
+            mine = _bounds(held[name][0], grain)  # (blocks, 2)
+            every = [mine] * self.world
+            if self.world > 1:
+                every = [torch.empty_like(mine) for _ in range(self.world)]
+                dist.all_gather(every, mine, group=self.group)
+                self.counts["bounds"] += mine.numel() * (self.world - 1)
+            least[name], greatest[name] = _global(every, self.blocks[size], grain)
+        setup = (self.spec, self.plan, self.sizes, self.scalars, self.world, self.layout)
+        self.map = BlockMap(*setup, self.tile, Bounds(grain, least, greatest))
         self.need, self.counts["tile"] = self.map.need, self.map.tile or self.map.chunk
 
     def peer(self, rank: int) -> int:
@@ -554,13 +547,13 @@ def _bounds(ids: torch.Tensor, grain: int) -> torch.Tensor:
     return torch.stack((flat.amin((0, 2)), flat.amax((0, 2))), -1)
 
 
-def _global(every: list[torch.Tensor], spans: list, grain: int) -> list[tuple[list, list]]:
-    """Each integer input's bounds per grain of the whole sequence, in position order, from
+def _global(every: list[torch.Tensor], spans: list, grain: int) -> tuple[list, list]:
+    """An integer input's bounds per grain of the whole sequence, in position order, from
     every rank's (blocks of its chunks, in its order), as Python integers."""
     starts = [p for ranks in spans for a, b in ranks for p in range(a, b, grain)]
     order = sorted(range(len(starts)), key=starts.__getitem__)
-    rows = torch.cat(every, 1).tolist()  # per input: every rank's blocks, rank after rank
-    return [([row[n][0] for n in order], [row[n][1] for n in order]) for row in rows]
+    rows = torch.cat(every).tolist()  # every rank's blocks, rank after rank
+    return [rows[n][0] for n in order], [rows[n][1] for n in order]
 
 
 # -- one call, and the schedule without one
