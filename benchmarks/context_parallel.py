@@ -11,7 +11,8 @@ The ring runs each tile pair of `--tile` positions (by default the length its bl
 chooses for the mask: a window's, or, for document ids, from their bounds) through its pass's
 compiled tile spec (indexattn/parallel/tiles.py; the projections outside the tile pairs on
 the interpreter; zig-zag chunks, tile pairs that a mask hides skipped, each tile pair
-recomputed in the backward); its elements sent are the P2P blocks (keys, values and their gradients), counted
+recomputed in the backward); its elements sent are the P2P blocks (keys, values and their
+gradients), counted
 as they are posted and by indexattn.sequence.ring_sent.
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
