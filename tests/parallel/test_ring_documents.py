@@ -122,3 +122,38 @@ def test_the_count_says_a_document_mask_s_work_is_an_upper_bound():
     lines = sequence.work_lines(spec.ir, spec.sequence_plan("τ"), sizes, 2)
     assert not any("upper bound" in line for line in lines), lines
     assert "  tiles: 256 positions, chosen for the mask's window (tile= overrides)" in lines
+
+
+TWO_MASKS = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+input D_<τ> : int
+param Wq_<(μa)i>
+param Wk_<(μa)i>
+param Wv_<(μa)i>
+scalar w = 3
+Q_<μτa> = Wq_<(μa)i> X_<τi>
+K_<μτa> = Wk_<(μa)i> X_<τi>
+V_<μτa> = Wv_<(μa)i> X_<τi>
+L_<μττ'> = Q_<μτa> K_<μτ'a> + where(τ' > τ or τ - τ' >= w, -inf, 0)
+G_<μττ'> = Q_<μτa> K_<μτ'a> + where(τ' > τ or D_<τ> != D_<τ'>, -inf, 0)
+O_<μτa> = softmax_<τ'>(L_<μττ'>) V_<μτ'a>
+P_<μτa> = softmax_<τ'>(G_<μττ'>) V_<μτ'a>
+Y_<τμa> = O_<μτa> + P_<μτa>
+output Y
+"""  # a local and a document-wide head side by side: two masks in one block map
+
+
+@pytest.mark.parametrize(("ids", "pairs"), [(BOUNDARY, 13), ([0] * N, 21)])
+def test_two_masks_skip_the_pairs_both_hide(ids, pairs, monkeypatch):
+    """The window keeps a query tile's own and the one before (11 pairs), the documents the
+    pairs inside each (12): a pair is skipped where both hide it, 13 read a pass. The twin,
+    one document: the causal triangle's 21."""
+    sizes = {"d_m": 8, "h": 2, "d_k": 3}
+    monkeypatch.setitem(test_ring_tiles.SPECS, "two_masks", (TWO_MASKS, sizes))
+    gaps, run = _run("two_masks", ids)
+    assert _exact(gaps), gaps
+    assert run.counts["work"] == 2 * 4 * pairs  # two passes of 2 × 2 tile pairs
