@@ -664,7 +664,9 @@ def ring_work(spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, layout
     """Score elements each rank computes in one call of the ring (the tile pairs no mask hides,
     in every pass over the keys: a sink's statistics take a pass of their own; the backward
     recomputes them once more), at `sizes` (ASCII name -> value, scalars included): equal on
-    every rank when the layout balances the mask."""
+    every rank when the layout balances the mask. Tiles of `tile` positions, or those the
+    block map chooses by positions alone; a mask that compares integer inputs (document ids)
+    is counted by positions alone, an upper bound (a call's own is its `last_ring["work"]`)."""
     values = {s: sizes[a] for s, a in spec.size_names.items() if a in sizes}
     scalars = {s.symbol: float(sizes.get(s.ascii, s.value)) for s in spec.scalars}
     found = BlockMap(spec, plan, values, scalars, world, layout, tile)
