@@ -7,10 +7,12 @@ over one process's), and the elements sent against the symbolic count.
     .venv/bin/python benchmarks/context_parallel.py --strategy ring --tile 1024 --worlds 2,4 \\
         --specs mha,softcap_window,doc_mask,attention_sinks --sizes 32768 --rounds 1
 
-The ring runs each tile pair of `--tile` positions through its pass's compiled tile spec
-(indexattn/parallel/tiles.py; the projections outside the tile pairs on the interpreter;
-zig-zag chunks, tile pairs that a mask hides skipped, each tile pair recomputed in the
-backward); its elements sent are the P2P blocks (keys, values and their gradients), counted
+The ring runs each tile pair of `--tile` positions (by default the length its block map
+chooses for the mask: a window's, or, for document ids, from their bounds) through its pass's
+compiled tile spec (indexattn/parallel/tiles.py; the projections outside the tile pairs on
+the interpreter; zig-zag chunks, tile pairs that a mask hides skipped, each tile pair
+recomputed in the backward); its elements sent are the P2P blocks (keys, values and their
+gradients), counted
 as they are posted and by indexattn.sequence.ring_sent.
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
@@ -184,7 +186,12 @@ def main() -> None:
     parser.add_argument("--worlds", default="2", help="processes W, e.g. 2,4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--strategy", choices=["ulysses", "ring"], default="ulysses")
-    parser.add_argument("--tile", type=int, default=1024, help="the ring's tile (positions)")
+    parser.add_argument(
+        "--tile",
+        type=int,
+        default=0,
+        help="the ring's tile (positions); 0: the one the block map chooses for the spec's mask",
+    )
     parser.add_argument(
         "--mmap-threshold",
         type=int,

@@ -28,6 +28,9 @@ B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks 
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
 DOCS = [0, 0, 0, 1, 1, 2, 2, 2]  # each position's document id (to PADDED, 2 is padding)
 WINDOW = 2  # sliding_window's: at 2 ranks, a tile pair holds rows that see none of its keys
+# documents of 2 positions, ids near 2^62 (int64; in float64 they would be one number): at 2
+# ranks each zig-zag chunk is one document, and no rank reads another's keys
+ALIGNED = [2**62 + p // 2 for p in range(N)]
 
 
 def spec(name: str):
@@ -42,9 +45,9 @@ def gap(a, b) -> float:
     return max([(whole(x) - whole(y)).abs().max().item() for x, y in zip(a, b)] + [0.0])
 
 
-def inputs(module, context: int = CONTEXT) -> dict:
+def inputs(module, context: int = CONTEXT, docs=DOCS) -> dict:
     """Random inputs by name at the module's sizes, the queries' sequence N long and a
-    context (cross-attention's L) `context` long; integer inputs are document ids."""
+    context (cross-attention's L) `context` long; integer inputs are document ids `docs`."""
     g = torch.Generator().manual_seed(3)
     sizes = {**module.sizes, "N": N, "N_q": N, "L": context, "N_kv": context}
     ir_spec = module.spec.ir
@@ -52,7 +55,7 @@ def inputs(module, context: int = CONTEXT) -> dict:
     found = {}
     for t in ir_spec.tensors_of("input"):
         if t.dtype == "int":
-            found[t.ascii] = torch.tensor(DOCS).expand(B, N).contiguous()
+            found[t.ascii] = torch.tensor(docs).expand(B, N).contiguous()
             continue
         shape = [int(d.subs(values)) for d in t.shape]
         found[t.ascii] = torch.randn(B, *shape, generator=g)
@@ -84,13 +87,15 @@ def run(module, xs: dict, block, split: set[str], move: bool = False, scalars=No
     return out, grads
 
 
-def check(mesh, build, twin: bool = False, strategy: str = "ulysses", layout=None, **where) -> dict:
+def check(
+    mesh, build, twin: bool = False, strategy: str = "ulysses", layout=None, docs=DOCS, **where
+) -> dict:
     """The largest differences from one process; the twin moves rank 1's block by 1e-3.
     `layout` is given to both context_parallel and sequence_block (by default, the ring's
-    checks run on zig-zag blocks); "default" gives neither."""
+    checks run on zig-zag blocks); "default" gives neither. `docs`: the document ids."""
     torch.manual_seed(0)
     module = build().eval()
-    xs, split = inputs(module), along(module, **where)
+    xs, split = inputs(module, docs=docs), along(module, **where)
     ring = strategy == "ring"
     if layout is None:
         layout = "zigzag" if ring else "contiguous"
@@ -236,21 +241,28 @@ def ring_work(mesh, build=None) -> dict:
     }
 
 
-def received(mesh, name: str, window: int) -> dict:
+def received(mesh, name: str, window: int, docs=None) -> dict:
     """Elements this rank received from each rank in the ring's forward (zig-zag blocks), and
     whether its queries see any key of that other rank under a causal mask `window` positions
-    long (0 <= τ - τ' < window), by brute force over the positions."""
+    long (0 <= τ - τ' < window), within the documents `docs` where given, by brute force over
+    the positions."""
     torch.manual_seed(0)
     module = cases()[name]().eval()
     parallel = context_parallel(module, mesh, strategy="ring", layout="zigzag")
-    run(parallel, inputs(module), lambda v: sequence_block(v, mesh, dim=1, layout="zigzag"), {"X"})
+    xs, block = inputs(module, docs=docs or DOCS), functools.partial(sequence_block, mesh=mesh)
+    run(parallel, xs, lambda v: block(v, dim=1, layout="zigzag"), along(module))
     held = [
         [p for a, b in spans for p in range(a, b)]
         for spans in indexattn.parallel.ring.chunks(N, mesh.size(), zigzag=True)
     ]
     me = mesh.get_local_rank()
     sees = [
-        src != me and any(0 <= q - k < window for q in held[me] for k in keys)
+        src != me
+        and any(
+            0 <= q - k < window and (docs is None or docs[q] == docs[k])
+            for q in held[me]
+            for k in keys
+        )
         for src, keys in enumerate(held)
     ]
     return {"received": parallel.last_ring["received"], "sees": sees}
@@ -455,6 +467,12 @@ def main() -> None:
                 )
     checks["ring_received_sliding_window"] = lambda: received(mesh, "sliding_window", WINDOW)
     checks["ring_received_mha"] = lambda: received(mesh, "mha", N)
+    for twin in (False, True):  # document ids near 2^62 that straddle no chunk (2 ranks)
+        checks["ring_documents" + "_twin" * twin] = functools.partial(
+            check, mesh, every["doc_mask"], twin, "ring", docs=ALIGNED
+        )
+    checks["ring_received_documents"] = lambda: received(mesh, "doc_mask", N, ALIGNED)
+    checks["ring_received_straddling"] = lambda: received(mesh, "doc_mask", N, DOCS)
     checks["sent_mha"] = lambda: sent(mesh, cases()["mha"])
     checks["sent_doc_mask"] = lambda: sent(mesh, cases()["doc_mask"])
     checks["sent_cross"] = lambda: sent(mesh, cases()["cross"], keys=("σ",))

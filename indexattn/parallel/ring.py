@@ -42,6 +42,7 @@ from .sequence import (
     CONTIGUOUS,
     ZIGZAG,
     BlockMap,
+    Bounds,
     RingPass,
     SequencePlan,
     Tile,
@@ -206,8 +207,10 @@ class _Ring(Interpreter):
         self.pairing = None
         self.online: ir.Reduce | None = None
         self.tile_lse = None
-        # elements sent (backward too), scores, elements received from each rank (forward)
+        # elements sent (backward too), scores, elements received from each rank (forward);
+        # the tile length, and the integer inputs' bounds sent (read_ids)
         self.counts = {"sent": 0, "work": 0, "received": [0] * self.world}
+        self.counts |= {"tile": self.map.tile or self.map.chunk, "bounds": 0}
         self.token = torch.zeros((), dtype=self.dtype, device=self.device, requires_grad=True)
         # bfloat16 and float16 as one process computes them (docs/language.md): tables (values
         # of positions, sizes, scalars and integer inputs alone) built and held in float32 or
@@ -249,6 +252,28 @@ class _Ring(Interpreter):
 
     def hides(self, q: Tile, k: Tile) -> bool:
         return self.map.hides(q, k)
+
+    def read_ids(self, held: dict) -> None:
+        """The block map with the integer inputs its mask compares (document ids) bounded per
+        grain of positions on every rank (an all-gather of each one's bounds, in int64:
+        exact), its tile chosen from them where `tile=` does not say: tile pairs between
+        documents are skipped, and a rank whose queries read nothing of another's keys
+        receives nothing from it."""
+        reads = dict(sorted({name: index.size for name, index in self.map.ids.values()}.items()))
+        if not reads or any(held[n][0].numel() == 0 for n in reads):
+            return
+        grain, least, greatest = self.map.grain, {}, {}
+        for name, size in reads.items():
+            mine = _bounds(held[name][0], grain)  # (blocks, 2)
+            every = [mine] * self.world
+            if self.world > 1:
+                every = [torch.empty_like(mine) for _ in range(self.world)]
+                dist.all_gather(every, mine, group=self.group)
+                self.counts["bounds"] += mine.numel() * (self.world - 1)
+            least[name], greatest[name] = _global(every, self.blocks[size], grain)
+        setup = (self.spec, self.plan, self.sizes, self.scalars, self.world, self.layout)
+        self.map = BlockMap(*setup, self.tile, Bounds(grain, least, greatest))
+        self.need, self.counts["tile"] = self.map.need, self.map.tile or self.map.chunk
 
     def peer(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank)
@@ -515,6 +540,22 @@ class _Ring(Interpreter):
         return value, free
 
 
+def _bounds(ids: torch.Tensor, grain: int) -> torch.Tensor:
+    """The least and greatest of integer inputs along their last axis (every batch element),
+    per `grain` positions: (blocks, 2), int64."""
+    flat = ids.reshape(-1, ids.shape[-1]).long().unflatten(-1, (-1, grain))
+    return torch.stack((flat.amin((0, 2)), flat.amax((0, 2))), -1)
+
+
+def _global(every: list[torch.Tensor], spans: list, grain: int) -> tuple[list, list]:
+    """An integer input's bounds per grain of the whole sequence, in position order, from
+    every rank's (blocks of its chunks, in its order), as Python integers."""
+    starts = [p for ranks in spans for a, b in ranks for p in range(a, b, grain)]
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    rows = torch.cat(every).tolist()  # every rank's blocks, rank after rank
+    return [rows[n][0] for n in order], [rows[n][1] for n in order]
+
+
 # -- one call, and the schedule without one
 
 
@@ -548,6 +589,7 @@ def forward(spec: ir.Spec, plan: SequencePlan, arguments: dict, setup: dict) -> 
     )
     run.own()
     held = {t.name: run.unfuse(arguments[t.ascii], t) for t in spec.arguments}
+    run.read_ids(held)
     for eq in spec.equations:
         run.equation(eq, held)
     batch = torch.broadcast_shapes(

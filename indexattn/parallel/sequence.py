@@ -11,6 +11,7 @@ distance, T5's buckets) must be the global positions, and the plan lists where t
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ import sympy
 from .. import ir
 from ..errors import SpecError
 from ..ir.boxes import holds_on_box
-from ..ops import EXTREMUM, LSE, PREFIX, REDUCTIONS, SUM
+from ..ops import COMPARISONS, EXTREMUM, LSE, PREFIX, REDUCTIONS, SUM, lookup
 from .shard import find_index, shard_plan
 
 MERGES = {name: op.merge for name, op in REDUCTIONS.items() if op.merge}  # ops.py says each
@@ -359,16 +360,26 @@ def tiles(spans: list[tuple[int, int]], size: int) -> list[Tile]:
     return found
 
 
-def _seed(node: ir.Node) -> tuple[float, sympy.Basic] | None:
+@dataclass(frozen=True)
+class _Ids:
+    """The integer inputs a mask's condition compares: by the symbol of each read, the
+    tensor's name and the sequence index it is read at."""
+
+    sequence: frozenset
+    found: dict
+
+
+def _seed(node: ir.Node, ids: _Ids) -> tuple[float, sympy.Basic] | None:
     """A pair tensor written as a mask: its hidden value (-inf or 0) and a condition on the
-    positions under which it holds (sufficient, not necessary)."""
+    positions (and on the integer inputs it compares, entered in `ids`) under which it holds
+    (sufficient, not necessary)."""
     if isinstance(node, ir.Field) and isinstance(node.expr, sympy.Piecewise):
         value, cond = node.expr.args[0]
         if value in (-sympy.oo, 0):
             return float(value), cond
     if isinstance(node, ir.Apply) and node.fn == "where":
         cond, yes, no = node.args
-        for branch, holds in ((yes, _field_part(cond)), (no, None)):
+        for branch, holds in ((yes, _implied(cond, ids)), (no, None)):
             if isinstance(branch, ir.Field) and branch.expr in (-sympy.oo, 0):
                 if holds is None and branch is no and isinstance(cond, ir.Field):
                     holds = sympy.Not(cond.expr)
@@ -377,13 +388,37 @@ def _seed(node: ir.Node) -> tuple[float, sympy.Basic] | None:
     return None
 
 
-def _field_part(cond: ir.Node) -> sympy.Basic | None:
-    """The part of a condition on positions alone: it implies the condition."""
+def _implied(cond: ir.Node, ids: _Ids) -> sympy.Basic | None:
+    """A part of a condition that implies it, on positions and on comparisons of integer
+    inputs read at a sequence index (`D_<τ> != D_<τ'>`: a symbol per read, entered in `ids`,
+    bounded by tiles at run time): `or` keeps the parts it can name, `and` needs all."""
     if isinstance(cond, ir.Field):
         return cond.expr
-    if isinstance(cond, ir.Apply) and cond.fn == "or":
-        parts = [p for p in map(_field_part, cond.args) if p is not None]
+    if not isinstance(cond, ir.Apply):
+        return None
+    parts = [_implied(c, ids) for c in cond.args]
+    if cond.fn == "or":
+        parts = [p for p in parts if p is not None]
         return sympy.Or(*parts) if parts else None
+    if cond.fn == "and":
+        return None if None in parts else sympy.And(*parts)
+    if cond.fn in COMPARISONS:
+        terms = [_term(c, ids) for c in cond.args]
+        return None if None in terms else lookup(cond.fn).sympy(*terms)
+    return None
+
+
+def _term(node: ir.Node, ids: _Ids) -> sympy.Expr | None:
+    """A compared value: a field's expression, or an integer input along one sequence index
+    read there (a symbol standing for its value there, entered in `ids`)."""
+    if isinstance(node, ir.Field):
+        return node.expr
+    if isinstance(node, ir.Ref) and node.tensor.role == "input" and node.tensor.dtype == "int":
+        (item,) = node.written if len(node.written) == 1 else (None,)
+        if isinstance(item, ir.Index) and item in ids.sequence:
+            symbol = sympy.Symbol(f"{node.tensor.name}_<{item.glyph}>", integer=True)
+            ids.found[symbol] = (node.tensor.name, item)
+            return symbol
     return None
 
 
@@ -396,6 +431,7 @@ class _Hiding:
 
     def __init__(self, spec: ir.Spec, query: ir.Index, keys: set[ir.Index]) -> None:
         self.query, self.keys = query, keys
+        self.ids = _Ids(frozenset({query, *keys}), {})
         self.hidden: dict[str, tuple[float, frozenset]] = {}
         self.sites: list[frozenset] = []  # per reduction over a key: the conditions it vanishes
         self.leak = False
@@ -411,7 +447,7 @@ class _Hiding:
 
     def state(self, node: ir.Node):
         """None (clean or absorbed), LEAK, or (value, conditions): hidden there."""
-        seed = _seed(node) if pair(node.free, self.query, self.keys) else None
+        seed = _seed(node, self.ids) if pair(node.free, self.query, self.keys) else None
         if seed is not None:
             return seed[0], frozenset([seed[1]])
         if isinstance(node, ir.Ref):
@@ -454,11 +490,14 @@ class _Hiding:
         return None
 
 
-def always(cond: sympy.Basic, box: dict) -> bool:
-    """Whether `cond` holds at every point of the box (False where it cannot tell): the test
-    on the box's ends (ir/boxes.py), made once per condition, run on the box's numbers."""
+def _holds(cond: sympy.Basic, box: dict, shape: tuple) -> np.ndarray:
+    """Where `cond` holds at every point of each box (False where it cannot tell): `box` maps
+    each symbol to the arrays of its first and last values, one entry per box (a tile pair);
+    the test on the box's ends (ir/boxes.py) is made once per condition and run on arrays
+    (integer inputs' bounds as Python integers: compared exactly, whatever their size)."""
     order = tuple(sorted(box, key=str))
-    return bool(_box_test(cond, order)(*(end for s in order for end in box[s])))
+    found = _box_test(cond, order)(*(end for s in order for end in box[s]))
+    return np.broadcast_to(np.asarray(found, dtype=bool), shape)
 
 
 @functools.cache
@@ -468,17 +507,44 @@ def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
     return sympy.lambdify(symbols, holds_on_box(cond, ends), modules="numpy")
 
 
+MIN_TILE = 128  # the blocked kernel's block of queries (runtime/lib.py QUERY_BLOCK)
+PAIR_SCORES = 32768  # a tile pair's own cost (its call, checkpoint, merge) in score elements:
+# 2.8 ms against 0.084 µs a score, attention_sinks' compiled tile on this CPU (2 heads)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The least and greatest value of each integer input a mask compares, per `grain`
+    positions of the whole sequence (index p // grain), as Python integers: exact."""
+
+    grain: int
+    least: dict  # tensor name -> list of ints
+    greatest: dict
+
+    def of(self, name: str, tiles: list[Tile]) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi, g = self.least[name], self.greatest[name], self.grain
+        spans = [(t.start // g, -(-(t.start + t.length) // g)) for t in tiles]
+        return (
+            np.array([min(lo[a:b]) for a, b in spans], dtype=object),
+            np.array([max(hi[a:b]) for a, b in spans], dtype=object),
+        )
+
+
 class BlockMap:
     """The block map of one split: each rank's tiles of every sequence index (its chunks in
-    `layout`, cut into tiles of `tile` positions), the tile pairs a mask hides entirely, which
-    rank's queries read which rank's keys, and each rank's work. `sizes` and `scalars` by
-    symbol, as the interpreter holds them."""
+    `layout`, cut into tiles of `tile` positions, or of the length chosen for the mask), the
+    tile pairs a mask hides entirely, which rank's queries read which rank's keys, and each
+    rank's work. `sizes` and `scalars` by symbol, as the interpreter holds them; `bounds` the
+    integer inputs' (document ids'), read off a call's blocks (`ids`: what it reads), or
+    None: positions alone, an upper bound on the work of a mask that reads them."""
 
-    def __init__(self, spec, plan, sizes: dict, scalars: dict, world: int, layout, tile) -> None:
+    def __init__(
+        self, spec, plan, sizes: dict, scalars: dict, world: int, layout, tile, bounds=None
+    ) -> None:
         glyphs = {i.glyph: i for i in spec.indices}
         self.query = glyphs[plan.over]
         self.keys = {glyphs[g] for g in plan.indices} - {self.query}
-        self.world, self.tile = world, tile
+        self.world, self.bounds = world, bounds
         self.blocks = {  # per sequence range: each rank's chunks
             i.size: layout.spans(int(i.size.subs(sizes)), world) for i in {self.query, *self.keys}
         }
@@ -489,51 +555,118 @@ class BlockMap:
             if hiding.leak or not hiding.sites or not all(hiding.sites)
             else [[c.subs(subs) for c in conds] for conds in hiding.sites]
         )
+        self.ids = hiding.ids.found if self.sites is not None else {}
+        self.given = tile
+        self.tile = tile or self.choose()
+        self.hidden, rows, cols = self.table(self.tile)
+        self.row = {t.start: n for n, t in enumerate(rows)}
+        self.col = {t.start: n for n, t in enumerate(cols)}
+        self.scores = np.outer([t.length for t in rows], [t.length for t in cols])
+        self.ranks = [self.owners(self.query), self.owners(next(iter(self.keys), self.query))]
         self.need = [[self.needs(q, k) for k in range(world)] for q in range(world)]
 
-    def tiles_of(self, index: ir.Index, rank: int) -> list[Tile]:
+    @property
+    def chunk(self) -> int:
+        return math.gcd(*(b - a for spans in self.blocks.values() for a, b in spans[0]))
+
+    @property
+    def grain(self) -> int:
+        """The positions each bound of an integer input covers: every tile a multiple."""
+        return math.gcd(self.chunk, self.given or MIN_TILE)
+
+    def candidates(self) -> list[int]:
+        """Tile lengths to choose from: powers of two from MIN_TILE that divide a chunk, and
+        the chunk."""
+        chunk, found = self.chunk, []
+        size = MIN_TILE
+        while size < chunk:
+            found += [size] if chunk % size == 0 else []
+            size *= 2
+        return [*found, chunk]
+
+    def choose(self) -> int | None:
+        """The tile length for the mask: where it hides the keys far before a query (a
+        window) or its integer inputs' bounds are known (documents), the candidate whose
+        scores and tile pairs (each PAIR_SCORES) cost least; else None, a chunk."""
+        if self.sites is None or not (self.bounds is not None or self.reach()):
+            return None
+        cost = {size: self.cost(size) for size in self.candidates()}
+        return min(cost, key=lambda size: (cost[size], -size))
+
+    def reach(self) -> bool:
+        """Whether the mask hides, by positions alone, the first key from the last query."""
+        last = max(b for spans in self.blocks[self.query.size] for _, b in spans) - 1
+        return bool(self._hidden([Tile(0, last, 1)], [Tile(0, 0, 1)])[0, 0])
+
+    def cost(self, size: int) -> int:
+        hidden, rows, cols = self.table(size)
+        scores = np.outer([t.length for t in rows], [t.length for t in cols])
+        return int((np.where(hidden, 0, scores + PAIR_SCORES)).sum())
+
+    def table(self, size: int | None):
+        """The tile pairs hidden, over every rank's query tiles by every rank's key tiles."""
+        rows = [t for r in range(self.world) for t in self.cut(self.query, r, size)]
+        key = next(iter(self.keys), self.query)
+        cols = [t for r in range(self.world) for t in self.cut(key, r, size)]
+        return self._hidden(rows, cols), rows, cols
+
+    def _hidden(self, rows: list[Tile], cols: list[Tile]) -> np.ndarray:
+        shape = (len(rows), len(cols))
+        if self.sites is None or not rows or not cols:
+            return np.zeros(shape, dtype=bool)
+        column = {True: (slice(None), None), False: (None, slice(None))}
+
+        def ends(tiles, side):
+            first = np.array([t.start for t in tiles])
+            return first[column[side]], (first + [t.length - 1 for t in tiles])[column[side]]
+
+        box = {self.query.symbol: ends(rows, True)}
+        box.update({key.symbol: ends(cols, False) for key in self.keys})
+        for symbol, (name, index) in self.ids.items():
+            if self.bounds is not None and name in self.bounds.least:
+                side = index == self.query
+                lo, hi = self.bounds.of(name, rows if side else cols)
+                box[symbol] = (lo[column[side]], hi[column[side]])
+        box = {s: tuple(np.broadcast_to(e, shape) for e in ends) for s, ends in box.items()}
+        hidden = np.ones(shape, dtype=bool)
+        for conds in self.sites:
+            hidden &= np.logical_or.reduce([_holds(c, box, shape) for c in conds])
+        return hidden
+
+    def cut(self, index: ir.Index, rank: int, size: int | None) -> list[Tile]:
         spans = self.blocks[index.size][rank]
-        return tiles(spans, self.tile or spans[0][1] - spans[0][0])
+        return tiles(spans, size or spans[0][1] - spans[0][0])
+
+    def tiles_of(self, index: ir.Index, rank: int) -> list[Tile]:
+        return self.cut(index, rank, self.tile)
+
+    def owners(self, index: ir.Index) -> np.ndarray:
+        """The rank of each of the table's tiles along `index`."""
+        return np.array([r for r in range(self.world) for _ in self.tiles_of(index, r)])
 
     def hides(self, q: Tile, k: Tile) -> bool:
-        if self.sites is None:
-            return False
-        box = {self.query.symbol: (q.start, q.start + q.length - 1)}
-        for key in self.keys:
-            box[key.symbol] = (k.start, k.start + k.length - 1)
-        return all(any(always(c, box) for c in conds) for conds in self.sites)
+        return bool(self.hidden[self.row[q.start], self.col[k.start]])
 
     def needs(self, q: int, k: int) -> bool:
         """Whether rank q's queries read anything of rank k's keys."""
-        keys = next(iter(self.keys), None)
-        if keys is None:
-            return False
-        return any(
-            not self.hides(a, b)
-            for a in self.tiles_of(self.query, q)
-            for b in self.tiles_of(keys, k)
-        )
+        rows, cols = self.ranks
+        return bool(self.keys) and bool((~self.hidden)[rows == q][:, cols == k].any())
 
     def work(self, rank: int) -> int:
         """Score elements (tile pairs' query × key positions) that `rank` computes in one pass
         over every rank's keys: the pairs no mask hides."""
-        keys = next(iter(self.keys), None)
-        if keys is None:
+        if not self.keys:
             return 0
-        return sum(
-            q.length * k.length
-            for q in self.tiles_of(self.query, rank)
-            for src in range(self.world)
-            for k in self.tiles_of(keys, src)
-            if not self.hides(q, k)
-        )
+        return int(np.where(self.hidden, 0, self.scores)[self.ranks[0] == rank].sum())
 
 
 def ring_work(spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, layout, tile=None):
     """Score elements each rank computes in one call of the ring (the tile pairs no mask hides,
     in every pass over the keys: a sink's statistics take a pass of their own; the backward
     recomputes them once more), at `sizes` (ASCII name -> value, scalars included): equal on
-    every rank when the layout balances the mask."""
+    every rank when the layout balances the mask. Tiles of `tile` positions, or those the
+    block map chooses by positions alone; a mask that compares integer inputs (document ids)
+    is counted by positions alone, an upper bound (a call's own is its `last_ring["work"]`)."""
     values = {s: sizes[a] for s, a in spec.size_names.items() if a in sizes}
     scalars = {s.symbol: float(sizes.get(s.ascii, s.value)) for s in spec.scalars}
     found = BlockMap(spec, plan, values, scalars, world, layout, tile)
@@ -798,22 +931,23 @@ def sent_table(
 
 
 def work_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> list[str]:
-    """Each rank's work on the ring, read off the block map (tiles of a chunk; scalars at the
-    spec's values), in each layout, and the layout that balances it best; none where the
-    sequence's sizes are not all given, or do not divide."""
+    """Each rank's work on the ring, read off the block map (scalars at the spec's values), in
+    each layout, the layout that balances it best and the tiles it cuts; none where the
+    sequence's sizes are not all given, or do not divide. A mask that compares integer
+    inputs (document ids) is counted by positions alone: an upper bound."""
     scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
     passes = sum(map(len, ring_passes(spec, plan).values()))
-    found = {}
+    found, maps = {}, {}
     for layout in (CONTIGUOUS, ZIGZAG):
         try:
-            block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
+            maps[layout] = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
         except (TypeError, ValueError):
             return []
-        found[layout] = [passes * block_map.work(r) for r in range(ranks)]
+        found[layout] = [passes * maps[layout].work(r) for r in range(ranks)]
     lines = [
-        f"Scores per rank in one call (query × key positions of the tile pairs no mask hides, "
-        f"tiles of a chunk; {passes} pass{'es' * (passes > 1)} over the keys, each recomputed "
-        "once in the backward), by layout"
+        f"Scores per rank in one call (query × key positions of the tile pairs no mask hides; "
+        f"{passes} pass{'es' * (passes > 1)} over the keys, each recomputed once in the "
+        "backward), by layout"
     ]
     balance = {}
     for layout, work in found.items():
@@ -822,6 +956,24 @@ def work_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> li
         lines.append(f"  {layout!s:<10}  {cells}  (max/mean {balance[layout]:.2f})")
     best = min(balance, key=lambda layout: (round(balance[layout], 2), layout != CONTIGUOUS))
     lines.append(f"  balanced by: {best} (layout={best.name!r})")
+    return [*lines, *tile_lines(maps[best])]
+
+
+def tile_lines(block_map: BlockMap) -> list[str]:
+    """The tiles a block map cuts, and why; for a mask that reads integer inputs, that its
+    work is an upper bound."""
+    length = block_map.tile or block_map.chunk
+    why = "a chunk" if block_map.tile is None else "chosen for the mask's window"
+    lines = [f"  tiles: {length:,} positions, {why} (tile= overrides)"]
+    names = sorted({name for name, _ in block_map.ids.values()})
+    if names:
+        lines += [
+            f"  an upper bound: the mask reads {', '.join(names)}, data, counted here by "
+            "positions alone; each call",
+            f"  bounds {', '.join(names)} per tile (one all-gather), chooses its tile from the "
+            "bounds and skips the pairs they",
+            "  hide: what it computed is in layer.last_ring['work'] and ['tile']",
+        ]
     return lines
 
 

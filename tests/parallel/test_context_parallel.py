@@ -351,6 +351,25 @@ def test_a_rank_receives_keys_only_from_ranks_its_window_reaches(ranks):
         assert found["sees"] == [src != rank for src in range(world)], found
 
 
+def test_a_rank_receives_keys_only_from_ranks_whose_documents_its_queries_read(ranks):
+    """Document ids near 2^62, one document a zig-zag chunk at 2 ranks: the ring skips the
+    tile pairs between documents and receives nothing from a rank it reads nothing of."""
+    gaps = _largest(ranks, "ring_documents")
+    assert all(g < EXACT for g in gaps.values()), gaps
+    twin = _largest(ranks, "ring_documents_twin")
+    assert twin["out"] > MOVED and twin["grad"] > MOVED, twin
+    unseen = 0
+    for found in _result(ranks, "ring_received_documents"):
+        assert [n > 0 for n in found["received"]] == found["sees"], found
+        unseen += len(ranks) - 1 - sum(found["sees"])
+    assert unseen == (2 if len(ranks) == 2 else 8)  # 4 ranks: a document spans 2 chunks
+    # the twin: documents that straddle the chunks, and the ranks, are received from
+    straddling = _result(ranks, "ring_received_straddling")
+    for found in straddling:
+        assert [n > 0 for n in found["received"]] == found["sees"], found
+    assert sum(sum(found["sees"]) for found in straddling) == (2 if len(ranks) == 2 else 6)
+
+
 @pytest.mark.parametrize("name", ["fsdp_and_sequence", "fsdp_and_ring"])
 def test_fsdp_over_the_batch_and_the_sequence_split_equal_one_process(launched, name):
     ranks = launched(4)  # a 2 × 2 mesh: dp × cp (Ulysses, or the ring)
