@@ -259,11 +259,12 @@ def core_mask(
 def blind(mask: torch.Tensor | None, n_kv: int) -> torch.Tensor | None:
     """The queries that see no key by the mask the layer hands over, [batch, 1 or heads,
     queries, 1]: every key False (sdpa's boolean mask; a left padding's query) or -inf. None
-    where the layer hands none (then every query sees a key)."""
-    if mask is None:
+    where the layer hands none (then every query sees a key), or a mask over more keys than
+    it hands (transformers 5.0's BERT in generate: sdpa fails there, and the door reads it as
+    eager does, `core_mask`, giving eager's result)."""
+    if mask is None or mask.shape[-1] != n_kv:
         return None
-    seen = mask[..., :n_kv]
-    seen = seen if seen.dtype == torch.bool else seen > -math.inf
+    seen = mask if mask.dtype == torch.bool else mask > -math.inf
     return ~seen.any(-1, keepdim=True)
 
 
@@ -313,9 +314,9 @@ def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def own_causal(module: nn.Module, n: int, n_kv: int) -> torch.Tensor | None:
     """The causal mask a layer sets its scores by before adding the mask it hands over, [1, 1,
     queries, keys], or None: GPT-2's in transformers 5.0, its boolean buffer `bias` (a score it
-    hides is the dtype's minimum, one both hide -inf, so a query that sees no key, a left
-    padding's, spreads its weight over the keys up to it, where other layers' spread it over
-    every key)."""
+    hides is the dtype's minimum, one both hide -inf, so where the door stands in for eager, a
+    query that sees no key, a left padding's, spreads its weight over the keys up to it, where
+    other layers' spread it over every key; where it stands in for sdpa, `as_sdpa` zeros it)."""
     buffer = getattr(module, "bias", None)
     if (
         not torch.is_tensor(buffer)
