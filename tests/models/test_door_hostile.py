@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 
+import indexattn
+
 transformers = pytest.importorskip("transformers")
 
 from indexattn.transformers import attention  # noqa: E402
@@ -61,6 +63,46 @@ def test_twin_without_output_attentions_the_model_builds_and_runs():
     model = llama(output_attentions=False)
     ids = torch.randint(0, 40, (1, 5))
     assert model(input_ids=ids).logits.shape == (1, 5, 40)
+
+
+WEIGHTS = """
+index τ : N
+index σ : N_kv
+index g : h_kv
+index r : n_rep
+index a : d_k
+index c : d_v
+input  Q_<grτa>
+input  K_<gσa>
+input  V_<gσc>
+input  M_<τσ>
+scalar scaling = 0.125
+S_<grτσ> = Q_<grτa> K_<gσa> scaling + M_<τσ>
+A_<grτσ> = softmax_<σ>(S_<grτσ>)
+O_<grτc> = A_<grτσ> V_<gσc>
+output O, A
+"""  # gqa_core's scores, its weights output too
+
+
+def test_twin_configured_with_a_core_that_outputs_weights_it_builds_and_returns_them():
+    """The refusal's twin, the core changed: one that outputs A builds under output_attentions
+    and returns each layer's weights, sdpa's own softmax of the scores (rows summing to 1)."""
+    from indexattn.transformers import register
+
+    register("indexattn_door_weights", indexattn.compile_spec(WEIGHTS, name="weights_core"))
+    config = transformers.LlamaConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=48, output_attentions=True,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="indexattn_door_weights"
+    )
+    (weights,) = model(input_ids=torch.randint(0, 40, (1, 5))).attentions
+    assert weights.shape == (1, 4, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 4, 5))
+    assert weights.triu(1).abs().max() == 0  # causal
+    with pytest.raises(NotImplementedError, match=r"output_attentions=True.*`output O, A`"):
+        model.set_attn_implementation("indexattn")  # switched to weightless cores: refused
 
 
 def left_padded(config, implementation: str):

@@ -469,7 +469,7 @@ def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp
     model.save_pretrained(tmp_path / "saved")
     run = subprocess.run(
         [sys.executable, "-c", RELOAD, str(tmp_path / "saved"), str(tmp_path / "plain")],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
     )  # fmt: skip
     seen = json.loads(run.stdout.splitlines()[-1])
     if not reads_saved_implementation():  # transformers 5.0: from_dict sets it to None
