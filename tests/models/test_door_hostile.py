@@ -161,15 +161,15 @@ def test_twin_eager_differs_from_the_door_only_at_the_padded_rows():
     assert apart[0].max() <= 1e-10 and apart[1, 2:].max() <= 1e-10
 
 
-def gemma2_padded(implementation: str):
-    """A tiny Gemma 2's logits (float32: its eager computes the softmax in float32, where the
-    float64 minimum is -inf) on a batch whose second row is left-padded by two."""
-    config = transformers.Gemma2Config(
-        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=48, head_dim=8, sliding_window=3,
+def bigbird_padded(implementation: str):
+    """A tiny BigBirdPegasus decoder's logits (float32) on a batch whose second row is
+    left-padded by two. transformers runs BigBirdPegasus without sdpa (5.0 to 5.24)."""
+    config = transformers.BigBirdPegasusConfig(
+        vocab_size=40, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+        decoder_ffn_dim=48, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = transformers.BigBirdPegasusForCausalLM(config).eval()
     model.set_attn_implementation(implementation)
     ids = torch.randint(2, 40, (2, 6), generator=torch.Generator().manual_seed(1))
     padding = torch.ones_like(ids)
@@ -179,16 +179,17 @@ def gemma2_padded(implementation: str):
 
 
 def test_a_family_run_with_eager_keeps_eagers_mean_of_v():
-    """Where transformers runs the family without sdpa (Gemma 2), the door stands in for eager:
-    it is handed eager's mask, and a left-padded row keeps eager's mean of V."""
-    ours, eager = gemma2_padded("indexattn"), gemma2_padded("eager")
+    """Where transformers runs the family without sdpa (BigBirdPegasus), the door stands in for
+    eager: it is handed eager's mask, and a left-padded row keeps eager's mean of V."""
+    assert attention.handed("bigbird_pegasus") == attention.EAGER
+    ours, eager = bigbird_padded("indexattn"), bigbird_padded("eager")
     torch.testing.assert_close(ours, eager, atol=1e-5, rtol=0)
 
 
 def test_twin_handed_sdpas_mask_the_padded_rows_are_zeros(monkeypatch):
-    """The same Gemma 2 handed sdpa's mask (as if transformers ran it with sdpa): its padded
-    rows are zeros, off eager's there and only there."""
-    monkeypatch.setitem(attention.HANDED, "gemma2", attention.SDPA)
-    apart = (gemma2_padded("indexattn") - gemma2_padded("eager")).abs().amax(-1)
+    """The same BigBirdPegasus handed sdpa's mask (as if transformers ran it with sdpa): its
+    padded rows are zeros, off eager's there and only there."""
+    monkeypatch.setitem(attention.HANDED, "bigbird_pegasus", attention.SDPA)
+    apart = (bigbird_padded("indexattn") - bigbird_padded("eager")).abs().amax(-1)
     assert apart[1, :2].min() > 1e-3
     assert apart[0].max() <= 1e-5 and apart[1, 2:].max() <= 1e-5

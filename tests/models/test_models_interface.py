@@ -325,7 +325,8 @@ def test_the_core_spec_runs_under_torch_compile():
         model.zero_grad()
         out = forward(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False)
         out.loss.backward()
-        return out.logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        logits = unpadded(out.logits.detach(), padding)
+        return logits, model.model.layers[0].self_attn.q_proj.weight.grad.clone()
 
     want = loss_and_grad(model)
     model.set_attn_implementation("indexattn")
