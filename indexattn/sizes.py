@@ -59,6 +59,26 @@ class Rank:
 
 
 @dataclass(frozen=True)
+class Lead:
+    """Two inputs whose declared layouts begin with the same index, `first` declaring more
+    axes (Q_<grτa>, K_<gσa>): given at one rank, `first` with fewer batch axes, `second`'s
+    first axis would be read as a batch and `first`'s as that index (sdpa's [batch, heads, N,
+    d] given to both: the batch read as h_kv), so the call is refused (`message` + the
+    shapes)."""
+
+    first: int
+    second: int
+    first_rank: int
+    second_rank: int
+    message: str
+
+    def check(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        x, y = shapes[self.first], shapes[self.second]
+        if len(x) == len(y) and len(x) - self.first_rank < len(y) - self.second_rank:
+            raise ShapeError(f"{self.message}{tuple(x)} and {tuple(y)}")
+
+
+@dataclass(frozen=True)
 class Rules:
     """Every shape check of a spec as plain data: sizes read from axes, then every axis
     checked. No sympy at call time, so under torch.compile each comparison is a guard."""
@@ -69,6 +89,7 @@ class Rules:
     reads: tuple[Read, ...]
     checks: tuple[Check, ...]
     quotients: tuple[Quotient, ...] = ()
+    leads: tuple[Lead, ...] = ()
 
     def solve(self, shapes: Sequence[tuple[int, ...]], given: dict[str, int]) -> dict[str, int]:
         """Sizes by ASCII name from the arguments' shapes (in argument order) and the given
@@ -86,6 +107,8 @@ class Rules:
             shape = shapes[rank.argument]
             if len(shape) < rank.rank or (len(shape) != rank.rank and not rank.batched):
                 raise ShapeError(f"{rank.message}{tuple(shape)}")
+        for lead in self.leads:
+            lead.check(shapes)
         for read in self.reads:
             self.read(read, shapes[read.argument][read.axis], values, given)
         for quotient in self.quotients:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..sizes import Check, Quotient, Rank, Read, Rules, Tree
+from ..sizes import Check, Lead, Quotient, Rank, Read, Rules, Tree
 from .nodes import Apply, At, Field, Index, Ref, Spec, Tensor, children, refs
 
 
@@ -106,7 +106,41 @@ def rules(spec: Spec, plan: Recipe) -> Rules:
         Rank(k, len(t.layout), t.batched, _rank_text(spec, t)) for k, t in enumerate(spec.arguments)
     )
     required = tuple(names[s] for s in plan.required)
-    return Rules(spec.name, required, ranks, reads, checks, _quotients(spec))
+    return Rules(spec.name, required, ranks, reads, checks, _quotients(spec), _leads(spec))
+
+
+def _leads(spec: Spec) -> tuple[Lead, ...]:
+    """The pairs of inputs whose layouts begin with the same index, the first declaring more
+    axes and the second at least two (`Lead`: Q_<grτa> and K_<gσa>), each with the message
+    that refuses them given at one rank, the first with fewer batch axes. Not a second of one
+    axis (positions P_<τ>, ids D_<τ>): an unbatched causal M_<τσ> beside positions [batch, N]
+    broadcasts, as it always has."""
+    inputs = [(k, t) for k, t in enumerate(spec.arguments) if t.role == "input"]
+    return tuple(
+        Lead(k, j, len(x.layout), len(y.layout), _lead_text(spec, x, y))
+        for k, x in inputs
+        for j, y in inputs
+        if x.layout[:1] == y.layout[:1] and len(x.layout) > len(y.layout) >= 2
+    )
+
+
+def _lead_text(spec: Spec, x: Tensor, y: Tensor) -> str:
+    first = "".join(i.glyph for i in x.layout[0])
+    size = x.shape[0]
+    takes = ", ".join(map(str, x.shape))
+    split = ""
+    if set(x.layout[1]).isdisjoint(i for axis in y.layout for i in axis):  # heads (g r)
+        split = (
+            f" (from sdpa's [batch, heads, ...]: {x.ascii}.unflatten(1, ({size}, -1)), its"
+            f" heads split as ({' '.join(i.glyph for i in x.layout[0] + x.layout[1])}))"
+        )
+    return (
+        f"{spec.name}: {x!r} and {y!r} both begin with {first} ({size}), and {x.ascii} was given"
+        f" fewer batch axes at the same rank: {y.ascii}'s first axis would be read as a batch"
+        f" and {x.ascii}'s as {size}. Give each its batch axes first, {x.ascii} as [*batch,"
+        f" {takes}]{split} and {y.ascii} as [*batch, {', '.join(map(str, y.shape))}]; to"
+        f" broadcast {x.ascii} over the batch on purpose, give it a leading axis of 1. Given: "
+    )
 
 
 def quotients(spec: Spec) -> dict[sympy.Expr, tuple[Index, ...]]:

@@ -112,9 +112,7 @@ class CoreAttention:
                 " register a core spec that outputs them too (`output O, A`), or call the model"
                 " without output_attentions"
             )
-        if weights is not None:
-            weights = weights.flatten(1, 2)  # heads (g r), as transformers returns them
-        return out.flatten(1, 2).transpose(1, 2), weights
+        return as_sdpa(out, weights, blind(attention_mask, key.shape[-2]))
 
     def _keywords(self, module: nn.Module, query: torch.Tensor, kwargs: dict) -> dict:
         """The spec's scalars from the layer's keywords; a keyword the spec cannot honour is an
@@ -258,6 +256,34 @@ def core_mask(
     return mask[:, 0]
 
 
+def blind(mask: torch.Tensor | None, n_kv: int) -> torch.Tensor | None:
+    """The queries that see no key by the mask the layer hands over, [batch, 1 or heads,
+    queries, 1]: every key False (sdpa's boolean mask; a left padding's query) or -inf. None
+    where the layer hands none (then every query sees a key), or a mask over more keys than
+    it hands (transformers 5.0's BERT in generate: sdpa fails there, and the door reads it as
+    eager does, `core_mask`, giving eager's result)."""
+    if mask is None or mask.shape[-1] != n_kv:
+        return None
+    seen = mask if mask.dtype == torch.bool else mask > -math.inf
+    return ~seen.any(-1, keepdim=True)
+
+
+def as_sdpa(out: torch.Tensor, weights: torch.Tensor | None, blind: torch.Tensor | None):
+    """The core's output [batch, g, r, queries, c] as transformers takes it, [batch, queries,
+    heads (g r), c] (and the weights [batch, heads, queries, keys]), as torch's sdpa gives them
+    on the mask handed over: zeros, values and gradients, where a query sees no key (`blind`),
+    where the core's softmax over a row of the dtype's minimum gives the mean of V. A mask that
+    hides by the dtype's minimum (eager's, `layer_mask`) blinds nothing: there the mean of V
+    stays, as sdpa and eager give it. Filled after the transpose: the layout the core wrote
+    stays (a layer's .view of it works)."""
+    out = out.flatten(1, 2).transpose(1, 2)
+    weights = None if weights is None else weights.flatten(1, 2)
+    if blind is None:
+        return out, weights
+    weights = None if weights is None else weights.masked_fill(blind, 0)
+    return out.masked_fill(blind.transpose(1, 2), 0), weights
+
+
 def folded(mask: torch.Tensor, kwargs: dict) -> torch.Tensor:
     """The additive mask with the keywords that are one with it (FOLDED), as eager reads them:
     `indices` [batch, queries, k], the keys each query selects (the layer hides the others in
@@ -288,9 +314,9 @@ def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def own_causal(module: nn.Module, n: int, n_kv: int) -> torch.Tensor | None:
     """The causal mask a layer sets its scores by before adding the mask it hands over, [1, 1,
     queries, keys], or None: GPT-2's in transformers 5.0, its boolean buffer `bias` (a score it
-    hides is the dtype's minimum, one both hide -inf, so a query that sees no key, a left
-    padding's, spreads its weight over the keys up to it, where other layers' spread it over
-    every key)."""
+    hides is the dtype's minimum, one both hide -inf, so where the door stands in for eager, a
+    query that sees no key, a left padding's, spreads its weight over the keys up to it, where
+    other layers' spread it over every key; where it stands in for sdpa, `as_sdpa` zeros it)."""
     buffer = getattr(module, "bias", None)
     if (
         not torch.is_tensor(buffer)
@@ -364,39 +390,48 @@ class Cores:
 
 
 def layer_mask(*args, config=None, **kwargs) -> torch.Tensor | None:
-    """The mask an indexattn model's layers get: sdpa's (transformers' sdpa_mask: none where it
-    is plainly causal, or plainly sees every key), but always built for a family that does not
-    run sdpa: transformers never called its layers without a mask, and their is_causal may not
-    say what the mask did (BigBirdPegasus's decoder: False, its mask causal). Once a decode
-    step: the family is read off the config's class (a config instance's attributes go through
-    transformers' own lookup)."""
-    if config is not None and builds_mask(getattr(type(config), "model_type", "")):
+    """The mask an indexattn model's layers get: the one of the implementation the door stands
+    in for, the one transformers runs the family with (`handed`). sdpa's (transformers'
+    sdpa_mask: boolean, none where it is plainly causal or plainly sees every key), always
+    built for BUILT; eager's (float, the dtype's minimum hiding) for a family transformers does
+    not run with sdpa: transformers never called its layers without a mask, and their
+    is_causal may not say what the mask did (BigBirdPegasus's decoder: False, its mask causal).
+    A query that sees no key then gets what that implementation gives it (`as_sdpa`): sdpa's
+    zeros, eager's mean of V. Once a decode step: the family is read off the config's class (a
+    config instance's attributes go through transformers' own lookup)."""
+    kind = SDPA if config is None else handed(getattr(type(config), "model_type", ""))
+    if kind == EAGER:
+        return masks().eager_mask(*args, config=config, **kwargs)
+    if kind == BUILT_SDPA:
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
-    return sdpa_mask()(*args, config=config, **kwargs)
+    return masks().sdpa_mask(*args, config=config, **kwargs)
 
 
 BUILT = {  # families whose layers read the mask as built, and sdpa's skipped one wrongly: why
     "doge": "its dynamic mask adds the one handed over, and is not causal without it (5.0)",
 }
+SDPA, BUILT_SDPA, EAGER = "sdpa", "sdpa, built", "eager"  # the mask a family is handed
 
 
-def sdpa_mask():
-    """transformers' sdpa mask function (imported when first asked for: a look-up after)."""
-    from transformers.masking_utils import sdpa_mask
+def masks():
+    """transformers' masking_utils (imported when first asked for: a look-up after)."""
+    from transformers import masking_utils
 
-    return sdpa_mask
+    return masking_utils
 
 
 # Memos by model type, as plain dicts: torch.compile traces a model's mask function, and
 # warns at each functools.cache it meets there (docs/decisions.md, "Memos Dynamo traces").
-BUILDS: dict[str, bool] = {}
+HANDED: dict[str, str] = {}
 
 
-def builds_mask(model_type: str) -> bool:
-    """Whether the family's layers always get a mask built: BUILT, or not run with sdpa."""
-    found = BUILDS.get(model_type)
+def handed(model_type: str) -> str:
+    """The mask a family's layers are handed: EAGER where transformers does not run it with
+    sdpa, BUILT_SDPA for BUILT, else SDPA."""
+    found = HANDED.get(model_type)
     if found is None:
-        found = BUILDS[model_type] = model_type in BUILT or not runs_sdpa(model_type)
+        found = EAGER if not runs_sdpa(model_type) else BUILT_SDPA if model_type in BUILT else SDPA
+        HANDED[model_type] = found
     return found
 
 

@@ -10,7 +10,8 @@ and checked in five columns against the same model with eager attention, compute
 throughout (`float64_throughout`: transformers' eager softmax, and some eager attentions and
 MoE routers, work in float32 on purpose):
 
-- logits: a left-padded batch's logits within 1e-10 of the largest, the core having run;
+- logits: a left-padded batch's logits within 1e-10 of the largest, the core having run (a
+  padding query's left out: it sees no key, and the door gives it sdpa's zeros);
 - generate, left-padded generate: greedy generate() with the cache on, the same tokens and
   every step's logits within 1e-10, the core having run on the new tokens;
 - save/load: save_pretrained under "indexattn", from_pretrained back: the same logits;
@@ -268,8 +269,12 @@ def prompt(padded: bool):
 
 
 def forward(model, ids, padding):
+    """The logits, a padding query's row zeroed: it sees no key, and gets what the
+    implementation the door stands in for gives it (sdpa's zeros, eager's mean of V: compared
+    with sdpa in tests/models/test_door_hostile.py), not eager's wherever the family runs sdpa."""
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+        logits = model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+    return logits.masked_fill((padding == 0).reshape(*padding.shape, *[1] * (logits.dim() - 2)), 0)
 
 
 def greedy(model, ids, padding):

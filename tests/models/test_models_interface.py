@@ -111,8 +111,17 @@ def prompt(n: int = N):
 
 
 def logits(model, ids, padding):
+    """The logits, the rows of padding queries zeroed (`unpadded`)."""
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+        out = model(input_ids=ids, attention_mask=padding, use_cache=False).logits
+    return unpadded(out, padding)
+
+
+def unpadded(rows, padding):
+    """`rows` [batch, N, ...] with a padding query's zeroed: it sees no key, and gets what the
+    implementation gives such a query (sdpa's zeros, eager's mean of V; the door's: the one it
+    stands in for, tests/models/test_door_hostile.py)."""
+    return rows.masked_fill((padding == 0).reshape(*padding.shape, *[1] * (rows.dim() - 2)), 0)
 
 
 def assert_relative(got, want, tol=1e-10):
@@ -253,7 +262,8 @@ def test_dropout_is_the_core_spec_s(family):
 
     def train_logits():
         torch.manual_seed(5)
-        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits.detach()
+        out = model(input_ids=ids, attention_mask=padding, use_cache=False).logits.detach()
+        return unpadded(out, padding)
 
     want = train_logits()
     model.set_attn_implementation("indexattn")
@@ -315,7 +325,8 @@ def test_the_core_spec_runs_under_torch_compile():
         model.zero_grad()
         out = forward(input_ids=ids, attention_mask=padding, labels=labels, use_cache=False)
         out.loss.backward()
-        return out.logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        logits = unpadded(out.logits.detach(), padding)
+        return logits, model.model.layers[0].self_attn.q_proj.weight.grad.clone()
 
     want = loss_and_grad(model)
     model.set_attn_implementation("indexattn")
@@ -399,7 +410,8 @@ def test_a_model_where_indexattn_would_never_run_is_refused_when_built_or_switch
 
 def test_output_attentions_returns_the_weights_or_is_refused():
     """A core that outputs no weights refuses output_attentions=True (it returned an empty
-    tuple); one that outputs A returns eager's weights. The twin: another padding moves them."""
+    tuple); one that outputs A returns eager's weights, but a padding query's: zeros, as its
+    output is (sdpa's, which the door stands in for). The twin: another padding moves them."""
     model = model_of("llama")
     ids, padding = prompt()
     with torch.no_grad():
@@ -414,7 +426,8 @@ def test_output_attentions_returns_the_weights_or_is_refused():
     assert len(got) == len(want) == 2
     for g, w, o in zip(got, want, other):
         assert g.shape == w.shape == (B, 4, N, N)
-        assert_relative(g, w)
+        assert_relative(unpadded(g.transpose(1, 2), padding), unpadded(w.transpose(1, 2), padding))
+        assert g[1, :, :2].abs().max() == 0 < w[1, :, :2].abs().min()
         with pytest.raises(AssertionError):
             assert_relative(o, w)
 
@@ -457,7 +470,7 @@ def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp
     model.save_pretrained(tmp_path / "saved")
     run = subprocess.run(
         [sys.executable, "-c", RELOAD, str(tmp_path / "saved"), str(tmp_path / "plain")],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
     )  # fmt: skip
     seen = json.loads(run.stdout.splitlines()[-1])
     if not reads_saved_implementation():  # transformers 5.0: from_dict sets it to None
@@ -532,10 +545,11 @@ def test_cross_attention_is_eager_s(counted):
 
     def run(states):
         with torch.no_grad():
-            return model(
+            out = model(
                 input_ids=ids, attention_mask=padding, encoder_hidden_states=states,
                 encoder_attention_mask=kept, use_cache=False,
             ).logits  # fmt: skip
+        return unpadded(out, padding)
 
     want = run(encoder)
     model.set_attn_implementation("indexattn")
@@ -572,12 +586,13 @@ def test_a_mask_longer_than_the_keys_is_cut_to_them_as_eager_cuts_it():
 
 
 @pytest.mark.parametrize("scaled", [True, False])
-def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
+def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled, monkeypatch):
     """transformers 5.0's GPT-2 passes no scaling (its eager divides by √d_v where
     scale_attn_weights, and by the layer's index + 1 where scale_attn_by_inverse_layer_idx) and
     masks its scores with its own causal buffer before adding the mask (a left-padding query,
-    seeing no key, spreads its weight over the keys before it): every logit, padding's too, is
-    eager's. The twin: the flag moves the logits, so the core honours it."""
+    seeing no key, spreads its weight over the keys before it): where the door stands in for
+    eager (handed eager's mask, as for a family transformers runs without sdpa), every logit,
+    padding's too, is eager's. The twin: the flag moves the logits, so the core honours it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     def model(by_layer: bool):
@@ -589,13 +604,20 @@ def test_gpt2_s_own_scale_and_causal_mask_are_eager_s(scaled):
         torch.manual_seed(0)
         return GPT2LMHeadModel(config).double().eval()
 
+    monkeypatch.setitem(hf.attention.HANDED, "gpt2", hf.attention.EAGER)
     ids, padding = prompt()
     gpt2 = model(by_layer=True)
-    want = logits(gpt2, ids, padding)
+    want = every_logit(gpt2, ids, padding)
     gpt2.set_attn_implementation("indexattn")
-    assert_relative(logits(gpt2, ids, padding), want)
+    assert_relative(every_logit(gpt2, ids, padding), want)
     with pytest.raises(AssertionError):
-        assert_relative(logits(model(by_layer=False), ids, padding), want)
+        assert_relative(every_logit(model(by_layer=False), ids, padding), want)
+
+
+def every_logit(model, ids, padding):
+    """The logits, padding queries' too."""
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=padding, use_cache=False).logits
 
 
 def test_a_mask_per_head_is_eager_s():

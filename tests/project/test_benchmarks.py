@@ -54,3 +54,37 @@ def test_a_case_with_a_hand_module_of_its_own_agrees_with_the_spec(name):
         both["eager"][2][0].view(-1)[0] += 1.0
     with pytest.raises(AssertionError):
         agree(both)
+
+
+NO_FCNTL = """
+import sys
+sys.modules["fcntl"] = None  # as on Windows: `import fcntl` raises ImportError
+sys.path.insert(0, sys.argv[1])
+import scaling
+scaling.RESULTS = scaling.Path(sys.argv[2])
+scaling.keep({"name": "mha", "n": 16, "who": "spec", "mode": "forward", "s": 1.0})
+print(len(scaling.load()))
+"""
+
+
+def test_the_scaling_benchmark_keeps_its_results_where_fcntl_does_not_exist(tmp_path):
+    """Failed before (issue 51, the first hour): benchmarks/scaling.py imported fcntl, which
+    Windows has not; its lock is filelock's (shipped with torch)."""
+    where = [str(ROOT / "benchmarks"), str(tmp_path / "scaling.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", NO_FCNTL, *where], capture_output=True, text=True, env=env,
+        timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"mha"' in (tmp_path / "scaling.json").read_text()
+
+
+def test_twin_a_module_importing_fcntl_fails_there(tmp_path):
+    (tmp_path / "locking.py").write_text("import fcntl\n")
+    source = NO_FCNTL.replace("import scaling", "import locking").split("scaling.RESULTS")[0]
+    done = subprocess.run(
+        [sys.executable, "-c", source, str(tmp_path), "x"], capture_output=True, text=True,
+        timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0 and "fcntl" in done.stderr

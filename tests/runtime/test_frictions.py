@@ -102,3 +102,43 @@ def test_twin_a_folder_there_before_keeps_its_mode(tmp_path, monkeypatch):
     compiled._compile(GELU.format("exp"), "before", "<before>")
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755
     assert where.stat().st_mode & 0o777 == 0o700
+
+
+CORES = ("gqa_core", "gqa_causal_core", "gqa_unmasked_core")  # the transformers door's cores
+
+
+def sdpa_layout(batch: int):
+    """sdpa's layout, [batch, heads, N, d]: 4 query heads on 2 key/value heads."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(batch, h, 5, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+    return q, k, v, torch.randn(5, 5, generator=gen, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("batch", [2, 3])  # 2 = h_kv: broadcast silently before
+@pytest.mark.parametrize("name", CORES)
+def test_sdpas_layout_given_to_a_core_is_refused_naming_the_layout_it_takes(name, batch):
+    """Failed before: with the batch equal to h_kv, out came [2, 2, 4, 5, 8] (Q's batch read as
+    h_kv and broadcast); else `K_<gσa>, axis 0 (g): expected size h_kv = 3`, a size the user
+    never set."""
+    core = indexattn.compile_spec(name)
+    q, k, v, m = sdpa_layout(batch)
+    masks = {"M": m} if "M" in core.arguments else {}
+    refused = r"Q_<grτa> and K_<g\S+a> both begin with g"
+    with pytest.raises(indexattn.ShapeError, match=refused) as e:
+        core(Q=q, K=k, V=v, scaling=0.3, **masks)
+    assert "Q as [*batch, h_kv, n_rep, N, d_k]" in str(e.value)
+    assert "Q.unflatten(1, (h_kv, -1))" in str(e.value)
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_twin_the_layout_the_message_names_runs_and_is_sdpas(name):
+    """The same tensors, Q's heads split as the message says: sdpa's output (its keys and
+    values repeated per group, as transformers' repeat_kv); the mask unbatched still broadcasts."""
+    core = indexattn.compile_spec(name)
+    q, k, v, m = sdpa_layout(2)
+    masks = {"M": m} if "M" in core.arguments else {}
+    out = core(Q=q.unflatten(1, (2, -1)), K=k, V=v, scaling=0.3, **masks).flatten(1, 2)
+    k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    want = sdpa(q, k, v, attn_mask=masks.get("M"), is_causal=name == "gqa_causal_core", scale=0.3)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
