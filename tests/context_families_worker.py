@@ -3,8 +3,8 @@ context_families_worker.py RANK WORLD PORT OUT`.
 
 Tiny causal LMs of the families whose layers are not all plainly causal, built from configs
 (random weights, float64, nothing downloaded), split over the sequence with
-indexattn.distributed.context_parallel_model, against the same model in one process (eager,
-its softmax kept in float64): Mistral (a window on every layer), Gemma 2 (sliding and global
+indexattn.distributed.context_parallel_model, against the same model in one process (eager;
+softmax and RMSNorms in float64): Mistral (a window on every layer), Gemma 2 (sliding and global
 layers alternating, soft-capped scores), Gemma 3 (sliding and global layers, each with its
 rotary), GPT-OSS (sinks, sliding and full layers) and Llama 4 (chunked and full layers). The
 largest difference in this rank's block of the logits and in every parameter's gradient
@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 
 import torch
 import torch.distributed as dist
 import transformers
 from context_models_worker import B, N, step  # tests/ is on a script's path
 from distributed_worker import run_checks, start
-from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
 from indexattn.parallel.distributed import context_parallel_model, sequence_block, sum_gradients
 from indexattn.transformers import context
@@ -66,10 +66,25 @@ FAMILIES = {  # config class, its settings
 EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
 
 
-def gemma_norm(self, x: torch.Tensor) -> torch.Tensor:
-    """Gemma's RMSNorm in the input's dtype: transformers' casts it to float32 (x.float()),
-    whose rounding would hide a difference of 1e-10 (the same formula, both models)."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+def float64_norm(offset: float):
+    """The family's RMSNorm forward in the input's dtype, its formula as transformers has it
+    (Gemma's weight an offset from 1): transformers' casts to float32, whose rounding would
+    hide a difference of 1e-10 (both models run it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + self.weight)
+
+    return forward
+
+
+NORMS = {  # the families' RMSNorm classes and the offset of their weight
+    "mistral.modeling_mistral.MistralRMSNorm": 0.0,
+    "gemma2.modeling_gemma2.Gemma2RMSNorm": 1.0,
+    "gemma3.modeling_gemma3.Gemma3RMSNorm": 1.0,
+    "gpt_oss.modeling_gpt_oss.GptOssRMSNorm": 0.0,
+    "llama4.modeling_llama4.Llama4TextRMSNorm": 0.0,
+}
 
 
 def model_of(family: str) -> torch.nn.Module:
@@ -97,13 +112,15 @@ TWINS = {  # what rank 1's layers of one kind get instead
 def perturbed(twin: str, ranks: tuple[int, ...]):
     """The layers of the kind the twin changes (a window, a chunk, sinks) get the twin's kind
     on `ranks`: the other ranks, and every other layer, as they are."""
-    kind_of = context.ContextAttention.kind
-    changed = TWINS.get(twin)
+    if not twin:
+        yield
+        return
+    kind_of, changed = context.ContextAttention.kind, TWINS[twin]
 
     def kind(self, module, kwargs):
         found = kind_of(self, module, kwargs)
         touched = {"chunk": found.chunk, "no sinks": found.sinks or None}.get(twin, found.window)
-        if changed is None or dist.get_rank() not in ranks or touched is None:
+        if dist.get_rank() not in ranks or touched is None:
             return found
         return changed(found)
 
@@ -155,8 +172,10 @@ def main() -> None:
     torch.set_default_dtype(torch.float64)
     softmax = torch.nn.functional.softmax  # eager's softmax in float64, not float32
     torch.nn.functional.softmax = lambda x, dim=None, dtype=None, **kw: softmax(x, dim, **kw)
-    for norm in (transformers.models.gemma2.modeling_gemma2.Gemma2RMSNorm, Gemma3RMSNorm):
-        norm.forward = gemma_norm
+    for name, offset in NORMS.items():
+        module, _, norm = name.rpartition(".")
+        code = importlib.import_module(f"transformers.models.{module}")
+        getattr(code, norm).forward = float64_norm(offset)
     rank, out, mesh = start()
     run_checks({name: lambda c=c: check(mesh, *c) for name, c in CHECKS.items()}, rank, out)
 
