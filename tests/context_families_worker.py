@@ -132,9 +132,9 @@ def perturbed(twin: str, ranks: tuple[int, ...]):
 
 
 def check(mesh, family: str, strategy: str, layout: str, twin: str = "") -> dict:
-    model = model_of(family)
-    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
-    positions = torch.arange(N).expand(B, N)
+    model, device = model_of(family).to(mesh.device_type), mesh.device_type
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2)).to(device)
+    positions = torch.arange(N, device=device).expand(B, N)
 
     def block(v):
         return sequence_block(v, mesh, dim=1, layout=layout)
@@ -168,14 +168,20 @@ CHECKS = {  # name: family, strategy, layout, twin
 }
 
 
-def main() -> None:
+def float64() -> None:
+    """Eager's softmax and the families' RMSNorms in float64 (transformers' cast to float32),
+    in both models: set before any model runs."""
     torch.set_default_dtype(torch.float64)
-    softmax = torch.nn.functional.softmax  # eager's softmax in float64, not float32
+    softmax = torch.nn.functional.softmax
     torch.nn.functional.softmax = lambda x, dim=None, dtype=None, **kw: softmax(x, dim, **kw)
     for name, offset in NORMS.items():
         module, _, norm = name.rpartition(".")
         code = importlib.import_module(f"transformers.models.{module}")
         getattr(code, norm).forward = float64_norm(offset)
+
+
+def main() -> None:
+    float64()
     rank, out, mesh = start()
     run_checks({name: lambda c=c: check(mesh, *c) for name, c in CHECKS.items()}, rank, out)
 
