@@ -44,14 +44,14 @@ def step(llama, ids, positions, block, move: float = 0.0):
     llama.get_input_embeddings().register_forward_hook(lambda _, given, out: out + move)
     out = llama(input_ids=block(ids), position_ids=positions, use_cache=False).logits
     probe = torch.randn(B, N, out.shape[-1], generator=torch.Generator().manual_seed(7))
-    (out * block(probe)).sum().backward()
+    (out * block(probe.to(out.device))).sum().backward()
     return out, [p.grad for p in llama.parameters()]
 
 
 def check(mesh, strategy: str, zigzag: bool, twin: str = "", fsdp: bool = False) -> dict:
-    llama = model()
-    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2))
-    positions = torch.arange(N).expand(B, N)
+    llama, device = model().to(mesh.device_type), mesh.device_type  # cuda: this rank's card
+    ids = torch.randint(0, 40, (B, N), generator=torch.Generator().manual_seed(2)).to(device)
+    positions = torch.arange(N, device=device).expand(B, N)
 
     def block(v):
         return sequence_block(v, mesh, dim=1, zigzag=zigzag)

@@ -81,7 +81,7 @@ def run(module, xs: dict, block, split: set[str], move: bool = False, scalars=No
     out = module(**leaves, **(scalars or {}))
     out = out[0] if isinstance(out, tuple) else out  # sdpa returns its weights too
     weight = torch.randn(B, N, *out.shape[2:], generator=torch.Generator().manual_seed(7))
-    (out * block(weight)).sum().backward()
+    (out * block(weight.to(out.device))).sum().backward()
     grads = [p.grad for p in module.parameters()]
     grads += [v.grad for v in leaves.values() if v.requires_grad]
     return out, grads
@@ -94,8 +94,9 @@ def check(
     `layout` is given to both context_parallel and sequence_block (by default, the ring's
     checks run on zig-zag blocks); "default" gives neither. `docs`: the document ids."""
     torch.manual_seed(0)
-    module = build().eval()
+    module = build().eval().to(mesh.device_type)  # the mesh's card (cuda: this rank's own)
     xs, split = inputs(module, docs=docs), along(module, **where)
+    xs = {k: v.to(mesh.device_type) for k, v in xs.items()}
     ring = strategy == "ring"
     if layout is None:
         layout = "zigzag" if ring else "contiguous"
@@ -272,8 +273,9 @@ def sent(mesh, build, **where) -> dict:
     """Elements this rank sent in one step, by collective: counted as they ran (CountSent)
     and as indexattn.sequence.ulysses_sent counts them at the same sizes."""
     torch.manual_seed(0)
-    module = build().eval()
+    module = build().eval().to(mesh.device_type)  # the mesh's card (cuda: this rank's own)
     xs, split = inputs(module), along(module, **where)
+    xs = {k: v.to(mesh.device_type) for k, v in xs.items()}
     parallel = context_parallel(module, mesh, **where)
     with CountSent(mesh.size()) as counter:
         run(parallel, xs, lambda v: sequence_block(v, mesh, dim=1), split)

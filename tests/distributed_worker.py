@@ -203,14 +203,20 @@ def error_of(call, *errors: type[Exception]) -> str:
     return "no error"
 
 
-def start() -> tuple[int, Path, DeviceMesh]:
+def start(device: str = "cpu") -> tuple[int, Path, DeviceMesh]:
     """This rank of `python WORKER RANK WORLD PORT OUT`: its process group joined on
-    127.0.0.1 (gloo); its rank, OUT and the 1-D mesh of every rank."""
+    127.0.0.1 (gloo on the CPU; NCCL where `device` is "cuda", each rank on card RANK); its
+    rank, OUT and the 1-D mesh of every rank."""
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    if device == "cuda":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "nccl" if device == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
     )
-    return rank, out, init_device_mesh("cpu", (world,))
+    return rank, out, init_device_mesh(device, (world,))
 
 
 def main() -> None:

@@ -312,7 +312,7 @@ class _Shards:
                 f"is a multiple of {world}"
             )
         self.heads, self.world = heads, world
-        self.first = torch.tensor(mesh.get_local_rank() == 0, device=mesh.device_type)
+        self.first = mesh.get_local_rank() == 0
         self.sizes = {**module.sizes, plan.size: heads // world}
         ir_spec = module.spec.ir
         self.layouts = {t.ascii: len(t.layout) for t in ir_spec.tensors}
@@ -338,7 +338,8 @@ class _Shards:
     def once(self, whole: DTensor) -> torch.Tensor:
         """Rank 0's copy of a replicated value, zeros on the others: added once in all."""
         local = whole.to_local(grad_placements=[Partial()])
-        return torch.where(self.first, local, torch.zeros((), dtype=local.dtype))
+        first = torch.full((), self.first, device=local.device)  # the value's device, any card
+        return torch.where(first, local, torch.zeros((), dtype=local.dtype, device=local.device))
 
     def gather(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """An output made whole: summed over ranks (partial) or gathered along its heads."""

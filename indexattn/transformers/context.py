@@ -1,7 +1,9 @@
 """A transformers model with its sequence split over processes: each rank holds a block of the
 tokens and of their position_ids, rotary reads those global positions, and each layer's
-attention core (specs/gqa_causal_core.attn) runs split over the sequence (ring or Ulysses,
-indexattn.distributed.context_parallel) in place of attn_implementation="indexattn".
+attention core runs split over the sequence (ring or Ulysses,
+indexattn.distributed.context_parallel) in place of attn_implementation="indexattn": the core
+of the layer's kind (`Kind`: causal, a window, a chunk, a soft cap, sinks), its mask a
+predicate on the global positions.
 
 >>> model = indexattn.distributed.context_parallel_model(model, mesh)  # doctest: +SKIP
 >>> block = functools.partial(sequence_block, mesh=mesh, dim=1)  # doctest: +SKIP
@@ -13,61 +15,159 @@ Imported by indexattn.distributed.context_parallel_model only: it imports transf
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..spec import compile_spec
-from .attention import CARRIED, SCALARS, SINKS, shipped
+from .attention import CARRIED, SCALARS, SINKS, shipped, unset_scaling
 from .guard import NAMES, install
 
-CORE = "gqa_causal_core.attn"  # the core the split runs: causal over global positions
-REFUSED = {  # keywords a layer may pass that the causal core split cannot honour, and why
-    "sliding_window": "a window (use strategy='ring' on a layer spec with a window)",
-    "softcap": "soft-capped scores",
-    "s_aux": "attention sinks",
+REFUSED = {  # keywords a layer may pass that no split core honours, and why
     "cu_seq_lens_q": "packed sequences",
     "cu_seq_lens_k": "packed sequences",
     "output_attentions": "returned weights",
 }
+SPLIT_KINDS = ("full_attention", "sliding_attention", "chunked_attention")  # config.layer_types'
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one layer's attention asks of the split core: its window (keys a query sees,
+    itself included; None: every key before it), its chunk (Llama 4's chunked layers), its
+    soft cap (Gemma 2), and whether it has sinks (GPT-OSS)."""
+
+    window: int | None = None
+    chunk: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    def core(self) -> str:
+        """The shipped core spec that computes this kind, or "" where none does."""
+        if self.chunk is not None:
+            plain = self.window is None and self.softcap is None and not self.sinks
+            return "gqa_chunked_core.attn" if plain else ""
+        if self.sinks:
+            return "" if self.softcap is not None else "sinks_window_core.attn"
+        if self.softcap is not None:
+            return "softcap_window_core.attn"
+        return "gqa_causal_core.attn" if self.window is None else "gqa_window_core.attn"
+
+    def scalars(self, scaling: float) -> dict:
+        """The core's scalars: the layer's scale and this kind's window, chunk or cap."""
+        given = {"scaling": scaling}
+        if self.chunk is not None:
+            return {**given, "attention_chunk_size": self.chunk}
+        if self.softcap is not None:
+            given["softcap"] = self.softcap
+        if self.window is not None or self.core() != "gqa_causal_core.attn":
+            given["sliding_window"] = math.inf if self.window is None else self.window
+        return given
+
+
+def _layer(module: nn.Module) -> str:
+    index = getattr(module, "layer_idx", None)
+    return type(module).__name__ + ("" if index is None else f" (layer {index})")
+
+
+def kind_of(module: nn.Module, kwargs: dict) -> Kind:
+    """The layer's kind, from what it passes (sliding_window, softcap, s_aux) and its config's
+    layer_types entry (a chunked layer passes no chunk: its mask holds it); a kind no core
+    splits, or a window the config's layer type contradicts, is refused by name."""
+    config = getattr(module, "config", None)
+    types, index = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    declared = types[index] if types is not None and index is not None else None
+    window = kwargs.get("sliding_window")
+    if declared is not None and declared not in SPLIT_KINDS:
+        raise NotImplementedError(
+            f"{_layer(module)} is a {declared!r} layer (config.layer_types), and a"
+            f" context-parallel model splits {', '.join(SPLIT_KINDS)} layers only: split this"
+            " model's layers with indexattn.distributed.context_parallel on a spec"
+        )
+    sliding = declared == "sliding_attention"
+    if declared in SPLIT_KINDS[:2] and sliding != (window is not None):
+        raise NotImplementedError(
+            f"{_layer(module)} is a {declared!r} layer and passes sliding_window={window!r}:"
+            " the mask transformers builds and the window the layer passes disagree; give the"
+            " layer its config's sliding_window, or use one process"
+        )
+    chunk = config.attention_chunk_size if declared == "chunked_attention" else None
+    kind = Kind(window, chunk, kwargs.get("softcap"), kwargs.get(SINKS) is not None)
+    if not kind.core():
+        raise NotImplementedError(
+            f"{_layer(module)} asks for {kind}, and no core a context-parallel model runs"
+            " takes all of that at once: swap its layers for a layer spec that does and split"
+            " them with indexattn.distributed.context_parallel"
+        )
+    return kind
+
+
+class _Share(torch.autograd.Function):
+    """A whole input of the split core (the sinks), its gradient each rank's share: the split
+    core gives every rank the gradient of all ranks' losses, and the model's gradients are
+    summed over the ranks afterwards (sum_gradients, FSDP), so each rank keeps 1/w of it."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, world: int) -> torch.Tensor:
+        ctx.world = world
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad / ctx.world, None
 
 
 class ContextAttention:
     """transformers' attention function over this rank's block of queries, keys and values:
-    the causal core split over `mesh` by `strategy` (by `split_core`, which is
-    indexattn.distributed.context_parallel), one core module per shape and scale."""
+    the core of each layer's kind (`kind_of`) split over `mesh` by `strategy` (by `split_core`,
+    which is indexattn.distributed.context_parallel), one core module per kind, shape and
+    scale."""
 
     def __init__(self, mesh: DeviceMesh, strategy: str, layout, split_core) -> None:
         self.mesh, self.strategy, self.layout = mesh, strategy, layout
         self.split_core = split_core
-        self.spec = compile_spec(shipped(CORE))
+        self.specs: dict[str, object] = {}
         self.cores: dict[tuple, nn.Module] = {}
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, **kwargs):
         _refuse(module, attention_mask, kwargs)
+        kind = self.kind(module, kwargs)
         b, _, n, d = query.shape
         h_kv = key.shape[1]
-        scaling = kwargs.get("scaling") or d**-0.5
-        core = self.core(h_kv, query.shape[1] // h_kv, d, value.shape[-1], scaling)
-        out = core(query.view(b, h_kv, -1, n, d), key, value)
+        scaling = kwargs.get("scaling")
+        scaling = unset_scaling(module, query) if scaling is None else scaling
+        core = self.core(kind, (h_kv, query.shape[1] // h_kv, d, value.shape[-1]), scaling)
+        tensors = [query.view(b, h_kv, -1, n, d), key, value]
+        if kind.sinks:  # last, as the core declares it; kept float32 by some (Flint)
+            tensors.append(_Share.apply(kwargs[SINKS].to(query.dtype), self.mesh.size()))
+        out = core(*tensors)
         return out.flatten(1, 2).transpose(1, 2), None
 
-    def core(self, h_kv: int, n_rep: int, d_k: int, d_v: int, scaling: float) -> nn.Module:
-        shape = (h_kv, n_rep, d_k, d_v, float(scaling))
-        if shape not in self.cores:
-            sizes = dict(zip(("h_kv", "n_rep", "d_k", "d_v"), shape))
-            module = self.spec.module(**sizes, scaling=scaling)
-            self.cores[shape] = self.split_core(
+    def kind(self, module: nn.Module, kwargs: dict) -> Kind:
+        return kind_of(module, kwargs)
+
+    def core(self, kind: Kind, sizes: tuple, scaling: float) -> nn.Module:
+        found = (kind, *sizes, float(scaling))
+        if found not in self.cores:
+            name = kind.core()
+            if name not in self.specs:
+                self.specs[name] = compile_spec(shipped(name))
+            named = dict(zip(("h_kv", "n_rep", "d_k", "d_v"), sizes))
+            module = self.specs[name].module(**named, **kind.scalars(float(scaling)))
+            self.cores[found] = self.split_core(
                 module, self.mesh, strategy=self.strategy, layout=self.layout
             )
-        return self.cores[shape]
+        return self.cores[found]
 
 
 def _refuse(module: nn.Module, attention_mask, kwargs: dict) -> None:
-    """What the split causal core cannot compute, by name."""
-    layer = type(module).__name__
+    """What no split core can compute, by name: the layer, what it asks, what to do."""
+    layer = _layer(module)
     unknown = sorted(kwargs.keys() - SCALARS.keys() - CARRIED.keys() - {SINKS})
     if unknown:
         raise TypeError(
@@ -75,17 +175,21 @@ def _refuse(module: nn.Module, attention_mask, kwargs: dict) -> None:
             " split this model's layers with indexattn.distributed.context_parallel on a spec"
         )
     if attention_mask is not None:
-        raise NotImplementedError(f"{layer} got an attention mask: {_PADDING}")
+        raise NotImplementedError(
+            f"{layer} got an attention mask of shape {tuple(attention_mask.shape)} (a padding"
+            " mask, or one the layer builds, as Doge's): a context-parallel model's mask is a"
+            f" predicate on the global positions; {_PADDING}"
+        )
     if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
         raise NotImplementedError(
-            f"{layer} is not causal, and a context-parallel model runs {CORE}: split a"
+            f"{layer} is not causal, and a context-parallel model's cores are: split a"
             " bidirectional model's layers with indexattn.distributed.context_parallel on a spec"
         )
     for name, why in REFUSED.items():
         if kwargs.get(name) is not None and kwargs[name] is not False:
             raise NotImplementedError(
-                f"{layer} passes {name}: {why} is not in {CORE}, the core a context-parallel"
-                " model runs; swap its layers for a layer spec and split them with"
+                f"{layer} passes {name}: {why} are in no core a context-parallel model runs;"
+                " swap its layers for a layer spec and split them with"
                 " indexattn.distributed.context_parallel"
             )
     if module.training and kwargs.get("dropout"):
@@ -93,11 +197,17 @@ def _refuse(module: nn.Module, attention_mask, kwargs: dict) -> None:
             f"{layer} passes dropout={kwargs['dropout']} in training: attention dropout is not"
             " split over the sequence; set the config's attention_dropout to 0"
         )
+    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", 1):
+        raise NotImplementedError(
+            f"{layer} scales its queries by their positions counted in its own block"
+            " (Llama 4's attn_temperature_tuning on a layer without rotary), not the global"
+            " positions: set the config's attn_temperature_tuning=False, or use one process"
+        )
 
 
 _PADDING = (
-    "a context-parallel model takes whole sequences, causal over their global positions:"
-    " no padding mask (pack the batch, pad at the end and ignore those labels, or"
+    "a context-parallel model takes whole sequences, its mask a predicate on their global"
+    " positions: no padding mask (pack the batch, pad at the end and ignore those labels, or"
     " drop attention_mask)"
 )
 

@@ -54,8 +54,6 @@ def test_a_padding_mask_a_cache_and_labels_shifted_in_a_block_are_refused(ranks)
 @pytest.mark.parametrize(
     ("given", "said"),
     [
-        ({"sliding_window": 4}, "passes sliding_window: a window"),
-        ({"softcap": 30.0}, "passes softcap: soft-capped scores"),
         ({"cu_seq_lens_q": 0}, "passes cu_seq_lens_q: packed sequences"),
         ({"output_attentions": True}, "passes output_attentions: returned weights"),
         ({"is_causal": False}, "is not causal"),
