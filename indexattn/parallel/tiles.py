@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
 import sympy
+import torch
 
 from .. import ir
 from ..errors import SpecError
@@ -66,6 +68,7 @@ class TileCore:
         self.online = self._online(each)
         self.text = self._text()
         self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
+        self.flash = flash_core(self)
 
     # what the pass reads
 
@@ -198,6 +201,139 @@ class TileCore:
         }
         found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
         return {**found, OFFSETS[0]: q0, OFFSETS[1]: k0}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashCore:
+    """A tile pair whose core one process runs through `F.scaled_dot_product_attention`
+    (lower/planner/fusion.py's `find_attention` matches the tile spec's output, the log-sum-exp
+    left out): run by the same kernel with its log-sum-exp (runtime/flash.py), the mask made
+    from its keep predicate on the tiles' positions. Each operand: its tile spec input (ASCII
+    name) and where its axes go, (heads, groups, position, features)."""
+
+    q: tuple[str, tuple[int, ...]]
+    k: tuple[str, tuple[int, ...]]
+    v: tuple[str, tuple[int, ...]]
+    groups: int  # axes of query heads that share a key head
+    scale: sympy.Basic
+    keep: sympy.Basic | None  # in τ, τ' of the tiles and OFFSETS; None: every key seen
+    positions: tuple[sympy.Symbol, sympy.Symbol]  # the tile spec's query and key symbols
+    out: tuple[int, ...]  # the target's axes in the kernel's (heads, groups, query, width)
+    lse: tuple[int, ...]  # the tile log-sum-exp's in the kernel's (heads, groups, query)
+
+    def __call__(self, given: dict, values: dict, q0: int, k0: int) -> tuple:
+        """(the target, the tile's log-sum-exp) of one tile pair: `given` the tile spec's
+        inputs by ASCII name, `values` its sizes and scalars by symbol."""
+        from ..runtime.flash import attention_lse
+
+        q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
+        k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
+        lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
+        q, k, v = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
+        keep, scale = self.bound(tuple(values.items()))
+        mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
+        out, lse = attention_lse(q, k, v, mask, causal, scale)
+        out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
+        return _moved(out, self.out), _moved(lse, self.lse)
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
+    def bound(self, values: tuple) -> tuple:
+        """The keep predicate and the scale at these sizes and scalars (by symbol)."""
+        values = dict(values)
+        keep = None if self.keep is None else self.keep.subs(values)
+        return keep, float(self.scale.subs(values))
+
+    def mask(self, keep, q0: int, nq: int, k0: int, nk: int, dtype, device):
+        """(additive mask or None, causal) for one tile pair: None where the keep predicate
+        holds on the whole box, causal where it is the lower triangle of a diagonal tile."""
+        if keep is None:
+            return None, False
+        from .sequence import always
+
+        box = {self.positions[0]: (0, nq - 1), self.positions[1]: (0, nk - 1)}
+        box.update({sympy.Symbol(OFFSETS[0]): (q0, q0), sympy.Symbol(OFFSETS[1]): (k0, k0)})
+        if always(keep, box):
+            return None, False
+        seen = _grid(keep, self.positions)(np.arange(nq)[:, None], np.arange(nk)[None, :], q0, k0)
+        seen = seen & np.ones((nq, nk), dtype=bool)
+        if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)):
+            return None, True
+        mask = torch.zeros((nq, nk), dtype=dtype, device=device)
+        return mask.masked_fill_(torch.from_numpy(~seen).to(device), -torch.inf), False
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(keep: sympy.Basic, positions: tuple):
+    return sympy.lambdify((*positions, *map(sympy.Symbol, OFFSETS)), keep, modules="numpy")
+
+
+def flash_core(tile: TileCore) -> FlashCore | None:
+    """The tile's core as one process's SDPA kernel takes it, or None: an online-merged
+    pass of one target that is softmax(scale · q·k + predicate masks) · v, as written, one
+    feature axis, no dropout."""
+    from ..lower.planner.fusion import find_attention
+
+    if tile.online is None or len(tile.targets) != 1:
+        return None
+    spec = tile.compiled.ir
+    core = dataclasses.replace(
+        spec,
+        equations=tuple(eq for eq in spec.equations if eq.tensor.name != LSE_OUT),
+        outputs=tuple(t for t in spec.outputs if t.name != LSE_OUT),
+    )
+    found = [m for m in find_attention(core) if m.output.tensor.name == "ring_out0"]
+    if len(found) != 1:
+        return None
+    m = found[0]
+    keep = m.keep if isinstance(m.keep, sympy.Basic) else None
+    plain = m.whole and m.p is None and len(m.q) == 1 and len(m.widths[0]) == 1
+    if not plain or (m.terms and keep is None) or not _refs(m.q[0], m.k[0], m.v):
+        return None
+    name = dict(m.rename)
+    heads, rows, width = list(m.heads), [*m.heads, *m.groups, m.query], m.widths[0][0]
+    kernel = [name.get(i, i).glyph for i in rows]
+    target = [i.glyph for i in tile.targets[0].free]
+    lse = [i.glyph for i in tile.lse_free]
+    try:
+        return FlashCore(
+            q=_operand(m.q[0], [*rows, width]),
+            k=_operand(m.k[0], [*heads, m.key, width]),
+            v=_operand(m.v, [*(name[i] for i in heads), name[m.key], m.value_width]),
+            groups=len(m.groups),
+            scale=m.scale,
+            keep=keep,
+            positions=(m.query.symbol, m.key.symbol),
+            out=_order([*kernel, m.value_width.glyph], target),
+            lse=_order(kernel, lse),
+        )
+    except Refused:
+        return None
+
+
+def _refs(*nodes) -> bool:
+    """Each a tile input read plainly (every axis one index)."""
+    return all(
+        isinstance(n, ir.Ref) and all(len(a) == 1 and isinstance(a[0], ir.Index) for a in n.axes)
+        for n in nodes
+    )
+
+
+def _order(have: list, want: list) -> tuple[int, ...]:
+    """Where each of `want` sits in `have` (the same glyphs in another order)."""
+    if sorted(have) != sorted(want):
+        raise Refused(f"axes {have} are not {want}")
+    return tuple(have.index(g) for g in want)
+
+
+def _operand(ref: ir.Ref, order: list) -> tuple[str, tuple[int, ...]]:
+    """The input's ASCII name and where each axis of `order` sits in it."""
+    return ref.tensor.ascii, _order([a[0].glyph for a in ref.axes], [i.glyph for i in order])
+
+
+def _moved(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """t's last axes taken in `order` (_order's), the batch axes before them kept."""
+    lead = t.dim() - len(order)
+    return t.permute(*range(lead), *(lead + j for j in order))
 
 
 def _lse(over, body: str) -> str:
