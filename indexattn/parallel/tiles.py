@@ -216,8 +216,9 @@ class FlashCore:
     v: tuple[str, tuple[int, ...]]
     groups: int  # axes of query heads that share a key head
     scale: sympy.Basic
-    keep: sympy.Basic | None  # in τ, τ' of the tiles and OFFSETS; None: every key seen
+    keep: sympy.Basic | None  # in the tile spec's τ, τ' and OFFSETS; None: every key seen
     positions: tuple[sympy.Symbol, sympy.Symbol]  # the tile spec's query and key symbols
+    offsets: tuple[sympy.Symbol, sympy.Symbol]  # its OFFSETS' symbols
     out: tuple[int, ...]  # the target's axes in the kernel's (heads, groups, query, width)
     lse: tuple[int, ...]  # the tile log-sum-exp's in the kernel's (heads, groups, query)
 
@@ -229,7 +230,9 @@ class FlashCore:
         q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
         k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
         lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
-        q, k, v = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
+        q, k, v = (  # the kernel is 8 times slower on features not contiguous
+            t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (q, k, v)
+        )
         keep, scale = self.bound(tuple(values.items()))
         mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
         out, lse = attention_lse(q, k, v, mask, causal, scale)
@@ -238,23 +241,28 @@ class FlashCore:
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
     def bound(self, values: tuple) -> tuple:
-        """The keep predicate and the scale at these sizes and scalars (by symbol)."""
-        values = dict(values)
-        keep = None if self.keep is None else self.keep.subs(values)
+        """The keep predicate at global positions (the tiles' offsets added) and the scale,
+        at these sizes and scalars (by symbol)."""
+        values, keep = dict(values), None
+        if self.keep is not None:
+            (q, k), (q0, k0) = self.positions, self.offsets
+            keep = self.keep.subs(values).subs({q: q - q0, k: k - k0}, simultaneous=True)
         return keep, float(self.scale.subs(values))
 
     def mask(self, keep, q0: int, nq: int, k0: int, nk: int, dtype, device):
         """(additive mask or None, causal) for one tile pair: None where the keep predicate
-        holds on the whole box, causal where it is the lower triangle of a diagonal tile."""
+        holds on the whole box (sequence.always, as the block map bounds it), causal where
+        it is the lower triangle of a diagonal tile."""
         if keep is None:
             return None, False
         from .sequence import always
 
-        box = {self.positions[0]: (0, nq - 1), self.positions[1]: (0, nk - 1)}
-        box.update({sympy.Symbol(OFFSETS[0]): (q0, q0), sympy.Symbol(OFFSETS[1]): (k0, k0)})
-        if always(keep, box):
+        q, k = self.positions
+        if always(keep, {q: (q0, q0 + nq - 1), k: (k0, k0 + nk - 1)}):
             return None, False
-        seen = _grid(keep, self.positions)(np.arange(nq)[:, None], np.arange(nk)[None, :], q0, k0)
+        seen = _grid(keep, self.positions)(
+            np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :]
+        )
         seen = seen & np.ones((nq, nk), dtype=bool)
         if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)):
             return None, True
@@ -264,7 +272,7 @@ class FlashCore:
 
 @functools.lru_cache(maxsize=64)
 def _grid(keep: sympy.Basic, positions: tuple):
-    return sympy.lambdify((*positions, *map(sympy.Symbol, OFFSETS)), keep, modules="numpy")
+    return sympy.lambdify(positions, keep, modules="numpy")
 
 
 def flash_core(tile: TileCore) -> FlashCore | None:
@@ -303,6 +311,7 @@ def flash_core(tile: TileCore) -> FlashCore | None:
             scale=m.scale,
             keep=keep,
             positions=(m.query.symbol, m.key.symbol),
+            offsets=tuple(next(s.symbol for s in spec.scalars if s.name == o) for o in OFFSETS),
             out=_order([*kernel, m.value_width.glyph], target),
             lse=_order(kernel, lse),
         )
