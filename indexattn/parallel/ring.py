@@ -421,9 +421,7 @@ class _Ring(Interpreter):
                         pair = (
                             functools.partial(self.compiled, tile, q, k, visiting, held)
                             if isinstance(tile, TileCore)
-                            else functools.partial(
-                                self.pair, targets, online, q, k, visiting, held
-                            )
+                            else functools.partial(self.pair, targets, online, q, k, visiting, held)
                         )
                         parts = checkpoint(pair, use_reentrant=False)
                     self.merge(merged, q, targets, online, parts)

@@ -230,9 +230,7 @@ class FlashCore:
         q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
         k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
         lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
-        q, k, v = (  # the kernel is 8 times slower on features not contiguous
-            t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (q, k, v)
-        )
+        q, k, v = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
         keep, scale = self.bound(tuple(values.items()))
         mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
         out, lse = attention_lse(q, k, v, mask, causal, scale)
@@ -364,7 +362,9 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
         for each in passes:
             found = core(spec, plan, each)
             what = (
-                "compiled tile spec, merged by "
+                "compiled tile spec"
+                + (", its core on SDPA's kernel" if found.flash is not None else "")
+                + ", merged by "
                 + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
                 if isinstance(found, TileCore)
                 else f"literal interpreter, slow ({found})"
