@@ -69,6 +69,7 @@ class TileCore:
         self.text = self._text()
         self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
         self.flash = flash_core(self)
+        self.softmax = softmax_core(self) if self.flash is None else None
 
     # what the pass reads
 
@@ -298,7 +299,7 @@ def flash_core(tile: TileCore) -> FlashCore | None:
     name = dict(m.rename)
     heads, rows, width = list(m.heads), [*m.heads, *m.groups, m.query], m.widths[0][0]
     kernel = [name.get(i, i).glyph for i in rows]
-    target = [i.glyph for i in tile.targets[0].free]
+    target = _target_glyphs(tile)
     lse = [i.glyph for i in tile.lse_free]
     try:
         return FlashCore(
@@ -315,6 +316,106 @@ def flash_core(tile: TileCore) -> FlashCore | None:
         )
     except Refused:
         return None
+
+
+class SoftmaxCore:
+    """A tile pair whose target is softmax_<τ'>(scores) · V, its core not SDPA's (a soft cap):
+    the scores by a tile spec of their own (the tile spec's equations up to them, compiled),
+    then the softmax, its product and the log-sum-exp in one step (runtime/flash.py,
+    `softmax_values_lse`: one exponential of the scores, no second pass for the statistic)."""
+
+    def __init__(self, tile: TileCore, body: ir.Node, values: ir.Ref, key: ir.Index) -> None:
+        from ..runtime.compiled import compile_spec
+
+        spec, free = tile.compiled.ir, body.free
+        heads = [i for i in free if i != key and i.glyph != tile.query.glyph]
+        rows = [*heads, next(i for i in free if i.glyph == tile.query.glyph)]
+        width = [a[0] for a in values.axes if a[0] not in free]
+        if len(width) != 1 or not {a[0] for a in values.axes} - {*width} <= {*heads, key}:
+            raise Refused("values with an axis the scores lack")
+        needed = _reaching(spec, body)
+        names = {r.tensor.ascii for eq in needed for r in ir.refs(eq.rhs)} | {
+            r.tensor.ascii for r in ir.refs(body)
+        }
+        lines = [ln for ln in tile.text.splitlines() if not ln.startswith(("input", "output"))]
+        lines = [ln for ln in lines if "=" not in ln or ln.startswith("scalar")]
+        lines += [
+            f"input {t!r}" + (" : int" if t.dtype == "int" else "")
+            for t in spec.tensors_of("input")
+            if t.ascii in names
+        ]
+        lines += [f"{eq.tensor.name}_<{_glyphs(eq.indices)}> = {text(eq.rhs)}" for eq in needed]
+        written = isinstance(body, ir.Ref) and any(eq.tensor == body.tensor for eq in needed)
+        if written and tuple(a[0] for a in body.axes) == body.tensor.indices:
+            lines.append(f"output {body.tensor.name}")  # the scores as their equation writes
+        else:
+            lines += [f"ring_scores_<{_glyphs(free)}> = {text(body)}", "output ring_scores"]
+        self.text = "\n".join(lines) + "\n"
+        self.compiled = compile_spec(self.text, name=f"{tile.spec.name}_ring_scores")
+        self.inputs = {t.ascii for t in self.compiled.ir.tensors_of("input")}
+        self.scores = _order([i.glyph for i in free], [*(i.glyph for i in rows), key.glyph])
+        present = {a[0].glyph for a in values.axes}
+        self.values = values.tensor.ascii, _order(
+            [a[0].glyph for a in values.axes],
+            [*(h.glyph for h in heads if h.glyph in present), key.glyph, width[0].glyph],
+        )
+        self.units = tuple(slice(None) if h.glyph in present else None for h in heads)
+        self.out = _order([*(i.glyph for i in rows), width[0].glyph], _target_glyphs(tile))
+        self.lse = _order([i.glyph for i in rows], [i.glyph for i in tile.lse_free])
+
+    def __call__(self, given: dict, at: dict, training: bool) -> tuple:
+        """(the target, the tile's log-sum-exp) of one tile pair: `given` the tile spec's
+        inputs by ASCII name, `at` its sizes and scalars (TileCore.given)."""
+        from ..runtime.flash import softmax_values_lse
+
+        scores = self.compiled(
+            **{n: t for n, t in given.items() if n in self.inputs}, **at, training=training
+        )
+        name, axes = self.values
+        values = _moved(given[name], axes)[(..., *self.units, slice(None), slice(None))]
+        out, lse = softmax_values_lse(_moved(scores, self.scores), values)
+        return _moved(out, self.out), _moved(lse, self.lse)
+
+
+def softmax_core(tile: TileCore) -> SoftmaxCore | None:
+    """The tile's target as softmax_<τ'>(scores) · V (V a tile input read plainly), merged
+    online by that softmax's log-sum-exp; or None."""
+    if tile.online is None or len(tile.targets) != 1:
+        return None
+    spec = tile.compiled.ir
+    eqs = {eq.tensor.name: eq for eq in spec.equations}
+    node = eqs["ring_out0"].rhs
+    if not (isinstance(node, ir.Product) and len(node.factors) == 2 and len(node.summed) == 1):
+        return None
+    weights, values = node.factors if node.factors[0].tensor.name in eqs else node.factors[::-1]
+    if not (_refs(weights, values) and weights.tensor.name in eqs and values.tensor.name not in eqs):
+        return None
+    soft = eqs[weights.tensor.name].rhs
+    key = node.summed[0]
+    if not (isinstance(soft, ir.Reduce) and soft.fn == "softmax" and soft.over == (key,)):
+        return None
+    if tuple(a[0] for a in weights.axes) != eqs[weights.tensor.name].indices:
+        return None
+    try:
+        return SoftmaxCore(tile, soft.body, values, key)
+    except Refused:
+        return None
+
+
+def _reaching(spec: ir.Spec, node: ir.Node) -> list[ir.Equation]:
+    """The equations `node` reads, directly or not, in the spec's order."""
+    eqs = {eq.tensor.name: eq for eq in spec.equations}
+    seen, stack = set(), [node]
+    while stack:
+        for r in ir.refs(stack.pop()):
+            if r.tensor.name in eqs and r.tensor.name not in seen:
+                seen.add(r.tensor.name)
+                stack.append(eqs[r.tensor.name].rhs)
+    return [eq for eq in spec.equations if eq.tensor.name in seen]
+
+
+def _target_glyphs(tile: TileCore) -> list[str]:
+    return [i.glyph for i in tile.targets[0].free]
 
 
 def _refs(*nodes) -> bool:

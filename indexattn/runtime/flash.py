@@ -102,3 +102,40 @@ class _FlashLSE(torch.autograd.Function):
             scale=ctx.scale,
         )
         return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None, None
+
+
+def softmax_values_lse(scores, values):
+    """(softmax(scores) values, logsumexp(scores)) over the last axis of the scores, as one
+    autograd step: one exponential of the scores, the statistic from the same pass; a row of
+    −∞ gives 0 and −∞, with gradient 0. The backward makes the scores' gradient as the
+    kernel's does, P ∘ (dO vᵀ − D), D = rowsum(dO ∘ O) − dL."""
+    return _SoftmaxValuesLSE.apply(scores, values)
+
+
+class _SoftmaxValuesLSE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, values):
+        top = scores.amax(-1, keepdim=True)
+        top = top.masked_fill_(top.isneginf(), 0.0)
+        weights = (scores - top).exp_()
+        total = weights.sum(-1, keepdim=True)
+        lse = (top + total.log()).squeeze(-1)  # log 0 = −∞ where a row sees nothing
+        weights = weights.div_(total.masked_fill_(total == 0, 1.0))
+        out = weights @ values
+        ctx.save_for_backward(weights, values, out)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        weights, values, out = ctx.saved_tensors
+        grad_values = None
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        elif ctx.needs_input_grad[1]:
+            grad_values = weights.mT @ grad_out
+        row = (grad_out * out).sum(-1, keepdim=True)
+        if grad_lse is not None:
+            row = row - grad_lse.unsqueeze(-1)
+        grad = (grad_out @ values.mT).sub_(row).mul_(weights)
+        return grad, grad_values
