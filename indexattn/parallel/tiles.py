@@ -195,13 +195,23 @@ class TileCore:
     def given(self, sizes: dict, scalars: dict, q0: int, k0: int) -> dict:
         """The tile spec's sizes and scalars for one call (by ASCII name): the spec's, and the
         tiles' first global positions."""
+        return {
+            **self._fixed(tuple(sizes.items()), tuple(scalars.items())),
+            OFFSETS[0]: q0,
+            OFFSETS[1]: k0,
+        }
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
+    def _fixed(self, sizes: tuple, scalars: tuple) -> dict:
+        """The spec's sizes and scalars, by ASCII name (made once per call's sizes)."""
+        sizes, scalars = dict(sizes), dict(scalars)
         found = {
             self.spec.size_ascii(i.size): int(i.size.subs(sizes))
             for i in self.spec.indices
             if i != self.query and i not in self.keys and isinstance(i.size, sympy.Symbol)
         }
         found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
-        return {**found, OFFSETS[0]: q0, OFFSETS[1]: k0}
+        return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,9 +365,12 @@ class SoftmaxCore:
         self.inputs = {t.ascii for t in self.compiled.ir.tensors_of("input")}
         self.scores = _order([i.glyph for i in free], [*(i.glyph for i in rows), key.glyph])
         present = {a[0].glyph for a in values.axes}
-        self.values = values.tensor.ascii, _order(
-            [a[0].glyph for a in values.axes],
-            [*(h.glyph for h in heads if h.glyph in present), key.glyph, width[0].glyph],
+        self.values = (
+            values.tensor.ascii,
+            _order(
+                [a[0].glyph for a in values.axes],
+                [*(h.glyph for h in heads if h.glyph in present), key.glyph, width[0].glyph],
+            ),
         )
         self.units = tuple(slice(None) if h.glyph in present else None for h in heads)
         self.out = _order([*(i.glyph for i in rows), width[0].glyph], _target_glyphs(tile))
@@ -388,7 +401,9 @@ def softmax_core(tile: TileCore) -> SoftmaxCore | None:
     if not (isinstance(node, ir.Product) and len(node.factors) == 2 and len(node.summed) == 1):
         return None
     weights, values = node.factors if node.factors[0].tensor.name in eqs else node.factors[::-1]
-    if not (_refs(weights, values) and weights.tensor.name in eqs and values.tensor.name not in eqs):
+    if not (
+        _refs(weights, values) and weights.tensor.name in eqs and values.tensor.name not in eqs
+    ):
         return None
     soft = eqs[weights.tensor.name].rhs
     key = node.summed[0]
