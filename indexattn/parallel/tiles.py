@@ -480,6 +480,7 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
             what = (
                 "compiled tile spec"
                 + (", its core on SDPA's kernel" if found.flash is not None else "")
+                + (", its softmax and log-sum-exp in one step" if found.softmax else "")
                 + ", merged by "
                 + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
                 if isinstance(found, TileCore)
