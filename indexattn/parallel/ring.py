@@ -6,7 +6,8 @@ The equations outside the tile pairs (projections, the output's) are run by the 
 interpreter (indexattn/oracle) on this rank's blocks; a tensor along the query index and a key
 index (scores, weights) is never held whole, only for one pair of tiles at a time: each ring
 pass's tile pairs run through the pass's compiled tile spec (tiles.py: the spec's own pair
-equations compiled, at the tiles' global positions), which returns the pass's targets and the
+equations compiled, at the tiles' global positions; where its core is SDPA's, one process's
+flash kernel with its log-sum-exp, runtime/flash.py), which returns the pass's targets and the
 tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
 compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the

@@ -11,7 +11,9 @@ positions are those of one process. Its outputs are the pass's targets on the ti
 for a softmax merged online, the tile's log-sum-exp of its scores: what the ring merges.
 A pass this form cannot take (a reduction other than a sum, log-sum-exp, max or min; a
 softmax read non-linearly; a position computed from a tensor) has no core: the ring names it
-in `plan_lines` and runs it through the literal interpreter (ring.py).
+in `plan_lines` and runs it through the literal interpreter (ring.py). Where the tile spec's
+core is SDPA's (`FlashCore`), or its target softmax(scores) · V (`SoftmaxCore`), the ring
+calls that faster form instead (runtime/flash.py).
 """
 
 from __future__ import annotations
