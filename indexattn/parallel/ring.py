@@ -468,8 +468,9 @@ class _Ring(Interpreter):
     def compiled(self, tile: TileCore, q: Tile, k: Tile, visiting, held) -> tuple:
         """One tile pair through the pass's compiled tile spec (tiles.py): its targets and,
         merged online, its log-sum-exp, aligned as the targets are."""
-        given, at = self.given(tile, q, k, visiting, held), tile.given(
-            self.sizes, self.scalars, q.start, k.start
+        given, at = (
+            self.given(tile, q, k, visiting, held),
+            tile.given(self.sizes, self.scalars, q.start, k.start),
         )
         if tile.softmax is not None:  # the scores compiled, softmax and statistic at once
             out, lse_tile = tile.softmax(given, at, self.training)
