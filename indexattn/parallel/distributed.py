@@ -173,13 +173,14 @@ def context_parallel_model(
     Each rank passes its block of the tokens and of position_ids (`sequence_block`, with the
     same `layout`: contiguous by default, or "zigzag"); the model's own embeddings, rotary
     (at those global positions), norms and MLPs run on the block, and each layer's attention
-    core (specs/gqa_causal_core.attn) runs split by `strategy` ("ring" or "ulysses", see
+    core (the core of its kind: causal, sliding window, soft cap, sinks or chunked; see
+    docs/distributed.md) runs split by `strategy` ("ring" or "ulysses", see
     context_parallel), causal over the global positions. It returns this rank's block of the
     logits. Each rank's backward gives the gradient of its own block's loss: `sum_gradients`
     (or a data-parallel wrapper over a mesh that includes this one) sums them.
 
-    Refused by name: a call without position_ids or with a cache; a padding mask; a layer with
-    a window, soft-capping, sinks, attention dropout in training, or not causal.
+    Refused by name: a call without position_ids or with a cache; a padding mask; a layer
+    whose kind no core takes, with attention dropout in training, or not causal.
     """
     if strategy not in ("ulysses", "ring"):
         raise ValueError(f"strategy is 'ulysses' or 'ring', not {strategy!r}")

@@ -6,7 +6,8 @@ The equations outside the tile pairs (projections, the output's) are run by the 
 interpreter (indexattn/oracle) on this rank's blocks; a tensor along the query index and a key
 index (scores, weights) is never held whole, only for one pair of tiles at a time: each ring
 pass's tile pairs run through the pass's compiled tile spec (tiles.py: the spec's own pair
-equations compiled, at the tiles' global positions), which returns the pass's targets and the
+equations compiled, at the tiles' global positions; where its core is SDPA's, one process's
+flash kernel with its log-sum-exp, runtime/flash.py), which returns the pass's targets and the
 tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
 compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
@@ -50,7 +51,7 @@ from .sequence import (
     ring_work,
 )
 from .sequence import pair as _is_pair
-from .tiles import FLOOR, TileCore, core
+from .tiles import FLOOR, OFFSETS, TileCore, core
 
 INF = float("inf")
 # differentiable all-gather along a new leading axis (renamed in torch 2.13)
@@ -151,18 +152,20 @@ class _Step:
 
     def post(self, out: list, into: list, reverse: bool) -> list:
         """isend `out` to the reader and irecv `into` from the owner (the other way round,
-        for gradients, when `reverse`)."""
+        for gradients, when `reverse`), posted as one batch."""
         ring = self.ring
         to, frm = (self.src, self.dst) if reverse else (self.dst, self.src)
-        works = []
-        for k, tensor in enumerate(out):
-            works.append(
-                dist.isend(tensor.contiguous(), ring.peer(to), ring.group, self.tag(k, reverse))
-            )
-            ring.counts["sent"] += tensor.numel()
-        for k, tensor in enumerate(into):
-            works.append(dist.irecv(tensor, ring.peer(frm), ring.group, self.tag(k, reverse)))
-        return works
+        ops = [
+            dist.P2POp(dist.isend, t.contiguous(), ring.peer(to), ring.group, self.tag(k, reverse))
+            for k, t in enumerate(out)
+        ]
+        ring.counts["sent"] += sum(t.numel() for t in out)
+        ops += [
+            dist.P2POp(dist.irecv, t, ring.peer(frm), ring.group, self.tag(k, reverse))
+            for k, t in enumerate(into)
+        ]
+        # one batch, so that NCCL (which ignores tags) pairs each send with its receive
+        return dist.batch_isend_irecv(ops) if ops else []
 
     def tag(self, k: int, reverse: bool) -> int:
         return 2 * (self.s * 64 + k) + reverse
@@ -440,12 +443,15 @@ class _Ring(Interpreter):
                     if self.hides(q, k):
                         continue
                     self.counts["work"] += q.length * k.length
-                    pair = (
-                        functools.partial(self.compiled, tile, q, k, visiting, held)
-                        if isinstance(tile, TileCore)
-                        else functools.partial(self.pair, targets, online, q, k, visiting, held)
-                    )
-                    parts = checkpoint(pair, use_reentrant=False)
+                    if isinstance(tile, TileCore) and tile.flash is not None:
+                        parts = self.flashed(tile, q, k, visiting, held)  # keeps no scores
+                    else:
+                        pair = (
+                            functools.partial(self.compiled, tile, q, k, visiting, held)
+                            if isinstance(tile, TileCore)
+                            else functools.partial(self.pair, targets, online, q, k, visiting, held)
+                        )
+                        parts = checkpoint(pair, use_reentrant=False)
                     self.merge(merged, q, targets, online, parts)
         for n, target in enumerate(targets):
             value, free = self.finish(n, target, merged)
@@ -470,9 +476,9 @@ class _Ring(Interpreter):
             self.rows, self.pairing, self.online = saved, None, None
             self.working, self.reading_data = self.dtype, False
 
-    def compiled(self, tile: TileCore, q: Tile, k: Tile, visiting, held) -> tuple:
-        """One tile pair through the pass's compiled tile spec (tiles.py): its targets and,
-        merged online, its log-sum-exp, aligned as the targets are."""
+    def given(self, tile: TileCore, q: Tile, k: Tile, visiting, held, wide=True) -> dict:
+        """The tile spec's inputs for one tile pair (by ASCII name), cut to its tiles; data
+        in float32 or wider where `wide`."""
         given = {}
         for read in tile.reads.values():
             tensor = visiting[read.name] if read.side == "k" else held[read.name][0]
@@ -481,22 +487,43 @@ class _Ring(Interpreter):
                 axis = next(n for n, i in enumerate(read.tensor.indices) if i in self.sequence)
                 axis += tensor.dim() - len(read.tensor.indices)
                 tensor = tensor.narrow(axis, cut.offset, cut.length)
-            if tensor.is_floating_point() and read.name not in self.tables:
+            if wide and tensor.is_floating_point() and read.name not in self.tables:
                 tensor = tensor.to(self.wide)
             given[read.tensor.ascii] = tensor
-        out = tile.compiled(
-            **given,
-            **tile.given(self.sizes, self.scalars, q.start, k.start),
-            training=self.training,
+        return given
+
+    def compiled(self, tile: TileCore, q: Tile, k: Tile, visiting, held) -> tuple:
+        """One tile pair through the pass's compiled tile spec (tiles.py): its targets and,
+        merged online, its log-sum-exp, aligned as the targets are."""
+        given, at = (
+            self.given(tile, q, k, visiting, held),
+            tile.given(self.sizes, self.scalars, q.start, k.start),
         )
+        if tile.softmax is not None:  # the scores compiled, softmax and statistic at once
+            out, lse_tile = tile.softmax(given, at, self.training)
+            return out, self.aligned(tile, lse_tile)
+        out = tile.compiled(**given, **at, training=self.training)
         out = out if isinstance(out, tuple) else (out,)
         if tile.online is None:
             return out
-        *values, lse_tile = out
+        return (*out[:-1], self.aligned(tile, out[-1]))
+
+    def flashed(self, tile: TileCore, q: Tile, k: Tile, visiting, held) -> tuple:
+        """One tile pair through one process's SDPA kernel with its log-sum-exp (tiles.py,
+        FlashCore): in the call's dtype, as one process calls it (the kernel accumulates in
+        float32), merged in float32 or wider."""
+        given = self.given(tile, q, k, visiting, held, wide=False)
+        at = tile.given(self.sizes, self.scalars, q.start, k.start)  # the tiles' positions
+        q0, k0 = (at[name] for name in OFFSETS)
+        out, lse_tile = tile.flash(given, {**self.sizes, **self.scalars}, q0, k0)
+        return out.to(self.wide), self.aligned(tile, lse_tile.to(self.wide))
+
+    def aligned(self, tile: TileCore, lse_tile: torch.Tensor) -> torch.Tensor:
+        """The tile's log-sum-exp with unit axes where the target has axes it lacks."""
         for n, index in enumerate(tile.targets[0].free):  # the targets' axes (a subset, in order)
             if index not in tile.lse_free:
                 lse_tile = lse_tile.unsqueeze(n - len(tile.targets[0].free))
-        return (*values, lse_tile)
+        return lse_tile
 
     def merge(self, merged: dict, q: Tile, targets, online, parts: tuple) -> None:
         for n, target in enumerate(targets):

@@ -500,6 +500,14 @@ def _holds(cond: sympy.Basic, box: dict, shape: tuple) -> np.ndarray:
     return np.broadcast_to(np.asarray(found, dtype=bool), shape)
 
 
+def always(cond: sympy.Basic, box: dict) -> bool:
+    """Whether `cond` holds at every point of one box (each symbol's first and last value)."""
+    ends = {
+        s: (np.array([a], dtype=object), np.array([b], dtype=object)) for s, (a, b) in box.items()
+    }
+    return bool(_holds(cond, ends, (1,))[0])
+
+
 @functools.cache
 def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
     ends = {s: (sympy.Dummy(), sympy.Dummy()) for s in order}
@@ -530,6 +538,14 @@ class Bounds:
         )
 
 
+def exact(value):
+    """A scalar as an exact number for the block map's bounds: a float 3.0 read as the rational
+    3, so ⌊τ / C⌋ is ⌊τ / 3⌋, not ⌊0.333… τ⌋ (which puts position 3 in chunk 0)."""
+    if isinstance(value, float) and math.isinf(value):
+        return sympy.oo if value > 0 else -sympy.oo
+    return sympy.Rational(value) if isinstance(value, (int, float)) else value
+
+
 class BlockMap:
     """The block map of one split: each rank's tiles of every sequence index (its chunks in
     `layout`, cut into tiles of `tile` positions, or of the length chosen for the mask), the
@@ -549,7 +565,7 @@ class BlockMap:
             i.size: layout.spans(int(i.size.subs(sizes)), world) for i in {self.query, *self.keys}
         }
         hiding = _Hiding(spec, self.query, self.keys)
-        subs = {**sizes, **scalars}
+        subs = {**sizes, **{k: exact(v) for k, v in scalars.items()}}
         self.sites = (  # per reduction over a key, the conditions under which it reads nothing
             None
             if hiding.leak or not hiding.sites or not all(hiding.sites)

@@ -11,7 +11,9 @@ positions are those of one process. Its outputs are the pass's targets on the ti
 for a softmax merged online, the tile's log-sum-exp of its scores: what the ring merges.
 A pass this form cannot take (a reduction other than a sum, log-sum-exp, max or min; a
 softmax read non-linearly; a position computed from a tensor) has no core: the ring names it
-in `plan_lines` and runs it through the literal interpreter (ring.py).
+in `plan_lines` and runs it through the literal interpreter (ring.py). Where the tile spec's
+core is SDPA's (`FlashCore`), or its target softmax(scores) · V (`SoftmaxCore`), the ring
+calls that faster form instead (runtime/flash.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
 import sympy
+import torch
 
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
-from .sequence import RingPass, SequencePlan, pair, ring_passes
+from .sequence import RingPass, SequencePlan, always, exact, pair, ring_passes
 
 OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
 SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
@@ -66,6 +70,8 @@ class TileCore:
         self.online = self._online(each)
         self.text = self._text()
         self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
+        self.flash = flash_core(self)
+        self.softmax = softmax_core(self) if self.flash is None else None
 
     # what the pass reads
 
@@ -191,13 +197,268 @@ class TileCore:
     def given(self, sizes: dict, scalars: dict, q0: int, k0: int) -> dict:
         """The tile spec's sizes and scalars for one call (by ASCII name): the spec's, and the
         tiles' first global positions."""
+        return {
+            **self._fixed(tuple(sizes.items()), tuple(scalars.items())),
+            OFFSETS[0]: q0,
+            OFFSETS[1]: k0,
+        }
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
+    def _fixed(self, sizes: tuple, scalars: tuple) -> dict:
+        """The spec's sizes and scalars, by ASCII name (made once per call's sizes)."""
+        sizes, scalars = dict(sizes), dict(scalars)
         found = {
             self.spec.size_ascii(i.size): int(i.size.subs(sizes))
             for i in self.spec.indices
             if i != self.query and i not in self.keys and isinstance(i.size, sympy.Symbol)
         }
         found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
-        return {**found, OFFSETS[0]: q0, OFFSETS[1]: k0}
+        return found
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashCore:
+    """A tile pair whose core one process runs through `F.scaled_dot_product_attention`
+    (lower/planner/fusion.py's `find_attention` matches the tile spec's output, the log-sum-exp
+    left out): run by the same kernel with its log-sum-exp (runtime/flash.py), the mask made
+    from its keep predicate on the tiles' positions. Each operand: its tile spec input (ASCII
+    name) and where its axes go, (heads, groups, position, features)."""
+
+    q: tuple[str, tuple[int, ...]]
+    k: tuple[str, tuple[int, ...]]
+    v: tuple[str, tuple[int, ...]]
+    groups: int  # axes of query heads that share a key head
+    scale: sympy.Basic
+    keep: sympy.Basic | None  # in the tile spec's τ, τ' and OFFSETS; None: every key seen
+    positions: tuple[sympy.Symbol, sympy.Symbol]  # the tile spec's query and key symbols
+    offsets: tuple[sympy.Symbol, sympy.Symbol]  # its OFFSETS' symbols
+    out: tuple[int, ...]  # the target's axes in the kernel's (heads, groups, query, width)
+    lse: tuple[int, ...]  # the tile log-sum-exp's in the kernel's (heads, groups, query)
+
+    def __call__(self, given: dict, values: dict, q0: int, k0: int) -> tuple:
+        """(the target, the tile's log-sum-exp) of one tile pair: `given` the tile spec's
+        inputs by ASCII name, `values` its sizes and scalars by symbol."""
+        from ..runtime.flash import attention_lse
+
+        q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
+        k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
+        lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
+        q, k, v = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
+        keep, scale = self.bound(tuple(values.items()))
+        mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
+        out, lse = attention_lse(q, k, v, mask, causal, scale)
+        out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
+        return _moved(out, self.out), _moved(lse, self.lse)
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
+    def bound(self, values: tuple) -> tuple:
+        """The keep predicate at global positions (the tiles' offsets added) and the scale,
+        at these sizes and scalars (by symbol)."""
+        values, keep = {k: exact(v) for k, v in values}, None
+        if self.keep is not None:
+            (q, k), (q0, k0) = self.positions, self.offsets
+            keep = self.keep.subs(values).subs({q: q - q0, k: k - k0}, simultaneous=True)
+        return keep, float(self.scale.subs(values))
+
+    def mask(self, keep, q0: int, nq: int, k0: int, nk: int, dtype, device):
+        """(additive mask or None, causal) for one tile pair: None where the keep predicate
+        holds on the whole box (sequence.always, as the block map bounds it), causal where
+        it is the lower triangle of a diagonal tile."""
+        if keep is None:
+            return None, False
+        q, k = self.positions
+        if always(keep, {q: (q0, q0 + nq - 1), k: (k0, k0 + nk - 1)}):
+            return None, False
+        seen = _grid(keep, self.positions)(
+            np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :]
+        )
+        seen = seen & np.ones((nq, nk), dtype=bool)
+        if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)):
+            return None, True
+        mask = torch.zeros((nq, nk), dtype=dtype, device=device)
+        return mask.masked_fill_(torch.from_numpy(~seen).to(device), -torch.inf), False
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(keep: sympy.Basic, positions: tuple):
+    return sympy.lambdify(positions, keep, modules="numpy")
+
+
+def flash_core(tile: TileCore) -> FlashCore | None:
+    """The tile's core as one process's SDPA kernel takes it, or None: an online-merged
+    pass of one target that is softmax(scale · q·k + predicate masks) · v, as written, one
+    feature axis, no dropout."""
+    from ..lower.planner.fusion import find_attention
+
+    if tile.online is None or len(tile.targets) != 1:
+        return None
+    spec = tile.compiled.ir
+    core = dataclasses.replace(
+        spec,
+        equations=tuple(eq for eq in spec.equations if eq.tensor.name != LSE_OUT),
+        outputs=tuple(t for t in spec.outputs if t.name != LSE_OUT),
+    )
+    found = [m for m in find_attention(core) if m.output.tensor.name == "ring_out0"]
+    if len(found) != 1:
+        return None
+    m = found[0]
+    keep = m.keep if isinstance(m.keep, sympy.Basic) else None
+    plain = m.whole and m.p is None and len(m.q) == 1 and len(m.widths[0]) == 1
+    if not plain or (m.terms and keep is None) or not _refs(m.q[0], m.k[0], m.v):
+        return None
+    name = dict(m.rename)
+    heads, rows, width = list(m.heads), [*m.heads, *m.groups, m.query], m.widths[0][0]
+    kernel = [name.get(i, i).glyph for i in rows]
+    target = _target_glyphs(tile)
+    lse = [i.glyph for i in tile.lse_free]
+    try:
+        return FlashCore(
+            q=_operand(m.q[0], [*rows, width]),
+            k=_operand(m.k[0], [*heads, m.key, width]),
+            v=_operand(m.v, [*(name[i] for i in heads), name[m.key], m.value_width]),
+            groups=len(m.groups),
+            scale=m.scale,
+            keep=keep,
+            positions=(m.query.symbol, m.key.symbol),
+            offsets=tuple(next(s.symbol for s in spec.scalars if s.name == o) for o in OFFSETS),
+            out=_order([*kernel, m.value_width.glyph], target),
+            lse=_order(kernel, lse),
+        )
+    except Refused:
+        return None
+
+
+class SoftmaxCore:
+    """A tile pair whose target is softmax_<τ'>(scores) · V, its core not SDPA's (a soft cap):
+    the scores by a tile spec of their own (the tile spec's equations up to them, compiled),
+    then the softmax, its product and the log-sum-exp in one step (runtime/flash.py,
+    `softmax_values_lse`: one exponential of the scores, no second pass for the statistic)."""
+
+    def __init__(self, tile: TileCore, body: ir.Node, values: ir.Ref, key: ir.Index) -> None:
+        from ..runtime.compiled import compile_spec
+
+        spec, free = tile.compiled.ir, body.free
+        heads = [i for i in free if i != key and i.glyph != tile.query.glyph]
+        rows = [*heads, next(i for i in free if i.glyph == tile.query.glyph)]
+        width = [a[0] for a in values.axes if a[0] not in free]
+        if len(width) != 1 or not {a[0] for a in values.axes} - {*width} <= {*heads, key}:
+            raise Refused("values with an axis the scores lack")
+        needed = _reaching(spec, body)
+        names = {r.tensor.ascii for eq in needed for r in ir.refs(eq.rhs)} | {
+            r.tensor.ascii for r in ir.refs(body)
+        }
+        lines = [ln for ln in tile.text.splitlines() if not ln.startswith(("input", "output"))]
+        lines = [ln for ln in lines if "=" not in ln or ln.startswith("scalar")]
+        lines += [
+            f"input {t!r}" + (" : int" if t.dtype == "int" else "")
+            for t in spec.tensors_of("input")
+            if t.ascii in names
+        ]
+        lines += [f"{eq.tensor.name}_<{_glyphs(eq.indices)}> = {text(eq.rhs)}" for eq in needed]
+        written = isinstance(body, ir.Ref) and any(eq.tensor == body.tensor for eq in needed)
+        if written and tuple(a[0] for a in body.axes) == body.tensor.indices:
+            lines.append(f"output {body.tensor.name}")  # the scores as their equation writes
+        else:
+            lines += [f"ring_scores_<{_glyphs(free)}> = {text(body)}", "output ring_scores"]
+        self.text = "\n".join(lines) + "\n"
+        self.compiled = compile_spec(self.text, name=f"{tile.spec.name}_ring_scores")
+        self.inputs = {t.ascii for t in self.compiled.ir.tensors_of("input")}
+        self.scores = _order([i.glyph for i in free], [*(i.glyph for i in rows), key.glyph])
+        present = {a[0].glyph for a in values.axes}
+        self.values = (
+            values.tensor.ascii,
+            _order(
+                [a[0].glyph for a in values.axes],
+                [*(h.glyph for h in heads if h.glyph in present), key.glyph, width[0].glyph],
+            ),
+        )
+        self.units = tuple(slice(None) if h.glyph in present else None for h in heads)
+        self.out = _order([*(i.glyph for i in rows), width[0].glyph], _target_glyphs(tile))
+        self.lse = _order([i.glyph for i in rows], [i.glyph for i in tile.lse_free])
+
+    def __call__(self, given: dict, at: dict, training: bool) -> tuple:
+        """(the target, the tile's log-sum-exp) of one tile pair: `given` the tile spec's
+        inputs by ASCII name, `at` its sizes and scalars (TileCore.given)."""
+        from ..runtime.flash import softmax_values_lse
+
+        scores = self.compiled(
+            **{n: t for n, t in given.items() if n in self.inputs}, **at, training=training
+        )
+        name, axes = self.values
+        values = _moved(given[name], axes)[(..., *self.units, slice(None), slice(None))]
+        out, lse = softmax_values_lse(_moved(scores, self.scores), values)
+        return _moved(out, self.out), _moved(lse, self.lse)
+
+
+def softmax_core(tile: TileCore) -> SoftmaxCore | None:
+    """The tile's target as softmax_<τ'>(scores) · V (V a tile input read plainly), merged
+    online by that softmax's log-sum-exp; or None."""
+    if tile.online is None or len(tile.targets) != 1:
+        return None
+    spec = tile.compiled.ir
+    eqs = {eq.tensor.name: eq for eq in spec.equations}
+    node = eqs["ring_out0"].rhs
+    if not (isinstance(node, ir.Product) and len(node.factors) == 2 and len(node.summed) == 1):
+        return None
+    if not all(isinstance(f, ir.Ref) for f in node.factors):
+        return None  # a factor computed in place (a reduction), not a tensor the tile holds
+    weights, values = node.factors if node.factors[0].tensor.name in eqs else node.factors[::-1]
+    if not (
+        _refs(weights, values) and weights.tensor.name in eqs and values.tensor.name not in eqs
+    ):
+        return None
+    soft = eqs[weights.tensor.name].rhs
+    key = node.summed[0]
+    if not (isinstance(soft, ir.Reduce) and soft.fn == "softmax" and soft.over == (key,)):
+        return None
+    if tuple(a[0] for a in weights.axes) != eqs[weights.tensor.name].indices:
+        return None
+    try:
+        return SoftmaxCore(tile, soft.body, values, key)
+    except Refused:
+        return None
+
+
+def _reaching(spec: ir.Spec, node: ir.Node) -> list[ir.Equation]:
+    """The equations `node` reads, directly or not, in the spec's order."""
+    eqs = {eq.tensor.name: eq for eq in spec.equations}
+    seen, stack = set(), [node]
+    while stack:
+        for r in ir.refs(stack.pop()):
+            if r.tensor.name in eqs and r.tensor.name not in seen:
+                seen.add(r.tensor.name)
+                stack.append(eqs[r.tensor.name].rhs)
+    return [eq for eq in spec.equations if eq.tensor.name in seen]
+
+
+def _target_glyphs(tile: TileCore) -> list[str]:
+    return [i.glyph for i in tile.targets[0].free]
+
+
+def _refs(*nodes) -> bool:
+    """Each a tile input read plainly (every axis one index)."""
+    return all(
+        isinstance(n, ir.Ref) and all(len(a) == 1 and isinstance(a[0], ir.Index) for a in n.axes)
+        for n in nodes
+    )
+
+
+def _order(have: list, want: list) -> tuple[int, ...]:
+    """Where each of `want` sits in `have` (the same glyphs in another order)."""
+    if sorted(have) != sorted(want):
+        raise Refused(f"axes {have} are not {want}")
+    return tuple(have.index(g) for g in want)
+
+
+def _operand(ref: ir.Ref, order: list) -> tuple[str, tuple[int, ...]]:
+    """The input's ASCII name and where each axis of `order` sits in it."""
+    return ref.tensor.ascii, _order([a[0].glyph for a in ref.axes], [i.glyph for i in order])
+
+
+def _moved(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """t's last axes taken in `order` (_order's), the batch axes before them kept."""
+    lead = t.dim() - len(order)
+    return t.permute(*range(lead), *(lead + j for j in order))
 
 
 def _lse(over, body: str) -> str:
@@ -219,7 +480,10 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
         for each in passes:
             found = core(spec, plan, each)
             what = (
-                "compiled tile spec, merged by "
+                "compiled tile spec"
+                + (", its core on SDPA's kernel" if found.flash is not None else "")
+                + (", its softmax and log-sum-exp in one step" if found.softmax else "")
+                + ", merged by "
                 + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
                 if isinstance(found, TileCore)
                 else f"literal interpreter, slow ({found})"

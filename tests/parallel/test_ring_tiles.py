@@ -12,6 +12,7 @@ import torch
 import indexattn
 from indexattn.parallel import ring, tiles
 from indexattn.parallel.sequence import ZIGZAG
+from indexattn.runtime import flash
 
 EXACT, MOVED = 1e-12, 1e-6
 N = 12  # zig-zag chunks of 6 on one rank, tiles of 2: 36 tile pairs, some all hidden
@@ -40,6 +41,26 @@ Y_<τμa> = O_<μτa> + P_<μτ>
 output Y
 """  # ALiBi-like distances beside a window, a soft cap, a gate per head, a max over the keys
 
+WINDOW = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+param Wq_<(μa)i>
+param Wk_<(μa)i>
+param Wv_<(μa)i>
+scalar w = 3
+Q_<μτa> = Wq_<(μa)i> X_<τi>
+K_<μτa> = Wk_<(μa)i> X_<τi>
+V_<μτa> = Wv_<(μa)i> X_<τi>
+M_<ττ'> = where(τ' > τ + 1 or τ - τ' >= w, -inf, 0)
+S_<ττ'μ> = Q_<μτa> K_<μτ'a> / 2 + M_<ττ'>
+A_<ττ'μ> = softmax_<τ'>(S_<ττ'μ>)
+Y_<τaμ> = A_<ττ'μ> V_<μτ'a>
+output Y
+"""  # SDPA-shaped, a window one key ahead: tile rows that see no key, tiles half seen, axes moved
+
 MEAN = UNSEEN.replace("P_<μτ> = max_<τ'>(S", "P_<μτ> = mean_<τ'>(A")  # the interpreter's
 
 SPECS = {
@@ -51,7 +72,11 @@ SPECS = {
     "doc_mask": ("doc_mask", {"d_m": 8, "h": 2, "d_k": 3}),
     "attention_sinks": ("attention_sinks", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "w": 3}),
     "unseen": (UNSEEN, {"d_m": 8, "h": 2, "d_k": 3}),
+    "gqa": ("gqa", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3}),
+    "window": (WINDOW, {"d_m": 8, "h": 2, "d_k": 3}),
     "mean": (MEAN, {"d_m": 8, "h": 2, "d_k": 3}),
+    # a chunk of 3: ⌊τ/C⌋ bounded with C a float read 3 as 0 (0.333… τ): pairs hidden wrongly
+    "chunked": ("chunked", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "C": 3}),
 }
 
 
@@ -110,7 +135,10 @@ def test_tile_pairs_merged_equal_one_process(name):
     assert gaps["out"] < EXACT and gaps["grad"] < EXACT, gaps
 
 
-@pytest.mark.parametrize("name", ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen"])
+TWINS = ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen", "gqa", "window", "chunked"]
+
+
+@pytest.mark.parametrize("name", TWINS)
 def test_twin_a_key_tile_at_the_wrong_global_position_is_seen(name, monkeypatch):
     given = tiles.TileCore.given
 
@@ -134,3 +162,24 @@ def test_a_pass_the_tile_spec_cannot_take_is_named_in_the_plan():
     lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
     assert any("literal interpreter, slow (mean over a key index" in line for line in lines)
     assert any("compiled tile spec" in line for line in lines), lines  # O's pass is compiled
+
+
+FLASHED = {"mha": True, "gqa": True, "window": True, "softcap_window": False, "unseen": False}
+
+
+@pytest.mark.parametrize("name", [*FLASHED])
+def test_an_sdpa_shaped_core_runs_through_the_flash_kernel_and_says_so(name, monkeypatch):
+    calls = []
+    kernel = flash.attention_lse
+
+    def counted(*args):
+        calls.append(args[4])  # causal: a diagonal tile under a causal mask
+        return kernel(*args)
+
+    monkeypatch.setattr(flash, "attention_lse", counted)
+    spec, layer = _module(name)
+    _ring(spec, layer, _inputs(spec)).sum().backward()
+    assert bool(calls) == FLASHED[name]
+    assert any(calls) == (name in ("mha", "gqa"))
+    lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
+    assert any("SDPA's kernel" in line for line in lines) == FLASHED[name], lines

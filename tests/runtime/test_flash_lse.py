@@ -1,0 +1,104 @@
+"""The softmax core with the log-sum-exp of its scores (indexattn/runtime/flash.py), the ring's
+tile pair core where one process's core is SDPA: values and the gradients through both outputs
+against autograd through the plain formula, in float64 (fully masked rows, causal diagonal
+tiles, an additive mask); a causal tile shifted by one position differs; in float32 and
+bfloat16 as close to float64 as one process's SDPA call. The ring's use of it is tested in
+tests/parallel/test_ring_tiles.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from indexattn.runtime.flash import attention_lse, plain_lse
+
+EXACT = 1e-12
+
+
+def _operands(n: int, m: int, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    return [torch.randn(2, 3, size, 8, dtype=dtype, requires_grad=True) for size in (n, m, m)]
+
+
+def _mask(n: int, m: int, hidden_row: int | None = 1):
+    torch.manual_seed(7)
+    keep = torch.rand(n, m) > 0.4
+    if hidden_row is not None:
+        keep[hidden_row] = False  # a row that sees no key
+    return torch.zeros(n, m, dtype=torch.float64).masked_fill(~keep, -torch.inf)
+
+
+def _values_and_grads(core, q, k, v, mask, causal):
+    out, lse = core(q, k, v, mask, causal, 0.37)
+    torch.manual_seed(3)
+    # randn, not randn_like: the kernel's lse is laid out (batch, query, head)
+    g_out, g_lse = (torch.randn(t.shape, dtype=t.dtype) for t in (out, lse))
+    finite = torch.where(lse.isneginf(), torch.zeros_like(lse), lse)
+    grads = torch.autograd.grad((out * g_out).sum() + (finite * g_lse).sum(), [q, k, v])
+    return [out, lse, *grads]
+
+
+def _gap(a, b) -> float:
+    return max(
+        (x - y).nan_to_num(0.0, 0.0, 0.0).abs().max().item() + float((x.isnan() != y.isnan()).any())
+        for x, y in zip(a, b)
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "causal", "masked"),
+    [(5, 7, False, False), (6, 6, True, False), (5, 7, False, True), (40, 40, True, False)],
+    ids=["plain", "causal-diagonal", "mask-with-a-hidden-row", "causal-long"],
+)
+def test_values_and_both_gradients_equal_the_formula(n, m, causal, masked):
+    q, k, v = _operands(n, m)
+    mask = _mask(n, m) if masked else None
+    got = _values_and_grads(attention_lse, q, k, v, mask, causal)
+    want = _values_and_grads(plain_lse, q, k, v, mask, causal)
+    assert _gap(got, want) < EXACT
+
+
+def test_a_fully_masked_row_has_lse_minus_infinity_zeros_and_no_nan():
+    q, k, v = _operands(5, 7)
+    out, lse, *grads = _values_and_grads(attention_lse, q, k, v, _mask(5, 7), False)
+    assert lse[..., 1].isneginf().all() and not lse[..., [0, 2, 3, 4]].isneginf().any()
+    assert (out[..., 1, :] == 0).all()
+    assert all(g.isfinite().all() for g in grads)
+    assert (grads[0][..., 1, :] == 0).all()  # a hidden row's query reads nothing
+
+
+def test_causal_equals_its_mask_and_the_twin_shifted_by_one_differs():
+    q, k, v = _operands(6, 6)
+    causal = _values_and_grads(attention_lse, q, k, v, None, True)
+    hidden = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    mask = torch.zeros(6, 6, dtype=torch.float64).masked_fill(hidden, -torch.inf)
+    assert _gap(causal, _values_and_grads(attention_lse, q, k, v, mask, False)) < EXACT
+    late = torch.zeros(6, 6, dtype=torch.float64).masked_fill(hidden.roll(1, 1), -torch.inf)
+    late[:, 0] = 0.0  # every key one position late: query τ sees keys up to τ + 1
+    assert _gap(causal, _values_and_grads(attention_lse, q, k, v, late, False)) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_is_as_close_to_float64_as_one_process(dtype):
+    q, k, v = _operands(64, 64)
+    truth = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.37)
+    low = [t.detach().to(dtype) for t in (q, k, v)]
+    one = F.scaled_dot_product_attention(*low, is_causal=True, scale=0.37)
+    out, lse = attention_lse(*low, None, True, 0.37)
+    want_lse = plain_lse(*(t.double() for t in low), None, True, 0.37)[1]  # of the rounded
+    err_one = (one.double() - truth).abs().max().item()
+    assert (out.double() - truth).abs().max().item() <= 1.01 * err_one
+    one_rounding = torch.finfo(dtype).eps * want_lse.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < one_rounding  # float32 inside
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_on_cuda_equals_the_cpu():
+    q, k, v = _operands(6, 6)
+    mask = _mask(6, 6)
+    cpu = _values_and_grads(attention_lse, q, k, v, mask, False)
+    on = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
+    got = _values_and_grads(attention_lse, *on, mask.cuda(), False)
+    assert _gap([g.cpu() for g in got], cpu) < EXACT
