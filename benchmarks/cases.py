@@ -76,10 +76,13 @@ def rename_mha(state: dict) -> dict:
     return {names[k]: v for k, v in state.items()}
 
 
-# The cores `attn_implementation="indexattn"` picks per call: checked against transformers'
-# eager attention (tests/models/test_models_interface.py), not against a hand module of this folder.
+# The cores `attn_implementation="indexattn"` picks per call, and those context_parallel_model
+# splits per layer kind: checked against transformers' eager attention
+# (tests/models/test_models_interface.py, tests/parallel/test_context_parallel_families.py),
+# not against a hand module of this folder.
 INTERFACE_CORES = frozenset(
     {"softcap_core", "sinks_core", "gqa_causal_core", "gqa_unmasked_core", "gqa_heads_core"}
+    | {"gqa_chunked_core", "gqa_window_core", "sinks_window_core", "softcap_window_core"}
 )
 
 

@@ -61,7 +61,7 @@ class Rank:
 @dataclass(frozen=True)
 class Lead:
     """Two inputs whose declared layouts begin with the same index, `first` declaring more
-    axes (Q_<grτa>, K_<gσa>): given at one rank, `first` with fewer batch axes, `second`'s
+    axes (Q_<grτa>, K_<gσa>): given at one rank, `first` with no batch axis, `second`'s
     first axis would be read as a batch and `first`'s as that index (sdpa's [batch, heads, N,
     d] given to both: the batch read as h_kv), so the call is refused (`message` + the
     shapes)."""
@@ -74,7 +74,7 @@ class Lead:
 
     def check(self, shapes: Sequence[tuple[int, ...]]) -> None:
         x, y = shapes[self.first], shapes[self.second]
-        if len(x) == len(y) and len(x) - self.first_rank < len(y) - self.second_rank:
+        if len(x) == len(y) == self.first_rank:  # `first` unbatched, `second` batched
             raise ShapeError(f"{self.message}{tuple(x)} and {tuple(y)}")
 
 

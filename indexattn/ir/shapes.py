@@ -112,7 +112,8 @@ def rules(spec: Spec, plan: Recipe) -> Rules:
 def _leads(spec: Spec) -> tuple[Lead, ...]:
     """The pairs of inputs whose layouts begin with the same index, the first declaring more
     axes and the second at least two (`Lead`: Q_<grτa> and K_<gσa>), each with the message
-    that refuses them given at one rank, the first with fewer batch axes. Not a second of one
+    that refuses them given at one rank, the first with no batch axis (a batch on both, or
+    on one broadcast over the other's, is read as declared). Not a second of one
     axis (positions P_<τ>, ids D_<τ>): an unbatched causal M_<τσ> beside positions [batch, N]
     broadcasts, as it always has."""
     inputs = [(k, t) for k, t in enumerate(spec.arguments) if t.role == "input"]
@@ -136,8 +137,8 @@ def _lead_text(spec: Spec, x: Tensor, y: Tensor) -> str:
         )
     return (
         f"{spec.name}: {x!r} and {y!r} both begin with {first} ({size}), and {x.ascii} was given"
-        f" fewer batch axes at the same rank: {y.ascii}'s first axis would be read as a batch"
-        f" and {x.ascii}'s as {size}. Give each its batch axes first, {x.ascii} as [*batch,"
+        f" no batch axis at the rank of {y.ascii}'s: {y.ascii}'s first axis would be read as a"
+        f" batch and {x.ascii}'s as {size}. Give each its batch axes first, {x.ascii} as [*batch,"
         f" {takes}]{split} and {y.ascii} as [*batch, {', '.join(map(str, y.shape))}]; to"
         f" broadcast {x.ascii} over the batch on purpose, give it a leading axis of 1. Given: "
     )

@@ -66,9 +66,9 @@ def gqa_chunked_core(Q, K, V, *, scaling=0.125, attention_chunk_size=8192, p=0, 
         M_keep_block = M_keep_at(tau, tau_p, attention_chunk_size=attention_chunk_size, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention((Q.flatten(-4, -3) * scaling if torch.is_tensor(scaling) else Q.flatten(-4, -3)), K, V, attn_mask=M_keep_block, dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
     else:  # by blocks of queries, each over the keys its mask lets it see
-        def O_block(q0, q1, k0, k1, whole, q, k, v, attention_chunk_size):  # made again in the backward
+        def O_block(q0, q1, k0, k1, whole, q, k, v, attention_chunk_size, scaling):  # made again in the backward
             M_keep_block = None if whole else M_keep_at(tau[q0:q1], tau_p[k0:k1], attention_chunk_size=attention_chunk_size, device=device, dtype=dtype)
             return F.scaled_dot_product_attention((q * scaling if torch.is_tensor(scaling) else q), k, v, attn_mask=None if whole else M_keep_block, dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
-        O = rt.by_blocks(O_block, M_keep_spans, (Q.flatten(-4, -3), K, V, attention_chunk_size), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))
+        O = rt.by_blocks(O_block, M_keep_spans, (Q.flatten(-4, -3), K, V, attention_chunk_size, scaling), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}, {}))
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, c)
     return O

@@ -63,9 +63,9 @@ def gqa_window_core(Q, K, V, *, scaling=0.125, sliding_window=4096, p=0, trainin
         M_keep_block = M_keep_at(tau, tau_p, sliding_window=sliding_window, device=device, dtype=dtype)
         O = F.scaled_dot_product_attention((Q.flatten(-4, -3) * scaling if torch.is_tensor(scaling) else Q.flatten(-4, -3)), K, V, attn_mask=M_keep_block, dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
     else:  # by blocks of queries, each over the keys its mask lets it see
-        def O_block(q0, q1, k0, k1, whole, q, k, v, sliding_window):  # made again in the backward
+        def O_block(q0, q1, k0, k1, whole, q, k, v, sliding_window, scaling):  # made again in the backward
             M_keep_block = None if whole else M_keep_at(tau[q0:q1], tau_p[k0:k1], sliding_window=sliding_window, device=device, dtype=dtype)
             return F.scaled_dot_product_attention((q * scaling if torch.is_tensor(scaling) else q), k, v, attn_mask=None if whole else M_keep_block, dropout_p=p if training else 0.0, scale=1.0 if torch.is_tensor(scaling) else scaling, enable_gqa=True)
-        O = rt.by_blocks(O_block, M_keep_spans, (Q.flatten(-4, -3), K, V, sliding_window), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}))
+        O = rt.by_blocks(O_block, M_keep_spans, (Q.flatten(-4, -3), K, V, sliding_window, scaling), ({-2: "q"}, {-2: "k"}, {-2: "k"}, {}, {}))
     O = O.unflatten(-3, (h_kv, n_rep))  # (…, g, r, τ, c)
     return O

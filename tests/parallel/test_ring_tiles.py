@@ -135,7 +135,16 @@ def test_tile_pairs_merged_equal_one_process(name):
     assert gaps["out"] < EXACT and gaps["grad"] < EXACT, gaps
 
 
-TWINS = ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen", "gqa", "window", "chunked"]
+TWINS = [
+    "mha",
+    "softcap_window",
+    "doc_mask",
+    "attention_sinks",
+    "unseen",
+    "gqa",
+    "window",
+    "chunked",
+]
 
 
 @pytest.mark.parametrize("name", TWINS)

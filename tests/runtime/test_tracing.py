@@ -153,7 +153,8 @@ def forward_backward(module, inputs):
 # every length, after a recompile): the interface cores and the decode specs (issue 38, open)
 RECOMPILED = {
     "gqa_causal_core", "gqa_core", "gqa_heads_core", "gqa_unmasked_core", "sinks_core",
-    "softcap_core",
+    "softcap_core", "gqa_chunked_core", "gqa_window_core", "sinks_window_core",
+    "softcap_window_core",
     "kv_decode", "models/gpt2_decode", "models/gpt_neox_decode",
 }  # fmt: skip
 

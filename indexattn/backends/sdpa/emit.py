@@ -79,15 +79,18 @@ def attention_blocks(ctx: Context, step: Attention, inputs: list[str], out: str,
     values = ctx.heads(step.v, step.v_dims, step.kv_heads)
     tensors = [inputs[0], inputs[1], values]
     cuts = ['{-2: "q"}', '{-2: "k"}', '{-2: "k"}']
-    params, before = [q, k, v], []
+    params, before, read = [q, k, v], [], []
     if step.mask is not None:
         table = ctx.blocked.get(step.mask.var)
         read = [ctx.var(step.mask)]
         if table is not None:
             read, before = tables_emit.block_reads(table, ctx, step.mask.var)
-        params += [name for name in read if name not in params]
-        tensors += params[3:]
-        cuts += ["{}"] * (len(params) - 3)
+    scales = sorted(step.scale.free_symbols & ctx.scalar_symbols, key=str)  # maybe tensors
+    for name in [*read, *(ctx.number(s) for s in scales)]:
+        if name not in params:
+            params.append(name)
+    tensors += params[3:]
+    cuts += ["{}"] * (len(params) - 3)
     by_blocks = ctx.runtime("by_blocks")
     call = attention_call(ctx, step, q, k, block, v)
     return [
