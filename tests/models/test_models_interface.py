@@ -448,6 +448,16 @@ print(json.dumps(seen))
 """
 
 
+def same_imports() -> dict[str, str]:
+    """This process's environment with PYTHONPATH made absolute, so that a child started in
+    another folder imports the same transformers (CI puts a relative folder first on the path)."""
+    import os
+
+    folders = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    absolute = os.pathsep.join(os.path.abspath(folder) for folder in folders if folder)
+    return {**os.environ, "PYTHONPATH": absolute}
+
+
 def reads_saved_implementation() -> bool:
     """Whether this transformers reads a config.json's attn_implementation (5.0 drops it)."""
     return (
@@ -470,7 +480,7 @@ def test_a_saved_indexattn_model_reloads_as_indexattn_or_says_what_to_import(tmp
     model.save_pretrained(tmp_path / "saved")
     run = subprocess.run(
         [sys.executable, "-c", RELOAD, str(tmp_path / "saved"), str(tmp_path / "plain")],
-        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path, env=same_imports(),
     )  # fmt: skip
     seen = json.loads(run.stdout.splitlines()[-1])
     if not reads_saved_implementation():  # transformers 5.0: from_dict sets it to None
