@@ -9,7 +9,11 @@ pass's tile pairs run through the pass's compiled tile spec (tiles.py: the spec'
 equations compiled, at the tiles' global positions; where its core is SDPA's, one process's
 flash kernel with its log-sum-exp, runtime/flash.py), which returns the pass's targets and the
 tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums added, maxima
-compared. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
+compared. Where the tile pairs run that kernel or the one-step softmax, the pass is one
+autograd step (_KeptPass) whose backward tours the ring again, each tile pair's gradients made
+from its rows' merged output and log-sum-exp (FlashAttention's ring backward): no rank keeps
+another's blocks; other passes are differentiated through checkpointed tile pairs and their
+merge. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
 sequence adds the totals of the chunks before (an exclusive scan across ranks). Index
 variables read the global positions of each tile, so masks, rotary angles and ALiBi
@@ -26,6 +30,7 @@ Imported only when used (`import indexattn.distributed`): it imports torch.distr
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -51,7 +56,7 @@ from .sequence import (
     ring_work,
 )
 from .sequence import pair as _is_pair
-from .tiles import FLOOR, OFFSETS, TileCore, core
+from .tiles import FLOOR, OFFSETS, TileCore, core, kept
 
 INF = float("inf")
 # differentiable all-gather along a new leading axis (renamed in torch 2.13)
@@ -98,9 +103,9 @@ def merge_lse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # -- P2P: a block received at one step, linked to the block sent for autograd
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
+def _fresh(t: torch.Tensor, dtype=None) -> torch.Tensor:
     """A contiguous buffer for what arrives in place of `t` (gloo receives into contiguous)."""
-    return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+    return torch.zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
 
 
 class _Arrived(torch.autograd.Function):
@@ -116,37 +121,25 @@ class _Arrived(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_token, *grads):
-        step = ctx.step
-        back = [_fresh(t) if t.is_floating_point() else None for t in step.mine]
-        if not step.send:
-            back = [None] * len(step.mine)
-        floats = [k for k, t in enumerate(step.mine) if t.is_floating_point()]
-        given = (
-            [
-                grads[k] if grads[k] is not None else torch.zeros_like(step.received[k])
-                for k in floats
-            ]
-            if step.recv
-            else []
-        )
-        works = step.post(given, [back[k] for k in floats] if step.send else [], reverse=True)
-        for work in works:
-            work.wait()
-        return (None, g_token, *back)
+        return (None, g_token, *ctx.step.returned(list(grads)))
 
 
 class _Step:
     """One ring step s: this rank sends its blocks to rank r + s where that rank's queries
-    read them, and receives those of rank r - s where its own queries read them."""
+    read them, and receives those of rank r - s where its own queries read them (counted as
+    received in the forward, not when a backward sends them again)."""
 
-    def __init__(self, ring: _Ring, s: int, names: list[str], mine: list[torch.Tensor]) -> None:
+    def __init__(
+        self, ring: _Ring, s: int, names: list[str], mine: list[torch.Tensor], counted=True
+    ) -> None:
         r, w = ring.rank, ring.world
         self.ring, self.s = ring, s
         self.src, self.dst = (r - s) % w, (r + s) % w
         self.recv, self.send = ring.need[r][self.src], ring.need[self.dst][r]
         self.names, self.mine = names, mine
         self.received = [_fresh(t) for t in mine] if self.recv else []
-        ring.counts["received"][self.src] += sum(t.numel() for t in self.received)
+        if counted:
+            ring.counts["received"][self.src] += sum(t.numel() for t in self.received)
         out = [t.detach() for t in mine] if self.send else []
         self.works = self.post(out, self.received, reverse=False)
 
@@ -170,11 +163,68 @@ class _Step:
     def tag(self, k: int, reverse: bool) -> int:
         return 2 * (self.s * 64 + k) + reverse
 
-    def arrive(self, token: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def wait(self) -> dict:
+        """The blocks received, by name."""
         for work in self.works:
             work.wait()
+        return dict(zip(self.names, self.received))
+
+    def arrive(self, token: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        self.wait()
         token, *received = _Arrived.apply(self, token, *self.mine)
         return token, dict(zip(self.names, received))
+
+    def returned(self, grads: list, dtype=None) -> list:
+        """The gradients of the blocks received (`grads`, by block; None: 0) sent back to
+        their owner, and those of this rank's blocks received from the rank that read them,
+        in `dtype` (or theirs; None for an integer block, or where that rank read nothing)."""
+        floats = [k for k, t in enumerate(self.mine) if t.is_floating_point()]
+        given = [
+            grads[k] if grads[k] is not None else _fresh(self.received[k], dtype)
+            for k in (floats if self.recv else [])
+        ]
+        back = [_fresh(self.mine[k], dtype) for k in floats] if self.send else []
+        for work in self.post(given, back, reverse=True):
+            work.wait()
+        found = [None] * len(self.mine)
+        for k, grad in zip(floats, back):
+            found[k] = grad
+        return found
+
+
+def _tour(ring: _Ring, names: list[str], mine: list[torch.Tensor], counted=True):
+    """None (this rank's own blocks), then each ring step, each posted a step ahead of its
+    use, so that its transfer overlaps the tile pairs of the step before."""
+    first = _Step(ring, 1, names, mine, counted) if ring.world > 1 else None
+    return itertools.chain([None], _ahead(ring, first, names, mine, counted))
+
+
+def _ahead(ring: _Ring, step: _Step | None, names, mine, counted):
+    for s in range(2, ring.world + 1):
+        after = _Step(ring, s, names, mine, counted) if s < ring.world else None
+        yield step
+        step = after
+
+
+class _KeptPass(torch.autograd.Function):
+    """One ring pass of a softmax core (tiles.FlashCore, tiles.SoftmaxCore) as one autograd
+    step, FlashAttention's ring: the forward keeps no graph, only each row's merged output
+    and log-sum-exp; the backward tours the ring again, each tile pair's gradients made from
+    those rows (runtime/flash.py), the partial gradients of the blocks received sent back to
+    their owner. `tensors`: the pass's query-side and whole reads, then the travelling
+    blocks; the token chains it with the ring's other steps, as _Arrived does."""
+
+    @staticmethod
+    def forward(ctx, kept, token, *tensors):
+        value, rows_lse = kept.forward(tensors)
+        ctx.kept = kept
+        ctx.save_for_backward(value, rows_lse, *tensors)
+        return token.clone(), value
+
+    @staticmethod
+    def backward(ctx, g_token, g_value):
+        value, rows_lse, *tensors = ctx.saved_tensors
+        return (None, g_token, *ctx.kept.backward(tensors, value, rows_lse, g_value))
 
 
 # -- the interpreter on blocks
@@ -421,38 +471,25 @@ class _Ring(Interpreter):
     def run(self, each: RingPass, held: dict) -> None:
         """One ring pass: every target over every key tile, merged per query tile."""
         targets, online, names = list(each.targets), each.online, list(each.travels)
-        mine = [held[n][0] for n in names]
-        keys = next(iter(self.keys))
         tile = core(self.spec, self.plan, each)
+        if kept(tile, self.training):
+            return _Kept(self, tile, each).run(held)
+        mine = [held[n][0] for n in names]
         online = tile.online if isinstance(tile, TileCore) else online
         merged: dict = {}
-        steps = [None, _Step(self, 1, names, mine)] if self.world > 1 else [None]
-        for s in range(self.world):
-            if s == 0:
-                src, visiting = self.rank, dict(zip(names, mine))
-            else:
-                step = steps[s]
-                if s + 1 < self.world:
-                    steps.append(_Step(self, s + 1, names, mine))
+        for step in _tour(self, names, mine):
+            src, visiting = self.rank, dict(zip(names, mine))
+            if step is not None:
                 self.token, visiting = step.arrive(self.token)
                 src = step.src
                 if not step.recv:
                     continue
-            for q in self.tiles_of(self.query, self.rank):
-                for k in self.tiles_of(keys, src):
-                    if self.hides(q, k):
-                        continue
-                    self.counts["work"] += q.length * k.length
-                    if isinstance(tile, TileCore) and tile.flash is not None:
-                        parts = self.flashed(tile, q, k, visiting, held)  # keeps no scores
-                    else:
-                        pair = (
-                            functools.partial(self.compiled, tile, q, k, visiting, held)
-                            if isinstance(tile, TileCore)
-                            else functools.partial(self.pair, targets, online, q, k, visiting, held)
-                        )
-                        parts = checkpoint(pair, use_reentrant=False)
-                    self.merge(merged, q, targets, online, parts)
+            for q, k in self.seen(src):
+                if isinstance(tile, TileCore):
+                    pair = functools.partial(self.compiled, tile, q, k, visiting, held)
+                else:
+                    pair = functools.partial(self.pair, targets, online, q, k, visiting, held)
+                self.merge(merged, q, targets, online, checkpoint(pair, use_reentrant=False))
         for n, target in enumerate(targets):
             value, free = self.finish(n, target, merged)
             if isinstance(tile, TileCore) and getattr(target, "fn", None) == "logsumexp":
@@ -460,6 +497,16 @@ class _Ring(Interpreter):
             self.memo[id(target)] = (value.to(self.dtype), free)
             if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
                 self.stats[target.body] = (value, free)  # as merged: float32 or wider
+
+    def seen(self, src: int, counted=True):
+        """This rank's query tiles and rank `src`'s key tiles, each pair no mask hides
+        (counted as computed, where `counted`: the forward)."""
+        keys = next(iter(self.keys))
+        for q in self.tiles_of(self.query, self.rank):
+            for k in self.tiles_of(keys, src):
+                if not self.hides(q, k):
+                    self.counts["work"] += q.length * k.length if counted else 0
+                    yield q, k
 
     def pair(self, targets, online, q: Tile, k: Tile, visiting, held) -> tuple:
         saved = self.rows
@@ -476,17 +523,23 @@ class _Ring(Interpreter):
             self.rows, self.pairing, self.online = saved, None, None
             self.working, self.reading_data = self.dtype, False
 
-    def given(self, tile: TileCore, q: Tile, k: Tile, visiting, held, wide=True) -> dict:
+    def given(self, tile: TileCore, q: Tile, k: Tile, visiting, held, wide=True, leaves=None):
         """The tile spec's inputs for one tile pair (by ASCII name), cut to its tiles; data
-        in float32 or wider where `wide`."""
+        in float32 or wider where `wide`. `leaves`, where given, gets each float input's cut
+        as a leaf that autograd differentiates to (by ASCII name: the leaf, its read, the
+        axis cut)."""
         given = {}
         for read in tile.reads.values():
             tensor = visiting[read.name] if read.side == "k" else held[read.name][0]
+            axis = None
             if read.side:
                 cut = q if read.side == "q" else k
                 axis = next(n for n, i in enumerate(read.tensor.indices) if i in self.sequence)
                 axis += tensor.dim() - len(read.tensor.indices)
                 tensor = tensor.narrow(axis, cut.offset, cut.length)
+            if leaves is not None and tensor.is_floating_point():
+                tensor = tensor.detach().requires_grad_()
+                leaves[read.tensor.ascii] = (tensor, read, axis)
             if wide and tensor.is_floating_point() and read.name not in self.tables:
                 tensor = tensor.to(self.wide)
             given[read.tensor.ascii] = tensor
@@ -550,21 +603,146 @@ class _Ring(Interpreter):
     def finish(self, n: int, target: ir.Node, merged: dict) -> tuple:
         """A target's merged tiles joined along the query index into this rank's block; a
         tile that read no key at all holds the reduction of nothing."""
-        free, parts = target.free, []
+        free = target.free
         fn = target.fn if isinstance(target, ir.Reduce) else "sum"
-        for q in self.tiles_of(self.query, self.rank):
-            if (q.offset, n) in merged:
-                parts.append(merged[q.offset, n][0])
-                continue
-            shape = [q.length if i == self.query else self.size(i) for i in free]
-            fill = {"logsumexp": -INF, "max": -INF, "min": INF}.get(fn, 0.0)
-            parts.append(torch.full(shape, fill, dtype=self.wide, device=self.device))
-        batch = torch.broadcast_shapes(*(p.shape[: p.dim() - len(free)] for p in parts))
-        parts = [p.expand(*batch, *p.shape[p.dim() - len(free) :]) for p in parts]
-        value = torch.cat(parts, free.index(self.query) - len(free))
+        fill = {"logsumexp": -INF, "max": -INF, "min": INF}.get(fn, 0.0)
+        parts = [merged.get((q.offset, n), (None,))[0] for q in self.tiles()]
+        value = self.joined(parts, free, fill)
         if fn == "mean":
             value = value / int(sympy.Mul(*(i.size for i in target.over)).subs(self.sizes))
         return value, free
+
+    def tiles(self) -> list[Tile]:
+        return self.tiles_of(self.query, self.rank)
+
+    def joined(self, parts: list, free: tuple, fill: float, units=()) -> torch.Tensor:
+        """Per query tile values along `free` (None: `fill`, for a tile that read no key)
+        joined along the query index; `units`: the axes held as 1."""
+        shapes = [1 if i in units else self.size(i) for i in free]
+        at = free.index(self.query)
+        parts = [
+            p
+            if p is not None
+            else torch.full(
+                [q.length if n == at else s for n, s in enumerate(shapes)],
+                fill,
+                dtype=self.wide,
+                device=self.device,
+            )
+            for p, q in zip(parts, self.tiles())
+        ]
+        batch = torch.broadcast_shapes(*(p.shape[: p.dim() - len(free)] for p in parts))
+        parts = [p.expand(*batch, *p.shape[p.dim() - len(free) :]) for p in parts]
+        return torch.cat(parts, at - len(free))
+
+
+class _Kept:
+    """A ring pass whose tile pairs run through a softmax core that makes its gradients from
+    each row's merged output and log-sum-exp (tiles.FlashCore, tiles.SoftmaxCore), run as
+    one autograd step (_KeptPass): a rank keeps its own blocks and these rows, and receives
+    each other rank's blocks once in the forward and once more in the backward, never all
+    at once."""
+
+    def __init__(self, ring: _Ring, tile: TileCore, each: RingPass) -> None:
+        self.ring, self.tile, self.names = ring, tile, list(each.travels)
+        reads = tile.reads.values()
+        self.sides = list(dict.fromkeys(r.name for r in reads if r.side != "k"))
+        self.target = each.targets[0]  # this spec's node (tile may be an equal spec's)
+        self.indices: dict[str, tuple] = {}
+
+    def run(self, held: dict) -> None:
+        ring, names = self.ring, self.names
+        self.indices = {n: held[n][1] for n in [*self.sides, *names]}
+        tensors = [held[n][0] for n in [*self.sides, *names]]
+        ring.token, value = _KeptPass.apply(self, ring.token, *tensors)
+        ring.memo[id(self.target)] = (value.to(ring.dtype), self.target.free)
+
+    def split(self, tensors) -> tuple[dict, list]:
+        """The held query-side and whole tensors (as the ring holds them), and the blocks
+        that travel."""
+        sides = len(self.sides)
+        held = {n: (t, self.indices[n]) for n, t in zip(self.sides, tensors[:sides])}
+        return held, list(tensors[sides:])
+
+    def forward(self, tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the target and their log-sum-exp (aligned as the target,
+        float32 or wider), merged over every key tile."""
+        ring, tile = self.ring, self.tile
+        held, mine = self.split(tensors)
+        merged: dict = {}
+        for src, visiting in self.visits(mine, counted=True):
+            for q, k in ring.seen(src):
+                pair = ring.flashed if tile.flash is not None else ring.compiled
+                ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
+        value, _ = ring.finish(0, self.target, merged)
+        units = [i for i in self.target.free if i not in tile.lse_free]
+        lse_rows = [merged.get((q.offset, 0), (None, None))[1] for q in ring.tiles()]
+        return value, ring.joined(lse_rows, self.target.free, -INF, units)
+
+    def visits(self, mine: list, counted: bool):
+        """(the rank whose blocks visit, them by name) at each step that brings any; every
+        step's transfers finished (gloo drops a send whose work is not waited on)."""
+        for step in _tour(self.ring, self.names, mine, counted):
+            if step is None:
+                yield self.ring.rank, dict(zip(self.names, mine))
+                continue
+            visiting = step.wait()
+            if step.recv:
+                yield step.src, visiting
+
+    def backward(self, tensors, value, rows_lse, grad) -> list:
+        """The gradients of `tensors` from the target's: the ring toured again, each tile
+        pair's gradients made from the rows' output, log-sum-exp and gradient; the blocks
+        received get theirs summed here, then sent back to their owner."""
+        ring, wide = self.ring, self.ring.wide
+        held, mine = self.split(tensors)
+        sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
+        ours = [_fresh(t, wide) if t.is_floating_point() else None for t in mine]
+        for step in _tour(ring, self.names, mine, counted=False):
+            src, visiting = ring.rank, dict(zip(self.names, mine))
+            if step is not None:
+                src, visiting = step.src, step.wait()
+            blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
+            for q, k in ring.seen(src, counted=False) if visiting else ():
+                self.pair(q, k, visiting, held, (value, rows_lse, grad), sums, blocks)
+            back = [blocks.get(n) for n in self.names]
+            if step is not None:
+                back = step.returned(back, wide)
+            for n, found in enumerate(back):
+                if found is not None:
+                    ours[n] += found
+        made = [sums.get(n) for n in self.sides] + ours
+        return [None if g is None else g.to(t.dtype) for g, t in zip(made, tensors)]
+
+    def pair(self, q: Tile, k: Tile, visiting, held, rows, sums, blocks) -> None:
+        """One tile pair's gradients added: the query-side and whole inputs' into `sums`,
+        the visiting blocks' into `blocks`, at the tiles' positions."""
+        ring, tile, leaves = self.ring, self.tile, {}
+        free = self.target.free
+        axis = -len(free) + free.index(ring.query)
+        out, lse, grad = (t.narrow(axis, q.offset, q.length) for t in rows)
+        units = tuple(n - len(free) for n, i in enumerate(free) if i not in tile.lse_free)
+        lse = lse.squeeze(units)
+        with torch.enable_grad():
+            given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
+        at = tile.given(ring.sizes, ring.scalars, q.start, k.start)
+        if tile.flash is not None:
+            offsets = (at[name] for name in OFFSETS)
+            values = {**ring.sizes, **ring.scalars}
+            outputs, grads = tile.flash.backward(given, values, *offsets, (out, lse, grad))
+        else:
+            outputs, grads = tile.softmax.backward(given, at, ring.training, (out, lse, grad))
+        found = torch.autograd.grad(
+            outputs, [leaf for leaf, _, _ in leaves.values()], grads, allow_unused=True
+        )
+        for (leaf, read, cut), made in zip(leaves.values(), found):
+            if made is None:
+                continue
+            into = blocks[read.name] if read.side == "k" else sums[read.name]
+            if cut is not None:
+                start = (k if read.side == "k" else q).offset
+                into = into.narrow(cut, start, leaf.shape[cut])
+            into.add_(made)
 
 
 def _bounds(ids: torch.Tensor, grain: int) -> torch.Tensor:

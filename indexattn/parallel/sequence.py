@@ -890,20 +890,27 @@ def body_free(node: ir.Node) -> tuple[ir.Index, ...]:
 def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     """What the ring (`context_parallel(..., strategy="ring")`) sends per rank in one training
     step, every rank's keys read by every other (a causal mask under zig-zag chunks): each
-    travelling block to w - 1 ranks, its gradient back; parameters' gradients summed. A mask
-    that hides whole blocks sends less; a softmax whose statistics need their own pass (a
-    sink's logsumexp) sends its scores' inputs once more: one pass for each (`ring_passes`)."""
+    travelling block to w - 1 ranks, its gradient back, and the block once more where the
+    pass makes its gradients from the rows' merged statistics (tiles.kept: it keeps no
+    visiting block); parameters' gradients summed. A mask that hides whole blocks sends
+    less; a softmax whose statistics need their own pass (a sink's logsumexp) sends its
+    scores' inputs once more: one pass for each (`ring_passes`)."""
+    from .tiles import core, kept
+
     if not plan.splittable:
         raise SpecError(plan.verdict())
     found = []
     tensors = {t.name: t for t in spec.tensors}
-    sends = [n for passes in ring_passes(spec, plan).values() for p in passes for n in p.travels]
+    passes = [p for each in ring_passes(spec, plan).values() for p in each]
+    sends = [n for p in passes for n in p.travels]
+    again = [n for p in passes if kept(core(spec, plan, p)) for n in p.travels]
     for name in dict.fromkeys(sends):
         t = tensors[name]
-        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS * sends.count(name)
-        found.append(Sent(repr(t), "send/recv", "forward", sympy.factor(block)))
-        if t.dtype != "int":
-            found.append(Sent(repr(t), "send/recv", "backward", sympy.factor(block)))
+        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS
+        found.append(Sent(repr(t), "send/recv", "forward", sympy.factor(block * sends.count(name))))
+        back = again.count(name) + (sends.count(name) if t.dtype != "int" else 0)
+        if back:
+            found.append(Sent(repr(t), "send/recv", "backward", sympy.factor(block * back)))
     split = dict(plan.split)
     for t in spec.tensors_of("param", "input"):
         if t.dtype != "int" and repr(t) not in split:

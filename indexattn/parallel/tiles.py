@@ -70,6 +70,11 @@ class TileCore:
         self.online = self._online(each)
         self.text = self._text()
         self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
+        self.random = any(
+            isinstance(n, ir.Apply) and n.fn == "dropout"
+            for eq in self.compiled.ir.equations
+            for n in ir.walk(eq.rhs)
+        )  # draws random numbers: made again, they would differ
         self.flash = flash_core(self)
         self.softmax = softmax_core(self) if self.flash is None else None
 
@@ -240,15 +245,42 @@ class FlashCore:
         inputs by ASCII name, `values` its sizes and scalars by symbol."""
         from ..runtime.flash import attention_lse
 
+        (q, k, v), lead = self.operands(given)
+        out, lse = attention_lse(q, k, v, *self.arguments(values, q0, k0, q, k))
+        out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
+        return _moved(out, self.out), _moved(lse, self.lse)
+
+    def backward(self, given: dict, values: dict, q0: int, k0: int, rows: tuple) -> tuple:
+        """What to differentiate for one tile pair's part of the gradients, and its
+        gradients: the kernel's operands, made from `given` under autograd, and their
+        gradients from the rows' merged output, log-sum-exp and the output's gradient
+        (`rows`, in the target's and the tile log-sum-exp's layouts; runtime/flash.py,
+        attention_grads)."""
+        from ..runtime.flash import attention_grads
+
+        with torch.enable_grad():
+            operands, lead = self.operands(given)
+        out, lse, grad = rows
+        out, grad = (_kernel(t, self.out, lead, 2) for t in (out, grad))
+        q, k, v = (t.contiguous() for t in operands)
+        arguments = self.arguments(values, q0, k0, q, k)
+        grads = attention_grads(grad, q, k, v, out, _kernel(lse, self.lse, lead, 1), *arguments)
+        return operands, grads
+
+    def operands(self, given: dict) -> tuple:
+        """The kernel's q, k and v, (-1, 1, positions, features), from the tile spec's inputs,
+        and the leading shape they were flattened from."""
         q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
         k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
         lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
-        q, k, v = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
+        operands = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
+        return tuple(operands), lead
+
+    def arguments(self, values: dict, q0: int, k0: int, q, k) -> tuple:
+        """The kernel's mask, causal flag and scale for one tile pair (values by symbol)."""
         keep, scale = self.bound(tuple(values.items()))
         mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
-        out, lse = attention_lse(q, k, v, mask, causal, scale)
-        out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
-        return _moved(out, self.out), _moved(lse, self.lse)
+        return mask, causal, scale
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
     def bound(self, values: tuple) -> tuple:
@@ -389,6 +421,28 @@ class SoftmaxCore:
         out, lse = softmax_values_lse(_moved(scores, self.scores), values)
         return _moved(out, self.out), _moved(lse, self.lse)
 
+    def backward(self, given: dict, at: dict, training: bool, rows: tuple) -> tuple:
+        """What to differentiate for one tile pair's part of the gradients, and its
+        gradients, from the rows' merged output O, log-sum-exp L and the output's gradient
+        dO (`rows`, in the target's and the tile log-sum-exp's layouts): the scores made
+        again under autograd, P = exp(S − L), and (P V, Σ P) against (dO, −D),
+        D = rowsum(dO ∘ O), whose gradients are dV = Pᵀ dO and dS = P ∘ (dO Vᵀ − D)."""
+        from ..runtime.flash import seen_rows
+
+        out, lse, grad = rows
+        out, grad = (_moved(t, _inverse(self.out)) for t in (out, grad))
+        lse = seen_rows(_moved(lse, _inverse(self.lse)))
+        with torch.enable_grad():
+            scores = self.compiled(
+                **{n: t for n, t in given.items() if n in self.inputs}, **at, training=training
+            )
+            name, axes = self.values
+            values = _moved(given[name], axes)[(..., *self.units, slice(None), slice(None))]
+            weights = (_moved(scores, self.scores) - lse.unsqueeze(-1)).exp()
+            outputs = (weights @ values, weights.sum(-1))
+        row = (grad * out).sum(-1)
+        return outputs, (grad.sum_to_size(outputs[0].shape), -row.sum_to_size(outputs[1].shape))
+
 
 def softmax_core(tile: TileCore) -> SoftmaxCore | None:
     """The tile's target as softmax_<τ'>(scores) · V (V a tile input read plainly), merged
@@ -461,6 +515,18 @@ def _moved(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     return t.permute(*range(lead), *(lead + j for j in order))
 
 
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    """The order that _moved takes back: _moved(_moved(t, order), _inverse(order)) is t."""
+    return tuple(sorted(range(len(order)), key=order.__getitem__))
+
+
+def _kernel(t: torch.Tensor, order: tuple[int, ...], lead, tail: int) -> torch.Tensor:
+    """A tile's rows in the target's layout (`order`, _moved's) in the kernel's: (-1, 1,
+    *its last `tail` axes), its leading axes broadcast to `lead` and flattened."""
+    t = _moved(t, _inverse(order))
+    return t.expand(*lead, *t.shape[t.dim() - tail :]).reshape(-1, 1, *t.shape[t.dim() - tail :])
+
+
 def _lse(over, body: str) -> str:
     """A tile's log-sum-exp, its scores floored at -FLOOR: a row of the tile that sees no key
     has a finite one, whose gradient is 0 (torch.logsumexp's is NaN at a row of -inf); the
@@ -485,11 +551,21 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
                 + (", its softmax and log-sum-exp in one step" if found.softmax else "")
                 + ", merged by "
                 + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
+                + (", its gradients from the rows' output and log-sum-exp" if kept(found) else "")
                 if isinstance(found, TileCore)
                 else f"literal interpreter, slow ({found})"
             )
             lines.append(f"  {name} over {', '.join(each.travels)}: {what}")
     return lines
+
+
+def kept(tile: TileCore | str, training=True) -> bool:
+    """Whether a pass's tile pairs make their gradients from each row's merged output and
+    log-sum-exp (a FlashCore or SoftmaxCore drawing no random numbers when `training`):
+    the ring keeps no block another rank sent, and sends it once more in the backward
+    (ring.py, _Kept)."""
+    cores = isinstance(tile, TileCore) and (tile.flash, tile.softmax) != (None, None)
+    return cores and not (training and tile.random)
 
 
 @functools.lru_cache(maxsize=64)

@@ -192,3 +192,26 @@ def test_an_sdpa_shaped_core_runs_through_the_flash_kernel_and_says_so(name, mon
     assert any(calls) == (name in ("mha", "gqa"))
     lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
     assert any("SDPA's kernel" in line for line in lines) == FLASHED[name], lines
+
+
+KEPT = {"mha": True, "gqa": True, "softcap_window": True, "doc_mask": True}
+KEPT |= {"attention_sinks": False, "unseen": False}
+
+
+@pytest.mark.parametrize("name", [*KEPT])
+def test_a_softmax_core_makes_its_gradients_from_the_rows_and_says_so(name, monkeypatch):
+    """FlashAttention's ring backward: each tile pair's gradients from the rows' merged output
+    and log-sum-exp (no autograd graph kept over the merge); the others by autograd."""
+    pairs = []
+    made = ring._Kept.pair
+
+    def counted(self, *args):
+        pairs.append(args[:2])
+        return made(self, *args)
+
+    monkeypatch.setattr(ring._Kept, "pair", counted)
+    spec, layer = _module(name)
+    _ring(spec, layer, _inputs(spec)).sum().backward()
+    assert bool(pairs) == KEPT[name]
+    lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
+    assert any("gradients from the rows'" in line for line in lines) == KEPT[name], lines

@@ -2,8 +2,9 @@
 tile pair core where one process's core is SDPA: values and the gradients through both outputs
 against autograd through the plain formula, in float64 (fully masked rows, causal diagonal
 tiles, an additive mask); a causal tile shifted by one position differs; in float32 and
-bfloat16 as close to float64 as one process's SDPA call. The ring's use of it is tested in
-tests/parallel/test_ring_tiles.py."""
+bfloat16 as close to float64 as one process's SDPA call. The gradients of key tiles made from
+the rows' merged output and log-sum-exp (a ring's backward) sum to the whole's. The ring's
+use of it is tested in tests/parallel/test_ring_tiles.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from indexattn.runtime.flash import attention_lse, plain_lse
+from indexattn.runtime.flash import attention_grads, attention_lse, plain_grads, plain_lse
 
 EXACT = 1e-12
 
@@ -91,6 +92,53 @@ def test_low_precision_is_as_close_to_float64_as_one_process(dtype):
     assert (out.double() - truth).abs().max().item() <= 1.01 * err_one
     one_rounding = torch.finfo(dtype).eps * want_lse.abs().max().item()
     assert (lse.double() - want_lse).abs().max().item() < one_rounding  # float32 inside
+
+
+HALVES = (slice(None, 3), slice(3, None))
+
+
+def _by_halves(grads, q, k, v, mask, g_out, rows_of):
+    """dq summed and dk, dv joined over two key tiles, each made by `grads` from the rows'
+    output and log-sum-exp that `rows_of(keys)` gives."""
+    parts = [
+        grads(
+            g_out, q, k[..., keys, :], v[..., keys, :], *rows_of(keys), mask[:, keys], False, 0.37
+        )
+        for keys in HALVES
+    ]
+    dk, dv = (torch.cat([parts[0][n], parts[1][n]], -2) for n in (1, 2))
+    return [parts[0][0] + parts[1][0], dk, dv]
+
+
+@pytest.mark.parametrize("grads", [attention_grads, plain_grads], ids=["kernel", "formula"])
+def test_key_tiles_gradients_from_the_merged_rows_sum_to_the_whole(grads):
+    q, k, v = _operands(5, 7)
+    mask = _mask(5, 7)  # row 1 sees no key: its lse is −∞, its gradients 0
+    out, lse = plain_lse(q, k, v, mask, False, 0.37)
+    torch.manual_seed(3)
+    g_out = torch.randn(out.shape, dtype=out.dtype)
+    whole = torch.autograd.grad((out * g_out).sum(), [q, k, v])
+    q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))
+    merged = _by_halves(grads, q, k, v, mask, g_out, lambda keys: (out, lse))
+    assert _gap(merged, whole) < EXACT
+
+    def own(keys):  # the twin: each tile's own output and log-sum-exp
+        return plain_lse(q, k[..., keys, :], v[..., keys, :], mask[:, keys], False, 0.37)
+
+    assert _gap(_by_halves(grads, q, k, v, mask, g_out, own), whole) > 1e-3
+
+
+def test_a_causal_diagonal_tile_from_its_rows_equals_autograd():
+    q, k, v = _operands(40, 40)
+    out, lse = plain_lse(q, k, v, None, True, 0.37)
+    torch.manual_seed(3)
+    g_out = torch.randn(out.shape, dtype=out.dtype)
+    whole = torch.autograd.grad((out * g_out).sum(), [q, k, v])
+    rows = (out.detach(), lse.detach())
+    made = attention_grads(g_out, *(t.detach() for t in (q, k, v)), *rows, None, True, 0.37)
+    assert _gap(made, whole) < EXACT
+    shifted = attention_grads(g_out, *(t.detach() for t in (q, k, v)), *rows, None, False, 0.37)
+    assert _gap(shifted, whole) > 1e-3  # the twin: the keys after each query seen
 
 
 @pytest.mark.cuda
