@@ -10,8 +10,9 @@ over one process's), and the elements sent against the symbolic count.
 The ring runs each tile pair of `--tile` positions (by default the length its block map
 chooses for the mask: a window's, or, for document ids, from their bounds) through its pass's
 compiled tile spec (indexattn/parallel/tiles.py; the projections outside the tile pairs on
-the interpreter; zig-zag chunks, tile pairs that a mask hides skipped, each tile pair
-recomputed in the backward); its elements sent are the P2P blocks (keys, values and their
+the interpreter; tile pairs that a mask hides skipped, each tile pair recomputed in the
+backward, from each row's merged output and log-sum-exp where its core is SDPA's or the
+one-step softmax); its elements sent are the P2P blocks (keys, values and their
 gradients), counted
 as they are posted and by indexattn.sequence.ring_sent.
 
@@ -20,7 +21,8 @@ query head), float32, one thread per process, with its shipped scalars (softcap_
 window 4096, attention_sinks' 128; doc_mask's documents 1024 positions long). A round times
 one step (forward and backward, after a warm-up step on a short sequence) in a fresh single
 process, then in W fresh processes over gloo on 127.0.0.1, each rank holding N/W positions
-(indexattn.distributed.context_parallel, zig-zag for the ring); the result is the median over
+(indexattn.distributed.context_parallel; for the ring, the layout that balances its work as
+`count --ring` names it, indexattn.parallel.sequence.balanced); the result is the median over
 rounds, one process's measured once per spec and N. CPU time is each process's own
 (time.process_time: what a loaded machine's other processes take is not in it), and the
 work ratio is the W ranks' CPU time summed over one process's: 1 is perfect division of the
@@ -81,21 +83,24 @@ def worker(name: str, rank: int, world: int, n: int, port: int, ring: int, tile:
         from torch.distributed.device_mesh import init_device_mesh
 
         import indexattn.parallel.distributed as cp
-        from indexattn.parallel.sequence import ring_sent, ulysses_sent
+        from indexattn.parallel.sequence import balanced, ring_sent, ulysses_sent
 
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
         mesh = init_device_mesh("cpu", (world,))
-        strategy, layout = ("ring", "zigzag") if ring else ("ulysses", "contiguous")
+        spec, plan = layer.spec.ir, layer.spec.sequence_plan()
+        given = {**SIZES[name], "N": n}
+        values = {s: given[a] for s, a in spec.size_names.items() if a in given}
+        # the ring on the layout that balances its work (count --ring's), Ulysses contiguous
+        layout = balanced(spec, plan, values, world).name if ring else "contiguous"
+        strategy = "ring" if ring else "ulysses"
         layer = cp.context_parallel(
             layer, mesh, strategy=strategy, layout=layout, tile=tile or None
         )
         xs = {k: cp.sequence_block(v, mesh, dim=1, layout=layout) for k, v in xs.items()}
-        spec = layer.spec.ir
-        given = {**SIZES[name], "N": n}
-        values = {s: given[a] for s, a in spec.size_names.items() if a in given}
-        items = (ring_sent if ring else ulysses_sent)(spec, layer.spec.sequence_plan())
+        sent["layout"] = layout
+        items = (ring_sent if ring else ulysses_sent)(spec, plan)
         sent["counted"] = sum(
             item.at(values, world) for item in items if not ring or item.phase != "gradient"
         )
@@ -174,6 +179,7 @@ def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int) ->
         "split_s": round(_median(split, lambda rs: max(r["seconds"] for r in rs)), 2),
         "one_process_peak_mb": round(_median(single, lambda r: r["peak_mb"]), 1),
         "per_rank_peak_mb": round(_median(split, lambda rs: max(r["peak_mb"] for r in rs)), 1),
+        "layout": split[0][0]["layout"],
         "sent_per_rank": split[0][0]["ran"],
         "counted_per_rank": split[0][0]["counted"],
     }

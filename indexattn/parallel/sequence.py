@@ -958,28 +958,52 @@ def work_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> li
     each layout, the layout that balances it best and the tiles it cuts; none where the
     sequence's sizes are not all given, or do not divide. A mask that compares integer
     inputs (document ids) is counted by positions alone: an upper bound."""
-    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
+    found = _layouts(spec, plan, sizes, ranks)
+    if found is None:
+        return []
     passes = sum(map(len, ring_passes(spec, plan).values()))
-    found, maps = {}, {}
-    for layout in (CONTIGUOUS, ZIGZAG):
-        try:
-            maps[layout] = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
-        except (TypeError, ValueError):
-            return []
-        found[layout] = [passes * maps[layout].work(r) for r in range(ranks)]
     lines = [
         f"Scores per rank in one call (query × key positions of the tile pairs no mask hides; "
         f"{passes} pass{'es' * (passes > 1)} over the keys, each recomputed once in the "
         "backward), by layout"
     ]
-    balance = {}
-    for layout, work in found.items():
-        balance[layout] = max(work) * ranks / max(sum(work), 1)
+    for layout, (_, work) in found.items():
         cells = "  ".join(f"{w:,}" for w in work)
-        lines.append(f"  {layout!s:<10}  {cells}  (max/mean {balance[layout]:.2f})")
-    best = min(balance, key=lambda layout: (round(balance[layout], 2), layout != CONTIGUOUS))
+        lines.append(f"  {layout!s:<10}  {cells}  (max/mean {_balance(work):.2f})")
+    best = _best(found)
     lines.append(f"  balanced by: {best} (layout={best.name!r})")
-    return [*lines, *tile_lines(maps[best])]
+    return [*lines, *tile_lines(found[best][0])]
+
+
+def balanced(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> Layout | None:
+    """The layout that balances the ring's work over `ranks` best, read off the block map
+    (contiguous where both balance it alike), as `count --ring` names it; None where the
+    sequence's sizes are not all given (`sizes`: by symbol, scalars too)."""
+    found = _layouts(spec, plan, sizes, ranks)
+    return None if found is None else _best(found)
+
+
+def _layouts(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> dict | None:
+    """Each layout's block map and each rank's scores on it; None where they cannot be
+    counted."""
+    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
+    passes = sum(map(len, ring_passes(spec, plan).values()))
+    found = {}
+    for layout in (CONTIGUOUS, ZIGZAG):
+        try:
+            block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
+        except (TypeError, ValueError):
+            return None
+        found[layout] = (block_map, [passes * block_map.work(r) for r in range(ranks)])
+    return found
+
+
+def _balance(work: list[int]) -> float:
+    return max(work) * len(work) / max(sum(work), 1)
+
+
+def _best(found: dict) -> Layout:
+    return min(found, key=lambda lay: (round(_balance(found[lay][1]), 2), lay != CONTIGUOUS))
 
 
 def tile_lines(block_map: BlockMap) -> list[str]:

@@ -18,7 +18,17 @@ from indexattn.cli import main
 from indexattn.ir import check
 from indexattn.parallel import ring
 from indexattn.parallel.ring import work
-from indexattn.parallel.sequence import LSE, PREFIX, RANKS, SUM, sequence_plan, ulysses_sent
+from indexattn.parallel.sequence import (
+    CONTIGUOUS,
+    LSE,
+    PREFIX,
+    RANKS,
+    SUM,
+    ZIGZAG,
+    balanced,
+    sequence_plan,
+    ulysses_sent,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "context_worker.py"
@@ -168,6 +178,28 @@ def test_count_shows_what_each_rank_sends(capsys, monkeypatch):
     assert "\n".join(text.splitlines()[-9:]) in page
     assert main([*COUNT[:2], "--context", "4"]) == 0  # the twin: 4 ranks send another share
     assert "total: 1,048,576 per batch element" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes", "best"),
+    [
+        ("mha", {"d_m": 64, "h": 2, "d_k": 32}, ZIGZAG),  # causal: zig-zag evens it
+        ("softcap_window", {"d_m": 64, "h": 2, "d_k": 32, "query_pre_attn_scalar": 32}, CONTIGUOUS),
+    ],
+)
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_balanced_layout_is_the_one_count_names(name, sizes, best, world, capsys):
+    """What the benchmark runs the ring on: the layout `count --ring` says balances it (a
+    window of 4096 over 32768 keys is even on contiguous blocks, a causal mask on zig-zag)."""
+    spec = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn")
+    given = {**sizes, "N": 32768}
+    values = {s: given[a] for s, a in spec.ir.size_names.items()}  # scalars: the spec's
+    found = balanced(spec.ir, spec.sequence_plan(), values, world)
+    assert found == best
+    command = ["count", f"specs/{name}.attn", "--context", str(world), "--ring"]
+    command += [f"--size={a}={given[a]}" for a in spec.ir.size_names.values()]
+    assert main(command) == 0
+    assert f"balanced by: {found} (layout={found.name!r})" in capsys.readouterr().out
 
 
 def test_count_shows_what_the_ring_sends(capsys, monkeypatch):
