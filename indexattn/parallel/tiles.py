@@ -298,17 +298,30 @@ class FlashCore:
         it is the lower triangle of a diagonal tile."""
         if keep is None:
             return None, False
-        q, k = self.positions
-        if always(keep, {q: (q0, q0 + nq - 1), k: (k0, k0 + nk - 1)}):
-            return None, False
-        seen = _grid(keep, self.positions)(
-            np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :]
-        )
-        seen = seen & np.ones((nq, nk), dtype=bool)
-        if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)):
-            return None, True
+        kind = _kind(keep, self.positions, q0, nq, k0, nk)
+        if kind != "mask":
+            return None, kind == "causal"
+        seen = _seen(keep, self.positions, q0, nq, k0, nk)
         mask = torch.zeros((nq, nk), dtype=dtype, device=device)
         return mask.masked_fill_(torch.from_numpy(~seen).to(device), -torch.inf), False
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind(keep: sympy.Basic, positions: tuple, q0: int, nq: int, k0: int, nk: int) -> str:
+    """ "all" where the keep predicate holds on the tile pair's whole box, "causal" where it is
+    the lower triangle of a diagonal tile, else "mask": read once per tile pair (a ring's
+    backward asks again)."""
+    q, k = positions
+    if always(keep, {q: (q0, q0 + nq - 1), k: (k0, k0 + nk - 1)}):
+        return "all"
+    seen = _seen(keep, positions, q0, nq, k0, nk)
+    return "causal" if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)) else "mask"
+
+
+def _seen(keep: sympy.Basic, positions: tuple, q0: int, nq: int, k0: int, nk: int):
+    """Which keys each query of the tile pair sees: a boolean (nq, nk) array."""
+    seen = _grid(keep, positions)(np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :])
+    return np.broadcast_to(seen, (nq, nk))
 
 
 @functools.lru_cache(maxsize=64)
