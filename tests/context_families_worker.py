@@ -46,6 +46,8 @@ FAMILIES = {  # config class, its settings
         {**ALTERNATING, "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 10},
     ),
     "gemma3": ("Gemma3TextConfig", {**ALTERNATING, "query_pre_attn_scalar": 10}),
+    "qwen2": ("Qwen2Config", {**ALTERNATING, "use_sliding_window": True}),  # biases on q, k, v
+    "cohere2": ("Cohere2Config", ALTERNATING),  # a layer norm, a logit scale
     "gpt_oss": (
         "GptOssConfig",
         {**ALTERNATING, "num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size": 8},
@@ -78,13 +80,22 @@ def float64_norm(offset: float):
     return forward
 
 
+def float64_layer_norm(self, x: torch.Tensor) -> torch.Tensor:
+    """Cohere's layer norm (no bias) in the input's dtype, as transformers writes it."""
+    centred = x - x.mean(-1, keepdim=True)
+    variance = centred.pow(2).mean(-1, keepdim=True)
+    return self.weight * centred * torch.rsqrt(variance + self.variance_epsilon)
+
+
 NORMS = {  # the families' RMSNorm classes and the offset of their weight
     "mistral.modeling_mistral.MistralRMSNorm": 0.0,
     "gemma2.modeling_gemma2.Gemma2RMSNorm": 1.0,
     "gemma3.modeling_gemma3.Gemma3RMSNorm": 1.0,
     "gpt_oss.modeling_gpt_oss.GptOssRMSNorm": 0.0,
     "llama4.modeling_llama4.Llama4TextRMSNorm": 0.0,
+    "qwen2.modeling_qwen2.Qwen2RMSNorm": 0.0,
 }
+LAYER_NORMS = ["cohere2.modeling_cohere2.Cohere2LayerNorm"]  # mean removed, no bias
 
 
 def model_of(family: str) -> torch.nn.Module:
@@ -165,6 +176,12 @@ CHECKS = {  # name: family, strategy, layout, twin
     "llama4_ring": ("llama4", "ring", "zigzag", ""),
     "llama4_ulysses": ("llama4", "ulysses", "contiguous", ""),
     "llama4_chunk_twin": ("llama4", "ulysses", "contiguous", "chunk"),
+    "qwen2_ring": ("qwen2", "ring", "zigzag", ""),
+    "qwen2_ulysses": ("qwen2", "ulysses", "contiguous", ""),
+    "qwen2_window_twin": ("qwen2", "ring", "zigzag", "window"),
+    "cohere2_ring": ("cohere2", "ring", "contiguous", ""),
+    "cohere2_ulysses": ("cohere2", "ulysses", "zigzag", ""),
+    "cohere2_global_twin": ("cohere2", "ring", "contiguous", "global"),
 }
 
 
@@ -178,6 +195,10 @@ def float64() -> None:
         module, _, norm = name.rpartition(".")
         code = importlib.import_module(f"transformers.models.{module}")
         getattr(code, norm).forward = float64_norm(offset)
+    for name in LAYER_NORMS:
+        module, _, norm = name.rpartition(".")
+        code = importlib.import_module(f"transformers.models.{module}")
+        getattr(code, norm).forward = float64_layer_norm
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ from .sequence import (
     RingPass,
     SequencePlan,
     Tile,
+    ring_form,
     ring_passes,
     ring_work,
 )
@@ -219,12 +220,16 @@ class _KeptPass(torch.autograd.Function):
         value, rows_lse = kept.forward(tensors)
         ctx.kept = kept
         ctx.save_for_backward(value, rows_lse, *tensors)
-        return token.clone(), value
+        ctx.set_materialize_grads(False)
+        return token.clone(), value, rows_lse
 
     @staticmethod
-    def backward(ctx, g_token, g_value):
+    def backward(ctx, g_token, g_value, g_lse):
         value, rows_lse, *tensors = ctx.saved_tensors
-        return (None, g_token, *ctx.kept.backward(tensors, value, rows_lse, g_value))
+        if g_value is None:
+            g_value = torch.zeros_like(value)
+        grads = ctx.kept.backward(tensors, (value, rows_lse, g_value, g_lse))
+        return (None, g_token, *grads)
 
 
 # -- the interpreter on blocks
@@ -497,6 +502,24 @@ class _Ring(Interpreter):
             self.memo[id(target)] = (value.to(self.dtype), free)
             if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
                 self.stats[target.body] = (value, free)  # as merged: float32 or wider
+        if each.statistic is not None:
+            lse_rows = [merged.get((q.offset, 0), (None, None))[1] for q in self.tiles()]
+            self.statistic(each, self.joined(lse_rows, targets[0].free, -INF, self.units(each)))
+
+    def units(self, each: RingPass) -> list[ir.Index]:
+        """The axes of the pass's target that its softmax's log-sum-exp lacks (held as 1)."""
+        rows = set(each.online.body.free) - set(each.online.over)
+        return [i for i in each.targets[0].free if i not in rows]
+
+    def statistic(self, each: RingPass, lse_rows: torch.Tensor) -> None:
+        """The pass's merged log-sum-exp (aligned as its target, units where it lacks an axis)
+        as the value of the logsumexp it stands for, and as its scores' statistics."""
+        free = each.targets[0].free
+        units = tuple(n - len(free) for n, i in enumerate(free) if i in self.units(each))
+        rows = (lse_rows.squeeze(units), tuple(i for i in free if i not in self.units(each)))
+        value = self.align(rows, each.statistic.free)
+        self.memo[id(each.statistic)] = (value.to(self.dtype), each.statistic.free)
+        self.stats[each.statistic.body] = (value, each.statistic.free)
 
     def seen(self, src: int, counted=True):
         """This rank's query tiles and rank `src`'s key tiles, each pair no mask hides
@@ -644,7 +667,7 @@ class _Kept:
     at once."""
 
     def __init__(self, ring: _Ring, tile: TileCore, each: RingPass) -> None:
-        self.ring, self.tile, self.names = ring, tile, list(each.travels)
+        self.ring, self.tile, self.each, self.names = ring, tile, each, list(each.travels)
         reads = tile.reads.values()
         self.sides = list(dict.fromkeys(r.name for r in reads if r.side != "k"))
         self.target = each.targets[0]  # this spec's node (tile may be an equal spec's)
@@ -654,8 +677,10 @@ class _Kept:
         ring, names = self.ring, self.names
         self.indices = {n: held[n][1] for n in [*self.sides, *names]}
         tensors = [held[n][0] for n in [*self.sides, *names]]
-        ring.token, value = _KeptPass.apply(self, ring.token, *tensors)
+        ring.token, value, lse_rows = _KeptPass.apply(self, ring.token, *tensors)
         ring.memo[id(self.target)] = (value.to(ring.dtype), self.target.free)
+        if self.each.statistic is not None:
+            ring.statistic(self.each, lse_rows)
 
     def split(self, tensors) -> tuple[dict, list]:
         """The held query-side and whole tensors (as the ring holds them), and the blocks
@@ -675,9 +700,8 @@ class _Kept:
                 pair = ring.flashed if tile.flash is not None else ring.compiled
                 ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
         value, _ = ring.finish(0, self.target, merged)
-        units = [i for i in self.target.free if i not in tile.lse_free]
         lse_rows = [merged.get((q.offset, 0), (None, None))[1] for q in ring.tiles()]
-        return value, ring.joined(lse_rows, self.target.free, -INF, units)
+        return value, ring.joined(lse_rows, self.target.free, -INF, ring.units(self.each))
 
     def visits(self, mine: list, counted: bool):
         """(the rank whose blocks visit, them by name) at each step that brings any; every
@@ -690,10 +714,11 @@ class _Kept:
             if step.recv:
                 yield step.src, visiting
 
-    def backward(self, tensors, value, rows_lse, grad) -> list:
+    def backward(self, tensors, rows: tuple) -> list:
         """The gradients of `tensors` from the target's: the ring toured again, each tile
-        pair's gradients made from the rows' output, log-sum-exp and gradient; the blocks
-        received get theirs summed here, then sent back to their owner."""
+        pair's gradients made from the `rows`' output, log-sum-exp, and their gradients (the
+        log-sum-exp's None where nothing reads it); the blocks received get theirs summed
+        here, then sent back to their owner."""
         ring, wide = self.ring, self.ring.wide
         held, mine = self.split(tensors)
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
@@ -704,7 +729,7 @@ class _Kept:
                 src, visiting = step.src, step.wait()
             blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
             for q, k in ring.seen(src, counted=False) if visiting else ():
-                self.pair(q, k, visiting, held, (value, rows_lse, grad), sums, blocks)
+                self.pair(q, k, visiting, held, rows, sums, blocks)
             back = [blocks.get(n) for n in self.names]
             if step is not None:
                 back = step.returned(back, wide)
@@ -720,18 +745,21 @@ class _Kept:
         ring, tile, leaves = self.ring, self.tile, {}
         free = self.target.free
         axis = -len(free) + free.index(ring.query)
-        out, lse, grad = (t.narrow(axis, q.offset, q.length) for t in rows)
+        out, lse, grad, grad_lse = (
+            None if t is None else t.narrow(axis, q.offset, q.length) for t in rows
+        )
         units = tuple(n - len(free) for n, i in enumerate(free) if i not in tile.lse_free)
-        lse = lse.squeeze(units)
+        lse, grad_lse = (None if t is None else t.squeeze(units) for t in (lse, grad_lse))
+        rows = (out, lse, grad, grad_lse)
         with torch.enable_grad():
             given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
         at = tile.given(ring.sizes, ring.scalars, q.start, k.start)
         if tile.flash is not None:
             offsets = (at[name] for name in OFFSETS)
             values = {**ring.sizes, **ring.scalars}
-            outputs, grads = tile.flash.backward(given, values, *offsets, (out, lse, grad))
+            outputs, grads = tile.flash.backward(given, values, *offsets, rows)
         else:
-            outputs, grads = tile.softmax.backward(given, at, ring.training, (out, lse, grad))
+            outputs, grads = tile.softmax.backward(given, at, ring.training, rows)
         found = torch.autograd.grad(
             outputs, [leaf for leaf, _, _ in leaves.values()], grads, allow_unused=True
         )
@@ -768,6 +796,7 @@ def forward(spec: ir.Spec, plan: SequencePlan, arguments: dict, setup: dict) -> 
     """The outputs of `spec` for this rank's blocks of `arguments` (by ASCII name), and the
     run (what it sent and computed). `setup`: group, rank, world, layout, tile, the module's
     sizes and scalars, training."""
+    spec = ring_form(spec, plan)  # a sink's row factor out of the sum (sequence.ring_form)
     split = dict(plan.split)
     shapes = {}
     for t in spec.arguments:

@@ -10,6 +10,7 @@ distance, T5's buckets) must be the global positions, and the plan lists where t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -771,15 +772,81 @@ class RingPass:
     targets: tuple[ir.Node, ...]
     online: ir.Reduce | None
     travels: tuple[str, ...]  # tensor names, sorted
+    # a logsumexp over the keys of the online softmax's scores, written in an equation of its
+    # own: the pass's merged log-sum-exp is its value (attention sinks' L)
+    statistic: ir.Reduce | None = None
 
 
 def ring_passes(spec: ir.Spec, plan: SequencePlan) -> dict[str, tuple[RingPass, ...]]:
-    """The ring's schedule, read off the notation: per equation (by tensor name) that reduces
-    a tensor along the query and a key index, the passes run before it, in order. A softmax
-    that the reduction reads linearly merges online; one it does not (a sink's
-    `sigmoid(L - s)` factor) gets its row log-sum-exp from a pass of its own first, unless an
-    equation before computed it (attention sinks' `logsumexp_<τ'>`, whose pass is its own)."""
-    return _Schedule(spec, plan).passes
+    """The ring's schedule, read off the notation (of `ring_form(spec, plan)`, which the ring
+    runs): per equation (by tensor name) that reduces a tensor along the query and a key
+    index, the passes run before it, in order. A softmax that the reduction reads linearly
+    merges online; one it does not gets its row log-sum-exp from a pass of its own first,
+    unless an equation before computed it. A logsumexp of the scores that a later pass
+    merges online (attention sinks' `L_<grτ> = logsumexp_<τ'>(S_<grττ'>)`, with `σ(L − s)`
+    taken out of the sum by ring_form) is that pass's statistic: the pass runs where the
+    logsumexp is written, once."""
+    return _Schedule(ring_form(spec, plan), plan).passes
+
+
+@functools.lru_cache(maxsize=64)
+def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
+    """The spec as the ring runs it: where a sum over a key index reads a weight tensor
+    `A = softmax(S) · F` whose factors F are free of the key indices and read no tensor
+    along the query and a key index (a sink's `σ(L − s)`), and nothing else reads A, F is
+    taken out of the sum (`O = F · Σ softmax(S) V`, the same values), so that the pass
+    merges the softmax online, through the kernel, without F's statistics first."""
+    glyphs = {i.glyph: i for i in spec.indices}
+    query = glyphs[plan.over]
+    keys = {glyphs[g] for g in plan.indices} - {query}
+    pairs = {eq.tensor.name: n for n, eq in enumerate(spec.equations)}
+    pairs = {k: n for k, n in pairs.items() if pair(spec.equations[n].indices, query, keys)}
+    reads = [r.tensor.name for eq in spec.equations for r in ir.refs(eq.rhs)]
+    outputs = {t.name for t in spec.outputs}
+    equations = list(spec.equations)
+    for n, eq in enumerate(spec.equations):
+        weights = _weights(eq.rhs, pairs, keys)
+        if (
+            weights is None
+            or weights.tensor.name in outputs
+            or reads.count(weights.tensor.name) != 1
+        ):
+            continue
+        m = pairs[weights.tensor.name]
+        split = _row_factors(equations[m], pairs, keys)
+        if split is not None and tuple(a[0] for a in weights.axes) == equations[m].indices:
+            soft, rows = split
+            equations[m] = dataclasses.replace(equations[m], rhs=soft)
+            outer = ir.Product((*rows, eq.rhs), (), eq.rhs.span)
+            equations[n] = dataclasses.replace(eq, rhs=outer)
+    return dataclasses.replace(spec, equations=tuple(equations))
+
+
+def _weights(node: ir.Node, pairs: dict, keys: set) -> ir.Ref | None:
+    """The one pair tensor a product summed over a key index reads, or None."""
+    if not (isinstance(node, ir.Product) and set(node.summed) & keys):
+        return None
+    found = [f for f in node.factors if isinstance(f, ir.Ref) and f.tensor.name in pairs]
+    return found[0] if len(found) == 1 else None
+
+
+def _row_factors(eq: ir.Equation, pairs: dict, keys: set) -> tuple | None:
+    """(the softmax over a key index, the other factors) of a weight tensor's product, where
+    the others are free of the key indices, read no pair tensor, and lose no axis of it."""
+    node = eq.rhs
+    if not (isinstance(node, ir.Product) and not node.summed):
+        return None
+    soft = [
+        f
+        for f in node.factors
+        if isinstance(f, ir.Reduce) and f.fn == "softmax" and set(f.over) & keys
+    ]
+    rows = [f for f in node.factors if not any(f is g for g in soft)]
+    if len(soft) != 1 or not rows or set(soft[0].free) != set(eq.indices):
+        return None
+    if any(set(f.free) & keys or any(r.tensor.name in pairs for r in ir.refs(f)) for f in rows):
+        return None
+    return soft[0], tuple(rows)
 
 
 class _Schedule:
@@ -792,14 +859,64 @@ class _Schedule:
         }
         self.stats: set[ir.Node] = set()  # the softmax bodies whose row statistics are known
         self.passes: dict[str, tuple[RingPass, ...]] = {}
-        for eq in spec.equations:
-            if eq.tensor.name in self.pairs:
-                continue  # computed tile pair by tile pair where read
+        done: set[str] = set()  # equations whose pass ran as an earlier one's statistic
+        for n, eq in enumerate(spec.equations):
+            if eq.tensor.name in self.pairs or eq.tensor.name in done:
+                continue  # computed tile pair by tile pair where read; or already
+            held = {t.name for t in spec.arguments} | {e.tensor.name for e in spec.equations[:n]}
+            fused = self.fused(eq, spec.equations[n + 1 :], held)
+            if fused is not None:
+                later, each = fused
+                self.passes[eq.tensor.name] = (each,)
+                self.stats.add(each.online.body)
+                done.add(later)
+                continue
             found: list[RingPass] = []
             targets = list(self.targets(eq.rhs))
             if targets:
                 self.plan(targets, found)
                 self.passes[eq.tensor.name] = tuple(found)
+
+    def fused(self, eq: ir.Equation, after, held: set[str]) -> tuple[str, RingPass] | None:
+        """Where `eq` is a logsumexp over the keys whose scores a later equation's one target
+        merges online as a softmax (reading neither `eq`'s tensor nor other unknown
+        statistics, nor a tensor not `held` yet): that equation's name, and the one pass
+        that computes both."""
+        stat = eq.rhs
+        if not (
+            isinstance(stat, ir.Reduce) and stat.fn == "logsumexp" and set(stat.over) <= self.keys
+        ):
+            return None
+        if stat.body in self.stats:
+            return None
+        for later in after:
+            if later.tensor.name in self.pairs:
+                continue
+            targets = list(self.targets(later.rhs))
+            if len(targets) != 1:
+                continue
+            soft = list(dict.fromkeys(self.softmaxes(targets[0], set())))
+            if [(s.body, s.over) for s in soft] != [(stat.body, stat.over)]:
+                continue
+            reached = self.reached(targets)
+            if not self.linear(targets[0], soft[0]) or eq.tensor.name in reached:
+                continue
+            if not {n for n in reached if n not in self.pairs} <= held:
+                continue
+            travels = tuple(sorted(self.travelling(targets)))
+            return later.tensor.name, RingPass(tuple(targets), soft[0], travels, stat)
+        return None
+
+    def reached(self, targets: list[ir.Node]) -> set[str]:
+        """Every tensor the targets read, through the pair tensors."""
+        found, stack = set(), list(targets)
+        while stack:
+            for ref in ir.refs(stack.pop()):
+                if ref.tensor.name not in found:
+                    found.add(ref.tensor.name)
+                    if ref.tensor.name in self.pairs:
+                        stack.append(self.pairs[ref.tensor.name].rhs)
+        return found
 
     def targets(self, node: ir.Node):
         """The outermost reductions over a key index of a value along the query index."""
@@ -903,7 +1020,8 @@ def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     tensors = {t.name: t for t in spec.tensors}
     passes = [p for each in ring_passes(spec, plan).values() for p in each]
     sends = [n for p in passes for n in p.travels]
-    again = [n for p in passes if kept(core(spec, plan, p)) for n in p.travels]
+    run = ring_form(spec, plan)
+    again = [n for p in passes if kept(core(run, plan, p)) for n in p.travels]
     for name in dict.fromkeys(sends):
         t = tensors[name]
         block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS

@@ -28,7 +28,7 @@ import torch
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
-from .sequence import RingPass, SequencePlan, always, exact, pair, ring_passes
+from .sequence import RingPass, SequencePlan, always, exact, pair, ring_form, ring_passes
 
 OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
 SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
@@ -253,19 +253,21 @@ class FlashCore:
     def backward(self, given: dict, values: dict, q0: int, k0: int, rows: tuple) -> tuple:
         """What to differentiate for one tile pair's part of the gradients, and its
         gradients: the kernel's operands, made from `given` under autograd, and their
-        gradients from the rows' merged output, log-sum-exp and the output's gradient
-        (`rows`, in the target's and the tile log-sum-exp's layouts; runtime/flash.py,
-        attention_grads)."""
+        gradients from the rows' merged output, log-sum-exp, the output's gradient and the
+        log-sum-exp's (or None) (`rows`, in the target's and the tile log-sum-exp's layouts;
+        runtime/flash.py, attention_grads)."""
         from ..runtime.flash import attention_grads
 
         with torch.enable_grad():
             operands, lead = self.operands(given)
-        out, lse, grad = rows
+        out, lse, grad, grad_lse = rows
         out, grad = (_kernel(t, self.out, lead, 2) for t in (out, grad))
+        lse, grad_lse = (
+            None if t is None else _kernel(t, self.lse, lead, 1) for t in (lse, grad_lse)
+        )
         q, k, v = (t.contiguous() for t in operands)
         arguments = self.arguments(values, q0, k0, q, k)
-        grads = attention_grads(grad, q, k, v, out, _kernel(lse, self.lse, lead, 1), *arguments)
-        return operands, grads
+        return operands, attention_grads(grad, q, k, v, out, lse, *arguments, grad_lse=grad_lse)
 
     def operands(self, given: dict) -> tuple:
         """The kernel's q, k and v, (-1, 1, positions, features), from the tile spec's inputs,
@@ -437,12 +439,13 @@ class SoftmaxCore:
     def backward(self, given: dict, at: dict, training: bool, rows: tuple) -> tuple:
         """What to differentiate for one tile pair's part of the gradients, and its
         gradients, from the rows' merged output O, log-sum-exp L and the output's gradient
-        dO (`rows`, in the target's and the tile log-sum-exp's layouts): the scores made
+        dO (`rows`, in the target's and the tile log-sum-exp's layouts, and the log-sum-exp's
+        gradient dL, or None: it enters D as D − dL): the scores made
         again under autograd, P = exp(S − L), and (P V, Σ P) against (dO, −D),
         D = rowsum(dO ∘ O), whose gradients are dV = Pᵀ dO and dS = P ∘ (dO Vᵀ − D)."""
         from ..runtime.flash import seen_rows
 
-        out, lse, grad = rows
+        out, lse, grad, grad_lse = rows
         out, grad = (_moved(t, _inverse(self.out)) for t in (out, grad))
         lse = seen_rows(_moved(lse, _inverse(self.lse)))
         with torch.enable_grad():
@@ -454,6 +457,8 @@ class SoftmaxCore:
             weights = (_moved(scores, self.scores) - lse.unsqueeze(-1)).exp()
             outputs = (weights @ values, weights.sum(-1))
         row = (grad * out).sum(-1)
+        if grad_lse is not None:  # the log-sum-exp read too: D − dL
+            row = row - _moved(grad_lse, _inverse(self.lse))
         return outputs, (grad.sum_to_size(outputs[0].shape), -row.sum_to_size(outputs[1].shape))
 
 
@@ -555,6 +560,7 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
     """How the ring evaluates each pass's tile pairs: the compiled tile spec, or the literal
     interpreter and why (slow: its tile pairs are counted as any others)."""
     lines = ["Tile pairs of each ring pass (indexattn/parallel/tiles.py)"]
+    spec = ring_form(spec, plan)
     for name, passes in ring_passes(spec, plan).items():
         for each in passes:
             found = core(spec, plan, each)
@@ -568,6 +574,8 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
                 if isinstance(found, TileCore)
                 else f"literal interpreter, slow ({found})"
             )
+            if each.statistic is not None:
+                what += f"; {name} is its log-sum-exp"
             lines.append(f"  {name} over {', '.join(each.travels)}: {what}")
     return lines
 

@@ -104,15 +104,17 @@ class _FlashLSE(torch.autograd.Function):
         return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None, None
 
 
-def attention_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0):
+def attention_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0, grad_lse=None):
     """(dq, dk, dv) of one tile pair of the core above, from its rows' final output `out` and
     log-sum-exp `lse`, merged over every key tile (a ring's backward, FlashAttention's):
     P = exp(scale · q kᵀ + mask − lse), D = rowsum(grad_out ∘ out), dS = P ∘ (grad_out vᵀ − D).
     Summed over a row's key tiles they are the gradients of the whole; a row that sees no key
-    anywhere (`lse` −∞) gets none. On a CPU one call of the flash kernel's backward, which
-    makes D from `out` itself; elsewhere the formula."""
-    if not (q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4):
-        return plain_grads(grad_out, q, k, v, out, lse, mask, causal, scale)
+    anywhere (`lse` −∞) gets none. `grad_lse`: the gradient of the rows' log-sum-exp too,
+    where it is read (D − dL in its place). On a CPU, without it, one call of the flash
+    kernel's backward, which makes D from `out` itself; elsewhere the formula."""
+    kernel = q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4
+    if not kernel or grad_lse is not None:
+        return plain_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
     grad_out, out = grad_out.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
     lse = seen_rows(lse).to(torch.promote_types(q.dtype, torch.float32))
     return _FLASH_BACKWARD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
@@ -123,7 +125,7 @@ def seen_rows(lse):
     return lse.masked_fill(lse.isneginf(), 0.0)
 
 
-def plain_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0):
+def plain_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0, grad_lse=None):
     """attention_grads by the formula (any device): the judge in tests."""
     grad_out, out, lse = grad_out.to(q.dtype), out.to(q.dtype), seen_rows(lse)
     scores = (q @ k.mT) * scale
@@ -135,6 +137,8 @@ def plain_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0)
         scores = scores + mask
     weights = (scores - lse.unsqueeze(-1)).exp()
     row = (grad_out * out).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        row = row - grad_lse.to(row.dtype).unsqueeze(-1)
     grad = (grad_out @ v.mT).sub_(row).mul_(weights)
     return (grad @ k) * scale, (grad.mT @ q) * scale, weights.mT @ grad_out
 

@@ -219,22 +219,36 @@ def test_count_shows_what_the_ring_sends(capsys, monkeypatch):
     assert "K_<μτa>" in capsys.readouterr().out
 
 
-def test_count_has_the_sink_s_two_passes(capsys, monkeypatch):
-    """attention_sinks' logsumexp is a pass over K of its own: K is sent twice, V once, and
-    the work is two passes' (the count said one pass, 256 where the ring sent 384)."""
+def _sent_rows(text: str) -> dict:
+    return {
+        tuple(line.split()[:3]): line.split()[3] for line in text.splitlines() if "send/" in line
+    }
+
+
+def test_count_has_the_sink_s_one_pass(capsys, monkeypatch, tmp_path):
+    """attention_sinks' logsumexp is the statistic of the pass over K and V (its σ(L − s)
+    taken out of the sum): K and V are sent once each in the forward, twice in the backward
+    (their gradients, and again for the pass made from its rows). The twin: a factor that
+    reads the mask too stays inside the sum, and the logsumexp needs a pass over K of its
+    own first (the count once said one pass where the ring made two)."""
     monkeypatch.chdir(ROOT)
     sizes = ["--size", "N=64", "--size", "d_m=8", "--size", "h_kv=2", "--size", "n_rep=1"]
     assert main(["count", "specs/attention_sinks.attn", "--context", "2", "--ring", *sizes]) == 0
     text = capsys.readouterr().out
-    rows = {
-        tuple(line.split()[:3]): line.split()[3] for line in text.splitlines() if "send/" in line
-    }
-    assert rows[("K_<gτa>", "send/recv", "forward")] == "2*N*d_k*h_kv*(w", rows
-    assert rows[("V_<gτa>", "send/recv", "forward")] == "N*d_k*h_kv*(w", rows
+    rows = _sent_rows(text)
+    assert rows[("K_<gτa>", "send/recv", "forward")] == "N*d_k*h_kv*(w", rows
+    assert rows[("V_<gτa>", "send/recv", "backward")] == "2*N*d_k*h_kv*(w", rows
+    assert "1 pass over the keys" in text and "L is its log-sum-exp" in text
+    source = (ROOT / "specs" / "attention_sinks.attn").read_text(encoding="utf-8")
+    inside = source.replace(
+        "sigmoid(L_<grτ> - sinks_<(gr)>)", "sigmoid(L_<grτ> - sinks_<(gr)> + M_<ττ'>)"
+    )
+    assert inside != source
+    (tmp_path / "inside.attn").write_text(inside, encoding="utf-8")
+    assert main(["count", str(tmp_path / "inside.attn"), "--context", "2", "--ring", *sizes]) == 0
+    text = capsys.readouterr().out
+    assert _sent_rows(text)[("K_<gτa>", "send/recv", "forward")] == "2*N*d_k*h_kv*(w"
     assert "2 passes over the keys" in text
-    # the twin: mha's softmax merges online, in one pass
-    assert main([*COUNT, "--ring"]) == 0
-    assert "1 pass over the keys" in capsys.readouterr().out
 
 
 def test_count_refuses_a_spec_without_a_head_split(capsys, monkeypatch):
@@ -320,9 +334,10 @@ def test_the_ring_computes_its_schedule_and_sends_its_count(ranks):
         assert found["sent"] == found["counted"] > 0, found
 
 
-def test_the_ring_sends_the_count_of_a_sink_s_two_passes(ranks):
-    """attention_sinks' logsumexp is a pass over K of its own before the pass over K and V:
-    the count has both (it said 256 where the ring sent 384, at 2 ranks)."""
+def test_the_ring_sends_the_count_of_a_sink_s_pass(ranks):
+    """attention_sinks' logsumexp is the statistic of its one pass over K and V, and the ring
+    sends what the count says (it once said 256 where the ring sent 384, at 2 ranks, when
+    the logsumexp had a pass of its own the count left out)."""
     for found in _result(ranks, "ring_work_attention_sinks"):
         assert found["sent"] == found["counted"] > 0, found
         assert found["work"] == found["schedule"] > 0, found

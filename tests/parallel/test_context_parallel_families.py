@@ -1,7 +1,8 @@
 """context_parallel_model on every mask kind the transformers door takes: tiny Mistral (a window
 on every layer), Gemma 2 (sliding and global layers, soft caps), Gemma 3 (sliding and global
-layers), GPT-OSS (sinks, sliding and full layers) and Llama 4 (chunked and full layers) on 2 CPU
-processes (gloo, float64), against the same model in one process (eager);
+layers), GPT-OSS (sinks, sliding and full layers), Llama 4 (chunked and full layers), Qwen2
+(sliding and full layers, biases on q, k and v) and Cohere2 (sliding and full layers, a layer
+norm) on 2 CPU processes (gloo, float64), against the same model in one process (eager);
 tests/context_families_worker.py runs every check in one launch. Without processes: the core
 each layer kind gets, and the kinds refused by name."""
 
@@ -29,7 +30,7 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 SPLIT = [
     f"{family}_{strategy}"
-    for family in ("mistral", "gemma2", "gemma3", "gpt_oss", "llama4")
+    for family in ("mistral", "gemma2", "gemma3", "gpt_oss", "llama4", "qwen2", "cohere2")
     for strategy in ("ring", "ulysses")
 ]
 TWINS = [
@@ -38,6 +39,8 @@ TWINS = [
     "gemma3_window_twin",
     "gpt_oss_sinks_twin",
     "llama4_chunk_twin",
+    "qwen2_window_twin",
+    "cohere2_global_twin",
 ]
 
 

@@ -100,7 +100,7 @@ def test_a_window_s_tile_is_chosen_for_it_and_equals_one_process():
     gaps, run = _run("attention_sinks", tile=None, n=1024)
     assert _exact(gaps), gaps
     assert run.counts["tile"] == 256
-    assert run.counts["work"] == 2 * 7 * 256 * 256  # two passes: the sink's statistics first
+    assert run.counts["work"] == 7 * 256 * 256  # one pass: L is its log-sum-exp
 
 
 def test_twin_a_window_of_every_key_keeps_the_chunk(monkeypatch):

@@ -11,7 +11,7 @@ import torch
 
 import indexattn
 from indexattn.parallel import ring, tiles
-from indexattn.parallel.sequence import ZIGZAG
+from indexattn.parallel.sequence import ZIGZAG, ring_passes
 from indexattn.runtime import flash
 
 EXACT, MOVED = 1e-12, 1e-6
@@ -195,7 +195,7 @@ def test_an_sdpa_shaped_core_runs_through_the_flash_kernel_and_says_so(name, mon
 
 
 KEPT = {"mha": True, "gqa": True, "softcap_window": True, "doc_mask": True}
-KEPT |= {"attention_sinks": False, "unseen": False}
+KEPT |= {"attention_sinks": True, "unseen": True, "mean": False}  # mean: a mean of A
 
 
 @pytest.mark.parametrize("name", [*KEPT])
@@ -215,3 +215,21 @@ def test_a_softmax_core_makes_its_gradients_from_the_rows_and_says_so(name, monk
     assert bool(pairs) == KEPT[name]
     lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
     assert any("gradients from the rows'" in line for line in lines) == KEPT[name], lines
+
+
+def test_a_sink_s_logsumexp_is_its_pass_s_statistic_and_its_gradient_counts(monkeypatch):
+    """attention_sinks' L = logsumexp(S) is the online pass's merged log-sum-exp (its σ(L − s)
+    taken out of the sum: one pass over K and V, not two), and L's gradient enters each tile
+    pair's backward (D − dL); the twin drops it and the gradients move."""
+    spec, _ = _module("attention_sinks")
+    passes = [p for each in ring_passes(spec.ir, spec.sequence_plan("τ")).values() for p in each]
+    assert len(passes) == 1 and passes[0].statistic is not None
+    assert set(passes[0].travels) == {"K", "V"}
+    assert _gaps("attention_sinks")["grad"] < EXACT
+    backward = ring._KeptPass.backward
+
+    def dropped(ctx, g_token, g_value, g_lse):
+        return backward(ctx, g_token, g_value, None)
+
+    monkeypatch.setattr(ring._KeptPass, "backward", staticmethod(dropped))
+    assert _gaps("attention_sinks")["grad"] > MOVED
