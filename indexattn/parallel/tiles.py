@@ -316,8 +316,18 @@ def _kind(keep: sympy.Basic, positions: tuple, q0: int, nq: int, k0: int, nk: in
     q, k = positions
     if always(keep, {q: (q0, q0 + nq - 1), k: (k0, k0 + nk - 1)}):
         return "all"
-    seen = _seen(keep, positions, q0, nq, k0, nk)
-    return "causal" if nq == nk and np.array_equal(seen, np.tri(nq, dtype=bool)) else "mask"
+    if nq != nk:
+        return "mask"
+    keys = np.arange(nk)[None, :]
+    for start in range(0, nq, ROWS):  # by blocks of rows: a tile of 8192 is 64 MB a grid
+        rows = min(ROWS, nq - start)
+        seen = _seen(keep, positions, q0 + start, rows, k0, nk)
+        if not np.array_equal(seen, keys <= np.arange(start, start + rows)[:, None]):
+            return "mask"
+    return "causal"
+
+
+ROWS = 256  # rows of a tile pair's grid compared at once
 
 
 def _seen(keep: sympy.Basic, positions: tuple, q0: int, nq: int, k0: int, nk: int):

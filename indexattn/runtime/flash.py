@@ -8,10 +8,10 @@ calls for the same core (`F.scaled_dot_product_attention`'s flash kernel on a CP
 scores: −∞ for a row that the mask hides entirely (its `out` is 0), with gradient 0 there.
 Both are differentiable: the backward is one call of the kernel's backward, with no second
 forward, for the gradients of `out` and `lse` together. The kernel's backward takes
-D = rowsum(dO ∘ O) from its saved output and gradient; the log-sum-exp's gradient enters as
-D − dL, by one more feature column (the gradient 1 against an output column −dL, over query
-and key columns of 0, which change no score). On another device (or another dtype than the
-kernel's) the same values come from the plain formula, through autograd.
+D = rowsum(dO ∘ O) from its saved output and gradient; the log-sum-exp's gradient, where
+given, enters as D − dL, by one more feature column (`_kernel_grads`). On another device (or
+another dtype than the kernel's) the same values come from the plain formula, through
+autograd.
 """
 
 from __future__ import annotations
@@ -82,26 +82,31 @@ class _FlashLSE(torch.autograd.Function):
             grad_lse = torch.zeros_like(lse)
         if ctx.hidden is not None:  # the kernel's own 0 at a hidden row: P is 0 there
             lse = lse.masked_fill(ctx.hidden, 0.0)
-            grad_lse = grad_lse.masked_fill(ctx.hidden, 0.0)
+            if grad_lse is not None:
+                grad_lse = grad_lse.masked_fill(ctx.hidden, 0.0)
+        grads = _kernel_grads(
+            grad_out.to(out.dtype), q, k, v, out, lse, ctx.mask, ctx.causal, ctx.scale, grad_lse
+        )
+        return (*grads, None, None, None)
+
+
+def _kernel_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse=None):
+    """The CPU flash kernel's backward, which makes D = rowsum(grad_out ∘ out) itself; a
+    log-sum-exp's gradient enters as D − dL, by one more feature column (the gradient 1
+    against an output column −dL, over query, key and value columns of 0, which change no
+    score)."""
+    if grad_lse is None:  # the kernel is 8 times slower on a strided feature axis
+        q, k, v = (t.contiguous() for t in (q, k, v))
+    else:
         one, zero = q.new_ones(()), q.new_zeros(())
 
         def pad(t, c):
             return torch.cat([t, c.expand(*t.shape[:-1], 1)], -1)
 
-        column = (-grad_lse).to(out.dtype)[..., None]
-        dq, dk, dv = _FLASH_BACKWARD(
-            pad(grad_out.to(out.dtype), one),
-            pad(q, zero),
-            pad(k, zero),
-            pad(v, zero),
-            torch.cat([out, column], -1),
-            lse,
-            0.0,
-            ctx.causal,
-            attn_mask=ctx.mask,
-            scale=ctx.scale,
-        )
-        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None, None
+        grad_out, q, k, v = pad(grad_out, one), pad(q, zero), pad(k, zero), pad(v, zero)
+        out = torch.cat([out, (-grad_lse).to(out.dtype)[..., None]], -1)
+    grads = _FLASH_BACKWARD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
+    return grads if grad_lse is None else tuple(g[..., :-1] for g in grads)
 
 
 def attention_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0, grad_lse=None):
@@ -110,14 +115,13 @@ def attention_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=
     P = exp(scale · q kᵀ + mask − lse), D = rowsum(grad_out ∘ out), dS = P ∘ (grad_out vᵀ − D).
     Summed over a row's key tiles they are the gradients of the whole; a row that sees no key
     anywhere (`lse` −∞) gets none. `grad_lse`: the gradient of the rows' log-sum-exp too,
-    where it is read (D − dL in its place). On a CPU, without it, one call of the flash
-    kernel's backward, which makes D from `out` itself; elsewhere the formula."""
-    kernel = q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4
-    if not kernel or grad_lse is not None:
+    where it is read (D − dL in its place). On a CPU one call of the flash kernel's backward,
+    which makes D from `out` itself; elsewhere the formula."""
+    if not (q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4):
         return plain_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
     grad_out, out = grad_out.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
     lse = seen_rows(lse).to(torch.promote_types(q.dtype, torch.float32))
-    return _FLASH_BACKWARD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
+    return _kernel_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
 
 
 def seen_rows(lse):

@@ -7,6 +7,7 @@ run the same cores."""
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 
 import indexattn
@@ -233,3 +234,15 @@ def test_a_sink_s_logsumexp_is_its_pass_s_statistic_and_its_gradient_counts(monk
 
     monkeypatch.setattr(ring._KeptPass, "backward", staticmethod(dropped))
     assert _gaps("attention_sinks")["grad"] > MOVED
+
+
+def test_a_diagonal_tile_past_one_block_of_rows_is_read_as_causal():
+    """The mask kind of a tile pair (tiles._kind), compared by blocks of rows: a causal keep
+    on a diagonal tile of 600 (three blocks) is the triangle; the twin, one key ahead, is a
+    mask; a tile pair the predicate holds on whole needs none."""
+    q, k = sympy.symbols("q k", integer=True)
+    causal, ahead = k <= q, k <= q + 1
+    assert tiles._kind(causal, (q, k), 1200, 600, 1200, 600) == "causal"
+    assert tiles._kind(ahead, (q, k), 1200, 600, 1200, 600) == "mask"
+    assert tiles._kind(sympy.And(causal, k > q - 300), (q, k), 0, 600, 0, 600) == "mask"
+    assert tiles._kind(causal, (q, k), 1200, 600, 0, 600) == "all"

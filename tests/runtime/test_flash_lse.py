@@ -128,6 +128,25 @@ def test_key_tiles_gradients_from_the_merged_rows_sum_to_the_whole(grads):
     assert _gap(_by_halves(grads, q, k, v, mask, g_out, own), whole) > 1e-3
 
 
+@pytest.mark.parametrize("grads", [attention_grads, plain_grads], ids=["kernel", "formula"])
+def test_the_log_sum_exp_s_gradient_enters_each_tile(grads):
+    """Where the rows' log-sum-exp is read too (attention sinks' L), its gradient dL enters
+    every key tile's backward as D − dL; the twin leaves it out."""
+    q, k, v = _operands(5, 7)
+    mask = _mask(5, 7, hidden_row=None)
+    out, lse = plain_lse(q, k, v, mask, False, 0.37)
+    torch.manual_seed(4)
+    g_out, g_lse = torch.randn(out.shape, dtype=out.dtype), torch.randn(lse.shape, dtype=lse.dtype)
+    whole = torch.autograd.grad((out * g_out).sum() + (lse * g_lse).sum(), [q, k, v])
+    q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))
+
+    def with_dl(*args):
+        return grads(*args, grad_lse=g_lse)
+
+    assert _gap(_by_halves(with_dl, q, k, v, mask, g_out, lambda keys: (out, lse)), whole) < EXACT
+    assert _gap(_by_halves(grads, q, k, v, mask, g_out, lambda keys: (out, lse)), whole) > 1e-3
+
+
 def test_a_causal_diagonal_tile_from_its_rows_equals_autograd():
     q, k, v = _operands(40, 40)
     out, lse = plain_lse(q, k, v, None, True, 0.37)
