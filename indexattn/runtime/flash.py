@@ -32,15 +32,19 @@ def attention_lse(q, k, v, mask=None, causal=False, scale=1.0):
     return plain_lse(q, k, v, mask, causal, scale)
 
 
-def plain_lse(q, k, v, mask=None, causal=False, scale=1.0):
-    """attention_lse by the formula, through autograd (any device): the judge in tests."""
+def _scores(q, k, mask, causal, scale):
+    """scale · q kᵀ plus the mask, keys after their query −∞ where `causal`."""
     scores = (q @ k.mT) * scale
     if causal:
         n, m = scores.shape[-2:]
         hidden = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(hidden, -torch.inf)
-    if mask is not None:
-        scores = scores + mask
+    return scores if mask is None else scores + mask
+
+
+def plain_lse(q, k, v, mask=None, causal=False, scale=1.0):
+    """attention_lse by the formula, through autograd (any device): the judge in tests."""
+    scores = _scores(q, k, mask, causal, scale)
     top = scores.detach().amax(-1, keepdim=True)
     top = torch.where(top.isneginf(), torch.zeros_like(top), top)
     total = (scores - top).exp().sum(-1, keepdim=True)
@@ -132,13 +136,7 @@ def seen_rows(lse):
 def plain_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=1.0, grad_lse=None):
     """attention_grads by the formula (any device): the judge in tests."""
     grad_out, out, lse = grad_out.to(q.dtype), out.to(q.dtype), seen_rows(lse)
-    scores = (q @ k.mT) * scale
-    if causal:
-        n, m = scores.shape[-2:]
-        hidden = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(hidden, -torch.inf)
-    if mask is not None:
-        scores = scores + mask
+    scores = _scores(q, k, mask, causal, scale)
     weights = (scores - lse.unsqueeze(-1)).exp()
     row = (grad_out * out).sum(-1, keepdim=True)
     if grad_lse is not None:
