@@ -14,7 +14,7 @@ the interpreter; tile pairs that a mask hides skipped, each tile pair recomputed
 backward, from each row's merged output and log-sum-exp where its core is SDPA's or the
 one-step softmax); its elements sent are the P2P blocks (keys, values and their
 gradients), counted
-as they are posted and by indexattn.sequence.ring_sent.
+as they are posted and by indexattn.parallel.sends.ring_sent.
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
 query head), float32, one thread per process, with its shipped scalars (softcap_window's
@@ -83,7 +83,8 @@ def worker(name: str, rank: int, world: int, n: int, port: int, ring: int, tile:
         from torch.distributed.device_mesh import init_device_mesh
 
         import indexattn.parallel.distributed as cp
-        from indexattn.parallel.sequence import balanced, ring_sent, ulysses_sent
+        from indexattn.parallel.sends import ring_sent
+        from indexattn.parallel.sequence import balanced, ulysses_sent
 
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world

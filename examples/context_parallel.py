@@ -21,7 +21,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn
 import indexattn.parallel.distributed as cp
-from indexattn.parallel.sequence import ring_sent, ulysses_sent
+from indexattn.parallel.sends import ring_sent
+from indexattn.parallel.sequence import ulysses_sent
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mha.attn"
 SIZES = {"d_m": 32, "h": 4, "d_k": 8}

@@ -561,7 +561,8 @@ def run_count(args: argparse.Namespace) -> int:
     report = _report(spec, args.size)
     sys.stdout.write(str(report))
     if args.context is not None:
-        from .parallel.sequence import sent_table, sequence_plan
+        from .parallel.sends import sent_table
+        from .parallel.sequence import sequence_plan
 
         if args.context < 1:
             raise UsageError(f"--context takes a number of ranks, 1 or more: {args.context}")

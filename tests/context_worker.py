@@ -22,7 +22,8 @@ import indexattn
 import indexattn.parallel.distributed
 import indexattn.parallel.ring
 from indexattn.parallel.distributed import CountSent, context_parallel, sequence_block
-from indexattn.parallel.sequence import ring_sent, ulysses_sent
+from indexattn.parallel.sends import ring_sent
+from indexattn.parallel.sequence import ulysses_sent
 
 B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
@@ -219,7 +220,8 @@ RING = [
 
 def ring_work(mesh, build=None) -> dict:
     """A spec's score elements this rank computed and sent in one step, against the schedule
-    (indexattn.parallel.ring.work) and the count (indexattn.sequence.ring_sent); mha by default."""
+    (indexattn.parallel.ring.work) and the count (indexattn.parallel.sends.ring_sent); mha by
+    default."""
     torch.manual_seed(0)
     module = (build or cases()["mha"])().eval()
     xs = inputs(module)

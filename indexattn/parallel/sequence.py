@@ -710,7 +710,7 @@ class Sent:
         return int(value) if value.is_Integer else value
 
 
-_SHARE = {
+SHARE = {
     "all-to-all": (RANKS - 1) / RANKS**2,  # of the whole: the own part is 1/w of it
     "all-gather": (RANKS - 1) / RANKS,
     "reduce-scatter": (RANKS - 1) / RANKS,
@@ -731,7 +731,7 @@ def ulysses_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
 
     def add(t: ir.Tensor, collective: str, phase: str) -> None:
         whole = sympy.Mul(*t.shape)
-        found.append(Sent(repr(t), collective, phase, sympy.factor(whole * _SHARE[collective])))
+        found.append(Sent(repr(t), collective, phase, sympy.factor(whole * SHARE[collective])))
 
     def both(t: ir.Tensor, collective: str, grad: bool) -> None:
         add(t, collective, "forward")
@@ -1004,73 +1004,6 @@ def body_free(node: ir.Node) -> tuple[ir.Index, ...]:
     return node.body.free if isinstance(node, ir.Reduce) else node.free
 
 
-def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
-    """What the ring (`context_parallel(..., strategy="ring")`) sends per rank in one training
-    step, every rank's keys read by every other (a causal mask under zig-zag chunks): each
-    travelling block to w - 1 ranks, its gradient back, and the block once more where the
-    pass makes its gradients from the rows' merged statistics (tiles.kept: it keeps no
-    visiting block); parameters' gradients summed. A mask that hides whole blocks sends
-    less; a softmax whose statistics need their own pass (a sink's logsumexp) sends its
-    scores' inputs once more: one pass for each (`ring_passes`)."""
-    from .tiles import core, kept
-
-    if not plan.splittable:
-        raise SpecError(plan.verdict())
-    found = []
-    tensors = {t.name: t for t in spec.tensors}
-    passes = [p for each in ring_passes(spec, plan).values() for p in each]
-    sends = [n for p in passes for n in p.travels]
-    run = ring_form(spec, plan)
-    again = [n for p in passes if kept(core(run, plan, p)) for n in p.travels]
-    for name in dict.fromkeys(sends):
-        t = tensors[name]
-        block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS
-        found.append(Sent(repr(t), "send/recv", "forward", sympy.factor(block * sends.count(name))))
-        back = again.count(name) + (sends.count(name) if t.dtype != "int" else 0)
-        if back:
-            found.append(Sent(repr(t), "send/recv", "backward", sympy.factor(block * back)))
-    split = dict(plan.split)
-    for t in spec.tensors_of("param", "input"):
-        if t.dtype != "int" and repr(t) not in split:
-            whole = sympy.Mul(*t.shape) * _SHARE["all-reduce"]
-            phase = "gradient" if t.role == "param" else "backward"
-            found.append(Sent(repr(t), "all-reduce", phase, sympy.factor(whole)))
-    return tuple(found)
-
-
-def sent_table(
-    spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int, strategy: str = "ulysses"
-) -> str:
-    """`indexattn count SPEC --context W [--ring]`: what each rank sends in one training
-    step."""
-    ring = strategy == "ring"
-    if not (plan.splittable if ring else plan.ulysses):
-        raise SpecError(plan.verdict())
-    rows = ring_sent(spec, plan) if ring else ulysses_sent(spec, plan)
-    cells = [
-        (s.tensor, s.collective, s.phase, str(s.elements), f"{s.at(sizes, ranks):,}") for s in rows
-    ]
-    widths = [max(len(c[k]) for c in cells) for k in range(5)]
-    lines = [
-        f"Elements sent per rank in one training step, {', '.join(plan.indices)} split over "
-        f"w = {ranks} ranks ({'ring' if ring else f'Ulysses over {plan.heads}'}); per batch "
-        "element, gradients of parameters once per step"
-    ]
-    for c in cells:
-        lines.append(
-            "  " + "  ".join(c[k].ljust(widths[k]) for k in range(4)) + "  " + c[4].rjust(widths[4])
-        )
-    per_item = sum(s.at(sizes, ranks) for s in rows if s.phase != "gradient")
-    once = sum(s.at(sizes, ranks) for s in rows if s.phase == "gradient")
-    lines.append(
-        f"  total: {per_item:,} per batch element ({_bytes(per_item * 4)} in float32), "
-        f"and {once:,} per step ({_bytes(once * 4)})"
-    )
-    if ring:
-        lines += work_lines(spec, plan, sizes, ranks)
-    return "\n".join(lines) + "\n"
-
-
 def work_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> list[str]:
     """Each rank's work on the ring, read off the block map (scalars at the spec's values), in
     each layout, the layout that balances it best and the tiles it cuts; none where the
@@ -1140,10 +1073,3 @@ def tile_lines(block_map: BlockMap) -> list[str]:
             "  hide: what it computed is in layer.last_ring['work'] and ['tile']",
         ]
     return lines
-
-
-def _bytes(count: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count} B"
