@@ -503,21 +503,26 @@ class _Ring(Interpreter):
             if isinstance(target, ir.Reduce) and target.fn == "logsumexp":
                 self.stats[target.body] = (value, free)  # as merged: float32 or wider
         if each.statistic is not None:
-            lse_rows = [merged.get((q.offset, 0), (None, None))[1] for q in self.tiles()]
-            self.statistic(each, self.joined(lse_rows, targets[0].free, -INF, self.units(each)))
+            self.statistic(each, self.merged_lse(each, merged))
 
-    def units(self, each: RingPass) -> list[ir.Index]:
-        """The axes of the pass's target that its softmax's log-sum-exp lacks (held as 1)."""
-        rows = set(each.online.body.free) - set(each.online.over)
-        return [i for i in each.targets[0].free if i not in rows]
+    def merged_lse(self, each: RingPass, merged: dict) -> torch.Tensor:
+        """The online pass's merged log-sum-exp, this rank's rows, aligned as its target
+        (size 1 on the axes it lacks)."""
+        free, rows = each.targets[0].free, _lse_indices(each)
+        parts = [merged.get((q.offset, 0), (None, None))[1] for q in self.tiles()]
+        return self.joined(parts, free, -INF, [i for i in free if i not in rows])
+
+    def unaligned(self, each: RingPass, lse: torch.Tensor) -> tuple:
+        """merged_lse's rows (or their gradient) without the axes they lack, and their
+        indices: (tensor, indices)."""
+        free, rows = each.targets[0].free, _lse_indices(each)
+        units = tuple(n - len(free) for n, i in enumerate(free) if i not in rows)
+        return lse.squeeze(units), tuple(i for i in free if i in rows)
 
     def statistic(self, each: RingPass, lse_rows: torch.Tensor) -> None:
-        """The pass's merged log-sum-exp (aligned as its target, units where it lacks an axis)
-        as the value of the logsumexp it stands for, and as its scores' statistics."""
-        free = each.targets[0].free
-        units = tuple(n - len(free) for n, i in enumerate(free) if i in self.units(each))
-        rows = (lse_rows.squeeze(units), tuple(i for i in free if i not in self.units(each)))
-        value = self.align(rows, each.statistic.free)
+        """The pass's merged log-sum-exp (merged_lse's) as the value of the logsumexp it
+        stands for, and as its scores' statistics."""
+        value = self.align(self.unaligned(each, lse_rows), each.statistic.free)
         self.memo[id(each.statistic)] = (value.to(self.dtype), each.statistic.free)
         self.stats[each.statistic.body] = (value, each.statistic.free)
 
@@ -699,9 +704,7 @@ class _Kept:
             for q, k in ring.seen(src):
                 pair = ring.flashed if tile.flash is not None else ring.compiled
                 ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
-        value, _ = ring.finish(0, self.target, merged)
-        lse_rows = [merged.get((q.offset, 0), (None, None))[1] for q in ring.tiles()]
-        return value, ring.joined(lse_rows, self.target.free, -INF, ring.units(self.each))
+        return ring.finish(0, self.target, merged)[0], ring.merged_lse(self.each, merged)
 
     def visits(self, mine: list, counted: bool):
         """(the rank whose blocks visit, them by name) at each step that brings any; every
@@ -748,8 +751,9 @@ class _Kept:
         out, lse, grad, grad_lse = (
             None if t is None else t.narrow(axis, q.offset, q.length) for t in rows
         )
-        units = tuple(n - len(free) for n, i in enumerate(free) if i not in tile.lse_free)
-        lse, grad_lse = (None if t is None else t.squeeze(units) for t in (lse, grad_lse))
+        lse, grad_lse = (
+            None if t is None else ring.unaligned(self.each, t)[0] for t in (lse, grad_lse)
+        )
         rows = (out, lse, grad, grad_lse)
         with torch.enable_grad():
             given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
@@ -771,6 +775,11 @@ class _Kept:
                 start = (k if read.side == "k" else q).offset
                 into = into.narrow(cut, start, leaf.shape[cut])
             into.add_(made)
+
+
+def _lse_indices(each: RingPass) -> set[ir.Index]:
+    """The indices of an online pass's log-sum-exp: its softmax's, less those it runs over."""
+    return set(each.online.body.free) - set(each.online.over)
 
 
 def _bounds(ids: torch.Tensor, grain: int) -> torch.Tensor:

@@ -82,8 +82,6 @@ class _FlashLSE(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        if grad_lse is None:
-            grad_lse = torch.zeros_like(lse)
         if ctx.hidden is not None:  # the kernel's own 0 at a hidden row: P is 0 there
             lse = lse.masked_fill(ctx.hidden, 0.0)
             if grad_lse is not None:

@@ -169,3 +169,19 @@ def test_on_cuda_equals_the_cpu():
     on = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
     got = _values_and_grads(attention_lse, *on, mask.cuda(), False)
     assert _gap([g.cpu() for g in got], cpu) < EXACT
+
+
+def test_the_output_s_gradient_alone_equals_the_formula():
+    """Nothing reads the log-sum-exp: the kernel's backward runs unpadded (no dL column)."""
+    q, k, v = _operands(40, 40)
+    torch.manual_seed(3)
+    g_out = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+    got = torch.autograd.grad(
+        (attention_lse(q, k, v, None, True, 0.37)[0] * g_out).sum(), [q, k, v]
+    )
+    want = torch.autograd.grad((plain_lse(q, k, v, None, True, 0.37)[0] * g_out).sum(), [q, k, v])
+    assert _gap(got, want) < EXACT
+    shifted = torch.autograd.grad(
+        (plain_lse(q, k, v, None, False, 0.37)[0] * g_out).sum(), [q, k, v]
+    )
+    assert _gap(got, shifted) > 1e-3  # the twin: not causal
