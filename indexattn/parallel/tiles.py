@@ -297,15 +297,43 @@ class FlashCore:
     def mask(self, keep, q0: int, nq: int, k0: int, nk: int, dtype, device):
         """(additive mask or None, causal) for one tile pair: None where the keep predicate
         holds on the whole box (sequence.always, as the block map bounds it), causal where
-        it is the lower triangle of a diagonal tile."""
+        it is the lower triangle of a diagonal tile. A predicate of q − k alone (a window)
+        is read at the tiles' distance: tile pairs as far apart share one mask."""
         if keep is None:
             return None, False
+        if _relative(keep, self.positions):
+            q0, k0 = q0 - k0, 0
         kind = _kind(keep, self.positions, q0, nq, k0, nk)
         if kind != "mask":
             return None, kind == "causal"
-        seen = _seen(keep, self.positions, q0, nq, k0, nk)
-        mask = torch.zeros((nq, nk), dtype=dtype, device=device)
-        return mask.masked_fill_(torch.from_numpy(~seen).to(device), -torch.inf), False
+        if nq * nk > SHARED:
+            return _additive(keep, self.positions, (q0, nq, k0, nk), dtype, device), False
+        return _shared(keep, self.positions, (q0, nq, k0, nk), dtype, device), False
+
+
+SHARED = 2**20  # a tile pair's mask of up to this many elements is kept for the next pairs
+
+
+def _additive(keep: sympy.Basic, positions: tuple, box: tuple, dtype, device) -> torch.Tensor:
+    """The tile pair's additive mask: 0 where its query sees the key, else −∞."""
+    seen = torch.from_numpy(~_seen(keep, positions, *box)).to(device)
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(seen, -torch.inf)
+
+
+_shared = functools.lru_cache(maxsize=8)(_additive)  # a window's few distances, both passes
+
+
+@functools.lru_cache(maxsize=256)
+def _relative(keep: sympy.Basic, positions: tuple) -> bool:
+    """Whether the keep predicate reads its query and key positions only as q − k: each
+    comparison's sides differ by a function of q − k (a window's, causal's)."""
+    q, k = positions
+    distance = sympy.Dummy("distance")
+    if not keep.free_symbols <= {q, k}:
+        return False
+    comparisons = keep.atoms(sympy.core.relational.Relational)
+    moved = (sympy.expand((c.lhs - c.rhs).subs(q, k + distance)) for c in comparisons)
+    return all(k not in d.free_symbols for d in moved)
 
 
 @functools.lru_cache(maxsize=4096)

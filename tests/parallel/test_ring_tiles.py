@@ -6,6 +6,7 @@ run the same cores."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import sympy
 import torch
@@ -246,3 +247,29 @@ def test_a_diagonal_tile_past_one_block_of_rows_is_read_as_causal():
     assert tiles._kind(ahead, (q, k), 1200, 600, 1200, 600) == "mask"
     assert tiles._kind(sympy.And(causal, k > q - 300), (q, k), 0, 600, 0, 600) == "mask"
     assert tiles._kind(causal, (q, k), 1200, 600, 0, 600) == "all"
+
+
+def test_a_window_s_mask_is_read_at_the_tiles_distance_and_a_chunk_s_is_not():
+    """A keep predicate of q − k alone (a window) gives tile pairs as far apart one mask, made
+    once (tiles._relative); a chunk's ⌊q/C⌋ = ⌊k/C⌋ is not of q − k: two pairs as far apart
+    differ, and each gets its own (the twin: read at their distance, one would be wrong)."""
+    q, k = sympy.symbols("q k", integer=True)
+    window = sympy.And(k <= q, q - k < 5)
+    chunk = sympy.Eq(sympy.floor(q / 4), sympy.floor(k / 4))
+    assert tiles._relative(window, (q, k)) and not tiles._relative(chunk, (q, k))
+    core = tiles.FlashCore(*[None] * 5, keep=None, positions=(q, k), offsets=(), out=(), lse=())
+
+    def mask(keep, q0):  # a tile pair of 6 by 6, its keys 3 positions before its queries
+        return core.mask(keep, q0, 6, q0 - 3, 6, torch.float64, "cpu")[0]
+
+    assert mask(window, 3) is mask(window, 9)
+    assert torch.equal(mask(window, 9).isneginf(), torch.from_numpy(~grid_seen(window, 9)))
+    assert not torch.equal(mask(chunk, 3), mask(chunk, 9))
+    assert torch.equal(mask(chunk, 9).isneginf(), torch.from_numpy(~grid_seen(chunk, 9)))
+
+
+def grid_seen(keep, q0):
+    q, k = sympy.symbols("q k", integer=True)
+    return sympy.lambdify((q, k), keep)(
+        np.arange(q0, q0 + 6)[:, None], np.arange(q0 - 3, q0 + 3)[None, :]
+    )
