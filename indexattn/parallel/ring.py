@@ -477,7 +477,7 @@ class _Ring(Interpreter):
         """One ring pass: every target over every key tile, merged per query tile."""
         targets, online, names = list(each.targets), each.online, list(each.travels)
         tile = core(self.spec, self.plan, each)
-        if kept(tile, self.training):
+        if kept(tile, {**self.sizes, **self.scalars}, self.training):
             return _Kept(self, tile, each).run(held)
         mine = [held[n][0] for n in names]
         online = tile.online if isinstance(tile, TileCore) else online
@@ -580,7 +580,8 @@ class _Ring(Interpreter):
             self.given(tile, q, k, visiting, held),
             tile.given(self.sizes, self.scalars, q.start, k.start),
         )
-        if tile.softmax is not None:  # the scores compiled, softmax and statistic at once
+        drops = tile.drops({**self.sizes, **self.scalars}, self.training)
+        if tile.softmax is not None and not drops:  # scores compiled, softmax and statistic
             out, lse_tile = tile.softmax(given, at, self.training)
             return out, self.aligned(tile, lse_tile)
         out = tile.compiled(**given, **at, training=self.training)

@@ -20,7 +20,7 @@ from .sequence import (
     ulysses_sent,
     work_lines,
 )
-from .tiles import core, kept
+from .tiles import core, defaults, kept
 
 
 def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
@@ -38,7 +38,8 @@ def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     passes = [p for each in ring_passes(spec, plan).values() for p in each]
     sends = [n for p in passes for n in p.travels]
     run = ring_form(spec, plan)
-    again = [n for p in passes if kept(core(run, plan, p)) for n in p.travels]
+    values = defaults(spec)  # a dropout's probability as declared
+    again = [n for p in passes if kept(core(run, plan, p), values) for n in p.travels]
     for name in dict.fromkeys(sends):
         t = tensors[name]
         block = sympy.Mul(*t.shape) * (RANKS - 1) / RANKS

@@ -70,11 +70,12 @@ class TileCore:
         self.online = self._online(each)
         self.text = self._text()
         self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
-        self.random = any(
-            isinstance(n, ir.Apply) and n.fn == "dropout"
+        self.dropouts = tuple(
+            n.args[1].expr if isinstance(n.args[1], ir.Field) else None
             for eq in self.compiled.ir.equations
             for n in ir.walk(eq.rhs)
-        )  # draws random numbers: made again, they would differ
+            if isinstance(n, ir.Apply) and n.fn == "dropout"
+        )  # each dropout's probability (None: computed from tensors)
         self.flash = flash_core(self)
         self.softmax = softmax_core(self) if self.flash is None else None
 
@@ -198,6 +199,11 @@ class TileCore:
             self.reads[key] = Read(t.name, side, declared)
         declared = self.reads[key].tensor
         return dataclasses.replace(node, tensor=declared, axes=declared.layout)
+
+    def drops(self, values: dict, training: bool) -> bool:
+        """Whether a call draws random numbers (made again, they would differ): in training,
+        a dropout whose probability is not 0 at the call's sizes and scalars (by symbol)."""
+        return training and any(_drawn(p, values) for p in self.dropouts)
 
     def given(self, sizes: dict, scalars: dict, q0: int, k0: int) -> dict:
         """The tile spec's sizes and scalars for one call (by ASCII name): the spec's, and the
@@ -388,7 +394,7 @@ def flash_core(tile: TileCore) -> FlashCore | None:
         return None
     m = found[0]
     keep = m.keep if isinstance(m.keep, sympy.Basic) else None
-    plain = m.whole and m.p is None and len(m.q) == 1 and len(m.widths[0]) == 1
+    plain = m.whole and len(m.q) == 1 and len(m.widths[0]) == 1  # dropout: TileCore.drops
     if not plain or (m.terms and keep is None) or not _refs(m.q[0], m.k[0], m.v):
         return None
     name = dict(m.rename)
@@ -517,16 +523,30 @@ def softmax_core(tile: TileCore) -> SoftmaxCore | None:
         _refs(weights, values) and weights.tensor.name in eqs and values.tensor.name not in eqs
     ):
         return None
-    soft = eqs[weights.tensor.name].rhs
-    key = node.summed[0]
-    if not (isinstance(soft, ir.Reduce) and soft.fn == "softmax" and soft.over == (key,)):
+    weights = _undropped(eqs, weights)  # a dropout's: a call that draws none (drops)
+    if weights is None:
         return None
-    if tuple(a[0] for a in weights.axes) != eqs[weights.tensor.name].indices:
+    soft, key = eqs[weights.tensor.name].rhs, node.summed[0]
+    if not (isinstance(soft, ir.Reduce) and soft.fn == "softmax" and soft.over == (key,)):
         return None
     try:
         return SoftmaxCore(tile, soft.body, values, key)
     except Refused:
         return None
+
+
+def _undropped(eqs: dict, weights: ir.Ref) -> ir.Ref | None:
+    """The weights as written, read as their equation writes them; through one dropout
+    (`Ã = dropout(A, p)`) to the weights it drops; None where they are read otherwise."""
+    plain = tuple(a[0] for a in weights.axes) == eqs[weights.tensor.name].indices
+    rhs = eqs[weights.tensor.name].rhs
+    if not (plain and isinstance(rhs, ir.Apply) and rhs.fn == "dropout"):
+        return weights if plain else None
+    dropped = rhs.args[0]
+    if not (isinstance(dropped, ir.Ref) and dropped.tensor.name in eqs):
+        return None
+    same = tuple(a[0] for a in dropped.axes) == eqs[weights.tensor.name].indices
+    return _undropped(eqs, dropped) if same else None
 
 
 def _reaching(spec: ir.Spec, node: ir.Node) -> list[ir.Equation]:
@@ -598,7 +618,7 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
     """How the ring evaluates each pass's tile pairs: the compiled tile spec, or the literal
     interpreter and why (slow: its tile pairs are counted as any others)."""
     lines = ["Tile pairs of each ring pass (indexattn/parallel/tiles.py)"]
-    spec = ring_form(spec, plan)
+    spec, values = ring_form(spec, plan), defaults(spec)
     for name, passes in ring_passes(spec, plan).items():
         for each in passes:
             found = core(spec, plan, each)
@@ -606,9 +626,18 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
                 "compiled tile spec"
                 + (", its core on SDPA's kernel" if found.flash is not None else "")
                 + (", its softmax and log-sum-exp in one step" if found.softmax else "")
+                + (
+                    " where it draws no dropout"
+                    if kept(found, {}, False) and found.dropouts
+                    else ""
+                )
                 + ", merged by "
                 + ("its log-sum-exp" if found.online is not None else "its reductions' merges")
-                + (", its gradients from the rows' output and log-sum-exp" if kept(found) else "")
+                + (
+                    ", its gradients from the rows' output and log-sum-exp"
+                    if kept(found, values)
+                    else ""
+                )
                 if isinstance(found, TileCore)
                 else f"literal interpreter, slow ({found})"
             )
@@ -618,13 +647,26 @@ def plan_lines(spec: ir.Spec, plan: SequencePlan) -> list[str]:
     return lines
 
 
-def kept(tile: TileCore | str, training=True) -> bool:
+def kept(tile: TileCore | str, values: dict, training=True) -> bool:
     """Whether a pass's tile pairs make their gradients from each row's merged output and
-    log-sum-exp (a FlashCore or SoftmaxCore drawing no random numbers when `training`):
-    the ring keeps no block another rank sent, and sends it once more in the backward
-    (ring.py, _Kept)."""
+    log-sum-exp (a FlashCore or SoftmaxCore drawing no random numbers at these sizes and
+    scalars, by symbol, when `training`): the ring keeps no block another rank sent, and
+    sends it once more in the backward (ring.py, _Kept)."""
     cores = isinstance(tile, TileCore) and (tile.flash, tile.softmax) != (None, None)
-    return cores and not (training and tile.random)
+    return cores and not tile.drops(values, training)
+
+
+def _drawn(p: sympy.Basic | None, values: dict) -> bool:
+    """Whether a dropout of probability `p` (None: read from tensors) draws at `values`."""
+    if p is None:
+        return True
+    p = p.subs(values)
+    return not p.is_number or float(p) != 0
+
+
+def defaults(spec: ir.Spec) -> dict:
+    """The spec's scalars at the values it declares, by symbol: what a count assumes."""
+    return {s.symbol: exact(s.value) for s in spec.scalars}
 
 
 @functools.lru_cache(maxsize=64)

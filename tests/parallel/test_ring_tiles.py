@@ -101,7 +101,7 @@ def _inputs(spec) -> dict:
     return xs
 
 
-def _ring(spec, layer, xs: dict) -> torch.Tensor:
+def _ring(spec, layer, xs: dict, training: bool = False) -> torch.Tensor:
     """This one rank's ring over zig-zag chunks, in the layout's order: positions 0 … 5, then
     6 … 11 (ZIGZAG at one rank is the whole sequence, in order)."""
     arguments = {**xs, **dict(layer.named_parameters())}
@@ -113,7 +113,7 @@ def _ring(spec, layer, xs: dict) -> torch.Tensor:
         "tile": 2,
         "sizes": layer.sizes,
         "scalars": dict(layer.scalars),
-        "training": False,
+        "training": training,
     }
     return ring.forward(spec.ir, spec.sequence_plan("τ"), arguments, setup)[0][0]
 
@@ -273,3 +273,35 @@ def grid_seen(keep, q0):
     return sympy.lambdify((q, k), keep)(
         np.arange(q0, q0 + 6)[:, None], np.arange(q0 - 3, q0 + 3)[None, :]
     )
+
+
+DROPPED = WINDOW.replace("scalar w = 3", "scalar w = 3\nscalar p = 0").replace(
+    "Y_<τaμ> = A_<ττ'μ> V_<μτ'a>", "B_<ττ'μ> = dropout(A_<ττ'μ>, p)\nY_<τaμ> = B_<ττ'μ> V_<μτ'a>"
+)  # a transformers core's dropout, 0 by default
+CAPPED = DROPPED.replace("Q_<μτa> K_<μτ'a> / 2", "2 tanh(Q_<μτa> K_<μτ'a> / 4)")
+
+
+@pytest.mark.parametrize("source", [DROPPED, CAPPED], ids=["sdpa", "softcap"])
+@pytest.mark.parametrize(("p", "training"), [(0.0, True), (0.5, False), (0.5, True)])
+def test_a_dropout_that_draws_nothing_runs_the_kernel_and_one_that_draws_does_not(
+    source, p, training, monkeypatch
+):
+    """A dropout of probability 0, or out of training, draws nothing: the tile pairs run the
+    kernel (SDPA's, or the one-step softmax) with their gradients from the rows, and equal
+    one process; in training at p = 0.5 (the twin) they run the compiled tile spec, which
+    draws it: the output moves from the undropped one."""
+    pairs = []
+    made = ring._Kept.pair
+    monkeypatch.setattr(ring._Kept, "pair", lambda self, *a: pairs.append(1) or made(self, *a))
+    spec = indexattn.compile_spec(source, name="dropped")
+    torch.manual_seed(0)
+    layer = spec.module(d_m=8, h=2, d_k=3, p=p).double().train(training)
+    xs = _inputs(spec)
+    split = _ring(spec, layer, xs, training)
+    split.sum().backward()
+    assert bool(pairs) == (p == 0 or not training)
+    undropped = layer.train(False)(**xs)
+    if p == 0 or not training:
+        assert (split - undropped).abs().max() < EXACT
+    else:
+        assert (split - undropped).abs().max() > MOVED
