@@ -795,7 +795,9 @@ def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
     `A = softmax(S) · F` whose factors F are free of the key indices and read no tensor
     along the query and a key index (a sink's `σ(L − s)`), and nothing else reads A, F is
     taken out of the sum (`O = F · Σ softmax(S) V`, the same values), so that the pass
-    merges the softmax online, through the kernel, without F's statistics first."""
+    merges the softmax online, through the kernel, without F's statistics first. Through a
+    dropout of A (`Ã = dropout(A, p)`, A read only there) too: dropping A · F is dropping A
+    times F, with the same draws."""
     glyphs = {i.glyph: i for i in spec.indices}
     query = glyphs[plan.over]
     keys = {glyphs[g] for g in plan.indices} - {query}
@@ -812,7 +814,7 @@ def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
             or reads.count(weights.tensor.name) != 1
         ):
             continue
-        m = pairs[weights.tensor.name]
+        m = _dropped(equations, pairs[weights.tensor.name], pairs, reads, outputs)
         split = _row_factors(equations[m], pairs, keys)
         if split is not None and tuple(a[0] for a in weights.axes) == equations[m].indices:
             soft, rows = split
@@ -820,6 +822,22 @@ def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
             outer = ir.Product((*rows, eq.rhs), (), eq.rhs.span)
             equations[n] = dataclasses.replace(eq, rhs=outer)
     return dataclasses.replace(spec, equations=tuple(equations))
+
+
+def _dropped(equations: list, m: int, pairs: dict, reads: list, outputs: set) -> int:
+    """The equation of the weights a dropout at equation `m` drops, where it drops a pair
+    tensor read only there, as that tensor is written (`Ã_<…> = dropout(A_<…>, p)`, the
+    same indices); else `m`."""
+    rhs = equations[m].rhs
+    if not (isinstance(rhs, ir.Apply) and rhs.fn == "dropout"):
+        return m
+    dropped = rhs.args[0]
+    if not (isinstance(dropped, ir.Ref) and dropped.tensor.name in pairs):
+        return m
+    n = pairs[dropped.tensor.name]
+    same = tuple(a[0] for a in dropped.axes) == equations[n].indices == equations[m].indices
+    alone = reads.count(dropped.tensor.name) == 1 and dropped.tensor.name not in outputs
+    return n if same and alone else m
 
 
 def _weights(node: ir.Node, pairs: dict, keys: set) -> ir.Ref | None:

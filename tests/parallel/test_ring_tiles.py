@@ -6,6 +6,8 @@ run the same cores."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import sympy
@@ -17,6 +19,7 @@ from indexattn.parallel.sequence import ZIGZAG, ring_passes
 from indexattn.runtime import flash
 
 EXACT, MOVED = 1e-12, 1e-6
+ROOT = Path(__file__).resolve().parents[2]
 N = 12  # zig-zag chunks of 6 on one rank, tiles of 2: 36 tile pairs, some all hidden
 
 UNSEEN = """
@@ -305,3 +308,38 @@ def test_a_dropout_that_draws_nothing_runs_the_kernel_and_one_that_draws_does_no
         assert (split - undropped).abs().max() < EXACT
     else:
         assert (split - undropped).abs().max() > MOVED
+
+
+SINK = (ROOT / "specs" / "attention_sinks.attn").read_text()
+SINK_DROPPED = SINK.replace("scalar w = 128", "scalar w = 128\nscalar p = 0").replace(
+    "O_<grτa>  = A_<grττ'> V", "Ã_<grττ'> = dropout(A_<grττ'>, p)\nO_<grτa>  = Ã_<grττ'> V"
+)  # GPT-OSS's core as transformers writes it: a dropout of the weights, 0 by default
+SINK_TWICE = SINK_DROPPED.replace(
+    "O_<grτa>  = Ã_<grττ'> V_<gτ'a>", "O_<grτa>  = Ã_<grττ'> V_<gτ'a> + max_<τ'>(A_<grττ'>)"
+)  # A read again: its row factor cannot leave the sum
+
+
+@pytest.mark.parametrize(("source", "fused"), [(SINK_DROPPED, True), (SINK_TWICE, False)])
+def test_a_sink_s_row_factor_leaves_the_sum_through_a_dropout(source, fused):
+    """Through `Ã = dropout(A, p)` the sink's σ(L − s) is taken out of the sum as without a
+    dropout: one pass over K and V, on SDPA's kernel, equal to one process; where A is read
+    again (the twin) it stays, and the sink's logsumexp takes a pass of its own."""
+    spec = indexattn.compile_spec(source, name="sink_dropped")
+    plan = spec.sequence_plan("τ")
+    found = [p for each in ring_passes(spec.ir, plan).values() for p in each]
+    assert any(p.statistic is not None for p in found) == fused
+    lines = tiles.plan_lines(spec.ir, plan)
+    assert any("L over K, V" in line and "SDPA's kernel" in line for line in lines) == fused
+    torch.manual_seed(0)
+    sizes = {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "w": 3}
+    layer = spec.module(**sizes).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.5)
+    xs = _inputs(spec)
+    one = layer(**xs)
+    grads = torch.autograd.grad(one.sum(), [xs["X"], *layer.parameters()])
+    split = _ring(spec, layer, xs, training=True)
+    split_grads = torch.autograd.grad(split.sum(), [xs["X"], *layer.parameters()])
+    assert (split - one).abs().max() < EXACT
+    assert max((a - b).abs().max() for a, b in zip(split_grads, grads)) < EXACT
