@@ -57,7 +57,7 @@ from .sequence import (
     ring_work,
 )
 from .sequence import pair as _is_pair
-from .tiles import FLOOR, OFFSETS, TileCore, core, kept
+from .tiles import FLOOR, TileCore, core, kept
 
 INF = float("inf")
 # differentiable all-gather along a new leading axis (renamed in torch 2.13)
@@ -596,8 +596,7 @@ class _Ring(Interpreter):
         float32), merged in float32 or wider."""
         given = self.given(tile, q, k, visiting, held, wide=False)
         at = tile.given(self.sizes, self.scalars, q.start, k.start)  # the tiles' positions
-        q0, k0 = (at[name] for name in OFFSETS)
-        out, lse_tile = tile.flash(given, {**self.sizes, **self.scalars}, q0, k0)
+        out, lse_tile = tile.flash(given, {**self.sizes, **self.scalars}, at)
         return out.to(self.wide), self.aligned(tile, lse_tile.to(self.wide))
 
     def aligned(self, tile: TileCore, lse_tile: torch.Tensor) -> torch.Tensor:
@@ -760,9 +759,8 @@ class _Kept:
             given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
         at = tile.given(ring.sizes, ring.scalars, q.start, k.start)
         if tile.flash is not None:
-            offsets = (at[name] for name in OFFSETS)
             values = {**ring.sizes, **ring.scalars}
-            outputs, grads = tile.flash.backward(given, values, *offsets, rows)
+            outputs, grads = tile.flash.backward(given, values, at, rows)
         else:
             outputs, grads = tile.softmax.backward(given, at, ring.training, rows)
         found = torch.autograd.grad(

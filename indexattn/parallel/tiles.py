@@ -33,6 +33,7 @@ from .sequence import RingPass, SequencePlan, always, exact, pair, ring_form, ri
 OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
 SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
 LSE_OUT = "ring_lse"
+ZERO = "ring_zero"  # a mask spec's float input along the key: its dtype and device
 FLOOR = 1e30  # below any score, above float32's least: exp(-FLOOR - x) is 0
 MERGED = ("sum", "logsumexp", "max", "min")
 
@@ -245,18 +246,20 @@ class FlashCore:
     offsets: tuple[sympy.Symbol, sympy.Symbol]  # its OFFSETS' symbols
     out: tuple[int, ...]  # the target's axes in the kernel's (heads, groups, query, width)
     lse: tuple[int, ...]  # the tile log-sum-exp's in the kernel's (heads, groups, query)
+    terms: Terms | None = None  # the scores' mask read from integer inputs (document ids)
 
-    def __call__(self, given: dict, values: dict, q0: int, k0: int) -> tuple:
+    def __call__(self, given: dict, values: dict, at: dict) -> tuple:
         """(the target, the tile's log-sum-exp) of one tile pair: `given` the tile spec's
-        inputs by ASCII name, `values` its sizes and scalars by symbol."""
+        inputs by ASCII name, `values` its sizes and scalars by symbol, `at` by ASCII name
+        with the tiles' first positions (TileCore.given)."""
         from ..runtime.flash import attention_lse
 
         (q, k, v), lead = self.operands(given)
-        out, lse = attention_lse(q, k, v, *self.arguments(values, q0, k0, q, k))
+        out, lse = attention_lse(q, k, v, *self.arguments(given, values, at, q, k, lead))
         out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
         return _moved(out, self.out), _moved(lse, self.lse)
 
-    def backward(self, given: dict, values: dict, q0: int, k0: int, rows: tuple) -> tuple:
+    def backward(self, given: dict, values: dict, at: dict, rows: tuple) -> tuple:
         """What to differentiate for one tile pair's part of the gradients, and its
         gradients: the kernel's operands, made from `given` under autograd, and their
         gradients from the rows' merged output, log-sum-exp, the output's gradient and the
@@ -272,7 +275,7 @@ class FlashCore:
             None if t is None else _kernel(t, self.lse, lead, 1) for t in (lse, grad_lse)
         )
         q, k, v = (t.contiguous() for t in operands)
-        arguments = self.arguments(values, q0, k0, q, k)
+        arguments = self.arguments(given, values, at, q, k, lead)
         return operands, attention_grads(grad, q, k, v, out, lse, *arguments, grad_lse=grad_lse)
 
     def operands(self, given: dict) -> tuple:
@@ -284,9 +287,13 @@ class FlashCore:
         operands = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
         return tuple(operands), lead
 
-    def arguments(self, values: dict, q0: int, k0: int, q, k) -> tuple:
-        """The kernel's mask, causal flag and scale for one tile pair (values by symbol)."""
+    def arguments(self, given: dict, values: dict, at: dict, q, k, lead) -> tuple:
+        """The kernel's mask, causal flag and scale for one tile pair (`values` by symbol,
+        `at` by ASCII name)."""
         keep, scale = self.bound(tuple(values.items()))
+        if self.terms is not None:
+            return self.terms(given, at, lead, q.dtype, k.shape[-2]), False, scale
+        q0, k0 = (at[name] for name in OFFSETS)
         mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
         return mask, causal, scale
 
@@ -375,6 +382,71 @@ def _grid(keep: sympy.Basic, positions: tuple):
     return sympy.lambdify(positions, keep, modules="numpy")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Terms:
+    """The additive mask of a FlashCore's scores where it reads integer inputs (document ids,
+    `where(D_<τ> != D_<τ'>, -inf, 0)`): the tile spec's equations up to its terms, compiled,
+    their sum on the tile pair's (query, key) grid."""
+
+    compiled: object  # the mask's spec, compiled (indexattn.runtime.compiled.CompiledSpec)
+    inputs: frozenset[str]  # the tile spec's inputs it reads, by ASCII name
+
+    def __call__(self, given: dict, at: dict, lead: tuple, dtype, keys: int):
+        """The kernel's mask for one tile pair, (pairs, 1, queries, keys) in `dtype`, its
+        batch axes broadcast over `lead` (the operands' axes before position and features);
+        None where it hides nothing and adds nothing."""
+        zero = next(iter(given.values())).new_zeros((), dtype=dtype)  # the mask's dtype
+        reads = {n: t for n, t in given.items() if n in self.inputs}
+        mask = self.compiled(**reads, **{ZERO: zero.expand(keys)}, **at)
+        if not bool(mask.any()):
+            return None
+        batch = mask.dim() - 2
+        mask = mask.reshape(*mask.shape[:batch], *[1] * (len(lead) - batch), *mask.shape[-2:])
+        return mask.expand(*lead, *mask.shape[-2:]).reshape(-1, 1, *mask.shape[-2:])
+
+
+def _terms(tile: TileCore, m) -> Terms:
+    """The Terms of a matched core's scores (lower/planner/fusion.py's match `m`), or Refused:
+    a 2-d mask of the query and the key, read from integer inputs alone (the kernel gives no
+    gradient to a mask)."""
+    from ..runtime.compiled import compile_spec
+
+    spec = tile.compiled.ir
+    if any(not set(t.free) <= {m.query, m.key} for t in m.terms):
+        raise Refused("a mask along more than the query and the key")
+    needed = list(dict.fromkeys(eq for t in m.terms for eq in _reaching(spec, t)))
+    lines, inputs = _sub_spec(tile, needed, m.terms)
+    if any(t.dtype != "int" for t in inputs):
+        raise Refused("a mask read from float tensors, which the kernel cannot differentiate")
+    terms = " + ".join(text(t) for t in m.terms)
+    key = m.key.glyph
+    lines.insert(len(lines) - len(needed), f"input {ZERO}_<{key}>")  # a spec's dtype: a float's
+    lines += [
+        f"ring_mask_<{_glyphs((m.query, m.key))}> = {terms} + {ZERO}_<{key}>",
+        "output ring_mask",
+    ]
+    try:
+        compiled = compile_spec("\n".join(lines) + "\n", name=f"{tile.spec.name}_ring_mask")
+    except SpecError as why:
+        raise Refused(str(why).splitlines()[0]) from why
+    return Terms(compiled, frozenset(t.ascii for t in inputs))
+
+
+def _sub_spec(tile: TileCore, needed: list, nodes) -> tuple[list[str], list[ir.Tensor]]:
+    """The tile spec's declarations (indices, scalars) and the inputs that `needed`
+    equations and `nodes` read, as lines of a spec of their own, then those equations; and
+    those inputs."""
+    spec = tile.compiled.ir
+    names = {r.tensor.ascii for eq in needed for r in ir.refs(eq.rhs)}
+    names |= {r.tensor.ascii for node in nodes for r in ir.refs(node)}
+    inputs = [t for t in spec.tensors_of("input") if t.ascii in names]
+    lines = [ln for ln in tile.text.splitlines() if not ln.startswith(("input", "output"))]
+    lines = [ln for ln in lines if "=" not in ln or ln.startswith("scalar")]
+    lines += [f"input {t!r}" + (" : int" if t.dtype == "int" else "") for t in inputs]
+    lines += [f"{eq.tensor.name}_<{_glyphs(eq.indices)}> = {text(eq.rhs)}" for eq in needed]
+    return lines, inputs
+
+
 def flash_core(tile: TileCore) -> FlashCore | None:
     """The tile's core as one process's SDPA kernel takes it, or None: an online-merged
     pass of one target that is softmax(scale · q·k + predicate masks) · v, as written, one
@@ -395,7 +467,7 @@ def flash_core(tile: TileCore) -> FlashCore | None:
     m = found[0]
     keep = m.keep if isinstance(m.keep, sympy.Basic) else None
     plain = m.whole and len(m.q) == 1 and len(m.widths[0]) == 1  # dropout: TileCore.drops
-    if not plain or (m.terms and keep is None) or not _refs(m.q[0], m.k[0], m.v):
+    if not plain or not _refs(m.q[0], m.k[0], m.v):
         return None
     name = dict(m.rename)
     heads, rows, width = list(m.heads), [*m.heads, *m.groups, m.query], m.widths[0][0]
@@ -414,6 +486,7 @@ def flash_core(tile: TileCore) -> FlashCore | None:
             offsets=tuple(next(s.symbol for s in spec.scalars if s.name == o) for o in OFFSETS),
             out=_order([*kernel, m.value_width.glyph], target),
             lse=_order(kernel, lse),
+            terms=_terms(tile, m) if m.terms and keep is None else None,
         )
     except Refused:
         return None
@@ -435,17 +508,7 @@ class SoftmaxCore:
         if len(width) != 1 or not {a[0] for a in values.axes} - {*width} <= {*heads, key}:
             raise Refused("values with an axis the scores lack")
         needed = _reaching(spec, body)
-        names = {r.tensor.ascii for eq in needed for r in ir.refs(eq.rhs)} | {
-            r.tensor.ascii for r in ir.refs(body)
-        }
-        lines = [ln for ln in tile.text.splitlines() if not ln.startswith(("input", "output"))]
-        lines = [ln for ln in lines if "=" not in ln or ln.startswith("scalar")]
-        lines += [
-            f"input {t!r}" + (" : int" if t.dtype == "int" else "")
-            for t in spec.tensors_of("input")
-            if t.ascii in names
-        ]
-        lines += [f"{eq.tensor.name}_<{_glyphs(eq.indices)}> = {text(eq.rhs)}" for eq in needed]
+        lines, _ = _sub_spec(tile, needed, [body])
         written = isinstance(body, ir.Ref) and any(eq.tensor == body.tensor for eq in needed)
         if written and tuple(a[0] for a in body.axes) == body.tensor.indices:
             lines.append(f"output {body.tensor.name}")  # the scores as their equation writes

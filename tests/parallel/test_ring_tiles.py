@@ -15,7 +15,7 @@ import torch
 
 import indexattn
 from indexattn.parallel import ring, tiles
-from indexattn.parallel.sequence import ZIGZAG, ring_passes
+from indexattn.parallel.sequence import ZIGZAG, ring_form, ring_passes
 from indexattn.runtime import flash
 
 EXACT, MOVED = 1e-12, 1e-6
@@ -179,6 +179,7 @@ def test_a_pass_the_tile_spec_cannot_take_is_named_in_the_plan():
 
 
 FLASHED = {"mha": True, "gqa": True, "window": True, "softcap_window": False, "unseen": False}
+FLASHED["doc_mask"] = True  # its mask read off the document ids of each tile pair (Terms)
 
 
 @pytest.mark.parametrize("name", [*FLASHED])
@@ -343,3 +344,21 @@ def test_a_sink_s_row_factor_leaves_the_sum_through_a_dropout(source, fused):
     split_grads = torch.autograd.grad(split.sum(), [xs["X"], *layer.parameters()])
     assert (split - one).abs().max() < EXACT
     assert max((a - b).abs().max() for a, b in zip(split_grads, grads)) < EXACT
+
+
+def test_twin_a_document_mask_left_out_of_the_kernel_is_seen(monkeypatch):
+    """doc_mask's tile pairs run SDPA's kernel with the mask its document ids make
+    (tiles.Terms, documents straddling the tiles and differing per batch element); the mask
+    left out, the values move."""
+    assert tiles.core(*_pass_of("doc_mask")).flash.terms is not None
+    monkeypatch.setattr(tiles.Terms, "__call__", lambda self, *args: None)
+    gaps = _gaps("doc_mask")
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
+
+
+def _pass_of(name: str) -> tuple:
+    spec, _ = _module(name)
+    plan = spec.sequence_plan("τ")
+    run = ring_form(spec.ir, plan)
+    (each,) = [p for passes in ring_passes(run, plan).values() for p in passes]
+    return run, plan, each
