@@ -459,7 +459,8 @@ class _Hiding:
         if LEAK in states:
             return LEAK
         held = [s for s in states if isinstance(s, tuple)]
-        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
+        over = node.over if isinstance(node, ir.Reduce) else getattr(node, "summed", ())
+        over = set(over) & self.keys  # a concat's `over` joins, it does not reduce
         if over and self.query in body_free(node):
             return self.site(node, held)
         if not held:
@@ -938,7 +939,8 @@ class _Schedule:
 
     def targets(self, node: ir.Node):
         """The outermost reductions over a key index of a value along the query index."""
-        over = set(getattr(node, "over", ()) or getattr(node, "summed", ())) & self.keys
+        over = node.over if isinstance(node, ir.Reduce) else getattr(node, "summed", ())
+        over = set(over) & self.keys  # a concat's `over` joins, it does not reduce
         if (
             over
             and self.query in body_free(node)

@@ -153,8 +153,17 @@ class TileCore:
             kind = " : int" if read.tensor.dtype == "int" else ""
             lines.append(f"input {read.tensor!r}{kind}")
         lines += [f"scalar {s.name} = {s.value!r}" for s in self.spec.scalars]
+        lines += [f"scalar {size} = 0" for size in self._sequence_sizes()]  # read as numbers
         lines += [f"scalar {name} = 0" for name in OFFSETS]
         return "\n".join([*lines, *equations, "output " + ", ".join(outputs)]) + "\n"
+
+    def _sequence_sizes(self) -> list[sympy.Symbol]:
+        """The sizes of the sequence indices that no other index has (N in `- log(N)`): the
+        tile spec's own sequence indices range over a tile, so each is a scalar there."""
+        sequence = {self.query, *self.keys}
+        sized = {s for i in self.spec.indices if i not in sequence for s in i.size.free_symbols}
+        found = {s for i in sequence for s in i.size.free_symbols} - sized
+        return sorted(found, key=str)
 
     def _index(self, index: ir.Index) -> str:
         if index == self.query:
@@ -225,6 +234,7 @@ class TileCore:
             if i != self.query and i not in self.keys and isinstance(i.size, sympy.Symbol)
         }
         found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
+        found.update({self.spec.size_ascii(s): int(sizes[s]) for s in self._sequence_sizes()})
         return found
 
 

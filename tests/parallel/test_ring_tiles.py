@@ -82,6 +82,8 @@ SPECS = {
     "mean": (MEAN, {"d_m": 8, "h": 2, "d_k": 3}),
     # a chunk of 3: ⌊τ/C⌋ bounded with C a float read 3 as 0 (0.333… τ): pairs hidden wrongly
     "chunked": ("chunked", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "C": 3}),
+    # the sequence's length read as a number in the scores (- log N): a scalar of the tile spec
+    "sigmoid_attention": ("sigmoid_attention", {"d_m": 8, "h": 2, "d_k": 3}),
 }
 
 
@@ -149,6 +151,7 @@ TWINS = [
     "gqa",
     "window",
     "chunked",
+    "sigmoid_attention",
 ]
 
 
@@ -164,7 +167,10 @@ def test_twin_a_key_tile_at_the_wrong_global_position_is_seen(name, monkeypatch)
     assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
-@pytest.mark.parametrize("name", ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen"])
+COMPILED = ["mha", "softcap_window", "doc_mask", "attention_sinks", "unseen", "sigmoid_attention"]
+
+
+@pytest.mark.parametrize("name", COMPILED)
 def test_every_pass_of_the_four_and_an_unseen_spec_is_compiled(name):
     spec, _ = _module(name)
     lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
