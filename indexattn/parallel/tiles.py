@@ -459,8 +459,8 @@ def _sub_spec(tile: TileCore, needed: list, nodes) -> tuple[list[str], list[ir.T
 
 def flash_core(tile: TileCore) -> FlashCore | None:
     """The tile's core as one process's SDPA kernel takes it, or None: an online-merged
-    pass of one target that is softmax(scale · q·k + predicate masks) · v, as written, one
-    feature axis, no dropout."""
+    pass of one target that is softmax(scale · q·k + masks of positions or integer inputs) · v,
+    as written, one feature axis, a dropout only as TileCore.drops allows."""
     from ..lower.planner.fusion import find_attention
 
     if tile.online is None or len(tile.targets) != 1:
