@@ -302,7 +302,8 @@ class FlashCore:
         `at` by ASCII name)."""
         keep, scale = self.bound(tuple(values.items()))
         if self.terms is not None:
-            return self.terms(given, at, lead, q.dtype, k.shape[-2]), False, scale
+            tiles = (q.shape[-2], k.shape[-2])
+            return self.terms(given, at, lead, q.dtype, tiles), False, scale
         q0, k0 = (at[name] for name in OFFSETS)
         mask, causal = self.mask(keep, q0, q.shape[-2], k0, k.shape[-2], q.dtype, q.device)
         return mask, causal, scale
@@ -401,13 +402,15 @@ class Terms:
     compiled: object  # the mask's spec, compiled (indexattn.runtime.compiled.CompiledSpec)
     inputs: frozenset[str]  # the tile spec's inputs it reads, by ASCII name
 
-    def __call__(self, given: dict, at: dict, lead: tuple, dtype, keys: int):
+    def __call__(self, given: dict, at: dict, lead: tuple, dtype, tiles: tuple[int, int]):
         """The kernel's mask for one tile pair, (pairs, 1, queries, keys) in `dtype`, its
-        batch axes broadcast over `lead` (the operands' axes before position and features);
-        None where it hides nothing and adds nothing."""
+        batch axes broadcast over `lead` (the operands' axes before position and features),
+        `tiles` the query and key tiles' lengths (a mask may read one side alone); None where
+        it hides nothing and adds nothing."""
         zero = next(iter(given.values())).new_zeros((), dtype=dtype)  # the mask's dtype
         reads = {n: t for n, t in given.items() if n in self.inputs}
-        mask = self.compiled(**reads, **{ZERO: zero.expand(keys)}, **at)
+        lengths = dict(zip(SIZES, tiles))
+        mask = self.compiled(**reads, **{ZERO: zero.expand(tiles[1])}, **at, **lengths)
         if not bool(mask.any()):
             return None
         batch = mask.dim() - 2

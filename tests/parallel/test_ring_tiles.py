@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import context_worker
 import numpy as np
 import pytest
 import sympy
@@ -84,6 +85,8 @@ SPECS = {
     "chunked": ("chunked", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "C": 3}),
     # the sequence's length read as a number in the scores (- log N): a scalar of the tile spec
     "sigmoid_attention": ("sigmoid_attention", {"d_m": 8, "h": 2, "d_k": 3}),
+    # a mask read from an integer input on the key side alone: the kernel's mask (Terms)
+    "padding": (context_worker.PADDED, {"d_m": 8, "h": 2, "d_k": 3}),
 }
 
 
@@ -103,6 +106,8 @@ def _inputs(spec) -> dict:
     xs = {"X": torch.randn(2, N, 8, dtype=torch.float64, requires_grad=True)}
     if "D" in spec.arguments:  # documents straddling the zig-zag chunks
         xs["D"] = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [0] * 2 + [1] * 10])
+    if "P" in spec.arguments:  # padding (2) at the end, two and five positions of it
+        xs["P"] = torch.tensor([[0] * 10 + [2] * 2, [1] * 7 + [2] * 5])
     return xs
 
 
@@ -185,7 +190,7 @@ def test_a_pass_the_tile_spec_cannot_take_is_named_in_the_plan():
 
 
 FLASHED = {"mha": True, "gqa": True, "window": True, "softcap_window": False, "unseen": False}
-FLASHED["doc_mask"] = True  # its mask read off the document ids of each tile pair (Terms)
+FLASHED |= {"doc_mask": True, "padding": True}  # masks read off integer inputs (Terms)
 
 
 @pytest.mark.parametrize("name", [*FLASHED])
