@@ -294,6 +294,9 @@ class FlashCore:
         q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
         k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
         lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
+        if self.terms is not None:  # ids with a batch the queries lack: the output has it
+            heads = [1] * (len(self.q[1]) - 2)  # the axes after the batch: heads, groups
+            lead = torch.broadcast_shapes(lead, (*self.terms.batch(given), *heads))
         operands = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
         return tuple(operands), lead
 
@@ -400,7 +403,13 @@ class Terms:
     their sum on the tile pair's (query, key) grid."""
 
     compiled: object  # the mask's spec, compiled (indexattn.runtime.compiled.CompiledSpec)
-    inputs: frozenset[str]  # the tile spec's inputs it reads, by ASCII name
+    inputs: tuple[tuple[str, int], ...]  # the tile spec's inputs it reads: ASCII name, indices
+
+    def batch(self, given: dict) -> torch.Size:
+        """The batch axes of the inputs the mask reads (theirs broadcast together)."""
+        return torch.broadcast_shapes(
+            *(given[n].shape[: given[n].dim() - k] for n, k in self.inputs)
+        )
 
     def __call__(self, given: dict, at: dict, lead: tuple, dtype, tiles: tuple[int, int]):
         """The kernel's mask for one tile pair, (pairs, 1, queries, keys) in `dtype`, its
@@ -408,7 +417,7 @@ class Terms:
         `tiles` the query and key tiles' lengths (a mask may read one side alone); None where
         it hides nothing and adds nothing."""
         zero = next(iter(given.values())).new_zeros((), dtype=dtype)  # the mask's dtype
-        reads = {n: t for n, t in given.items() if n in self.inputs}
+        reads = {n: given[n] for n, _ in self.inputs}
         lengths = dict(zip(SIZES, tiles))
         mask = self.compiled(**reads, **{ZERO: zero.expand(tiles[1])}, **at, **lengths)
         if not bool(mask.any()):
@@ -442,7 +451,7 @@ def _terms(tile: TileCore, m) -> Terms:
         compiled = compile_spec("\n".join(lines) + "\n", name=f"{tile.spec.name}_ring_mask")
     except SpecError as why:
         raise Refused(str(why).splitlines()[0]) from why
-    return Terms(compiled, frozenset(t.ascii for t in inputs))
+    return Terms(compiled, tuple((t.ascii, len(t.indices)) for t in inputs))
 
 
 def _sub_spec(tile: TileCore, needed: list, nodes) -> tuple[list[str], list[ir.Tensor]]:

@@ -373,3 +373,22 @@ def _pass_of(name: str) -> tuple:
     run = ring_form(spec.ir, plan)
     (each,) = [p for passes in ring_passes(run, plan).values() for p in passes]
     return run, plan, each
+
+
+def test_document_ids_with_a_batch_the_tokens_lack_equal_one_process():
+    """X of batch 1 and two rows of document ids: one process's output has batch 2, and so
+    has the ring's, each row of ids masking its own element (tiles.Terms.batch); the twin
+    gives the ring the rows swapped, and the values move."""
+    spec, layer = _module("doc_mask")
+    torch.manual_seed(1)
+    x = torch.randn(1, N, 8, dtype=torch.float64, requires_grad=True)
+    ids = _inputs(spec)["D"]
+    one = layer(X=x, D=ids)
+    grads = torch.autograd.grad(one.sum(), [x, *layer.parameters()])
+    split = _ring(spec, layer, {"X": x, "D": ids})
+    split_grads = torch.autograd.grad(split.sum(), [x, *layer.parameters()])
+    assert split.shape == one.shape == (2, N, 8)
+    assert (split - one).abs().max() < EXACT
+    assert max((a - b).abs().max() for a, b in zip(split_grads, grads)) < EXACT
+    swapped = _ring(spec, layer, {"X": x, "D": ids.flip(0)})
+    assert (swapped - one).abs().max() > MOVED
