@@ -281,6 +281,8 @@ class _Ring(Interpreter):
             if all(r.tensor.name in self.tables for r in ir.refs(eq.rhs)):
                 self.tables.add(eq.tensor.name)
         self.table_nodes: dict[ir.Node, bool] = {}
+        self.values = {**self.sizes, **self.scalars}  # by symbol: what tile cores bind
+        self.drawn: dict[TileCore, bool] = {}  # whether each pass's dropout draws this call
 
     # sizes and positions: this rank's block, or the tiles of a pair
 
@@ -477,7 +479,7 @@ class _Ring(Interpreter):
         """One ring pass: every target over every key tile, merged per query tile."""
         targets, online, names = list(each.targets), each.online, list(each.travels)
         tile = core(self.spec, self.plan, each)
-        if kept(tile, {**self.sizes, **self.scalars}, self.training):
+        if kept(tile, self.values, self.training):
             return _Kept(self, tile, each).run(held)
         mine = [held[n][0] for n in names]
         online = tile.online if isinstance(tile, TileCore) else online
@@ -580,8 +582,9 @@ class _Ring(Interpreter):
             self.given(tile, q, k, visiting, held),
             tile.given(self.sizes, self.scalars, q.start, k.start),
         )
-        drops = tile.drops({**self.sizes, **self.scalars}, self.training)
-        if tile.softmax is not None and not drops:  # scores compiled, softmax and statistic
+        if tile not in self.drawn:  # read once per pass, not per tile pair
+            self.drawn[tile] = tile.drops(self.values, self.training)
+        if tile.softmax is not None and not self.drawn[tile]:  # scores, softmax, statistic
             out, lse_tile = tile.softmax(given, at, self.training)
             return out, self.aligned(tile, lse_tile)
         out = tile.compiled(**given, **at, training=self.training)
@@ -596,7 +599,7 @@ class _Ring(Interpreter):
         float32), merged in float32 or wider."""
         given = self.given(tile, q, k, visiting, held, wide=False)
         at = tile.given(self.sizes, self.scalars, q.start, k.start)  # the tiles' positions
-        out, lse_tile = tile.flash(given, {**self.sizes, **self.scalars}, at)
+        out, lse_tile = tile.flash(given, self.values, at)
         return out.to(self.wide), self.aligned(tile, lse_tile.to(self.wide))
 
     def aligned(self, tile: TileCore, lse_tile: torch.Tensor) -> torch.Tensor:
@@ -759,8 +762,7 @@ class _Kept:
             given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
         at = tile.given(ring.sizes, ring.scalars, q.start, k.start)
         if tile.flash is not None:
-            values = {**ring.sizes, **ring.scalars}
-            outputs, grads = tile.flash.backward(given, values, at, rows)
+            outputs, grads = tile.flash.backward(given, ring.values, at, rows)
         else:
             outputs, grads = tile.softmax.backward(given, at, ring.training, rows)
         found = torch.autograd.grad(

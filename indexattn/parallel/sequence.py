@@ -825,20 +825,26 @@ def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
     return dataclasses.replace(spec, equations=tuple(equations))
 
 
-def _dropped(equations: list, m: int, pairs: dict, reads: list, outputs: set) -> int:
-    """The equation of the weights a dropout at equation `m` drops, where it drops a pair
-    tensor read only there, as that tensor is written (`Ã_<…> = dropout(A_<…>, p)`, the
-    same indices); else `m`."""
-    rhs = equations[m].rhs
+def dropped(eq: ir.Equation) -> ir.Ref | None:
+    """The tensor a dropout equation drops, read with the equation's own indices
+    (`Ã_<…> = dropout(A_<…>, p)`); None for another equation."""
+    rhs = eq.rhs
     if not (isinstance(rhs, ir.Apply) and rhs.fn == "dropout"):
+        return None
+    ref = rhs.args[0]
+    same = isinstance(ref, ir.Ref) and tuple(a[0] for a in ref.axes) == eq.indices
+    return ref if same else None
+
+
+def _dropped(equations: list, m: int, pairs: dict, reads: list, outputs: set) -> int:
+    """The equation of the weights a dropout at equation `m` drops (`dropped`), where they
+    are a pair tensor read only there, as written; else `m`."""
+    ref = dropped(equations[m])
+    if ref is None or ref.tensor.name not in pairs:
         return m
-    dropped = rhs.args[0]
-    if not (isinstance(dropped, ir.Ref) and dropped.tensor.name in pairs):
-        return m
-    n = pairs[dropped.tensor.name]
-    same = tuple(a[0] for a in dropped.axes) == equations[n].indices == equations[m].indices
-    alone = reads.count(dropped.tensor.name) == 1 and dropped.tensor.name not in outputs
-    return n if same and alone else m
+    n = pairs[ref.tensor.name]
+    alone = reads.count(ref.tensor.name) == 1 and ref.tensor.name not in outputs
+    return n if equations[n].indices == equations[m].indices and alone else m
 
 
 def _weights(node: ir.Node, pairs: dict, keys: set) -> ir.Ref | None:

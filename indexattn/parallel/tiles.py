@@ -28,7 +28,16 @@ import torch
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
-from .sequence import RingPass, SequencePlan, always, exact, pair, ring_form, ring_passes
+from .sequence import (
+    RingPass,
+    SequencePlan,
+    always,
+    dropped,
+    exact,
+    pair,
+    ring_form,
+    ring_passes,
+)
 
 OFFSETS = ("ring_q0", "ring_k0")  # the tiles' first global positions: scalars of the tile spec
 SIZES = ("ring_nq", "ring_nk")  # the tiles' lengths
@@ -621,17 +630,16 @@ def softmax_core(tile: TileCore) -> SoftmaxCore | None:
 
 
 def _undropped(eqs: dict, weights: ir.Ref) -> ir.Ref | None:
-    """The weights as written, read as their equation writes them; through one dropout
-    (`Ã = dropout(A, p)`) to the weights it drops; None where they are read otherwise."""
-    plain = tuple(a[0] for a in weights.axes) == eqs[weights.tensor.name].indices
-    rhs = eqs[weights.tensor.name].rhs
-    if not (plain and isinstance(rhs, ir.Apply) and rhs.fn == "dropout"):
-        return weights if plain else None
-    dropped = rhs.args[0]
-    if not (isinstance(dropped, ir.Ref) and dropped.tensor.name in eqs):
+    """The weights, read as their equation writes them; through a dropout
+    (`Ã = dropout(A, p)`, sequence.dropped) to the weights it drops; None where they are
+    read otherwise."""
+    eq = eqs[weights.tensor.name]
+    if tuple(a[0] for a in weights.axes) != eq.indices:
         return None
-    same = tuple(a[0] for a in dropped.axes) == eqs[weights.tensor.name].indices
-    return _undropped(eqs, dropped) if same else None
+    ref = dropped(eq)
+    if ref is None:
+        return weights
+    return _undropped(eqs, ref) if ref.tensor.name in eqs else None
 
 
 def _reaching(spec: ir.Spec, node: ir.Node) -> list[ir.Equation]:
