@@ -28,6 +28,7 @@ import torch
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
+from ..runtime.compiled import CompiledSpec, compile_spec
 from .sequence import (
     RingPass,
     SequencePlan,
@@ -45,6 +46,18 @@ LSE_OUT = "ring_lse"
 ZERO = "ring_zero"  # a mask spec's float input along the key: its dtype and device
 FLOOR = 1e30  # below any score, above float32's least: exp(-FLOOR - x) is 0
 MERGED = ("sum", "logsumexp", "max", "min")
+
+
+class TileSpec(CompiledSpec):
+    """A tile spec, compiled: a pass calls it once per tile pair, at the tiles' positions
+    (scalars), and keeps each kind of call solved, with its tables, for the next pairs and the
+    backward's (a window's few distances, TileCore.given)."""
+
+    shapes = 64
+
+
+def _compiled(text: str, name: str) -> TileSpec:
+    return compile_spec(text, name=name, kind=TileSpec)
 
 
 class Refused(Exception):
@@ -65,8 +78,6 @@ class TileCore:
     """The compiled tile spec of one ring pass, and how the ring calls it."""
 
     def __init__(self, spec: ir.Spec, plan: SequencePlan, each: RingPass) -> None:
-        from ..runtime.compiled import compile_spec
-
         glyphs = {i.glyph: i for i in spec.indices}
         self.spec, self.query = spec, glyphs[plan.over]
         self.keys = {glyphs[g] for g in plan.indices} - {self.query}
@@ -79,13 +90,14 @@ class TileCore:
         self.targets = each.targets
         self.online = self._online(each)
         self.text = self._text()
-        self.compiled = compile_spec(self.text, name=f"{spec.name}_ring_tile", backend="auto")
+        self.compiled = _compiled(self.text, f"{spec.name}_ring_tile")
         self.dropouts = tuple(
             n.args[1].expr if isinstance(n.args[1], ir.Field) else None
             for eq in self.compiled.ir.equations
             for n in ir.walk(eq.rhs)
             if isinstance(n, ir.Apply) and n.fn == "dropout"
         )  # each dropout's probability (None: computed from tensors)
+        self.relative = _offsets_relative(self.compiled.ir)
         self.flash = flash_core(self)
         self.softmax = softmax_core(self) if self.flash is None else None
 
@@ -226,7 +238,11 @@ class TileCore:
 
     def given(self, sizes: dict, scalars: dict, q0: int, k0: int) -> dict:
         """The tile spec's sizes and scalars for one call (by ASCII name): the spec's, and the
-        tiles' first global positions."""
+        tiles' first global positions; where the tile spec reads them only as their distance
+        (a window, causal, ALiBi), the distance: tile pairs as far apart are one kind of call,
+        their tables made once (TileSpec)."""
+        if self.relative:
+            q0, k0 = q0 - k0, 0
         return {
             **self._fixed(tuple(sizes.items()), tuple(scalars.items())),
             OFFSETS[0]: q0,
@@ -245,6 +261,16 @@ class TileCore:
         found.update({s.ascii: scalars[s.symbol] for s in self.spec.scalars})
         found.update({self.spec.size_ascii(s): int(sizes[s]) for s in self._sequence_sizes()})
         return found
+
+
+def _offsets_relative(spec: ir.Spec) -> bool:
+    """Whether the tile spec reads the tiles' first positions only as their difference: every
+    number it computes from positions is a function of q0 − k0 (its fields are where they
+    enter, TileCore._node)."""
+    symbols = {s.ascii: s.symbol for s in spec.scalars}
+    q0, k0 = (symbols[name] for name in OFFSETS)
+    fields = {n.expr for eq in spec.equations for n in ir.walk(eq.rhs) if isinstance(n, ir.Field)}
+    return all(_by_distance(e, q0, k0) for e in fields if e.free_symbols & {q0, k0})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,17 +385,22 @@ def _additive(keep: sympy.Basic, positions: tuple, box: tuple, dtype, device) ->
 _shared = functools.lru_cache(maxsize=8)(_additive)  # a window's few distances, both passes
 
 
-@functools.lru_cache(maxsize=256)
 def _relative(keep: sympy.Basic, positions: tuple) -> bool:
-    """Whether the keep predicate reads its query and key positions only as q − k: each
-    comparison's sides differ by a function of q − k (a window's, causal's)."""
-    q, k = positions
-    distance = sympy.Dummy("distance")
-    if not keep.free_symbols <= {q, k}:
+    """Whether the keep predicate reads its query and key positions alone, and only as q − k
+    (a window's, causal's)."""
+    return keep.free_symbols <= set(positions) and _by_distance(keep, *positions)
+
+
+@functools.lru_cache(maxsize=256)
+def _by_distance(expr: sympy.Basic, a: sympy.Symbol, b: sympy.Symbol) -> bool:
+    """Whether `expr` reads `a` and `b` only as a − b: with a = b + d, each comparison's sides
+    differ by a function of d and the rest, comparisons aside, is free of b."""
+    moved = expr.subs(a, b + sympy.Dummy("distance"))
+    comparisons = moved.atoms(sympy.core.relational.Relational)
+    if any(b in sympy.expand(c.lhs - c.rhs).free_symbols for c in comparisons):
         return False
-    comparisons = keep.atoms(sympy.core.relational.Relational)
-    moved = (sympy.expand((c.lhs - c.rhs).subs(q, k + distance)) for c in comparisons)
-    return all(k not in d.free_symbols for d in moved)
+    rest = moved.xreplace({c: sympy.Dummy() for c in comparisons})
+    return b not in (sympy.expand(rest) if isinstance(rest, sympy.Expr) else rest).free_symbols
 
 
 @functools.lru_cache(maxsize=4096)
@@ -440,8 +471,6 @@ def _terms(tile: TileCore, m) -> Terms:
     """The Terms of a matched core's scores (lower/planner/fusion.py's match `m`), or Refused:
     a 2-d mask of the query and the key, read from integer inputs alone (the kernel gives no
     gradient to a mask)."""
-    from ..runtime.compiled import compile_spec
-
     spec = tile.compiled.ir
     if any(not set(t.free) <= {m.query, m.key} for t in m.terms):
         raise Refused("a mask along more than the query and the key")
@@ -457,7 +486,7 @@ def _terms(tile: TileCore, m) -> Terms:
         "output ring_mask",
     ]
     try:
-        compiled = compile_spec("\n".join(lines) + "\n", name=f"{tile.spec.name}_ring_mask")
+        compiled = _compiled("\n".join(lines) + "\n", f"{tile.spec.name}_ring_mask")
     except SpecError as why:
         raise Refused(str(why).splitlines()[0]) from why
     return Terms(compiled, tuple((t.ascii, len(t.indices)) for t in inputs))
@@ -530,8 +559,6 @@ class SoftmaxCore:
     `softmax_values_lse`: one exponential of the scores, no second pass for the statistic)."""
 
     def __init__(self, tile: TileCore, body: ir.Node, values: ir.Ref, key: ir.Index) -> None:
-        from ..runtime.compiled import compile_spec
-
         spec, free = tile.compiled.ir, body.free
         heads = [i for i in free if i != key and i.glyph != tile.query.glyph]
         rows = [*heads, next(i for i in free if i.glyph == tile.query.glyph)]
@@ -546,7 +573,7 @@ class SoftmaxCore:
         else:
             lines += [f"ring_scores_<{_glyphs(free)}> = {text(body)}", "output ring_scores"]
         self.text = "\n".join(lines) + "\n"
-        self.compiled = compile_spec(self.text, name=f"{tile.spec.name}_ring_scores")
+        self.compiled = _compiled(self.text, f"{tile.spec.name}_ring_scores")
         self.inputs = {t.ascii for t in self.compiled.ir.tensors_of("input")}
         self.scores = _order([i.glyph for i in free], [*(i.glyph for i in rows), key.glyph])
         present = {a[0].glyph for a in values.axes}

@@ -169,6 +169,8 @@ class CompiledSpec:
     A call reads only `plain`; `ir`, `plan` and `module_source` are built when first asked
     for (by latex, flops, param_count, module, ...) when the spec came from the disk cache."""
 
+    shapes = MAX_SHAPES  # distinct kinds of call (shapes, scalars) kept solved, with constants
+
     def __init__(
         self,
         spec: ir.Spec | None,
@@ -386,8 +388,8 @@ class CompiledSpec:
         found = (sizes, keywords, widen, longs)
         with self._lock:
             if kinds not in self._kinds:
-                _bounded(self._kinds)[kinds] = longs
-            _bounded(self._calls)[key] = found
+                _bounded(self._kinds, self.shapes)[kinds] = longs
+            _bounded(self._calls, self.shapes)[key] = found
         return found
 
     def _float_rates(self, scalars: dict) -> None:
@@ -418,12 +420,12 @@ class CompiledSpec:
             with torch.inference_mode(False):  # would refuse to save for a backward
                 found = self.constants_function(*args, device=like.device, dtype=like.dtype)
             with self._lock:
-                _bounded(self._constants)[key] = found
+                _bounded(self._constants, self.shapes)[key] = found
         checked = (key, self.positions.sizes(sizes))  # a table's size is not a constant's
         if checked not in self._checked:
             self.positions.check_constants(self.name, found, sizes)
             with self._lock:
-                _bounded(self._checked)[checked] = True
+                _bounded(self._checked, self.shapes)[checked] = True
         return found
 
     def _spelled(self, kwargs: dict) -> dict:
@@ -670,9 +672,10 @@ def _empty(spec: str, sizes: dict[str, int], error: Exception) -> None:
         ) from error
 
 
-def _bounded(cache: dict) -> dict:
-    """The cache with room for one more entry: the oldest goes (call under the lock)."""
-    while len(cache) >= MAX_SHAPES:
+def _bounded(cache: dict, room: int) -> dict:
+    """The cache with room for one more of `room` entries: the oldest goes (call under the
+    lock)."""
+    while len(cache) >= room:
         cache.pop(next(iter(cache)))
     return cache
 

@@ -283,6 +283,42 @@ def test_a_window_s_mask_is_read_at_the_tiles_distance_and_a_chunk_s_is_not():
     assert torch.equal(mask(chunk, 9).isneginf(), torch.from_numpy(~grid_seen(chunk, 9)))
 
 
+RELATIVE = {"softcap_window": True, "window": True, "unseen": True, "doc_mask": True}
+RELATIVE |= {"chunked": False}  # ⌊(q0 + τ)/C⌋: a chunk's mask moves with the tiles, not by q0 − k0
+
+
+@pytest.mark.parametrize("name", [*RELATIVE])
+def test_a_tile_spec_reading_positions_as_their_distance_is_called_at_it(name):
+    """Where every number a tile spec computes from positions is a function of q0 − k0 (a
+    window, ALiBi's distances, causal beside document ids), tile pairs as far apart are one
+    kind of call: the same sizes and scalars, their tables made once (TileSpec); a chunk's
+    mask is not, and each pair keeps its own positions."""
+    spec, layer = _module(name)
+    plan = spec.sequence_plan("τ")
+    form = ring_form(spec.ir, plan)
+    cores = [tiles.core(form, plan, p) for ps in ring_passes(spec.ir, plan).values() for p in ps]
+    symbols = {s for i in spec.ir.indices for s in i.size.free_symbols}
+    sizes = {s: layer.sizes.get(spec.ir.size_ascii(s), N) for s in symbols}
+    scalars = tiles.defaults(spec.ir)
+    for core in cores:
+        assert core.relative is RELATIVE[name]
+        near, far = (core.given(sizes, scalars, q0, 2) for q0 in (6, 10))
+        shifted = core.given(sizes, scalars, 10, 6)
+        assert (near == shifted) is RELATIVE[name] and near != far
+
+
+def test_twin_a_chunk_s_tiles_called_at_their_distance_are_seen(monkeypatch):
+    """The twin: a chunked spec's tile pairs called at their distance, as a window's are,
+    put keys in the wrong chunks."""
+    monkeypatch.setattr(tiles, "_offsets_relative", lambda spec: True)
+    tiles.core.cache_clear()
+    try:
+        gaps = _gaps("chunked")
+    finally:
+        tiles.core.cache_clear()
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
+
+
 def grid_seen(keep, q0):
     q, k = sympy.symbols("q k", integer=True)
     return sympy.lambdify((q, k), keep)(
