@@ -389,24 +389,46 @@ def _seed(node: ir.Node, ids: _Ids) -> tuple[float, sympy.Basic] | None:
     return None
 
 
-def _implied(cond: ir.Node, ids: _Ids) -> sympy.Basic | None:
+def _implied(cond: ir.Node, ids: _Ids, whole: bool = False) -> sympy.Basic | None:
     """A part of a condition that implies it, on positions and on comparisons of integer
     inputs read at a sequence index (`D_<τ> != D_<τ'>`: a symbol per read, entered in `ids`,
-    bounded by tiles at run time): `or` keeps the parts it can name, `and` needs all."""
+    bounded by tiles at run time): `or` keeps the parts it can name, `and` needs all; where
+    `whole`, the condition itself, every part named (else None)."""
     if isinstance(cond, ir.Field):
         return cond.expr
     if not isinstance(cond, ir.Apply):
         return None
-    parts = [_implied(c, ids) for c in cond.args]
+    parts = [_implied(c, ids, whole) for c in cond.args]
     if cond.fn == "or":
-        parts = [p for p in parts if p is not None]
-        return sympy.Or(*parts) if parts else None
+        named = [p for p in parts if p is not None]
+        return None if not named or (whole and len(named) < len(parts)) else sympy.Or(*named)
     if cond.fn == "and":
         return None if None in parts else sympy.And(*parts)
     if cond.fn in COMPARISONS:
         terms = [_term(c, ids) for c in cond.args]
         return None if None in terms else lookup(cond.fn).sympy(*terms)
     return None
+
+
+def hidden_where(node: ir.Node, sequence: frozenset, found: dict) -> sympy.Basic | None:
+    """Where a mask of −∞ and 0 is −∞, exactly, as a predicate on positions and on the integer
+    inputs its condition compares (a symbol per read, entered in `found`: the tensor's name
+    and the sequence index it is read at); None where it is not such a mask, or a part of its
+    condition cannot be named."""
+    ids = _Ids(sequence, found)
+    if isinstance(node, ir.Field):
+        pieces = node.expr.args if isinstance(node.expr, sympy.Piecewise) else ()
+        if len(pieces) == 2 and pieces[0][0] == -sympy.oo and pieces[1] == (0, True):
+            return pieces[0][1]
+        return sympy.false if node.expr == 0 else None
+    if not (isinstance(node, ir.Apply) and node.fn == "where"):
+        return None
+    cond, yes, no = node.args
+    values = tuple(b.expr if isinstance(b, ir.Field) else None for b in (yes, no))
+    if values not in ((-sympy.oo, 0), (0, -sympy.oo)):
+        return None
+    holds = _implied(cond, ids, whole=True)
+    return None if holds is None else holds if values[0] == -sympy.oo else sympy.Not(holds)
 
 
 def _term(node: ir.Node, ids: _Ids) -> sympy.Expr | None:

@@ -35,6 +35,7 @@ from .sequence import (
     always,
     dropped,
     exact,
+    hidden_where,
     pair,
     ring_form,
     ring_passes,
@@ -338,8 +339,9 @@ class FlashCore:
     def arguments(self, given: dict, values: dict, at: dict, q, k, lead) -> tuple:
         """The kernel's mask, causal flag and scale for one tile pair (`values` by symbol,
         `at` by ASCII name)."""
-        keep, scale = self.bound(tuple(values.items()))
-        if self.terms is not None:
+        keep = self.keep if self.terms is None else self.terms.constant(given)
+        keep, scale = self.bound(keep, tuple(values.items()))
+        if self.terms is not None and keep is None:
             tiles = (q.shape[-2], k.shape[-2])
             return self.terms(given, at, lead, q.dtype, tiles), False, scale
         q0, k0 = (at[name] for name in OFFSETS)
@@ -347,13 +349,13 @@ class FlashCore:
         return mask, causal, scale
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (a few sizes per core, kept with it)
-    def bound(self, values: tuple) -> tuple:
+    def bound(self, keep: sympy.Basic | None, values: tuple) -> tuple:
         """The keep predicate at global positions (the tiles' offsets added) and the scale,
         at these sizes and scalars (by symbol)."""
-        values, keep = {k: exact(v) for k, v in values}, None
-        if self.keep is not None:
+        values = {k: exact(v) for k, v in values}
+        if keep is not None:
             (q, k), (q0, k0) = self.positions, self.offsets
-            keep = self.keep.subs(values).subs({q: q - q0, k: k - k0}, simultaneous=True)
+            keep = keep.subs(values).subs({q: q - q0, k: k - k0}, simultaneous=True)
         return keep, float(self.scale.subs(values))
 
     def mask(self, keep, q0: int, nq: int, k0: int, nk: int, dtype, device):
@@ -444,6 +446,24 @@ class Terms:
 
     compiled: object  # the mask's spec, compiled (indexattn.runtime.compiled.CompiledSpec)
     inputs: tuple[tuple[str, int], ...]  # the tile spec's inputs it reads: ASCII name, indices
+    # which keys a query sees, on positions (as FlashCore.keep) and a symbol per integer
+    # input read, by ASCII name; None where a term is not a mask of −∞ and 0 named whole
+    keep: sympy.Basic | None = None
+    ids: tuple[tuple[sympy.Symbol, str], ...] = ()
+
+    def constant(self, given: dict) -> sympy.Basic | None:
+        """The keep predicate on positions alone where each integer input the mask reads is
+        one number over its tile (a tile pair inside one document): that number put in; else
+        None."""
+        if self.keep is None:
+            return None
+        values = []
+        for symbol, name in self.ids:
+            least, greatest = (int(v) for v in torch.aminmax(given[name]))
+            if least != greatest:
+                return None
+            values.append((symbol, least))
+        return _put(self.keep, tuple(values))
 
     def batch(self, given: dict) -> torch.Size:
         """The batch axes of the inputs the mask reads (theirs broadcast together)."""
@@ -489,7 +509,30 @@ def _terms(tile: TileCore, m) -> Terms:
         compiled = _compiled("\n".join(lines) + "\n", f"{tile.spec.name}_ring_mask")
     except SpecError as why:
         raise Refused(str(why).splitlines()[0]) from why
-    return Terms(compiled, tuple((t.ascii, len(t.indices)) for t in inputs))
+    reads = tuple((t.ascii, len(t.indices)) for t in inputs)
+    return Terms(compiled, reads, *_named_keep(spec, m))
+
+
+def _named_keep(spec: ir.Spec, m) -> tuple[sympy.Basic | None, tuple]:
+    """Which keys a query sees where every term of the scores is a mask of −∞ and 0 named
+    whole (sequence.hidden_where), on positions and the integer inputs' symbols, with those
+    symbols by ASCII name; (None, ()) otherwise."""
+    eqs, found, hidden = {eq.tensor.name: eq for eq in spec.equations}, {}, []
+    for term in m.terms:
+        while isinstance(term, ir.Ref) and term.tensor.name in eqs:
+            if tuple(a[0] for a in term.axes) != eqs[term.tensor.name].indices:
+                return None, ()
+            term = eqs[term.tensor.name].rhs
+        hidden.append(hidden_where(term, frozenset({m.query, m.key}), found))
+    if None in hidden:
+        return None, ()
+    ascii = {t.name: t.ascii for t in spec.tensors_of("input")}
+    return sympy.Not(sympy.Or(*hidden)), tuple((s, ascii[n]) for s, (n, _) in found.items())
+
+
+@functools.lru_cache(maxsize=256)
+def _put(keep: sympy.Basic, values: tuple) -> sympy.Basic:
+    return keep.subs(dict(values))
 
 
 def _sub_spec(tile: TileCore, needed: list, nodes) -> tuple[list[str], list[ir.Tensor]]:

@@ -206,7 +206,7 @@ def test_an_sdpa_shaped_core_runs_through_the_flash_kernel_and_says_so(name, mon
     spec, layer = _module(name)
     _ring(spec, layer, _inputs(spec)).sum().backward()
     assert bool(calls) == FLASHED[name]
-    assert any(calls) == (name in ("mha", "gqa"))
+    assert any(calls) == (name in ("mha", "gqa", "doc_mask"))  # doc_mask: inside a document
     lines = tiles.plan_lines(spec.ir, spec.sequence_plan("τ"))
     assert any("SDPA's kernel" in line for line in lines) == FLASHED[name], lines
 
@@ -409,6 +409,44 @@ def _pass_of(name: str) -> tuple:
     run = ring_form(spec.ir, plan)
     (each,) = [p for passes in ring_passes(run, plan).values() for p in passes]
     return run, plan, each
+
+
+def test_a_tile_pair_inside_one_document_makes_no_mask_from_the_ids(monkeypatch):
+    """Where each tile's document ids are one number (over the whole batch), the keep
+    predicate with that number put in is on positions alone: the kernel runs causal on a
+    diagonal tile and unmasked below it, no mask made from the ids; a pair whose tiles
+    straddle documents gets the ids' mask; the values are one process's."""
+    kernel, made, terms = flash.attention_lse, [], tiles.Terms.__call__
+    calls = []
+
+    def counted(*args):  # (q, k, v, mask, causal, scale)
+        calls.append((args[3] is None, args[4]))
+        return kernel(*args)
+
+    def making(self, *args):
+        made.append(args)
+        return terms(self, *args)
+
+    monkeypatch.setattr(flash, "attention_lse", counted)
+    monkeypatch.setattr(tiles.Terms, "__call__", making)
+    spec, layer = _module("doc_mask")
+    ids = torch.tensor([[0] * 6 + [1] * 6, [0] * 5 + [1] * 7])  # tile (4, 5) straddles
+    xs = {**_inputs(spec), "D": ids}
+    gap = (_ring(spec, layer, xs) - layer(**xs)).abs().max().item()
+    assert (True, True) in calls and (True, False) in calls  # causal, and no mask at all
+    assert 0 < len(made) < len(calls) and gap < EXACT
+
+
+def test_twin_ids_read_as_one_number_where_they_straddle_documents_are_seen(monkeypatch):
+    """The twin: every tile's ids read as one number, 0, whether or not they are, let queries
+    see keys of other documents."""
+
+    def one(self, given):
+        return tiles._put(self.keep, tuple((symbol, 0) for symbol, _ in self.ids))
+
+    monkeypatch.setattr(tiles.Terms, "constant", one)
+    gaps = _gaps("doc_mask")
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
 def test_document_ids_with_a_batch_the_tokens_lack_equal_one_process():
