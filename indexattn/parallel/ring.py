@@ -248,6 +248,7 @@ class _Ring(Interpreter):
         self.keys = {glyphs[g] for g in plan.indices} - {self.query}
         self.sequence = {self.query, *self.keys}
         self.rows: dict[ir.Index, np.ndarray] = {}
+        self.lengths: dict[ir.Index, int] = {}  # the other indices' sizes, read once
         self.map = BlockMap(
             spec, plan, self.sizes, self.scalars, self.world, self.layout, self.tile
         )
@@ -289,7 +290,9 @@ class _Ring(Interpreter):
     def size(self, index: ir.Index) -> int:
         if index in self.rows:
             return len(self.rows[index])
-        return super().size(index)
+        if index not in self.lengths:
+            self.lengths[index] = super().size(index)
+        return self.lengths[index]
 
     def fuse(self, tensor: torch.Tensor, decl: ir.Tensor) -> torch.Tensor:
         batch = tensor.shape[: tensor.dim() - len(decl.indices)]
@@ -309,9 +312,6 @@ class _Ring(Interpreter):
             )
             for i in self.sequence
         }
-
-    def hides(self, q: Tile, k: Tile) -> bool:
-        return self.map.hides(q, k)
 
     def read_ids(self, held: dict) -> None:
         """The block map with the integer inputs its mask compares (document ids) bounded per
@@ -531,12 +531,10 @@ class _Ring(Interpreter):
     def seen(self, src: int, counted=True):
         """This rank's query tiles and rank `src`'s key tiles, each pair no mask hides
         (counted as computed, where `counted`: the forward)."""
-        keys = next(iter(self.keys))
-        for q in self.tiles_of(self.query, self.rank):
-            for k in self.tiles_of(keys, src):
-                if not self.hides(q, k):
-                    self.counts["work"] += q.length * k.length if counted else 0
-                    yield q, k
+        pairs = self.map.seen(self.rank, src)
+        if counted:
+            self.counts["work"] += sum(q.length * k.length for q, k in pairs)
+        return pairs
 
     def pair(self, targets, online, q: Tile, k: Tile, visiting, held) -> tuple:
         saved = self.rows

@@ -597,6 +597,8 @@ class BlockMap:
         )
         self.ids = hiding.ids.found if self.sites is not None else {}
         self.given = tile
+        self.made: dict[tuple, list[Tile]] = {}  # tiles_of's, and seen's pairs, made once
+        self.pairs: dict[tuple[int, int], list[tuple[Tile, Tile]]] = {}
         self.tile = tile or self.choose()
         self.hidden, rows, cols = self.table(self.tile)
         self.row = {t.start: n for n, t in enumerate(rows)}
@@ -678,7 +680,21 @@ class BlockMap:
         return tiles(spans, size or spans[0][1] - spans[0][0])
 
     def tiles_of(self, index: ir.Index, rank: int) -> list[Tile]:
-        return self.cut(index, rank, self.tile)
+        if (index, rank) not in self.made:
+            self.made[index, rank] = self.cut(index, rank, self.tile)
+        return self.made[index, rank]
+
+    def seen(self, rank: int, src: int) -> list[tuple[Tile, Tile]]:
+        """The pairs of `rank`'s query tiles and `src`'s key tiles that no mask hides, query
+        tile by query tile."""
+        if (rank, src) not in self.pairs:
+            rows = self.tiles_of(self.query, rank)
+            cols = self.tiles_of(next(iter(self.keys), self.query), src)
+            hidden = self.hidden[
+                np.ix_([self.row[t.start] for t in rows], [self.col[t.start] for t in cols])
+            ]
+            self.pairs[rank, src] = [(rows[a], cols[b]) for a, b in zip(*np.nonzero(~hidden))]
+        return self.pairs[rank, src]
 
     def owners(self, index: ir.Index) -> np.ndarray:
         """The rank of each of the table's tiles along `index`."""

@@ -311,7 +311,7 @@ class FlashCore:
         gradients from the rows' merged output, log-sum-exp, the output's gradient and the
         log-sum-exp's (or None) (`rows`, in the target's and the tile log-sum-exp's layouts;
         runtime/flash.py, attention_grads)."""
-        from ..runtime.flash import attention_grads
+        from ..runtime.flash import attention_grads, dense
 
         with torch.enable_grad():
             operands, lead = self.operands(given)
@@ -320,7 +320,7 @@ class FlashCore:
         lse, grad_lse = (
             None if t is None else _kernel(t, self.lse, lead, 1) for t in (lse, grad_lse)
         )
-        q, k, v = (t.contiguous() for t in operands)
+        q, k, v = (dense(t) for t in operands)
         arguments = self.arguments(given, values, at, q, k, lead)
         return operands, attention_grads(grad, q, k, v, out, lse, *arguments, grad_lse=grad_lse)
 
