@@ -69,8 +69,11 @@ def _inputs(name: str, n: int) -> dict:
     return found
 
 
-def worker(name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int) -> dict:
-    """One process: one step timed after a warm-up; world = 1 is the single process."""
+def worker(
+    name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int, steps: int
+) -> dict:
+    """One process: `steps` steps after a warm-up, the last timed, the first's peak memory;
+    world = 1 is the single process."""
     import indexattn
 
     torch.set_num_threads(1)
@@ -110,21 +113,26 @@ def worker(name: str, rank: int, world: int, n: int, port: int, ring: int, tile:
     def step(rows: dict) -> None:
         layer(**rows).sum().backward()
 
+    def timed() -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
+        if world > 1 and ring:
+            step(xs)
+            sent["ran"] = layer.last_ring["sent"]
+        elif world > 1:
+            with cp.CountSent(world) as counter:
+                step(xs)
+            sent["ran"] = sum(counter.elements.values())
+        else:
+            step(xs)
+        return time.process_time() - cpu, time.perf_counter() - start
+
     warm = 256 if world == 1 or not ring else 2 * world * min(tile or 64, n // (2 * world))
     step({k: v[:, :warm] for k, v in xs.items()})  # warm-up: the first call's setup
     before = _rss_mb()
-    start, cpu = time.perf_counter(), time.process_time()
-    if world > 1 and ring:
-        step(xs)
-        sent["ran"] = layer.last_ring["sent"]
-    elif world > 1:
-        with cp.CountSent(world) as counter:
-            step(xs)
-        sent["ran"] = sum(counter.elements.values())
-    else:
-        step(xs)
-    cpu, seconds = time.process_time() - cpu, time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu, seconds = timed()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the first step's
+    for _ in range(steps - 1):  # the steady state: every later step at this N
+        cpu, seconds = timed()
     return {"seconds": seconds, "cpu_s": cpu, "peak_mb": peak - before, **sent}
 
 
@@ -137,12 +145,12 @@ def _port() -> int:
 MMAP: dict[str, str] = {}  # --mmap-threshold: glibc returns every larger block when freed
 
 
-def _launch(name: str, world: int, n: int, ring: int = 0, tile: int = 0) -> list[dict]:
+def _launch(name: str, world: int, n: int, ring=0, tile=0, steps=1) -> list[dict]:
     port = _port()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", name]
-            + [str(v) for v in (rank, world, n, port, ring, tile)],
+            + [str(v) for v in (rank, world, n, port, ring, tile, steps)],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **MMAP},
@@ -162,12 +170,12 @@ def _median(rows: list, key) -> float:
 SINGLE: dict[tuple[str, int], list[dict]] = {}  # one process's rounds, per spec and N
 
 
-def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int) -> dict:
+def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int, steps: int) -> dict:
     single, split = SINGLE.setdefault((name, n), []), []
     for k in range(rounds):
         if len(single) <= k:  # one process measured once for every W
-            single.append(_launch(name, 1, n)[0])
-        split.append(_launch(name, world, n, ring, tile))
+            single.append(_launch(name, 1, n, steps=steps)[0])
+        split.append(_launch(name, world, n, ring, tile, steps))
     cpu1 = _median(single, lambda r: r["cpu_s"])
     ranks_cpu = [round(statistics.median(rs[k]["cpu_s"] for rs in split), 2) for k in range(world)]
     return {
@@ -206,7 +214,14 @@ def main() -> None:
         "the system when freed, so the peak resident set is what was live, not what glibc's "
         "heap kept",
     )
-    parser.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="steps at N per process, the last timed (2: the steady state of training, what "
+        "each step after the first costs; 1: the first, with its per-length setup)",
+    )
+    parser.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker[0], *map(int, args.worker[1:]))))
@@ -218,7 +233,7 @@ def main() -> None:
     for name in args.specs.split(","):
         for world in (int(w) for w in args.worlds.split(",")):
             for n in (int(s) for s in args.sizes.split(",")):
-                found = measure(name, n, world, args.rounds, ring, args.tile)
+                found = measure(name, n, world, args.rounds, ring, args.tile, args.steps)
                 print(json.dumps({"spec": name, "strategy": args.strategy, **found}), flush=True)
 
 

@@ -472,8 +472,10 @@ class _Ring(Interpreter):
             return  # computed tile pair by tile pair where read
         for each in self.schedule.get(eq.tensor.name, ()):
             self.run(each, held)
-        value = self.node(eq.rhs, held)
-        held[eq.tensor.name] = (self.align(value, eq.indices), eq.indices)
+        value = self.align(self.node(eq.rhs, held), eq.indices)
+        # a block held in its own axes' order: einsum returns a permuted view (a projection's
+        # heads, features, positions), and the kernel would copy every tile cut from it
+        held[eq.tensor.name] = (value.contiguous(), eq.indices)
 
     def run(self, each: RingPass, held: dict) -> None:
         """One ring pass: every target over every key tile, merged per query tile."""
@@ -725,6 +727,7 @@ class _Kept:
         here, then sent back to their owner."""
         ring, wide = self.ring, self.ring.wide
         held, mine = self.split(tensors)
+        rows = tuple(None if t is None else t.contiguous() for t in rows)  # cut per tile pair
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
         ours = [_fresh(t, wide) if t.is_floating_point() else None for t in mine]
         for step in _tour(ring, self.names, mine, counted=False):
