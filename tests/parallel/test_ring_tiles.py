@@ -437,6 +437,48 @@ def test_a_tile_pair_inside_one_document_makes_no_mask_from_the_ids(monkeypatch)
     assert 0 < len(made) < len(calls) and gap < EXACT
 
 
+TWO_MASKS = """
+index τ, τ' : N
+index i : d_m
+index μ : h
+index a : d_k
+input X_<τi>
+input D_<τ> : int
+param Wq_<(μa)i>
+param Wk_<(μa)i>
+param Wv_<(μa)i>
+scalar w = 4
+Q_<μτa> = Wq_<(μa)i> X_<τi>
+K_<μτa> = Wk_<(μa)i> X_<τi>
+V_<μτa> = Wv_<(μa)i> X_<τi>
+C_<ττ'> = where(τ' > τ or τ - τ' >= w, -inf, 0)
+M_<ττ'> = where(D_<τ> != D_<τ'>, -inf, 0)
+S_<μττ'> = Q_<μτa> K_<μτ'a> / 2 + C_<ττ'> + M_<ττ'>
+A_<μττ'> = softmax_<τ'>(S_<μττ'>)
+Y_<τμa> = A_<μττ'> V_<μτ'a>
+output Y
+"""  # a window and the documents as two terms of the scores: a mask of positions beside the ids'
+
+
+def test_a_window_beside_document_ids_inside_one_document_is_the_window_alone(monkeypatch):
+    """Two mask terms, one of positions (a window, folded to a field) and one of the ids:
+    inside one document the window's keep predicate alone, read at the tiles' distance (no
+    mask made from the ids); the values are one process's."""
+    kernel, calls = flash.attention_lse, []
+
+    def counted(*args):  # (q, k, v, mask, causal, scale)
+        calls.append((args[3] is None, args[4]))
+        return kernel(*args)
+
+    monkeypatch.setattr(flash, "attention_lse", counted)
+    spec = indexattn.compile_spec(TWO_MASKS, name="two_masks")
+    torch.manual_seed(0)
+    layer = spec.module(d_m=8, h=2, d_k=3).double()
+    xs = {**_inputs(spec), "D": torch.tensor([[0] * 6 + [1] * 6, [0] * 5 + [1] * 7])}
+    gap = (_ring(spec, layer, xs) - layer(**xs)).abs().max().item()
+    assert gap < EXACT and (True, True) in calls and (True, False) in calls, (gap, calls)
+
+
 def test_twin_ids_read_as_one_number_where_they_straddle_documents_are_seen(monkeypatch):
     """The twin: every tile's ids read as one number, 0, whether or not they are, let queries
     see keys of other documents."""
