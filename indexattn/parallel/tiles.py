@@ -387,6 +387,7 @@ def _additive(keep: sympy.Basic, positions: tuple, box: tuple, dtype, device) ->
 _shared = functools.lru_cache(maxsize=8)(_additive)  # a window's few distances, both passes
 
 
+@functools.lru_cache(maxsize=256)
 def _relative(keep: sympy.Basic, positions: tuple) -> bool:
     """Whether the keep predicate reads its query and key positions alone, and only as q − k
     (a window's, causal's)."""
