@@ -4,8 +4,8 @@ over one process's), and the elements sent against the symbolic count.
 
     .venv/bin/python benchmarks/context_parallel.py            # mha, N = 8192 … 32768, W = 2
     .venv/bin/python benchmarks/context_parallel.py --sizes 2048 --rounds 1   # a quick look
-    .venv/bin/python benchmarks/context_parallel.py --strategy ring --tile 1024 --worlds 2,4 \\
-        --specs mha,softcap_window,doc_mask,attention_sinks --sizes 32768 --rounds 1
+    .venv/bin/python benchmarks/context_parallel.py --strategy ring --worlds 2,4 --steps 2 \\
+        --specs mha,softcap_window,doc_mask,attention_sinks --sizes 32768 --rounds 3
 
 The ring runs each tile pair of `--tile` positions (by default the length its block map
 chooses for the mask: a window's, or, for document ids, from their bounds) through its pass's
@@ -18,16 +18,18 @@ as they are posted and by indexattn.parallel.sends.ring_sent.
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
 query head), float32, one thread per process, with its shipped scalars (softcap_window's
-window 4096, attention_sinks' 128; doc_mask's documents 1024 positions long). A round times
-one step (forward and backward, after a warm-up step on a short sequence) in a fresh single
-process, then in W fresh processes over gloo on 127.0.0.1, each rank holding N/W positions
-(indexattn.distributed.context_parallel; for the ring, the layout that balances its work as
-`count --ring` names it, indexattn.parallel.sequence.balanced); the result is the median over
-rounds, one process's measured once per spec and N. CPU time is each process's own
+window 4096, attention_sinks' 128; doc_mask's documents 1024 positions long). A round runs
+`--steps` steps (forward and backward, after a warm-up step on a short sequence) and times
+the last (1: the first step at N, with what is made once per length; 2: the steady state of
+training) in a fresh single process, then in W fresh processes over gloo on 127.0.0.1, each
+rank holding N/W positions (indexattn.distributed.context_parallel; for the ring, the layout
+that balances its work as `count --ring` names it, indexattn.parallel.sequence.balanced);
+the result is the median over rounds, one process's rounds shared by every W. CPU time is
+each process's own
 (time.process_time: what a loaded machine's other processes take is not in it), and the
 work ratio is the W ranks' CPU time summed over one process's: 1 is perfect division of the
 work. Peak memory is each process's peak resident set
-(ru_maxrss) less its resident set just before the timed step. Elements sent are counted as
+(ru_maxrss) less its resident set just before the first step at N. Elements sent are counted as
 the collectives run (indexattn.distributed.CountSent) and by indexattn.sequence.ulysses_sent
 at the same sizes. Prints one JSON line per spec, N and W.
 """
