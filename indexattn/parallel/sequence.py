@@ -855,7 +855,7 @@ def ring_form(spec: ir.Spec, plan: SequencePlan) -> ir.Spec:
             continue
         m = _dropped(equations, pairs[weights.tensor.name], pairs, reads, outputs)
         split = _row_factors(equations[m], pairs, keys)
-        if split is not None and tuple(a[0] for a in weights.axes) == equations[m].indices:
+        if split is not None and weights.written == equations[m].indices:
             soft, rows = split
             equations[m] = dataclasses.replace(equations[m], rhs=soft)
             outer = ir.Product((*rows, eq.rhs), (), eq.rhs.span)
@@ -870,7 +870,7 @@ def dropped(eq: ir.Equation) -> ir.Ref | None:
     if not (isinstance(rhs, ir.Apply) and rhs.fn == "dropout"):
         return None
     ref = rhs.args[0]
-    same = isinstance(ref, ir.Ref) and tuple(a[0] for a in ref.axes) == eq.indices
+    same = isinstance(ref, ir.Ref) and ref.written == eq.indices
     return ref if same else None
 
 

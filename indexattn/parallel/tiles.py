@@ -521,7 +521,7 @@ def _named_keep(spec: ir.Spec, m) -> tuple[sympy.Basic | None, tuple]:
     eqs, found, hidden = {eq.tensor.name: eq for eq in spec.equations}, {}, []
     for term in m.terms:
         while isinstance(term, ir.Ref) and term.tensor.name in eqs:
-            if tuple(a[0] for a in term.axes) != eqs[term.tensor.name].indices:
+            if term.written != eqs[term.tensor.name].indices:
                 return None, ()
             term = eqs[term.tensor.name].rhs
         hidden.append(hidden_where(term, frozenset({m.query, m.key}), found))
@@ -612,7 +612,7 @@ class SoftmaxCore:
         needed = _reaching(spec, body)
         lines, _ = _sub_spec(tile, needed, [body])
         written = isinstance(body, ir.Ref) and any(eq.tensor == body.tensor for eq in needed)
-        if written and tuple(a[0] for a in body.axes) == body.tensor.indices:
+        if written and body.written == body.tensor.indices:
             lines.append(f"output {body.tensor.name}")  # the scores as their equation writes
         else:
             lines += [f"ring_scores_<{_glyphs(free)}> = {text(body)}", "output ring_scores"]
@@ -705,7 +705,7 @@ def _undropped(eqs: dict, weights: ir.Ref) -> ir.Ref | None:
     (`Ã = dropout(A, p)`, sequence.dropped) to the weights it drops; None where they are
     read otherwise."""
     eq = eqs[weights.tensor.name]
-    if tuple(a[0] for a in weights.axes) != eq.indices:
+    if weights.written != eq.indices:
         return None
     ref = dropped(eq)
     if ref is None:
