@@ -1,10 +1,11 @@
 """Never silently not indexattn: a model whose layers never call transformers' attention
-functions (Bloom, Falcon) is refused an indexattn implementation by name when it is built or
-switched, where transformers would accept it and run its own attention (Bloom), fail with a
-bare KeyError (Falcon) or log a warning and stay as it was (set_attn_implementation); so is a
-model transformers' own test lets through (`refuse_unused`: GIT, whose text layers compute
-their own attention; Mamba, which has none); and a model saved under an indexattn
-implementation keeps it in its config.json (transformers saves none), spelled so that
+functions (Bloom; Falcon before transformers 5.25) is refused an indexattn implementation by
+name when it is built or switched, where transformers would accept it and run its own
+attention (Bloom), fail with a bare KeyError (Falcon) or log a warning and stay as it was
+(set_attn_implementation); so is a model transformers' own test lets through
+(`refuse_unused`: GIT, whose text layers compute their own attention; Mamba, which has none);
+and a model saved under an indexattn implementation keeps it in its config.json
+(transformers saves none), spelled so that
 transformers' own error, in a process that did not import this module, says what to import
 (`saved_name`).
 

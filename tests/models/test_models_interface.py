@@ -12,6 +12,7 @@ one line: "indexattn" picks the shipped core that takes what the layer hands ove
 import pytest
 import torch
 from models_common import ROOT, randomise
+from packaging.version import Version
 
 import indexattn
 
@@ -80,6 +81,17 @@ FAMILIES = {  # config class, its extra settings, the attn_implementation that r
     "gemma2": ("Gemma2Config", GEMMA2, "indexattn"),  # specs/softcap_core.attn
     "gpt_oss": ("GptOssConfig", GPT_OSS, "indexattn"),  # specs/sinks_core.attn
 }
+# Falcon's layers call transformers' attention functions from 5.25 on (before: `BYPASSING`)
+FALCON_CALLS = Version(transformers.__version__) >= Version("5.25")
+FALCON = {  # Falcon-7B's layout (one key/value head, rotary); Falcon-40B's with ALiBi instead
+    "falcon": ("FalconConfig", {"multi_query": True}, "indexattn"),
+    "falcon_alibi": (
+        "FalconConfig", {"new_decoder_architecture": True, "num_kv_heads": 2, "alibi": True},
+        "indexattn",
+    ),
+}  # fmt: skip
+if FALCON_CALLS:
+    FAMILIES |= FALCON
 
 
 @pytest.fixture(autouse=True)
@@ -347,8 +359,32 @@ def tiny(config_class: str, implementation: str, **settings):
 
 BYPASSING = {  # families whose layers never call transformers' attention functions
     "bloom": ("BloomConfig", {"n_head": 4}),
-    "falcon": ("FalconConfig", {"num_attention_heads": 4}),
+    **({} if FALCON_CALLS else {"falcon": ("FalconConfig", {"num_attention_heads": 4})}),
 }
+
+
+@pytest.mark.skipif(not FALCON_CALLS, reason="Falcon computes its own attention before 5.25")
+def test_falcon_s_alibi_reaches_the_core_in_its_mask(monkeypatch):
+    """Falcon-40B-like layers with ALiBi hand the bias over in the mask, one per head: the
+    logits are eager's (test_logits_are_eager_s). The twin: the core handed the mask's −∞
+    pattern alone, the bias dropped, gives other logits."""
+    from transformers import AttentionInterface
+
+    model = model_of("falcon_alibi")
+    ids, padding = prompt()
+    want = logits(model, ids, padding)
+    model.set_attn_implementation("indexattn")
+    assert_relative(logits(model, ids, padding), want)
+    function = AttentionInterface._global_mapping["indexattn"]
+
+    def unbiased(module, query, key, value, mask, **kwargs):
+        assert mask.dtype == torch.float64 and mask.shape[1] == 4  # a mask per head
+        hidden = mask.masked_fill(mask > torch.finfo(mask.dtype).min / 2, 0)
+        return function(module, query, key, value, hidden, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "indexattn", unbiased)
+    with pytest.raises(AssertionError):
+        assert_relative(logits(model, ids, padding), want)
 
 
 @pytest.mark.parametrize("family", BYPASSING)
