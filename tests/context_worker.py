@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import random
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -199,8 +202,23 @@ def cases() -> dict:
     }
 
 
+def drawn(seed: int):
+    """A layer drawn at random from its features (lower/combinations.py), as
+    tests/parallel/test_ring_combinations.py draws them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "lower"))
+    from combinations import draw
+
+    layer = indexattn.compile_spec(draw(random.Random(seed)).text, name=f"drawn_{seed}")
+    sizes = {"d_m": 8, "h": 2, "h_kv": 2, "n_rep": 2, "d_k": 3, "d_r": 2}
+    return layer.module(**{k: v for k, v in sizes.items() if k in layer.ir.size_asciis})
+
+
 ULYSSES = [*cases()]
-RING_ONLY = {"alibi": lambda: spec("alibi").module(d_in=8, d_out=12, h=4, d_k=3)}
+# features no shipped spec combines: a prefix, ALiBi, documents and sinks (seed 2); a window
+# as a fill, ALiBi, T5 buckets, documents, sinks, grouped heads (8); rotary, a prefix, ALiBi,
+# documents, chunks (17); rotary, a window, ALiBi, chunks (30)
+DRAWN = {f"drawn_{seed}": functools.partial(drawn, seed) for seed in (2, 8, 17, 30)}
+RING_ONLY = {"alibi": lambda: spec("alibi").module(d_in=8, d_out=12, h=4, d_k=3), **DRAWN}
 RING = [
     "mha",
     "gqa",
@@ -215,6 +233,7 @@ RING = [
     "retention",
     "whole",
     "padding",
+    *DRAWN,
 ]
 
 

@@ -429,9 +429,11 @@ ROWS = 256  # rows of a tile pair's grid compared at once
 
 
 def _seen(keep: sympy.Basic, positions: tuple, q0: int, nq: int, k0: int, nk: int):
-    """Which keys each query of the tile pair sees: a boolean (nq, nk) array."""
-    seen = _grid(keep, positions)(np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :])
-    return np.broadcast_to(seen, (nq, nk))
+    """Which keys each query of the tile pair sees: a boolean (nq, nk) array. Both grids are
+    whole: numpy's logical_or.reduce, as lambdify writes `or`, stacks its terms, and a term of
+    the keys alone (a prefix's k < P) would not stack beside one of both."""
+    grids = np.broadcast_arrays(np.arange(q0, q0 + nq)[:, None], np.arange(k0, k0 + nk)[None, :])
+    return np.broadcast_to(_grid(keep, positions)(*grids), (nq, nk))
 
 
 @functools.lru_cache(maxsize=64)

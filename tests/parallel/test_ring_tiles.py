@@ -85,6 +85,8 @@ SPECS = {
     "chunked": ("chunked", {"d_m": 8, "h_kv": 2, "n_rep": 2, "d_k": 3, "C": 3}),
     # the sequence's length read as a number in the scores (- log N): a scalar of the tile spec
     "sigmoid_attention": ("sigmoid_attention", {"d_m": 8, "h": 2, "d_k": 3}),
+    # a prefix of 5 keys every query sees: `or` of a term of the keys alone (k < P)
+    "prefix_lm": ("prefix_lm", {"d_m": 8, "h": 2, "d_k": 3, "P": 5}),
     # a mask read from an integer input on the key side alone: the kernel's mask (Terms)
     "padding": (context_worker.PADDED, {"d_m": 8, "h": 2, "d_k": 3}),
 }
@@ -157,6 +159,7 @@ TWINS = [
     "window",
     "chunked",
     "sigmoid_attention",
+    "prefix_lm",
 ]
 
 
