@@ -44,6 +44,7 @@ from .. import ir
 from ..errors import SpecError
 from ..ir.shapes import recipe, solve
 from ..oracle.reference import LITERAL, Interpreter
+from ..runtime.compiled import broadcast
 from .sequence import (
     CONTIGUOUS,
     ZIGZAG,
@@ -662,7 +663,7 @@ class _Ring(Interpreter):
             )
             for p, q in zip(parts, self.tiles())
         ]
-        batch = torch.broadcast_shapes(*(p.shape[: p.dim() - len(free)] for p in parts))
+        batch = broadcast([p.shape[: p.dim() - len(free)] for p in parts])
         parts = [p.expand(*batch, *p.shape[p.dim() - len(free) :]) for p in parts]
         return torch.cat(parts, at - len(free))
 

@@ -603,7 +603,6 @@ class BlockMap:
         self.hidden, rows, cols = self.table(self.tile)
         self.row = {t.start: n for n, t in enumerate(rows)}
         self.col = {t.start: n for n, t in enumerate(cols)}
-        self.scores = np.outer([t.length for t in rows], [t.length for t in cols])
         self.ranks = [self.owners(self.query), self.owners(next(iter(self.keys), self.query))]
         self.need = [[self.needs(q, k) for k in range(world)] for q in range(world)]
 
@@ -685,16 +684,53 @@ class BlockMap:
         return self.made[index, rank]
 
     def seen(self, rank: int, src: int) -> list[tuple[Tile, Tile]]:
-        """The pairs of `rank`'s query tiles and `src`'s key tiles that no mask hides, query
-        tile by query tile."""
+        """The pairs of `rank`'s query tiles and `src`'s keys that no mask hides, query tile by
+        query tile: each a key tile, or a span of them (`spans`)."""
         if (rank, src) not in self.pairs:
             rows = self.tiles_of(self.query, rank)
             cols = self.tiles_of(next(iter(self.keys), self.query), src)
             hidden = self.hidden[
                 np.ix_([self.row[t.start] for t in rows], [self.col[t.start] for t in cols])
             ]
-            self.pairs[rank, src] = [(rows[a], cols[b]) for a, b in zip(*np.nonzero(~hidden))]
+            pairs = [(rows[a], cols[b]) for a, b in zip(*np.nonzero(~hidden))]
+            self.pairs[rank, src] = self.spans(rows, src, pairs)
         return self.pairs[rank, src]
+
+    def spans(self, rows: list[Tile], src: int, pairs: list) -> list[tuple[Tile, Tile]]:
+        """`pairs` with each query tile's key tiles that follow one another, in the block and
+        in position, SPAN at most, cut to the keys its queries can see (by the mask's box
+        test on units of a quarter tile) where that leaves some out: one tile pair of fewer
+        keys where there were several (a window's diagonal tile and the one before it); a
+        single key tile is cut alike. Where nothing is left out, the tiles stay apart (a
+        causal diagonal tile keeps the kernel's causal flag)."""
+        unit = self.unit
+        if unit is None:
+            return pairs
+        units = self.cut(next(iter(self.keys), self.query), src, unit)
+        at = {t.start: n for n, t in enumerate(units)}
+        hidden = self._hidden(rows, units)
+        row = {t.start: n for n, t in enumerate(rows)}
+        found = []
+        for q, run in _runs(pairs, (self.tile or self.chunk) * SPAN):
+            first, last = at[run[0].start], at[run[-1].start] + -(-run[-1].length // unit)
+            seen = np.nonzero(~hidden[row[q.start], first:last])[0]
+            if not seen.size:  # hidden unit by unit, though not as a whole box
+                continue
+            a, b = units[first + seen[0]], units[first + seen[-1]]
+            cut = Tile(a.offset, a.start, b.start + b.length - a.start)
+            whole = sum(k.length for k in run)
+            found += [(q, cut)] if cut.length < whole or len(run) == 1 else [(q, k) for k in run]
+        return found
+
+    @property
+    def unit(self) -> int | None:
+        """The keys a span is cut by: a quarter tile (a divisor of it), None where that is
+        finer than 1/64 of the tile (a tile of a prime length), or there is no mask."""
+        if self.sites is None or not self.keys:
+            return None
+        tile = self.tile or self.chunk
+        unit = math.gcd(tile, max(1, tile // 4))
+        return unit if unit * 64 >= tile else None
 
     def owners(self, index: ir.Index) -> np.ndarray:
         """The rank of each of the table's tiles along `index`."""
@@ -710,10 +746,31 @@ class BlockMap:
 
     def work(self, rank: int) -> int:
         """Score elements (tile pairs' query × key positions) that `rank` computes in one pass
-        over every rank's keys: the pairs no mask hides."""
+        over every rank's keys: the pairs no mask hides, spans cut as `seen` cuts them."""
         if not self.keys:
             return 0
-        return int(np.where(self.hidden, 0, self.scores)[self.ranks[0] == rank].sum())
+        pairs = (p for src in range(self.world) for p in self.seen(rank, src))
+        return sum(q.length * k.length for q, k in pairs)
+
+
+SPAN = 2  # key tiles a tile pair's span joins at most (BlockMap.spans)
+
+
+def _runs(pairs: list, longest: int):
+    """(query tile, its key tiles that follow one another in the block and in position,
+    `longest` positions at most) for `pairs`, query tile by query tile."""
+    runs: list = []
+    for q, k in pairs:
+        last = runs[-1][1][-1] if runs and runs[-1][0] == q else None
+        if (
+            last is not None
+            and (k.offset, k.start) == (last.offset + last.length, last.start + last.length)
+            and sum(t.length for t in runs[-1][1]) + k.length <= longest
+        ):
+            runs[-1][1].append(k)
+        else:
+            runs.append((q, [k]))
+    return runs
 
 
 def ring_work(spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, layout, tile=None):

@@ -28,7 +28,7 @@ import torch
 from .. import ir
 from ..errors import SpecError
 from ..ir.printer import field, text
-from ..runtime.compiled import CompiledSpec, compile_spec
+from ..runtime.compiled import CompiledSpec, broadcast, compile_spec
 from .sequence import (
     RingPass,
     SequencePlan,
@@ -329,10 +329,10 @@ class FlashCore:
         and the leading shape they were flattened from."""
         q, k, v = (_moved(given[name], axes) for name, axes in (self.q, self.k, self.v))
         k, v = (t[(..., *[None] * self.groups, slice(None), slice(None))] for t in (k, v))
-        lead = torch.broadcast_shapes(*(t.shape[:-2] for t in (q, k, v)))
+        lead = broadcast([t.shape[:-2] for t in (q, k, v)])
         if self.terms is not None:  # ids with a batch the queries lack: the output has it
             heads = [1] * (len(self.q[1]) - 2)  # the axes after the batch: heads, groups
-            lead = torch.broadcast_shapes(lead, (*self.terms.batch(given), *heads))
+            lead = broadcast([lead, (*self.terms.batch(given), *heads)])
         operands = (t.expand(*lead, -1, -1).reshape(-1, 1, *t.shape[-2:]) for t in (q, k, v))
         return tuple(operands), lead
 
@@ -468,11 +468,9 @@ class Terms:
             values.append((symbol, least))
         return _put(self.keep, tuple(values))
 
-    def batch(self, given: dict) -> torch.Size:
+    def batch(self, given: dict) -> tuple[int, ...]:
         """The batch axes of the inputs the mask reads (theirs broadcast together)."""
-        return torch.broadcast_shapes(
-            *(given[n].shape[: given[n].dim() - k] for n, k in self.inputs)
-        )
+        return broadcast([given[n].shape[: given[n].dim() - k] for n, k in self.inputs])
 
     def __call__(self, given: dict, at: dict, lead: tuple, dtype, tiles: tuple[int, int]):
         """The kernel's mask for one tile pair, (pairs, 1, queries, keys) in `dtype`, its

@@ -481,7 +481,7 @@ class CompiledSpec:
 
     def _batch(self, batches: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
         """The call's batch: the inputs' batch axes (`_batches`) broadcast."""
-        full = _broadcast(list(batches.values()))
+        full = broadcast(list(batches.values()))
         if full is None:
             listed = ", ".join(f"{self.arguments[k]} {tuple(b)}" for k, b in batches.items())
             raise ShapeError(
@@ -649,7 +649,7 @@ def _kind(t: torch.Tensor) -> str:
     return "a floating tensor" if t.is_floating_point() else "an integer tensor"
 
 
-def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The shapes broadcast together, or None where they do not, as torch.broadcast_shapes
     says (which imports sympy, through torch.fx, on its first call)."""
     out: list[int] = []

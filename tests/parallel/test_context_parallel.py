@@ -483,7 +483,8 @@ def test_zigzag_balances_a_causal_mask_and_a_contiguous_split_does_not(world):
 def test_a_sliding_window_reads_only_its_neighbours():
     sizes = {"N": 64, "d_in": 8, "d_out": 8, "h": 2, "d_k": 4, "w": 8}
     found = _work("sliding_window", 4, False, **sizes)
-    assert found == [16 * 16] + [16 * 16 + 16 * 16] * 3  # its own block, and the one before
+    # its own block, and the window's 8 keys of the one before (the span cut by quarter tiles)
+    assert found == [16 * 16] + [16 * 16 + 16 * 8] * 3
     assert _work("mha", 4, False, **{**sizes, "d_m": 8}) == [256, 512, 768, 1024]  # no window
 
 

@@ -96,11 +96,34 @@ def test_twin_ids_bounded_in_float64_merge_and_skip_less(base, monkeypatch):
 def test_a_window_s_tile_is_chosen_for_it_and_equals_one_process():
     """attention_sinks' window of 3 at N = 1024: zig-zag chunks of 512 cut into tiles of 256
     (the block map's choice for the window: 7 tile pairs a pass, where tiles of 128 make 15
-    and chunks 3 of four times the scores), not a chunk."""
+    and chunks 3 of four times the scores), not a chunk. Each query tile's key tile before
+    its diagonal one is cut to its last quarter, the 64 keys the window reaches, and joined
+    to it (BlockMap.spans): 4 tile pairs, one diagonal tile alone (the first of the
+    sequence)."""
     gaps, run = _run("attention_sinks", tile=None, n=1024)
     assert _exact(gaps), gaps
     assert run.counts["tile"] == 256
-    assert run.counts["work"] == 7 * 256 * 256  # one pass: L is its log-sum-exp
+    assert run.counts["work"] == 256 * (256 + 3 * (64 + 256))  # one pass: L its log-sum-exp
+
+
+def test_twin_a_span_cut_past_the_window_s_first_key_differs(monkeypatch):
+    """The spans of the test above, each joined one cut to the diagonal tile and one key
+    before it: of the two keys of the tile before that the window of 3 reaches, the first is
+    left out, and the values and gradients move."""
+    spans = sequence.BlockMap.spans
+
+    def late(self, rows, src, pairs):
+        found = spans(self, rows, src, pairs)
+        return [
+            (q, Tile(k.offset + k.length - 257, k.start + k.length - 257, 257))
+            if k.length > 256
+            else (q, k)
+            for q, k in found
+        ]
+
+    monkeypatch.setattr(sequence.BlockMap, "spans", late)
+    gaps, _ = _run("attention_sinks", tile=None, n=1024)
+    assert gaps["out"] > MOVED and gaps["grad"] > MOVED, gaps
 
 
 def test_twin_a_window_of_every_key_keeps_the_chunk(monkeypatch):
