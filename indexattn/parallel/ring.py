@@ -169,6 +169,7 @@ class _Step:
         """The blocks received, by name."""
         for work in self.works:
             work.wait()
+        self.works = []  # a work holds its buffers
         return dict(zip(self.names, self.received))
 
     def arrive(self, token: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -181,8 +182,8 @@ class _Step:
         their owner, and those of this rank's blocks received from the rank that read them,
         in `dtype` (or theirs; None for an integer block, or where that rank read nothing)."""
         floats = [k for k, t in enumerate(self.mine) if t.is_floating_point()]
-        given = [
-            grads[k] if grads[k] is not None else _fresh(self.received[k], dtype)
+        given = [  # a block received is the shape of this rank's own
+            grads[k] if grads[k] is not None else _fresh(self.mine[k], dtype)
             for k in (floats if self.recv else [])
         ]
         back = [_fresh(self.mine[k], dtype) for k in floats] if self.send else []
@@ -730,7 +731,7 @@ class _Kept:
         held, mine = self.split(tensors)
         rows = tuple(None if t is None else t.contiguous() for t in rows)  # cut per tile pair
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
-        ours = [_fresh(t, wide) if t.is_floating_point() else None for t in mine]
+        ours: list = []
         for step in _tour(ring, self.names, mine, counted=False):
             src, visiting = ring.rank, dict(zip(self.names, mine))
             if step is not None:
@@ -738,12 +739,14 @@ class _Kept:
             blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
             for q, k in ring.seen(src, counted=False) if visiting else ():
                 self.pair(q, k, visiting, held, rows, sums, blocks)
-            back = [blocks.get(n) for n in self.names]
-            if step is not None:
-                back = step.returned(back, wide)
-            for n, found in enumerate(back):
+            back, visiting = [blocks.get(n) for n in self.names], None
+            if step is None:  # this rank's own blocks (the first step): their sums start here
+                ours = back
+                continue
+            step.received = []  # their gradients made: freed before those of ours arrive
+            for n, found in enumerate(step.returned(back, wide)):
                 if found is not None:
-                    ours[n] += found
+                    ours[n].add_(found)
         made = [sums.get(n) for n in self.sides] + ours
         return [None if g is None else g.to(t.dtype) for g, t in zip(made, tensors)]
 
