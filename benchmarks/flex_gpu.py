@@ -83,7 +83,7 @@ def measure(spec, args: dict, sizes: dict, rounds: int, device: str, backward: b
     def step():
         for x in floats:
             x.grad = None
-        out = spec(**args, **given, training=True)
+        out = spec(**args, **given)  # eval: FlexAttention has no dropout (forward+backward)
         (out[0] if isinstance(out, tuple) else out).float().sum().backward()
 
     row = {"forward_ms": timed(forward, rounds, device)}

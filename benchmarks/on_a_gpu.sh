@@ -43,8 +43,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 "$python" -c "import torch, sympy, opt_einsum, einops, transformers
 print('torch', torch.__version__, 'sympy', sympy.__version__, 'opt_einsum', opt_einsum.__version__,
       'einops', einops.__version__, 'transformers', transformers.__version__)" | tee -a "$out/card.txt"
-timeout "$(budget "${TESTS_SECONDS:-60}")" "$python" -m pytest -q -m cuda tests/runtime/test_cuda.py 2>&1 \
-  | tee "$out/tests.txt"
+timeout "$(budget "${TESTS_SECONDS:-100}")" "$python" -m pytest -q -m cuda tests/runtime/test_cuda.py \
+  -p no:logging --show-capture=no --tb=short -rf 2>&1 | tee "$out/tests.txt"
 cases="mha (FlexAttention),sliding_window (FlexAttention),softcap_window (FlexAttention)"
 cases+=",alibi (FlexAttention),doc_mask (FlexAttention),linear_attention_causal,retention,rope"
 timeout "$(budget "${TIME_SECONDS:-90}")" "$python" benchmarks/independent.py --device cuda \

@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
 PAGE = ROOT / "docs" / "performance.md"
-SOURCES = ("results", "scaling", "flex", "independent", "gpu_h200", "layers", "models")
+SOURCES = ("results", "scaling", "flex", "independent", "gpu_h200", "gpu_h200_second", "layers")
+SOURCES += ("models",)
 SCALING_SPECS = (
     "mha",
     "sliding_window",
@@ -179,6 +180,22 @@ def gpu_cell(r: dict) -> str:
     return f"{ranged(r, 'g')}; {r['generated_ms']:g} vs {r['baseline_ms']:g} ms"
 
 
+def triton_gpu(data: dict) -> str:
+    """benchmarks/triton_gpu.py's rows: forward and forward+backward ms (peak MB) per path."""
+    lines = head("spec", "N", "kernels", "FlexAttention", "blocks", left=1)
+    for r in data["triton"]:
+        flex = triton_cell(r, "flex") if "flex_forward" in r else "does not take it"
+        lines.append(
+            row(r["spec"], r["N"], triton_cell(r, "triton"), flex, triton_cell(r, "blocks"))
+        )
+    return "\n".join(lines)
+
+
+def triton_cell(r: dict, path: str) -> str:
+    f, t = r[f"{path}_forward"], r[f"{path}_train"]
+    return f"{f['s'] * 1e3:.3g} ({f['peak_MB']:.0f}), {t['s'] * 1e3:.3g} ({t['peak_MB']:.0f})"
+
+
 def flex_cpu(data: dict) -> str:
     lines = head("core", "N", "hand-written flex ms", '`backend="flex"`', "`auto`")
     for c in (c for c in data["cores"] if "ms" in c):  # an N that failed keeps its error only
@@ -258,6 +275,7 @@ def tables(data: dict) -> dict[str, str]:
         "one-run": one_run(data["scaling"]),
         "independent": independent(data["independent"]),
         "gpu": gpu(data["gpu_h200"]),
+        "triton-gpu": triton_gpu(data["gpu_h200_second"]),
         "flex-cpu": flex_cpu(data["flex"]),
         "block-masks": block_masks(data["flex"]),
         "layers": layers(data["layers"]),

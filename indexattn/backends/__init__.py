@@ -8,7 +8,10 @@ today's choice where the code is compiled (docs/decisions.md, "Backends: what au
     ['blocks', 'flex', 'sdpa', 'triton']
 
 A backend is a module with `NAME` and `takes(core) -> str | None` (None: it computes the core;
-else the reason it cannot); adding one is a module and one line of `BACKENDS`."""
+else the reason it cannot); adding one is a module and one line of `BACKENDS`. The two "auto"
+routes calls to off a CPU, flex and triton, also say which calls of a spec they take cannot
+run (`refuses_call(spec, values, training, device)`: head widths, dropout in training).
+sdpa says how many cores its fused kernels run whole (`fused(program)`), which auto keeps."""
 
 from __future__ import annotations
 

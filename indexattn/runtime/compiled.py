@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _CACHE: dict[tuple[str, str, str, type], CompiledSpec] = {}
 MAX_SHAPES = 8  # distinct shapes whose sizes and constants a spec keeps
+UNROUTED = ("cpu",)  # devices whose calls "auto" runs on the spec's own code, never elsewhere
 
 
 def compile_spec(
@@ -207,6 +208,7 @@ class CompiledSpec:
         self._checked: dict = {}
         self._lock = threading.Lock()
         self._backends: dict[str, CompiledSpec | None] = {}  # what "auto" runs on a device
+        self._routes: dict = {}  # per kind of call and training: which of them runs it
 
     @cached_property
     def _straight(self):
@@ -274,9 +276,6 @@ class CompiledSpec:
         if backward not in ("autograd", "derived"):
             raise ValueError(f'backward is "autograd" or "derived", not {backward!r}')
         kwargs = self._spelled(kwargs)
-        chosen = self._auto_backend(kwargs)
-        if chosen is not None:  # "auto" on CUDA or XPU: FlexAttention or triton (backends.auto)
-            return chosen(training=training, backward="autograd", **kwargs)
         tensors = self._tensors(kwargs)
         given = {k: kwargs.pop(k) for k in list(kwargs) if k in self.size_names}
         scalars = {s: kwargs.pop(s) for s, _ in self.plain.scalars if s in kwargs}
@@ -285,29 +284,52 @@ class CompiledSpec:
                 f"{self.name}() got unexpected keywords: {', '.join(kwargs)}; it "
                 f"takes {self._signature()}"
             )
-        if backward == "derived" and not torch.compiler.is_compiling():  # traced: autograd's
+        arguments = tuple(tensors.values())
+        derived = backward == "derived" and not torch.compiler.is_compiling()  # traced: autograd's
+        if derived and self._elsewhere(arguments, given, scalars, training) is None:
             from ..derive.function import run
 
-            return run(self, list(tensors.values()), given, scalars, training)
-        return self._run(tuple(tensors.values()), given, scalars, training)
+            return run(self, list(arguments), given, scalars, training)
+        return self._run(arguments, given, scalars, training)
 
-    def _auto_backend(self, kwargs: dict) -> CompiledSpec | None:
-        """The spec compiled with the backend "auto" runs on the call's device: on CUDA or
-        XPU, FlexAttention where it takes the spec's cores, else on CUDA the triton kernels
-        where they take it (docs/decisions.md, "Backends: what auto chooses"); None
-        elsewhere."""
-        if self.backend != "auto":
+    def _elsewhere(self, tensors, given: dict, scalars: dict, training: bool, found=None):
+        """The spec compiled with the backend "auto" runs this call on, off a CPU: on CUDA or
+        XPU FlexAttention where it takes the spec and the call, else on CUDA the triton kernels
+        where they take both (docs/decisions.md, "Backends: what auto chooses"); None: this
+        spec's own code (a CPU, a backend named, a call neither runs). Decided once per kind
+        of call (`_key`) and training."""
+        if self.backend != "auto" or not tensors or tensors[0].device.type in UNROUTED:
             return None
-        first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-        if first is None or first.device.type == "cpu":  # no import on a CPU's calls
-            return None
-        from ..backends import auto
+        key = (self._key(tensors, given, scalars), training)
+        if key in self._routes:
+            return self._routes[key]
+        sizes = found[0] if found is not None else self.solve(tensors, given)
+        chosen = self._route(sizes, scalars, training, tensors[0].device.type)
+        with self._lock:
+            _bounded(self._routes, self.shapes)[key] = chosen
+        return chosen
 
-        device = first.device.type
+    def _route(self, sizes: dict, scalars: dict, training: bool, device: str):
+        """`_elsewhere`'s choice for a call's sizes (by ASCII name) and scalars: the backend
+        "auto" chooses for the spec, unless every core is on SDPA's fused kernels already or
+        the backend refuses the call (then this spec's own code)."""
+        from ..backends import BACKENDS, auto
+
         flex = self._taken("flex")
+        fused = BACKENDS["sdpa"].fused(self.program)
+        if flex is not None and fused == BACKENDS["flex"].calls(flex.program):
+            return None  # every core on SDPA's fused kernels already
         triton = self._taken("triton") if device == "cuda" and flex is None else None
-        chosen = auto(device, flex is not None, triton is not None)
-        return {"flex": flex, "triton": triton}.get(chosen)
+        chosen = {"flex": flex, "triton": triton}.get(
+            auto(device, flex is not None, triton is not None)
+        )
+        if chosen is None:
+            return None
+        names = self.ir.size_names.items()
+        values = {symbol: sizes[name] for symbol, name in names if name in sizes}
+        values.update({s.symbol: float(scalars.get(s.ascii, s.value)) for s in self.ir.scalars})
+        refuses = BACKENDS[chosen.backend].refuses_call(chosen, values, training, device)
+        return None if refuses else chosen
 
     def _taken(self, backend: str) -> CompiledSpec | None:
         """The spec compiled with `backend`, or None where it cannot take the spec (kept)."""
@@ -338,17 +360,15 @@ class CompiledSpec:
             keywords = {name: sizes[name] for name in self.required}
             longs = self._longs(tensors)
         else:
-            key = (
-                tuple([(t.shape, t.dtype, t.device) for t in tensors]),
-                tuple(given.items()),
-                tuple(scalars),
-                tuple(map(_value_key, scalars.values())),
-            )
+            key = self._key(tensors, given, scalars)
             found = self._calls.get(key)
             if found is None:
                 found = self._prepare(key, tensors, given, scalars)
             elif self._every_call:  # positions read from inputs: checked every call
                 self.positions.check_arguments(self.name, tensors, found[0])
+            elsewhere = self._elsewhere(tensors, given, scalars, training, found)
+            if elsewhere is not None:
+                return elsewhere._run(tensors, given, scalars, training)
             sizes, keywords, widen, longs = found
         if widen or longs:
             tensors = list(tensors)
@@ -364,6 +384,15 @@ class CompiledSpec:
                 raise self.positions.failed(self.name, error, sizes) from error
             raise
         return out[0] if self.plain.outputs == 1 and isinstance(out, tuple) else out
+
+    def _key(self, tensors: Sequence[torch.Tensor], given: dict, scalars: dict) -> tuple:
+        """A call's kind: the shapes, dtypes and devices, the sizes given, the scalars."""
+        return (
+            tuple([(t.shape, t.dtype, t.device) for t in tensors]),
+            tuple(given.items()),
+            tuple(scalars),
+            tuple(map(_value_key, scalars.values())),
+        )
 
     def _prepare(self, key: tuple, tensors: Sequence[torch.Tensor], given: dict, scalars: dict):
         """Sizes and the function's keywords for a call of a new kind, every check done. What

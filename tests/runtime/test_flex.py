@@ -382,3 +382,90 @@ def test_a_learned_bias_read_at_the_wrong_head_is_seen():
     right = spec(Q=q, K=k, V=v, D=d, b=b)
     swapped = _by_mods(spec, q, k, v, d, b.flip(0))
     assert (right - swapped).abs().max() > 1e-4
+
+
+# -- "auto" off a CPU: FlexAttention where it takes the spec and the call (runtime/compiled.py)
+
+ALIBI = {"d_in": 32, "d_out": 32, "h": 2, "d_k": 16}
+
+
+def _route(name: str, sizes: dict, training: bool = False, **scalars):
+    chosen = compile_spec(name)._route(sizes, scalars, training, "cuda")
+    return None if chosen is None else chosen.backend
+
+
+def test_auto_on_cuda_takes_flex_only_for_calls_flex_runs():
+    sizes = {"N": 300, **ALIBI}
+    assert _route("alibi", sizes) == "flex"
+    assert _route("alibi", sizes, training=True) is None  # dropout p = 0.1 in training
+    assert _route("alibi", sizes, training=True, p=0.0) == "flex"
+    assert _route("alibi", {**sizes, "d_out": 30, "d_k": 15}) is None  # tl.dot: 16 or more
+    assert _route("softcap_window", {"N": 300, "d_m": 32, "h": 2, "d_k": 16}) == "flex"
+
+
+def test_auto_on_cuda_keeps_the_cores_sdpa_s_fused_kernels_run():
+    """mha's core is SDPA's causal call: flash or memory-efficient whole (on the H200, mha in
+    float32: 4.6 ms forward against FlexAttention's 12.3)."""
+    assert _route("mha", {"N": 300, "d_m": 32, "h": 2, "d_k": 16}) is None
+    assert _route("gqa", {"N": 300, "d_m": 32, "h": 4, "h_kv": 2, "d_k": 16}) is None
+
+
+def test_refusals_of_a_call_say_why_and_what_to_write():
+    from indexattn.backends import flex
+
+    spec = compile_spec("alibi", backend="flex")
+    sizes = {"N": 300, **ALIBI, "d_k": 8, "d_out": 16}
+    values = {s: sizes[n] for s, n in spec.ir.size_names.items()}
+    values.update({s.symbol: s.value for s in spec.ir.scalars})  # p = 0.1
+    assert "16 or more" in flex.refuses_call(spec, values, False, "cuda")
+    assert "backend='blocks'" in flex.refuses_call(spec, values, False, "cuda")
+    assert flex.refuses_call(spec, values, False, "cpu") is None  # the CPU kernel takes any
+    assert "no dropout" in flex.refuses_call(spec, values, True, "cpu")
+
+
+def _counted(monkeypatch) -> list:
+    """Pretend the CPU is a GPU for "auto" (compiled.UNROUTED, backends.auto) and count the
+    calls of FlexAttention."""
+    from indexattn import backends
+    from indexattn.runtime import compiled
+
+    monkeypatch.setattr(compiled, "UNROUTED", ())
+    monkeypatch.setattr(
+        backends, "auto", lambda device, flex, triton=False: "flex" if flex else "auto"
+    )
+    calls = []
+    attention = run.attention
+    monkeypatch.setattr(run, "attention", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    return calls
+
+
+def test_a_module_s_calls_take_flex_where_auto_routes_them(monkeypatch):
+    """The module's fast path (spec._run) routes as spec(...) does: in eval, FlexAttention,
+    equal to the spec's own code; in training with dropout, its own code."""
+    torch.manual_seed(0)
+    spec = compile_spec("alibi")
+    module = spec.module(**ALIBI).double().eval()
+    x = torch.randn(2, 140, 32, dtype=torch.float64)
+    with torch.no_grad():
+        want = module(x)
+        calls = _counted(monkeypatch)
+        got = module(x)
+        assert calls == [1]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        module.train()
+        module(x)
+        assert calls == [1]  # dropout in training: the spec's own code
+        given = {k: v for k, v in ALIBI.items() if k in spec.required}
+        spec(X=x, **dict(module.named_parameters()), **given, p=0.0, training=True)
+        assert calls == [1, 1]  # p = 0: FlexAttention again
+
+
+def test_twin_a_module_not_routed_does_not_call_flex(monkeypatch):
+    spec = compile_spec("alibi")
+    module = spec.module(**ALIBI).double().eval()
+    calls = []
+    attention = run.attention
+    monkeypatch.setattr(run, "attention", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    with torch.no_grad():
+        module(torch.randn(2, 140, 32, dtype=torch.float64))
+    assert calls == []

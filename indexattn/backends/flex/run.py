@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from . import masks
+from . import DROPOUT, SMALLEST_WIDTH, masks, narrow
 
 COMPILE = True  # False: flex_attention's eager path (every score: for tests at small sizes)
 BLOCK = 128  # queries and keys per block of the block mask
@@ -47,10 +47,9 @@ def attention(
     """softmax(score_mod(scale · q·k)) · v where block_mask keeps; q, k, v (…, heads, sequence,
     width), the batch axes flattened into FlexAttention's one (or one added)."""
     if training and dropout:
-        raise ValueError(
-            "backend='flex': FlexAttention has no dropout on the attention weights; call "
-            "with training=False, set the dropout probability to 0, or use backend='blocks'"
-        )
+        raise ValueError(f"backend='flex': {DROPOUT}")
+    if q.device.type != "cpu" and min(q.size(-1), v.size(-1)) < SMALLEST_WIDTH:
+        raise ValueError(f"backend='flex': {narrow(q.size(-1), v.size(-1))}")
     if (
         q.device.type == "cpu"
         and torch.is_grad_enabled()

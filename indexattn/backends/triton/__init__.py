@@ -10,7 +10,7 @@ import importlib.util
 
 NAME = "triton"
 MISSING = "the triton backend needs the triton package: pip install 'indexattn[triton]'"
-__all__ = ["MISSING", "NAME", "available", "reads", "run", "takes"]
+__all__ = ["MISSING", "NAME", "available", "reads", "refuses_call", "run", "takes"]
 
 
 def available() -> bool:
@@ -21,6 +21,16 @@ def takes(core) -> str | None:
     """Why the kernels cannot compute this core (a `core.Core`); None where they can: every
     core `core.describe` reads (it refuses the others, with the reason, as it reads them)."""
     return None
+
+
+def refuses_call(spec, values: dict, training: bool, device: str) -> str | None:
+    """Why the kernels cannot run this call of a spec compiled with them (a `CompiledSpec`;
+    `values`: the call's sizes and scalars by symbol); None where they can. Their widths are
+    padded to 16 (tl.dot's least), so only dropout is refused."""
+    from .core import describe
+    from .whole import refused_dropout
+
+    return refused_dropout(describe(spec.ir), values, training)
 
 
 def reads(spec):

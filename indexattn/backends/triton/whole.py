@@ -86,11 +86,19 @@ def _refs(node):
 
 
 def _no_dropout(core: Core, values: dict, training: bool) -> None:
+    why = refused_dropout(core, values, training)
+    if why is not None:
+        raise ValueError(f"the triton backend: {why}")
+
+
+def refused_dropout(core: Core, values: dict, training: bool) -> str | None:
+    """Why the kernels cannot run a call (values by symbol): dropout they do not print."""
     if core.dropout is not None and training and float(core.dropout.subs(values)) != 0:
-        raise ValueError(
-            "the triton backend: dropout on the weights is not printed (no random numbers in "
-            "the kernels yet); run with p=0 or in eval mode"
+        return (
+            "dropout on the weights is not printed (no random numbers in the kernels yet); run "
+            "with p=0 or in eval mode"
         )
+    return None
 
 
 def attend(
