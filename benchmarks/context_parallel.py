@@ -55,6 +55,7 @@ SIZES = {  # per spec: the module's sizes
     "softcap_window": {"d_m": 64, "h": 2, "d_k": 32, "query_pre_attn_scalar": 32},
     "doc_mask": {"d_m": 64, "h": 2, "d_k": 32},
     "attention_sinks": {"d_m": 64, "h_kv": 2, "n_rep": 1, "d_k": 32},
+    "rope": {"d_m": 64, "h": 2, "d_r": 16},  # rotary at global positions (two halves of 16)
 }
 DOCUMENT = 1024  # doc_mask's documents: positions 0 … 1023 the first, and so on
 

@@ -290,6 +290,37 @@ def received(mesh, name: str, window: int, docs=None) -> dict:
     return {"received": parallel.last_ring["received"], "sees": sees}
 
 
+def runs(mesh) -> dict:
+    """The runs of other ranks' keys this rank received in the ring's kept pass (mha,
+    zig-zag blocks, tiles of one position; ring.cuts), as they are posted, its block's
+    length, and the largest difference of its output and gradients from one process."""
+    torch.manual_seed(0)
+    module, found = cases()["mha"]().eval(), []
+    piece = indexattn.parallel.ring._Piece
+    posted = piece.__init__
+
+    def recorded(self, *args) -> None:
+        posted(self, *args)
+        if self.into is not None:
+            found.append(list(self.into))
+
+    xs, split = inputs(module), along(module)
+
+    def block(v):
+        return sequence_block(v, mesh, dim=1, layout="zigzag")
+
+    out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
+    grads1[-1] = block(grads1[-1])
+    parallel = context_parallel(module, mesh, strategy="ring", layout="zigzag", tile=1)
+    piece.__init__ = recorded
+    try:
+        out2, grads2 = run(parallel, xs, block, split)
+    finally:
+        piece.__init__ = posted
+    gaps = {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
+    return {"runs": found, "block": N // mesh.size(), **gaps}
+
+
 def sent(mesh, build, **where) -> dict:
     """Elements this rank sent in one step, by collective: counted as they ran (CountSent)
     and as indexattn.sequence.ulysses_sent counts them at the same sizes."""
@@ -490,6 +521,7 @@ def main() -> None:
                 )
     checks["ring_received_sliding_window"] = lambda: received(mesh, "sliding_window", WINDOW)
     checks["ring_received_mha"] = lambda: received(mesh, "mha", N)
+    checks["ring_runs"] = lambda: runs(mesh)
     for twin in (False, True):  # document ids near 2^62 that straddle no chunk (2 ranks)
         checks["ring_documents" + "_twin" * twin] = functools.partial(
             check, mesh, every["doc_mask"], twin, "ring", docs=ALIGNED

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import SpecError
 from ..runtime.module import SpecModule
 from . import ring
+from .agree import agree, described
 from .sequence import CONTIGUOUS, ZIGZAG, Layout, SequencePlan, layout_of
 from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
@@ -214,21 +215,22 @@ def sequence_block(
     laid = layout_of(layout, zigzag)
     spans = laid.spans(value.shape[dim], mesh.size(), dim)[mesh.get_local_rank()]
     block = torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
-    block._sequence_layout = laid  # read by the split layers (check_layouts)
+    block._sequence_layout = laid  # read by the split layers (layout_refused)
     return block
 
 
-def check_layouts(name: str, given: dict, split, layout: Layout) -> None:
-    """Refuse, by name, a block that `sequence_block` cut in another layout than `layout`
-    (a block made otherwise carries none, and is taken as `layout`)."""
+def layout_refused(name: str, given: dict, split, layout: Layout) -> str | None:
+    """Why a split layer refuses, by name, a block that `sequence_block` cut in another layout
+    than `layout` (a block made otherwise carries none, and is taken as `layout`)."""
     for key in split:
         found = getattr(given.get(key), "_sequence_layout", None)
         if found is not None and found != layout:
-            raise ValueError(
+            return (
                 f"{name}: {key} is a {found} block (sequence_block(..., layout={found.name!r})),"
                 f" and this layer was split for {layout} blocks: pass layout={layout.name!r} "
                 f"to sequence_block, or split the layer with layout={found.name!r}"
             )
+    return None
 
 
 class ContextParallel(ParallelStyle):
@@ -489,7 +491,18 @@ class HeadParallelModule(SpecModule):
         missing = [name for name in self._inputs if name not in given]
         if missing:
             raise TypeError(f"{self.spec.name} is missing inputs: {', '.join(missing)}")
+        mesh = self._mesh()
+        if mesh.size() > 1:  # every rank called alike, or every rank raises (agree.py)
+            call = described(given, scalars, self.training)
+            agree(self.spec.name, mesh, call, self._refused(given))
         return given, scalars
+
+    def _mesh(self) -> DeviceMesh:
+        return self._head_parallel.mesh
+
+    def _refused(self, given: dict) -> str | None:
+        """Why this rank refuses its call, beyond the checks of `_given`; None: it does not."""
+        return None
 
     def extra_repr(self) -> str:
         shards = self._head_parallel
@@ -502,11 +515,9 @@ class HeadParallelModule(SpecModule):
 class ContextParallelModule(HeadParallelModule):
     """A SpecModule whose forward takes and returns blocks of the sequence (Ulysses)."""
 
-    def _given(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
-        given, scalars = super()._given(args, kwargs)
+    def _refused(self, given: dict) -> str | None:
         shards = self._head_parallel
-        check_layouts(self.spec.name, given, shards.split, shards.layout)
-        return given, scalars
+        return layout_refused(self.spec.name, given, shards.split, shards.layout)
 
     def extra_repr(self) -> str:
         shards = self._head_parallel
@@ -556,7 +567,6 @@ class RingParallelModule(HeadParallelModule):
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor):
         setup, heads = self._ring, self._head_parallel
         given, scalars = self._given(args, kwargs)
-        check_layouts(self.spec.name, given, setup.split, setup.layout)
         held = {**self._parameters, **self._buffers}
         ir_spec, mesh = self.spec.ir, setup.mesh
         arguments = {}
@@ -584,6 +594,13 @@ class RingParallelModule(HeadParallelModule):
         if heads is not None:  # sums over heads finished across the head ranks
             outs = tuple(heads.gather(n, v) for n, v in zip(heads.outputs, outs))
         return outs if len(outs) > 1 else outs[0]
+
+    def _mesh(self) -> DeviceMesh:
+        return self._ring.mesh
+
+    def _refused(self, given: dict) -> str | None:
+        setup = self._ring
+        return layout_refused(self.spec.name, given, setup.split, setup.layout)
 
     def extra_repr(self) -> str:
         setup = self._ring

@@ -12,7 +12,8 @@ tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums add
 compared. Where the tile pairs run that kernel or the one-step softmax, the pass is one
 autograd step (_KeptPass) whose backward tours the ring again, each tile pair's gradients made
 from its rows' merged output and log-sum-exp (FlashAttention's ring backward): no rank keeps
-another's blocks; other passes are differentiated through checkpointed tile pairs and their
+another's blocks, and it receives them in runs of about an eighth (`cuts`), one run held at
+a time; other passes are differentiated through checkpointed tile pairs and their
 merge. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
 sequence adds the totals of the chunks before (an exclusive scan across ranks). Index
@@ -207,6 +208,116 @@ def _ahead(ring: _Ring, step: _Step | None, names, mine, counted):
         after = _Step(ring, s, names, mine, counted) if s < ring.world else None
         yield step
         step = after
+
+
+PIECES = 8  # a kept pass sends another rank's blocks in about this many pieces
+
+
+def cuts(pairs: list[tuple[Tile, Tile]], length: int) -> list[tuple[int, int]]:
+    """A block of `length` keys cut into runs [a, b) of about length / PIECES keys or more,
+    each cut at a key tile's end or a multiple of length / PIECES where no pair's keys
+    straddle it: every key tile or span lies in one run, keys no pair reads in runs of
+    their own."""
+    spans = [(k.offset, k.offset + k.length) for _, k in pairs]
+    least = max(1, -(-length // PIECES))
+    found, a = [], 0
+    for c in sorted({end for span in spans for end in span} | set(range(least, length, least))):
+        if least <= c - a and c < length and not any(o < c < e for o, e in spans):
+            found.append((a, c))
+            a = c
+    return [*found, (a, length)]
+
+
+def _narrow(t: torch.Tensor, axis: int, run: tuple[int, int]) -> torch.Tensor:
+    return t.narrow(axis, run[0], run[1] - run[0])
+
+
+class _Piece(_Step):
+    """Piece p of ring step s of a kept pass (_Kept): this rank's keys `out` (a run of its
+    block, `cuts`) to rank r + s, which reads them, and the run `into` of rank r - s's keys
+    from it (None: no such piece); their gradients go back the other way (`returned`)."""
+
+    def __init__(self, ring: _Ring, at: tuple, names: list[str], mine: list, axes: list) -> None:
+        s, self.p, self.out, self.into, counted = at
+        r, w = ring.rank, ring.world
+        self.ring, self.s, self.names = ring, s, names
+        self.src, self.dst = (r - s) % w, (r + s) % w
+        self.recv, self.send = self.into is not None, self.out is not None
+        self.floats = [t.is_floating_point() for t in mine]
+        self.mine = [_narrow(t, a, self.out) for t, a in zip(mine, axes)] if self.send else []
+        self.shapes = []
+        if self.recv:  # a run of the other rank's block: the shape of one of ours
+            self.shapes = [_narrow(t, a, self.into).shape for t, a in zip(mine, axes)]
+        self.received = [
+            torch.zeros(shape, dtype=t.dtype, device=t.device)
+            for shape, t in zip(self.shapes, mine)
+        ]
+        if counted:
+            ring.counts["received"][self.src] += sum(t.numel() for t in self.received)
+        self.works = self.post([t.detach() for t in self.mine], self.received, reverse=False)
+
+    def tag(self, k: int, reverse: bool) -> int:
+        return 2 * ((self.s * 64 + self.p) * 64 + k) + reverse
+
+    def returned(self, grads: list, dtype=None) -> list:
+        """The gradients of the run received (`grads`, by block; None: 0) sent back to its
+        owner, and those of this rank's run `out` received from the rank that read it."""
+        floats = [k for k, f in enumerate(self.floats) if f]
+        device = self.ring.device
+        given = [
+            grads[k]
+            if grads[k] is not None
+            else torch.zeros(self.shapes[k], dtype=dtype, device=device)
+            for k in (floats if self.recv else [])
+        ]
+        back = [_fresh(self.mine[k], dtype) for k in floats] if self.send else []
+        for work in self.post(given, back, reverse=True):
+            work.wait()
+        found = [None] * len(self.floats)
+        for k, grad in zip(floats, back):
+            found[k] = grad
+        return found
+
+
+def _pieces(ring: _Ring, names: list[str], mine: list, axes: list, counted: bool):
+    """A kept pass's tour: (None, this rank, its tile pairs with its own keys, its blocks),
+    then each piece of each ring step that brings keys (the _Piece, the rank whose keys
+    visit, this rank's tile pairs with them, key tiles shifted to the run, the run by name),
+    each posted a piece ahead of its use. Every piece's transfers are finished, those that
+    bring nothing too (gloo drops a send whose work is not waited on)."""
+    r = ring.rank
+    plan, pairs = _planned(ring, mine[0].shape[axes[0]], counted) if mine else ([], {})
+    ahead = _Piece(ring, plan[0], names, mine, axes) if plan else None
+    yield None, r, ring.seen(r, counted), dict(zip(names, mine))
+    for n in range(len(plan)):
+        piece = ahead
+        ahead = _Piece(ring, plan[n + 1], names, mine, axes) if n + 1 < len(plan) else None
+        visiting, (a, b) = piece.wait(), piece.into or (0, 0)
+        shifted = [
+            (q, Tile(k.offset - a, k.start, k.length))
+            for q, k in pairs[piece.s]
+            if a <= k.offset < b
+        ]
+        yield piece, piece.src, shifted, visiting
+        piece.received = []  # the run's blocks freed as its use ends
+
+
+def _planned(ring: _Ring, length: int, counted: bool) -> tuple[list, dict]:
+    """A kept pass's pieces, step by step and run by run: (step, piece, the run of this
+    rank's block sent or None, the run received or None, counted), cut alike by the rank
+    that sends and the rank that receives (`cuts`, of the global block map); and this rank's
+    tile pairs with each step's keys."""
+    r, w = ring.rank, ring.world
+    plan, pairs = [], {}
+    for s in range(1, w):
+        src, dst = (r - s) % w, (r + s) % w
+        into = cuts(ring.map.seen(r, src), length) if ring.need[r][src] else []
+        out = cuts(ring.map.seen(dst, r), length) if ring.need[dst][r] else []
+        pairs[s] = ring.seen(src, counted) if into else []
+        for p in range(max(len(into), len(out))):
+            runs = [(run[p] if p < len(run) else None) for run in (out, into)]
+            plan.append((s, p, *runs, counted))
+    return plan, pairs
 
 
 class _KeptPass(torch.autograd.Function):
@@ -705,48 +816,46 @@ class _Kept:
         ring, tile = self.ring, self.tile
         held, mine = self.split(tensors)
         merged: dict = {}
-        for src, visiting in self.visits(mine, counted=True):
-            for q, k in ring.seen(src):
-                pair = ring.flashed if tile.flash is not None else ring.compiled
+        pair = ring.flashed if tile.flash is not None else ring.compiled
+        for _, _, pairs, visiting in _pieces(ring, self.names, mine, self.axes(mine), True):
+            for q, k in pairs:
                 ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
         return ring.finish(0, self.target, merged)[0], ring.merged_lse(self.each, merged)
 
-    def visits(self, mine: list, counted: bool):
-        """(the rank whose blocks visit, them by name) at each step that brings any; every
-        step's transfers finished (gloo drops a send whose work is not waited on)."""
-        for step in _tour(self.ring, self.names, mine, counted):
-            if step is None:
-                yield self.ring.rank, dict(zip(self.names, mine))
-                continue
-            visiting = step.wait()
-            if step.recv:
-                yield step.src, visiting
+    def axes(self, mine: list) -> list[int]:
+        """The key axis of each travelling block."""
+        sequence = self.ring.sequence
+        found = []
+        for name, t in zip(self.names, mine):
+            indices = self.indices[name]
+            axis = next(a for a, i in enumerate(indices) if i in sequence)
+            found.append(axis + t.dim() - len(indices))
+        return found
 
     def backward(self, tensors, rows: tuple) -> list:
-        """The gradients of `tensors` from the target's: the ring toured again, each tile
-        pair's gradients made from the `rows`' output, log-sum-exp, and their gradients (the
-        log-sum-exp's None where nothing reads it); the blocks received get theirs summed
-        here, then sent back to their owner."""
+        """The gradients of `tensors` from the target's: the ring toured again, piece by
+        piece, each tile pair's gradients made from the `rows`' output, log-sum-exp, and
+        their gradients (the log-sum-exp's None where nothing reads it); each run received
+        gets its gradients summed here, then sent back to its owner, and this rank's runs'
+        arrive from the rank that read them."""
         ring, wide = self.ring, self.ring.wide
         held, mine = self.split(tensors)
         rows = tuple(None if t is None else t.contiguous() for t in rows)  # cut per tile pair
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
         ours: list = []
-        for step in _tour(ring, self.names, mine, counted=False):
-            src, visiting = ring.rank, dict(zip(self.names, mine))
-            if step is not None:
-                src, visiting = step.src, step.wait()
+        axes = self.axes(mine)
+        for piece, _, pairs, visiting in _pieces(ring, self.names, mine, axes, False):
             blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
-            for q, k in ring.seen(src, counted=False) if visiting else ():
+            for q, k in pairs:
                 self.pair(q, k, visiting, held, rows, sums, blocks)
             back, visiting = [blocks.get(n) for n in self.names], None
-            if step is None:  # this rank's own blocks (the first step): their sums start here
+            if piece is None:  # this rank's own blocks (the first step): their sums start here
                 ours = back
                 continue
-            step.received = []  # their gradients made: freed before those of ours arrive
-            for n, found in enumerate(step.returned(back, wide)):
+            piece.received = []  # their gradients made: freed before those of ours arrive
+            for n, found in enumerate(piece.returned(back, wide)):
                 if found is not None:
-                    ours[n].add_(found)
+                    _narrow(ours[n], axes[n], piece.out).add_(found)
         made = [sums.get(n) for n in self.sides] + ours
         return [None if g is None else g.to(t.dtype) for g, t in zip(made, tensors)]
 

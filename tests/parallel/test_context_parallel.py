@@ -385,6 +385,19 @@ def test_bfloat16_split_is_as_close_to_float64_as_one_process(launched, strategy
         assert 0 < found["split"] <= 1.5 * found["one"], found
 
 
+def test_a_kept_pass_receives_another_rank_s_keys_in_runs_and_equals_one_process(ranks):
+    """mha in tiles of one position: each block of N/w keys arrives in runs of about an
+    eighth (ring.cuts: N/w = 4 or 2 keys, runs of one), the forward's and the backward's, and
+    the result is one process's."""
+    world = len(ranks)
+    for found in _result(ranks, "ring_runs"):
+        block = found["block"]
+        assert found["out"] < EXACT and found["grad"] < EXACT, found
+        assert found["runs"] and all(b - a == 1 for a, b in found["runs"]), found
+        steps = sum(1 for a, _ in found["runs"] if a == 0)  # a step's first run: forward, backward
+        assert steps == 2 * (world - 1) and len(found["runs"]) == steps * block, found
+
+
 def test_a_rank_receives_keys_only_from_ranks_its_window_reaches(ranks):
     world = len(ranks)
     unseen = 0  # pairs of ranks whose window holds no pair of positions

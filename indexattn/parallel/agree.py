@@ -1,0 +1,76 @@
+"""Every rank of a split layer called alike, checked before anything is sent.
+
+Ranks called differently compute what no one process would (a scalar given on one rank
+alone), or wait for one another for ever (a block of another length or dtype, a rank that
+refused its own call while the others went on into the ring). Each rank describes its call
+(`described`: the inputs' shapes, dtypes and devices, the scalars, train or eval) with its own
+refusal, if any; one all-gather of a fingerprint of that per call, and where the
+fingerprints differ, one of the descriptions themselves: every rank then raises the same
+error, naming what differs on which ranks (docs/distributed.md, "Every rank called alike")."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+ALIKE = (
+    "every rank of a split layer takes inputs of the same shapes, dtypes and devices (each "
+    "its own block of the sequence), the same scalars and the same mode (train or eval)"
+)
+
+
+def described(given: dict, scalars: dict, training: bool) -> dict[str, str]:
+    """A call by what the ranks must agree on, printable: each input's shape, dtype and
+    device, each scalar's value, the mode."""
+    found = {}
+    for name, value in given.items():
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            found[name] = f"{tuple(value.shape)} {dtype} on {value.device.type}"
+    for name, value in scalars.items():
+        found[name] = repr(float(value))
+    found["mode"] = "training" if training else "eval"
+    return found
+
+
+def agree(name: str, mesh, call: dict[str, str], refused: str | None) -> None:
+    """Return where every rank of `mesh` described its call as `call` and refused nothing;
+    else raise, on every rank, the same ValueError: the lowest rank's refusal, or what
+    differs (`name`: the spec's, for the message)."""
+    mine = (call, refused)
+    digest = hashlib.blake2b(repr(mine).encode(), digest_size=8).digest()
+    number = int.from_bytes(digest, "little", signed=True)
+    fingerprint = torch.tensor([number], device=mesh.device_type)  # NCCL: this rank's card
+    group, world = mesh.get_group(), mesh.size()
+    every = [torch.empty_like(fingerprint) for _ in range(world)]
+    dist.all_gather(every, fingerprint, group=group)
+    if bool((torch.cat(every) == number).all()):
+        if refused is not None:  # every rank refused its call alike
+            raise ValueError(refused)
+        return
+    calls: list = [None] * world
+    dist.all_gather_object(calls, mine, group=group)
+    raise ValueError(disagreement(name, calls))
+
+
+def disagreement(name: str, calls: list[tuple[dict, str | None]]) -> str:
+    """The error for ranks whose calls (`calls[r]`: rank r's description and refusal)
+    differ: the lowest rank's refusal with the ranks that refused, else the first thing
+    described that differs, with its value on each rank."""
+    refusing = [(r, message) for r, (_, message) in enumerate(calls) if message is not None]
+    if refusing:
+        ranks = [r for r, _ in refusing]
+        return f"{refusing[0][1]} (on {_ranks(ranks)}; every rank of the layer raises this)"
+    keys = list(dict.fromkeys(k for call, _ in calls for k in call))
+    key = next(k for k in keys if len({call.get(k) for call, _ in calls}) > 1)
+    by_value: dict = {}
+    for r, (call, _) in enumerate(calls):
+        by_value.setdefault(call.get(key, "not given"), []).append(r)
+    values = ", ".join(f"{value} on {_ranks(ranks)}" for value, ranks in by_value.items())
+    return f"{name}: the ranks were called differently, {key}: {values}; {ALIKE}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -1,0 +1,70 @@
+"""One rank of tests/parallel/test_ranks_agree.py: `python context_agree_worker.py RANK WORLD
+PORT OUT`.
+
+Each check calls a split layer with rank 1's call made different from rank 0's in one thing
+(a scalar, a block's length or dtype, the mode, a block's layout) and writes each rank's error
+message, or "no error", under the check's name to OUT/rank{RANK}.json; the twins call every
+rank alike. A rank that went on into the ring while another raised would wait for ever: the
+launch's time bound is the test of that."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from context_worker import cases, inputs
+from distributed_worker import run_checks, start  # this folder is on the path of a script run
+
+import indexattn.parallel.distributed as distributed
+from indexattn.parallel.distributed import context_parallel, sequence_block
+
+SPLIT = ("ulysses", "ring")
+DIFFERENT = ("scalar", "length", "dtype", "mode", "layout")  # rank 1's call, in one thing
+
+
+def layer(mesh, strategy: str, name: str = "softcap_window"):
+    """A module of `name` split by `strategy` ("heads": parallelize), and its input X."""
+    torch.manual_seed(0)
+    module = cases()[name]().eval()
+    x = inputs(module)["X"]
+    if strategy == "heads":
+        return distributed.parallelize(module, mesh), x
+    return context_parallel(module, mesh, strategy=strategy), x
+
+
+def called(mesh, strategy: str, different: str | None) -> str:
+    """Every rank calls the layer alike, except rank 1 in `different` (None: the twin)."""
+    parallel, x = layer(mesh, strategy)
+    odd = mesh.get_local_rank() == 1 and different is not None
+    given = {"c": 2.0} if odd and different == "scalar" else {}
+    block = x if strategy == "heads" else sequence_block(x, mesh, dim=1)
+    if odd and different == "length":
+        block = block[:, 1:]
+    if odd and different == "dtype":
+        block = block.float()
+    if odd and different == "mode":
+        parallel.train()
+    if odd and different == "layout":
+        block = sequence_block(x, mesh, dim=1, layout="zigzag")
+    try:
+        parallel(block, **given)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def main() -> None:
+    torch.set_default_dtype(torch.float64)
+    rank, out, mesh = start()
+    checks = {}
+    for strategy in (*SPLIT, "heads"):
+        for different in (*DIFFERENT, None):
+            if different != "layout" or strategy != "heads":  # heads: whole inputs
+                checks[f"{strategy}_{different}"] = functools.partial(
+                    called, mesh, strategy, different
+                )
+    run_checks(checks, rank, out)
+
+
+if __name__ == "__main__":
+    main()
