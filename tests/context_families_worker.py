@@ -10,8 +10,7 @@ rotary), GPT-OSS (sinks, sliding and full layers) and Llama 4 (chunked and full 
 largest difference in this rank's block of the logits and in every parameter's gradient
 (summed over the ranks) goes to OUT/rank{RANK}.json. The twins change one thing in what one
 layer kind gets: its window or chunk one longer, a sliding layer run as a global one, or the
-sinks left out; under Ulysses on rank 1 only, on the ring on every rank (a rank's window says
-which blocks it exchanges: ranks that disagree would wait for each other)."""
+sinks left out, on every rank (ranks called with different windows raise: agree.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ import dataclasses
 import importlib
 
 import torch
-import torch.distributed as dist
 import transformers
 from context_models_worker import B, N, step  # tests/ is on a script's path
 from distributed_worker import run_checks, start
@@ -120,9 +118,9 @@ TWINS = {  # what rank 1's layers of one kind get instead
 
 
 @contextlib.contextmanager
-def perturbed(twin: str, ranks: tuple[int, ...]):
-    """The layers of the kind the twin changes (a window, a chunk, sinks) get the twin's kind
-    on `ranks`: the other ranks, and every other layer, as they are."""
+def perturbed(twin: str):
+    """The layers of the kind the twin changes (a window, a chunk, sinks) get the twin's kind,
+    on every rank; every other layer as it is."""
     if not twin:
         yield
         return
@@ -131,7 +129,7 @@ def perturbed(twin: str, ranks: tuple[int, ...]):
     def kind(self, module, kwargs):
         found = kind_of(self, module, kwargs)
         touched = {"chunk": found.chunk, "no sinks": found.sinks or None}.get(twin, found.window)
-        if dist.get_rank() not in ranks or touched is None:
+        if touched is None:
             return found
         return changed(found)
 
@@ -152,7 +150,7 @@ def check(mesh, family: str, strategy: str, layout: str, twin: str = "") -> dict
 
     out1, grads1 = step(copy.deepcopy(model), ids, positions, lambda v: v)
     split = context_parallel_model(model, mesh, strategy=strategy, layout=layout)
-    with perturbed(twin, (0, 1) if strategy == "ring" else (1,)):
+    with perturbed(twin):
         out2, grads2 = step(split, ids, block(positions), block)
     sum_gradients(split, mesh)
     grads2 = [torch.zeros_like(a) if b is None else b for a, b in zip(grads1, grads2)]
