@@ -72,6 +72,30 @@ def _inputs(name: str, n: int) -> dict:
     return found
 
 
+def split(layer, name: str, n: int, group: tuple[int, int, int], ring: int, tile: int = 0):
+    """`layer` split over the W processes of `group` (rank, W, port: gloo on 127.0.0.1), the
+    ring on the layout that balances its work (count --ring's), Ulysses on contiguous blocks;
+    with the mesh, the layout's name and the sizes by symbol at N = `n`."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import indexattn.parallel.distributed as cp
+    from indexattn.parallel.sequence import balanced
+
+    rank, world, port = group
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    mesh = init_device_mesh("cpu", (world,))
+    spec, plan = layer.spec.ir, layer.spec.sequence_plan()
+    given = {**SIZES[name], "N": n}
+    values = {s: given[a] for s, a in spec.size_names.items() if a in given}
+    layout = balanced(spec, plan, values, world).name if ring else "contiguous"
+    strategy = "ring" if ring else "ulysses"
+    layer = cp.context_parallel(layer, mesh, strategy=strategy, layout=layout, tile=tile or None)
+    return layer, mesh, layout, values
+
+
 def worker(
     name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int, steps: int
 ) -> dict:
@@ -85,26 +109,12 @@ def worker(
     xs = _inputs(name, n)
     sent: dict = {}
     if world > 1:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
         import indexattn.parallel.distributed as cp
         from indexattn.parallel.sends import ring_sent
-        from indexattn.parallel.sequence import balanced, ulysses_sent
+        from indexattn.parallel.sequence import ulysses_sent
 
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-        )
-        mesh = init_device_mesh("cpu", (world,))
+        layer, mesh, layout, values = split(layer, name, n, (rank, world, port), ring, tile)
         spec, plan = layer.spec.ir, layer.spec.sequence_plan()
-        given = {**SIZES[name], "N": n}
-        values = {s: given[a] for s, a in spec.size_names.items() if a in given}
-        # the ring on the layout that balances its work (count --ring's), Ulysses contiguous
-        layout = balanced(spec, plan, values, world).name if ring else "contiguous"
-        strategy = "ring" if ring else "ulysses"
-        layer = cp.context_parallel(
-            layer, mesh, strategy=strategy, layout=layout, tile=tile or None
-        )
         xs = {k: cp.sequence_block(v, mesh, dim=1, layout=layout) for k, v in xs.items()}
         sent["layout"] = layout
         items = (ring_sent if ring else ulysses_sent)(spec, plan)
@@ -148,12 +158,13 @@ def _port() -> int:
 MMAP: dict[str, str] = {}  # --mmap-threshold: glibc returns every larger block when freed
 
 
-def _launch(name: str, world: int, n: int, ring=0, tile=0, steps=1) -> list[dict]:
+def launch(script: str, name: str, world: int, n: int, *rest: int) -> list[dict]:
+    """`world` processes of `script --worker NAME RANK W N PORT *REST`, each rank's JSON line."""
     port = _port()
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", name]
-            + [str(v) for v in (rank, world, n, port, ring, tile, steps)],
+            [sys.executable, script, "--worker", name]
+            + [str(v) for v in (rank, world, n, port, *rest)],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **MMAP},
@@ -164,6 +175,14 @@ def _launch(name: str, world: int, n: int, ring=0, tile=0, steps=1) -> list[dict
     if any(proc.returncode for proc in procs):
         raise RuntimeError(f"a rank failed: {name} at N = {n}, W = {world}")
     return [json.loads(out.strip().splitlines()[-1]) for out in outs]
+
+
+def answer(worker, given: list[str]) -> None:
+    """A worker process: its JSON line printed, and the process left (no gloo teardown, see
+    tests/context_worker.py)."""
+    print(json.dumps(worker(given[0], *map(int, given[1:]))))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _median(rows: list, key) -> float:
@@ -177,8 +196,8 @@ def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int, st
     single, split = SINGLE.setdefault((name, n), []), []
     for k in range(rounds):
         if len(single) <= k:  # one process measured once for every W
-            single.append(_launch(name, 1, n, steps=steps)[0])
-        split.append(_launch(name, world, n, ring, tile, steps))
+            single.append(launch(__file__, name, 1, n, 0, 0, steps)[0])
+        split.append(launch(__file__, name, world, n, ring, tile, steps))
     cpu1 = _median(single, lambda r: r["cpu_s"])
     ranks_cpu = [round(statistics.median(rs[k]["cpu_s"] for rs in split), 2) for k in range(world)]
     return {
@@ -227,9 +246,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], *map(int, args.worker[1:]))))
-        sys.stdout.flush()
-        os._exit(0)  # no gloo teardown (see tests/context_worker.py)
+        answer(worker, args.worker)
     if args.mmap_threshold:
         MMAP["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     ring = int(args.strategy == "ring")

@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-from context_parallel import SIZES, _inputs, _port  # this folder is on a script's path
+from context_parallel import SIZES, _inputs, answer, launch  # this folder is on a script's path
+from context_parallel import split as split_layer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,18 +42,12 @@ def _step(layer, xs: dict, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def worker(name: str, rank: int, world: int, n: int, port: int, ring: int) -> dict:
     """One rank: float64 and bfloat16 in one process on the whole sequence, then the split
     layer on this rank's block; the largest differences from float64 on this rank's rows."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
     import indexattn
     import indexattn.parallel.distributed as cp
-    from indexattn.parallel.sequence import balanced
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    exact = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn").module(
-        **SIZES[name]
-    )
+    exact = indexattn.compile_spec(ROOT / "specs" / f"{name}.attn").module(**SIZES[name])
     exact = exact.double()
     xs = {k: v.double() if v.is_floating_point() else v for k, v in _inputs(name, n).items()}
     weight = torch.randn(xs["X"].shape, generator=torch.Generator().manual_seed(7)).double()
@@ -63,17 +55,7 @@ def worker(name: str, rank: int, world: int, n: int, port: int, ring: int) -> di
     low = copy.deepcopy(exact).to(torch.bfloat16)
     lows = {k: v.bfloat16() if v.is_floating_point() else v for k, v in xs.items()}
     one = _step(low, lows, weight)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    mesh = init_device_mesh("cpu", (world,))
-    spec, plan = exact.spec.ir, exact.spec.sequence_plan()
-    given = {**SIZES[name], "N": n}
-    values = {s: given[a] for s, a in spec.size_names.items() if a in given}
-    layout = balanced(spec, plan, values, world).name if ring else "contiguous"
-    split = cp.context_parallel(
-        copy.deepcopy(low), mesh, strategy="ring" if ring else "ulysses", layout=layout
-    )
+    split, mesh, layout, _ = split_layer(copy.deepcopy(low), name, n, (rank, world, port), ring)
 
     def block(v: torch.Tensor) -> torch.Tensor:
         return cp.sequence_block(v, mesh, dim=1, layout=layout)
@@ -88,20 +70,7 @@ def worker(name: str, rank: int, world: int, n: int, port: int, ring: int) -> di
 
 
 def measure(name: str, n: int, world: int, ring: int) -> dict:
-    port = _port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--worker", name]
-            + [str(v) for v in (rank, world, n, port, ring)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    outs = [proc.communicate(timeout=3600)[0] for proc in procs]
-    if any(proc.returncode for proc in procs):
-        raise RuntimeError(f"a rank failed: {name} at N = {n}, W = {world}")
-    ranks = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    ranks = launch(__file__, name, world, n, ring)
     found: dict = {"N": n, "W": world, "layout": ranks[0]["layout"]}
     for what in ("out", "grad"):
         one = max(r[f"one_{what}"] for r in ranks)
@@ -122,9 +91,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], *map(int, args.worker[1:]))))
-        sys.stdout.flush()
-        os._exit(0)  # no gloo teardown (see tests/context_worker.py)
+        answer(worker, args.worker)
     ring = int(args.strategy == "ring")
     for name in args.specs.split(","):
         for world in (int(w) for w in args.worlds.split(",")):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from context_worker import cases, inputs
+from context_worker import cases, inputs, raised
 from distributed_worker import run_checks, start  # this folder is on the path of a script run
 
 import indexattn.parallel.distributed as distributed
@@ -46,11 +46,7 @@ def called(mesh, strategy: str, different: str | None) -> str:
         parallel.train()
     if odd and different == "layout":
         block = sequence_block(x, mesh, dim=1, layout="zigzag")
-    try:
-        parallel(block, **given)
-    except ValueError as error:
-        return str(error)
-    return "no error"
+    return raised(lambda: parallel(block, **given))
 
 
 def main() -> None:

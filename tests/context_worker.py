@@ -427,11 +427,7 @@ def mismatch(mesh, strategy: str, given: str) -> str:
     module = cases()["mha"]().eval()
     parallel = context_parallel(module, mesh, strategy=strategy, layout="zigzag")
     x = inputs(module)["X"]
-    try:
-        parallel(sequence_block(x, mesh, dim=1, layout=given))
-    except ValueError as error:
-        return str(error)
-    return "no error"
+    return raised(lambda: parallel(sequence_block(x, mesh, dim=1, layout=given)))
 
 
 LONG = 512  # the bfloat16 checks' sequence: positions past bfloat16's exact integers (256)
@@ -459,20 +455,24 @@ def low_precision(mesh, name: str, strategy: str) -> dict:
     }
 
 
-def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
+def raised(call, errors=(ValueError,)) -> str:
+    """The message of the error `call()` raises, or "no error"."""
     try:
-        context_parallel(spec(name).module(**sizes), mesh, strategy=strategy)
-    except (indexattn.SpecError, ValueError) as error:
+        call()
+    except errors as error:
         return str(error)
     return "no error"
+
+
+def refused(mesh, name: str, strategy: str = "ulysses", **sizes) -> str:
+    module = spec(name).module(**sizes)
+    errors = (indexattn.SpecError, ValueError)
+    return raised(lambda: context_parallel(module, mesh, strategy=strategy), errors)
 
 
 def indivisible(mesh, zigzag: bool = False) -> str:
-    try:  # the spelling zigzag= as well as layout=
-        sequence_block(torch.zeros(B, N + 1, 8), mesh, dim=1, zigzag=zigzag)
-    except ValueError as error:
-        return str(error)
-    return "no error"
+    block = torch.zeros(B, N + 1, 8)  # the spelling zigzag= as well as layout=
+    return raised(lambda: sequence_block(block, mesh, dim=1, zigzag=zigzag))
 
 
 def main() -> None:

@@ -140,6 +140,8 @@ class _Step:
         self.src, self.dst = (r - s) % w, (r + s) % w
         self.recv, self.send = ring.need[r][self.src], ring.need[self.dst][r]
         self.names, self.mine = names, mine
+        self.floats, self.dtypes = [t.is_floating_point() for t in mine], [t.dtype for t in mine]
+        self.shapes = [t.shape for t in mine]  # a block received is the shape of our own
         self.received = [_fresh(t) for t in mine] if self.recv else []
         if counted:
             ring.counts["received"][self.src] += sum(t.numel() for t in self.received)
@@ -182,15 +184,18 @@ class _Step:
         """The gradients of the blocks received (`grads`, by block; None: 0) sent back to
         their owner, and those of this rank's blocks received from the rank that read them,
         in `dtype` (or theirs; None for an integer block, or where that rank read nothing)."""
-        floats = [k for k, t in enumerate(self.mine) if t.is_floating_point()]
-        given = [  # a block received is the shape of this rank's own
-            grads[k] if grads[k] is not None else _fresh(self.mine[k], dtype)
+        floats = [k for k, f in enumerate(self.floats) if f]
+        device = self.ring.device
+        given = [
+            grads[k]
+            if grads[k] is not None
+            else torch.zeros(self.shapes[k], dtype=dtype or self.dtypes[k], device=device)
             for k in (floats if self.recv else [])
         ]
         back = [_fresh(self.mine[k], dtype) for k in floats] if self.send else []
         for work in self.post(given, back, reverse=True):
             work.wait()
-        found = [None] * len(self.mine)
+        found = [None] * len(self.floats)
         for k, grad in zip(floats, back):
             found[k] = grad
         return found
@@ -243,7 +248,7 @@ class _Piece(_Step):
         self.ring, self.s, self.names = ring, s, names
         self.src, self.dst = (r - s) % w, (r + s) % w
         self.recv, self.send = self.into is not None, self.out is not None
-        self.floats = [t.is_floating_point() for t in mine]
+        self.floats, self.dtypes = [t.is_floating_point() for t in mine], [t.dtype for t in mine]
         self.mine = [_narrow(t, a, self.out) for t, a in zip(mine, axes)] if self.send else []
         self.shapes = []
         if self.recv:  # a run of the other rank's block: the shape of one of ours
@@ -259,36 +264,17 @@ class _Piece(_Step):
     def tag(self, k: int, reverse: bool) -> int:
         return 2 * ((self.s * 64 + self.p) * 64 + k) + reverse
 
-    def returned(self, grads: list, dtype=None) -> list:
-        """The gradients of the run received (`grads`, by block; None: 0) sent back to its
-        owner, and those of this rank's run `out` received from the rank that read it."""
-        floats = [k for k, f in enumerate(self.floats) if f]
-        device = self.ring.device
-        given = [
-            grads[k]
-            if grads[k] is not None
-            else torch.zeros(self.shapes[k], dtype=dtype, device=device)
-            for k in (floats if self.recv else [])
-        ]
-        back = [_fresh(self.mine[k], dtype) for k in floats] if self.send else []
-        for work in self.post(given, back, reverse=True):
-            work.wait()
-        found = [None] * len(self.floats)
-        for k, grad in zip(floats, back):
-            found[k] = grad
-        return found
-
 
 def _pieces(ring: _Ring, names: list[str], mine: list, axes: list, counted: bool):
-    """A kept pass's tour: (None, this rank, its tile pairs with its own keys, its blocks),
-    then each piece of each ring step that brings keys (the _Piece, the rank whose keys
-    visit, this rank's tile pairs with them, key tiles shifted to the run, the run by name),
-    each posted a piece ahead of its use. Every piece's transfers are finished, those that
-    bring nothing too (gloo drops a send whose work is not waited on)."""
+    """A kept pass's tour: (None, this rank's tile pairs with its own keys, its blocks by
+    name), then each piece of each ring step (the _Piece, this rank's tile pairs with the
+    run it brings, their key tiles shifted to the run, the run by name; none where it brings
+    nothing), each posted a piece ahead of its use. Every piece's transfers are finished,
+    those that bring nothing too (gloo drops a send whose work is not waited on)."""
     r = ring.rank
     plan, pairs = _planned(ring, mine[0].shape[axes[0]], counted) if mine else ([], {})
     ahead = _Piece(ring, plan[0], names, mine, axes) if plan else None
-    yield None, r, ring.seen(r, counted), dict(zip(names, mine))
+    yield None, ring.seen(r, counted), dict(zip(names, mine))
     for n in range(len(plan)):
         piece = ahead
         ahead = _Piece(ring, plan[n + 1], names, mine, axes) if n + 1 < len(plan) else None
@@ -298,7 +284,7 @@ def _pieces(ring: _Ring, names: list[str], mine: list, axes: list, counted: bool
             for q, k in pairs[piece.s]
             if a <= k.offset < b
         ]
-        yield piece, piece.src, shifted, visiting
+        yield piece, shifted, visiting
         piece.received = []  # the run's blocks freed as its use ends
 
 
@@ -817,7 +803,7 @@ class _Kept:
         held, mine = self.split(tensors)
         merged: dict = {}
         pair = ring.flashed if tile.flash is not None else ring.compiled
-        for _, _, pairs, visiting in _pieces(ring, self.names, mine, self.axes(mine), True):
+        for _, pairs, visiting in _pieces(ring, self.names, mine, self.axes(mine), True):
             for q, k in pairs:
                 ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
         return ring.finish(0, self.target, merged)[0], ring.merged_lse(self.each, merged)
@@ -844,7 +830,7 @@ class _Kept:
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
         ours: list = []
         axes = self.axes(mine)
-        for piece, _, pairs, visiting in _pieces(ring, self.names, mine, axes, False):
+        for piece, pairs, visiting in _pieces(ring, self.names, mine, axes, False):
             blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
             for q, k in pairs:
                 self.pair(q, k, visiting, held, rows, sums, blocks)
