@@ -64,7 +64,16 @@ def test_twin_a_document_across_the_tile_boundary_keeps_the_pair():
     assert run.counts["work"] == 4 * (1 + 2 + 3 + 2 + 3 + 4)
 
 
-def test_twin_a_pair_skipped_that_the_documents_need_changes_the_result(monkeypatch):
+@pytest.fixture
+def unshared_maps():
+    """A test that patches BlockMap's methods builds its own block maps and leaves none
+    behind (a call's block map of positions is kept per kind of call: ring._block_map)."""
+    ring._block_map.cache_clear()
+    yield
+    ring._block_map.cache_clear()
+
+
+def test_twin_a_pair_skipped_that_the_documents_need_changes_the_result(monkeypatch, unshared_maps):
     seen = sequence.BlockMap.seen
 
     def fewer(self, rank, src):  # doc 1's last keys hidden from its first queries
@@ -106,7 +115,7 @@ def test_a_window_s_tile_is_chosen_for_it_and_equals_one_process():
     assert run.counts["work"] == 256 * (256 + 3 * (64 + 256))  # one pass: L its log-sum-exp
 
 
-def test_twin_a_span_cut_past_the_window_s_first_key_differs(monkeypatch):
+def test_twin_a_span_cut_past_the_window_s_first_key_differs(monkeypatch, unshared_maps):
     """The spans of the test above, each joined one cut to the diagonal tile and one key
     before it: of the two keys of the tile before that the window of 3 reaches, the first is
     left out, and the values and gradients move."""
