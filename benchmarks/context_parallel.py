@@ -13,8 +13,8 @@ compiled tile spec (indexattn/parallel/tiles.py; the projections outside the til
 the interpreter; tile pairs that a mask hides skipped, each tile pair recomputed in the
 backward, from each row's merged output and log-sum-exp where its core is SDPA's or the
 one-step softmax); its elements sent are the P2P blocks (keys, values and their
-gradients), counted
-as they are posted and by indexattn.parallel.sends.ring_sent.
+gradients), counted as they are posted and by indexattn.parallel.sends.ring_sent_ranks (this
+rank's, read off the block map).
 
 Each spec runs at d_m = 64 and two heads of 32 (attention_sinks: 2 key/value groups of 1
 query head), float32, one thread per process, with its shipped scalars (softcap_window's
@@ -25,13 +25,16 @@ training) in a fresh single process, then in W fresh processes over gloo on 127.
 rank holding N/W positions (indexattn.distributed.context_parallel; for the ring, the layout
 that balances its work as `count --ring` names it, indexattn.parallel.sequence.balanced);
 the result is the median over rounds, one process's rounds shared by every W. CPU time is
-each process's own
-(time.process_time: what a loaded machine's other processes take is not in it), and the
-work ratio is the W ranks' CPU time summed over one process's: 1 is perfect division of the
-work. Peak memory is each process's peak resident set
-(ru_maxrss) less its resident set just before the first step at N. Elements sent are counted as
-the collectives run (indexattn.distributed.CountSent) and by indexattn.sequence.ulysses_sent
-at the same sizes. Prints one JSON line per spec, N and W.
+each process's own (time.process_time: what a loaded machine's other processes take is not in
+it), and the work ratio is the W ranks' CPU time summed over one process's: 1 is perfect
+division of the work. The W ranks share the machine's cores and caches, which makes each
+process's CPU time longer (on the 2-core machine of docs/distributed.md, two single processes
+at N = 16384 run at once took 0.23 to 0.32 s of CPU each, against 0.17 to 0.19 s alone): the
+loaded work ratio divides by one process's CPU time measured as W single processes run at
+once, each on its own, the machine as loaded as it is by the ranks. Peak memory is each
+process's peak resident set (ru_maxrss) less its resident set just before the first step at
+N. Elements sent are counted as the collectives run (indexattn.distributed.CountSent) and by
+indexattn.sequence.ulysses_sent at the same sizes. Prints one JSON line per spec, N and W.
 """
 
 from __future__ import annotations
@@ -96,6 +99,20 @@ def split(layer, name: str, n: int, group: tuple[int, int, int], ring: int, tile
     return layer, mesh, layout, values
 
 
+def counted(spec, plan, values: dict, group: tuple[int, int], layout: str, tile: int) -> int:
+    """This rank's P2P elements in one step as the count reads them off the block map on
+    `layout` (indexattn.parallel.sends.ring_sent_ranks; a mask reading document ids counted
+    by positions alone, an upper bound)."""
+    from indexattn.parallel.sends import ring_sent_ranks
+    from indexattn.parallel.sequence import CONTIGUOUS, ZIGZAG, BlockMap
+
+    rank, world = group
+    scalars = {s.symbol: float(values.get(s.symbol, s.value)) for s in spec.scalars}
+    laid = ZIGZAG if layout == ZIGZAG.name else CONTIGUOUS
+    blocks = BlockMap(spec, plan, values, scalars, world, laid, tile or None)
+    return ring_sent_ranks(spec, plan, blocks, values)[rank]
+
+
 def worker(
     name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int, steps: int
 ) -> dict:
@@ -110,16 +127,16 @@ def worker(
     sent: dict = {}
     if world > 1:
         import indexattn.parallel.distributed as cp
-        from indexattn.parallel.sends import ring_sent
         from indexattn.parallel.sequence import ulysses_sent
 
         layer, mesh, layout, values = split(layer, name, n, (rank, world, port), ring, tile)
         spec, plan = layer.spec.ir, layer.spec.sequence_plan()
         xs = {k: cp.sequence_block(v, mesh, dim=1, layout=layout) for k, v in xs.items()}
         sent["layout"] = layout
-        items = (ring_sent if ring else ulysses_sent)(spec, plan)
-        sent["counted"] = sum(
-            item.at(values, world) for item in items if not ring or item.phase != "gradient"
+        sent["counted"] = (
+            counted(spec, plan, values, (rank, world), layout, tile)
+            if ring
+            else sum(item.at(values, world) for item in ulysses_sent(spec, plan))
         )
     xs["X"].requires_grad_()
 
@@ -158,18 +175,19 @@ def _port() -> int:
 MMAP: dict[str, str] = {}  # --mmap-threshold: glibc returns every larger block when freed
 
 
-def launch(script: str, name: str, world: int, n: int, *rest: int) -> list[dict]:
-    """`world` processes of `script --worker NAME RANK W N PORT *REST`, each rank's JSON line."""
+def launch(script: str, name: str, world: int, n: int, *rest: int, copies: int = 0) -> list[dict]:
+    """`world` processes of `script --worker NAME RANK W N PORT *REST`, each rank's JSON line;
+    with `copies`, that many single processes (W = 1) at once, each on its own."""
     port = _port()
     procs = [
         subprocess.Popen(
             [sys.executable, script, "--worker", name]
-            + [str(v) for v in (rank, world, n, port, *rest)],
+            + [str(v) for v in (0 if copies else rank, world, n, port, *rest)],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **MMAP},
         )
-        for rank in range(world)
+        for rank in range(copies or world)
     ]
     outs = [proc.communicate(timeout=3600)[0] for proc in procs]
     if any(proc.returncode for proc in procs):
@@ -189,16 +207,20 @@ def _median(rows: list, key) -> float:
     return statistics.median(map(key, rows))
 
 
-SINGLE: dict[tuple[str, int], list[dict]] = {}  # one process's rounds, per spec and N
+SINGLE: dict[tuple, list] = {}  # one process's rounds, per spec, N and processes beside it
 
 
 def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int, steps: int) -> dict:
-    single, split = SINGLE.setdefault((name, n), []), []
+    single, split = SINGLE.setdefault((name, n, 1), []), []
+    loaded = SINGLE.setdefault((name, n, world), [])
     for k in range(rounds):
         if len(single) <= k:  # one process measured once for every W
             single.append(launch(__file__, name, 1, n, 0, 0, steps)[0])
+        if len(loaded) <= k:  # W single processes at once: the machine as loaded as the ranks
+            loaded += launch(__file__, name, 1, n, 0, 0, steps, copies=world)
         split.append(launch(__file__, name, world, n, ring, tile, steps))
     cpu1 = _median(single, lambda r: r["cpu_s"])
+    beside = _median(loaded, lambda r: r["cpu_s"])
     ranks_cpu = [round(statistics.median(rs[k]["cpu_s"] for rs in split), 2) for k in range(world)]
     return {
         "N": n,
@@ -206,6 +228,8 @@ def measure(name: str, n: int, world: int, rounds: int, ring: int, tile: int, st
         "one_process_cpu_s": round(cpu1, 2),
         "per_rank_cpu_s": ranks_cpu,
         "work_ratio": round(sum(ranks_cpu) / cpu1, 2),
+        "one_process_loaded_cpu_s": round(beside, 2),
+        "work_ratio_loaded": round(sum(ranks_cpu) / beside, 2),
         "one_process_s": round(_median(single, lambda r: r["seconds"]), 2),
         "split_s": round(_median(split, lambda rs: max(r["seconds"] for r in rs)), 2),
         "one_process_peak_mb": round(_median(single, lambda r: r["peak_mb"]), 1),

@@ -7,9 +7,9 @@ sequence plan off specs/mha.attn, trades the positions for h/w heads over the wh
 runs the spec's own generated code, and returns this rank's N/w rows of the output. The ring
 (`strategy="ring"`) keeps this rank's queries (zig-zag chunks r and 2w - 1 - r, which balance
 the causal mask), receives the other ranks' keys and values by P2P, and merges the partial
-softmaxes by their log-sum-exp. Rank 0 prints the plan, the elements each rank sends (counted
-as they run, and symbolically), and the largest difference from the same layer run whole in
-one process, in values and gradients.
+softmaxes by their log-sum-exp. Rank 0 prints the plan, the elements it sends (counted as
+they run, and as `indexattn count --context` counts them), and the largest difference from
+the same layer run whole in one process, in values and gradients.
 """
 
 import copy
@@ -21,8 +21,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn
 import indexattn.parallel.distributed as cp
-from indexattn.parallel.sends import ring_sent
-from indexattn.parallel.sequence import ulysses_sent
+from indexattn.parallel.sends import ring_sent, ring_sent_ranks
+from indexattn.parallel.sequence import ZIGZAG, BlockMap, ulysses_sent
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mha.attn"
 SIZES = {"d_m": 32, "h": 4, "d_k": 8}
@@ -56,6 +56,21 @@ def split_step(whole, mesh, x: torch.Tensor, strategy: str) -> tuple[torch.Tenso
     return torch.stack(gaps).max(), ran
 
 
+def sent(spec, sizes: dict, world: int, strategy: str, batch: int) -> int:
+    """The elements rank 0 sends in one training step of `batch` elements, as `indexattn
+    count --context` counts them: the parameters' gradients once, and per batch element
+    Ulysses' collectives, or the ring's P2P read off its block map on zig-zag blocks."""
+    plan = spec.sequence_plan()
+    items = (ulysses_sent if strategy == "ulysses" else ring_sent)(spec.ir, plan)
+    once = sum(item.at(sizes, world) for item in items if item.phase == "gradient")
+    each = sum(item.at(sizes, world) for item in items if item.phase != "gradient")
+    if strategy == "ring":
+        scalars = {s.symbol: s.value for s in spec.ir.scalars}
+        blocks = BlockMap(spec.ir, plan, sizes, scalars, world, ZIGZAG, None)
+        each = ring_sent_ranks(spec.ir, plan, blocks, sizes)[0]
+    return each * batch + once
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
@@ -67,12 +82,9 @@ def main() -> None:
     sizes = {s: {**SIZES, "N": N}[a] for s, a in spec.ir.size_names.items()}
     if rank == 0:
         print(spec.sequence_plan())
-    for strategy, count in (("ulysses", ulysses_sent), ("ring", ring_sent)):
+    for strategy in ("ulysses", "ring"):
         gap, ran = split_step(whole, mesh, x, strategy)
-        counted = sum(
-            item.at(sizes, world) * (1 if item.phase == "gradient" else x.shape[0])
-            for item in count(spec.ir, spec.sequence_plan())
-        )
+        counted = sent(spec, sizes, world, strategy, x.shape[0])
         dist.all_reduce(gap, op=dist.ReduceOp.MAX)
         if rank == 0:
             print(f"{strategy}: elements sent by rank 0: {ran:g} (counted: {counted})")

@@ -25,8 +25,8 @@ import indexattn
 import indexattn.parallel.distributed
 import indexattn.parallel.ring
 from indexattn.parallel.distributed import CountSent, context_parallel, sequence_block
-from indexattn.parallel.sends import ring_sent
-from indexattn.parallel.sequence import ulysses_sent
+from indexattn.parallel.sends import ring_sent, ring_sent_ranks
+from indexattn.parallel.sequence import CONTIGUOUS, ZIGZAG, BlockMap, ulysses_sent
 
 B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
@@ -238,9 +238,11 @@ RING = [
 
 
 def ring_work(mesh, build=None) -> dict:
-    """A spec's score elements this rank computed and sent in one step, against the schedule
-    (indexattn.parallel.ring.work) and the count (indexattn.parallel.sends.ring_sent); mha by
-    default."""
+    """A spec's score elements this rank computed and its P2P elements sent in one step, on
+    zig-zag blocks, against the schedule (indexattn.parallel.ring.work) and the counts: this
+    rank's off the block map (sends.ring_sent_ranks) on zig-zag blocks and, the twin, on
+    contiguous ones, and the symbolic one (sends.ring_sent, every key read by every rank: the
+    most); mha by default."""
     torch.manual_seed(0)
     module = (build or cases()["mha"])().eval()
     xs = inputs(module)
@@ -249,17 +251,26 @@ def ring_work(mesh, build=None) -> dict:
     plan = module.spec.sequence_plan()
     sizes = {**module.sizes, **module.scalars, "N": N}
     schedule = indexattn.parallel.ring.work(module.spec.ir, plan, sizes, mesh.size(), zigzag=True)
-    symbols = {s: sizes[a] for s, a in module.spec.ir.size_names.items()}
-    counted = sum(
-        B * item.at(symbols, mesh.size())
-        for item in ring_sent(module.spec.ir, plan)
-        if item.phase != "gradient"
+    ir_spec, rank, world = module.spec.ir, mesh.get_local_rank(), mesh.size()
+    symbols = {s: sizes[a] for s, a in ir_spec.size_names.items()}
+    most = sum(
+        B * item.at(symbols, world) for item in ring_sent(ir_spec, plan) if item.phase != "gradient"
     )
+    scalars = {s.symbol: float(sizes[s.ascii]) for s in ir_spec.scalars}
+    counted = {
+        layout: B
+        * ring_sent_ranks(
+            ir_spec, plan, BlockMap(ir_spec, plan, symbols, scalars, world, layout, None), symbols
+        )[rank]
+        for layout in (ZIGZAG, CONTIGUOUS)
+    }
     return {
         "work": parallel.last_ring["work"],
-        "schedule": schedule[mesh.get_local_rank()],
+        "schedule": schedule[rank],
         "sent": parallel.last_ring["sent"],
-        "counted": counted,
+        "counted": counted[ZIGZAG],
+        "contiguous": counted[CONTIGUOUS],
+        "most": most,
     }
 
 
@@ -290,12 +301,13 @@ def received(mesh, name: str, window: int, docs=None) -> dict:
     return {"received": parallel.last_ring["received"], "sees": sees}
 
 
-def runs(mesh) -> dict:
-    """The runs of other ranks' keys this rank received in the ring's kept pass (mha,
-    zig-zag blocks, tiles of one position; ring.cuts), as they are posted, its block's
-    length, and the largest difference of its output and gradients from one process."""
+def runs(mesh, name: str = "mha", layout: str = "zigzag", window: int = N) -> dict:
+    """The runs of other ranks' keys this rank received in the ring's kept pass (by default
+    mha on zig-zag blocks; tiles of one position; sequence.read_runs), as they are posted,
+    the keys of each step its queries read (`window`: the mask's), and the largest difference
+    of its output and gradients from one process."""
     torch.manual_seed(0)
-    module, found = cases()["mha"]().eval(), []
+    module, found = cases()[name]().eval(), []
     piece = indexattn.parallel.ring._Piece
     posted = piece.__init__
 
@@ -307,18 +319,36 @@ def runs(mesh) -> dict:
     xs, split = inputs(module), along(module)
 
     def block(v):
-        return sequence_block(v, mesh, dim=1, layout="zigzag")
+        return sequence_block(v, mesh, dim=1, layout=layout)
 
     out1, grads1 = run(copy.deepcopy(module), xs, lambda v: v, split)
     grads1[-1] = block(grads1[-1])
-    parallel = context_parallel(module, mesh, strategy="ring", layout="zigzag", tile=1)
+    parallel = context_parallel(module, mesh, strategy="ring", layout=layout, tile=1)
     piece.__init__ = recorded
     try:
         out2, grads2 = run(parallel, xs, block, split)
     finally:
         piece.__init__ = posted
     gaps = {"out": gap([block(out1)], [out2]), "grad": gap(grads1, grads2)}
-    return {"runs": found, "block": N // mesh.size(), **gaps}
+    return {"runs": found, "read": read_keys(mesh, layout, window), **gaps}
+
+
+def read_keys(mesh, layout: str, window: int) -> list[list[int]]:
+    """Each ring step's source's keys (their offsets in its block) that some query of this
+    rank sees under a causal mask `window` positions long, by brute force."""
+    held = [
+        [p for a, b in spans for p in range(a, b)]
+        for spans in indexattn.parallel.ring.chunks(N, mesh.size(), zigzag=layout == "zigzag")
+    ]
+    me, world = mesh.get_local_rank(), mesh.size()
+    return [
+        [
+            n
+            for n, k in enumerate(held[(me - s) % world])
+            if any(0 <= q - k < window for q in held[me])
+        ]
+        for s in range(1, world)
+    ]
 
 
 def sent(mesh, build, **where) -> dict:
@@ -490,8 +520,8 @@ def main() -> None:
                     check, mesh, every[name], twin, strategy, **where
                 )
     checks["ring_work_mha"] = lambda: ring_work(mesh)
-    checks["ring_work_attention_sinks"] = lambda: ring_work(  # a window of every key: the
-        mesh,  # count's every rank reading every other's keys, as the ring does then
+    checks["ring_work_attention_sinks"] = lambda: ring_work(  # a window of every key
+        mesh,
         lambda: spec("attention_sinks").module(d_m=8, h_kv=4, n_rep=2, d_k=3, w=N),
     )
     for strategy in ("ulysses", "ring", "heads"):
@@ -522,6 +552,7 @@ def main() -> None:
     checks["ring_received_sliding_window"] = lambda: received(mesh, "sliding_window", WINDOW)
     checks["ring_received_mha"] = lambda: received(mesh, "mha", N)
     checks["ring_runs"] = lambda: runs(mesh)
+    checks["ring_runs_window"] = lambda: runs(mesh, "sliding_window", "contiguous", WINDOW)
     for twin in (False, True):  # document ids near 2^62 that straddle no chunk (2 ranks)
         checks["ring_documents" + "_twin" * twin] = functools.partial(
             check, mesh, every["doc_mask"], twin, "ring", docs=ALIGNED

@@ -12,8 +12,9 @@ tile's log-sum-exp, merged here: a softmax by its log-sum-exp (online), sums add
 compared. Where the tile pairs run that kernel or the one-step softmax, the pass is one
 autograd step (_KeptPass) whose backward tours the ring again, each tile pair's gradients made
 from its rows' merged output and log-sum-exp (FlashAttention's ring backward): no rank keeps
-another's blocks, and it receives them in runs of about an eighth (`cuts`), one run held at
-a time; other passes are differentiated through checkpointed tile pairs and their
+another's blocks, and it receives them in runs of about an eighth (sequence.cuts), one run
+held at a time, only the runs its tile pairs read (sequence.read_runs: not the keys a mask
+leaves out); other passes are differentiated through checkpointed tile pairs and their
 merge. A pass the tile spec cannot take is named in `tiles.plan_lines` (`count --ring`)
 and evaluated tile pair by tile pair by the interpreter, slowly. A cumsum along the
 sequence adds the totals of the chunks before (an exclusive scan across ranks). Index
@@ -54,6 +55,7 @@ from .sequence import (
     RingPass,
     SequencePlan,
     Tile,
+    read_runs,
     ring_form,
     ring_passes,
     ring_work,
@@ -215,31 +217,13 @@ def _ahead(ring: _Ring, step: _Step | None, names, mine, counted):
         step = after
 
 
-PIECES = 8  # a kept pass sends another rank's blocks in about this many pieces
-
-
-def cuts(pairs: list[tuple[Tile, Tile]], length: int) -> list[tuple[int, int]]:
-    """A block of `length` keys cut into runs [a, b) of about length / PIECES keys or more,
-    each cut at a key tile's end or a multiple of length / PIECES where no pair's keys
-    straddle it: every key tile or span lies in one run, keys no pair reads in runs of
-    their own."""
-    spans = [(k.offset, k.offset + k.length) for _, k in pairs]
-    least = max(1, -(-length // PIECES))
-    found, a = [], 0
-    for c in sorted({end for span in spans for end in span} | set(range(least, length, least))):
-        if least <= c - a and c < length and not any(o < c < e for o, e in spans):
-            found.append((a, c))
-            a = c
-    return [*found, (a, length)]
-
-
 def _narrow(t: torch.Tensor, axis: int, run: tuple[int, int]) -> torch.Tensor:
     return t.narrow(axis, run[0], run[1] - run[0])
 
 
 class _Piece(_Step):
     """Piece p of ring step s of a kept pass (_Kept): this rank's keys `out` (a run of its
-    block, `cuts`) to rank r + s, which reads them, and the run `into` of rank r - s's keys
+    block, sequence.cuts) to rank r + s, which reads them, and the run `into` of rank r - s's keys
     from it (None: no such piece); their gradients go back the other way (`returned`)."""
 
     def __init__(self, ring: _Ring, at: tuple, names: list[str], mine: list, axes: list) -> None:
@@ -291,14 +275,14 @@ def _pieces(ring: _Ring, names: list[str], mine: list, axes: list, counted: bool
 def _planned(ring: _Ring, length: int, counted: bool) -> tuple[list, dict]:
     """A kept pass's pieces, step by step and run by run: (step, piece, the run of this
     rank's block sent or None, the run received or None, counted), cut alike by the rank
-    that sends and the rank that receives (`cuts`, of the global block map); and this rank's
+    that sends and the rank that receives (`read_runs`, of the global block map); and this rank's
     tile pairs with each step's keys."""
     r, w = ring.rank, ring.world
     plan, pairs = [], {}
     for s in range(1, w):
         src, dst = (r - s) % w, (r + s) % w
-        into = cuts(ring.map.seen(r, src), length) if ring.need[r][src] else []
-        out = cuts(ring.map.seen(dst, r), length) if ring.need[dst][r] else []
+        into = read_runs(ring.map.seen(r, src), length) if ring.need[r][src] else []
+        out = read_runs(ring.map.seen(dst, r), length) if ring.need[dst][r] else []
         pairs[s] = ring.seen(src, counted) if into else []
         for p in range(max(len(into), len(out))):
             runs = [(run[p] if p < len(run) else None) for run in (out, into)]
@@ -825,7 +809,6 @@ class _Kept:
         arrive from the rank that read them."""
         ring, wide = self.ring, self.ring.wide
         held, mine = self.split(tensors)
-        rows = tuple(None if t is None else t.contiguous() for t in rows)  # cut per tile pair
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
         ours: list = []
         axes = self.axes(mine)

@@ -13,8 +13,10 @@ from ..errors import SpecError
 from .sequence import (
     RANKS,
     SHARE,
+    BlockMap,
     Sent,
     SequencePlan,
+    balanced,
     ring_form,
     ring_passes,
     ulysses_sent,
@@ -25,12 +27,13 @@ from .tiles import core, defaults, kept
 
 def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     """What the ring (`context_parallel(..., strategy="ring")`) sends per rank in one training
-    step, every rank's keys read by every other (a causal mask under zig-zag chunks): each
+    step where every rank's queries read every key of every other (no mask): each
     travelling block to w - 1 ranks, its gradient back, and the block once more where the
     pass makes its gradients from the rows' merged statistics (tiles.kept: it keeps no
-    visiting block); parameters' gradients summed. A mask that hides whole blocks sends
-    less; a softmax whose statistics need their own pass (a sink's logsumexp) sends its
-    scores' inputs once more: one pass for each (`ring_passes`)."""
+    visiting block); parameters' gradients summed. A mask sends less: each rank's P2P at
+    given sizes is `ring_sent_ranks`'. A softmax whose statistics need their own pass (a
+    sink's logsumexp) sends its scores' inputs once more: one pass for each
+    (`ring_passes`)."""
     if not plan.splittable:
         raise SpecError(plan.verdict())
     found = []
@@ -54,6 +57,45 @@ def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
             phase = "gradient" if t.role == "param" else "backward"
             found.append(Sent(repr(t), "all-reduce", phase, sympy.factor(whole)))
     return tuple(found)
+
+
+def ring_sent_ranks(spec: ir.Spec, plan: SequencePlan, block_map: BlockMap, sizes: dict):
+    """The P2P elements each rank sends in one training step of the ring, per batch element,
+    read off `block_map` (`sizes` by symbol; scalars at the spec's values): each travelling
+    block to the ranks whose queries read it, where the pass makes its gradients from its
+    rows' statistics (tiles.kept) only the runs their tile pairs read (sequence.read_runs),
+    and those once more in the backward; and the gradients of the blocks it received, back
+    to their owners. What a call's `last_ring["sent"]` counts; `ring_sent` is its most."""
+    run, values = ring_form(spec, plan), defaults(spec)
+    tensors, found = {t.name: t for t in spec.tensors}, [0] * block_map.world
+    for each in (p for passes in ring_passes(spec, plan).values() for p in passes):
+        again = kept(core(run, plan, each), values)
+        for name in each.travels:
+            t = tensors[name]
+            along = next(i for i in t.indices if i.glyph in plan.indices)
+            width = int(sympy.Mul(*t.shape).subs(sizes) / along.size.subs(sizes))
+            for r in range(block_map.world):
+                moved = block_map.sent(r, again) * (1 + again)
+                moved += block_map.received(r, again) if t.dtype != "int" else 0
+                found[r] += width * moved
+    return found
+
+
+def _rank_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> list[str]:
+    """Each rank's P2P at these sizes on the layout that balances its work (ring_sent_ranks);
+    none where the block map cannot be made."""
+    layout = balanced(spec, plan, sizes, ranks)
+    if layout is None:
+        return []
+    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
+    block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
+    cells = "  ".join(f"{n:,}" for n in ring_sent_ranks(spec, plan, block_map, sizes))
+    return [
+        f"P2P elements each rank sends in one training step on {layout} blocks, per batch "
+        "element, read off the block map (the keys its readers' tile pairs read; the send/recv "
+        "rows above are the most)",
+        f"  {cells}",
+    ]
 
 
 def sent_table(
@@ -85,7 +127,7 @@ def sent_table(
         f"and {once:,} per step ({_bytes(once * 4)})"
     )
     if ring:
-        lines += work_lines(spec, plan, sizes, ranks)
+        lines += _rank_lines(spec, plan, sizes, ranks) + work_lines(spec, plan, sizes, ranks)
     return "\n".join(lines) + "\n"
 
 

@@ -361,6 +361,31 @@ def tiles(spans: list[tuple[int, int]], size: int) -> list[Tile]:
     return found
 
 
+PIECES = 8  # a kept pass sends another rank's blocks in about this many pieces
+
+
+def cuts(pairs: list[tuple[Tile, Tile]], length: int) -> list[tuple[int, int]]:
+    """A block of `length` keys cut into runs [a, b) of about length / PIECES keys or more,
+    each cut at a key tile's end or a multiple of length / PIECES where no pair's keys
+    straddle it: every key tile or span lies in one run, keys no pair reads in runs of
+    their own."""
+    spans = [(k.offset, k.offset + k.length) for _, k in pairs]
+    least = max(1, -(-length // PIECES))
+    found, a = [], 0
+    for c in sorted({end for span in spans for end in span} | set(range(least, length, least))):
+        if least <= c - a and c < length and not any(o < c < e for o, e in spans):
+            found.append((a, c))
+            a = c
+    return [*found, (a, length)]
+
+
+def read_runs(pairs: list[tuple[Tile, Tile]], length: int) -> list[tuple[int, int]]:
+    """`cuts`' runs that some tile pair reads: keys that no pair reads (those a window leaves
+    out) are not sent."""
+    starts = [k.offset for _, k in pairs]
+    return [(a, b) for a, b in cuts(pairs, length) if any(a <= o < b for o in starts)]
+
+
 @dataclass(frozen=True)
 class _Ids:
     """The integer inputs a mask's condition compares: by the symbol of each read, the
@@ -540,6 +565,9 @@ def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
 
 
 MIN_TILE = 128  # the blocked kernel's block of queries (runtime/lib.py QUERY_BLOCK)
+MAX_TILE = 2048  # a tile pair's working set (its kernel's outputs and gradients, the merge's
+# terms) is a few tiles of features: mha's chunk of 8192 at N = 32768, W = 2 held 8 MB more
+# a rank than tiles of 2048, which cost some 3 % more time (more tile pairs)
 PAIR_SCORES = 32768  # a tile pair's own cost (its call, checkpoint, merge) in score elements:
 # 2.8 ms against 0.084 µs a score, attention_sinks' compiled tile on this CPU (2 heads)
 
@@ -616,23 +644,29 @@ class BlockMap:
         return math.gcd(self.chunk, self.given or MIN_TILE)
 
     def candidates(self) -> list[int]:
-        """Tile lengths to choose from: powers of two from MIN_TILE that divide a chunk, and
-        the chunk."""
+        """Tile lengths to choose from: powers of two from MIN_TILE up to MAX_TILE that divide
+        a chunk, and the chunk where it is no longer (or where no power divides it)."""
         chunk, found = self.chunk, []
         size = MIN_TILE
-        while size < chunk:
+        while size < chunk and size <= MAX_TILE:
             found += [size] if chunk % size == 0 else []
             size *= 2
-        return [*found, chunk]
+        return [*found, chunk] if chunk <= MAX_TILE or not found else found
 
     def choose(self) -> int | None:
-        """The tile length for the mask: where it hides the keys far before a query (a
-        window) or its integer inputs' bounds are known (documents), the candidate whose
-        scores and tile pairs (each PAIR_SCORES) cost least; else None, a chunk."""
-        if self.sites is None or not (self.bounds is not None or self.reach()):
-            return None
-        cost = {size: self.cost(size) for size in self.candidates()}
+        """The tile length: for a mask that chooses (`masked`), the candidate whose scores and
+        tile pairs (each PAIR_SCORES) cost least; else the longest candidate; None where
+        that is a chunk."""
+        sizes = self.candidates()
+        if not self.masked():
+            return max(sizes) if max(sizes) < self.chunk else None
+        cost = {size: self.cost(size) for size in sizes}
         return min(cost, key=lambda size: (cost[size], -size))
+
+    def masked(self) -> bool:
+        """Whether the mask chooses the tile: it hides the keys far before a query (a window),
+        or its integer inputs' bounds are known (documents)."""
+        return self.sites is not None and (self.bounds is not None or self.reach())
 
     def reach(self) -> bool:
         """Whether the mask hides, by positions alone, the first key from the last query."""
@@ -743,6 +777,26 @@ class BlockMap:
         """Whether rank q's queries read anything of rank k's keys."""
         rows, cols = self.ranks
         return bool(self.keys) and bool((~self.hidden)[rows == q][:, cols == k].any())
+
+    def sent(self, rank: int, runs: bool) -> int:
+        """Key positions `rank` sends in one pass over the keys: to each rank whose queries
+        read its keys, the runs they read (`read_runs`, where `runs`: a kept pass) or its
+        whole block."""
+        return sum(self._travel(dst, rank, runs) for dst in range(self.world) if dst != rank)
+
+    def received(self, rank: int, runs: bool) -> int:
+        """Key positions `rank` receives in one pass over the keys, as `sent` sends them."""
+        return sum(self._travel(rank, src, runs) for src in range(self.world) if src != rank)
+
+    def _travel(self, rank: int, src: int, runs: bool) -> int:
+        """Key positions of `src`'s block that travel to `rank` in one pass."""
+        if not self.need[rank][src]:
+            return 0
+        key = next(iter(self.keys), self.query)
+        length = sum(b - a for a, b in self.blocks[key.size][src])
+        if not runs:
+            return length
+        return sum(b - a for a, b in read_runs(self.seen(rank, src), length))
 
     def work(self, rank: int) -> int:
         """Score elements (tile pairs' query × key positions) that `rank` computes in one pass
@@ -1183,6 +1237,8 @@ def tile_lines(block_map: BlockMap) -> list[str]:
     work is an upper bound."""
     length = block_map.tile or block_map.chunk
     why = "a chunk" if block_map.tile is None else "chosen for the mask's window"
+    if block_map.tile is not None and not block_map.masked():
+        why = f"the longest up to {MAX_TILE:,} that divides a chunk"
     lines = [f"  tiles: {length:,} positions, {why} (tile= overrides)"]
     names = sorted({name for name, _ in block_map.ids.values()})
     if names:

@@ -274,7 +274,7 @@ def _offsets_relative(spec: ir.Spec) -> bool:
     return all(_by_distance(e, q0, k0) for e in fields if e.free_symbols & {q0, k0})
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: its caches, per tile pair
 class FlashCore:
     """A tile pair whose core one process runs through `F.scaled_dot_product_attention`
     (lower/planner/fusion.py's `find_attention` matches the tile spec's output, the log-sum-exp

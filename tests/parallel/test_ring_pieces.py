@@ -3,8 +3,7 @@ runs of about 1/PIECES of a block, cut only where no tile pair's keys straddle, 
 holds one run of another's keys at a time. The launches of test_context_parallel.py run the
 pieces end to end (zig-zag blocks of two tiles: two pieces a step) against one process."""
 
-from indexattn.parallel.ring import PIECES, cuts
-from indexattn.parallel.sequence import Tile
+from indexattn.parallel.sequence import PIECES, Tile, cuts, read_runs
 
 
 def _pairs(keys: list[tuple[int, int]]) -> list[tuple[Tile, Tile]]:
@@ -26,6 +25,12 @@ def test_twin_a_span_across_a_cut_keeps_its_keys_in_one_run():
     assert all(not a < 24 < b or a == 0 for a, b in runs[1:])
 
 
-def test_keys_no_pair_reads_still_travel_in_runs_of_one_piece():
-    runs = cuts(_pairs([(0, 8), (8, 8)]), 256)  # a window reading the first 16 keys alone
-    assert runs == [(a, a + 32) for a in range(0, 256, 32)]  # every key once, 32 at a time
+def test_keys_no_pair_reads_are_cut_into_runs_of_their_own_and_not_sent():
+    pairs = _pairs([(224, 16), (240, 16)])  # a window reading the last 32 keys alone
+    assert cuts(pairs, 256) == [(a, a + 32) for a in range(0, 256, 32)]  # every key, 32 a run
+    assert read_runs(pairs, 256) == [(224, 256)]
+
+
+def test_twin_a_run_that_one_pair_reads_is_sent():
+    pairs = _pairs([(0, 8), (224, 16), (240, 16)])  # and the first 8 keys
+    assert read_runs(pairs, 256) == [(0, 32), (224, 256)]
