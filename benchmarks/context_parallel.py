@@ -99,20 +99,6 @@ def split(layer, name: str, n: int, group: tuple[int, int, int], ring: int, tile
     return layer, mesh, layout, values
 
 
-def counted(spec, plan, values: dict, group: tuple[int, int], layout: str, tile: int) -> int:
-    """This rank's P2P elements in one step as the count reads them off the block map on
-    `layout` (indexattn.parallel.sends.ring_sent_ranks; a mask reading document ids counted
-    by positions alone, an upper bound)."""
-    from indexattn.parallel.sends import ring_sent_ranks
-    from indexattn.parallel.sequence import CONTIGUOUS, ZIGZAG, BlockMap
-
-    rank, world = group
-    scalars = {s.symbol: float(values.get(s.symbol, s.value)) for s in spec.scalars}
-    laid = ZIGZAG if layout == ZIGZAG.name else CONTIGUOUS
-    blocks = BlockMap(spec, plan, values, scalars, world, laid, tile or None)
-    return ring_sent_ranks(spec, plan, blocks, values)[rank]
-
-
 def worker(
     name: str, rank: int, world: int, n: int, port: int, ring: int, tile: int, steps: int
 ) -> dict:
@@ -127,14 +113,15 @@ def worker(
     sent: dict = {}
     if world > 1:
         import indexattn.parallel.distributed as cp
+        from indexattn.parallel.sends import ring_sent_ranks
         from indexattn.parallel.sequence import ulysses_sent
 
         layer, mesh, layout, values = split(layer, name, n, (rank, world, port), ring, tile)
         spec, plan = layer.spec.ir, layer.spec.sequence_plan()
         xs = {k: cp.sequence_block(v, mesh, dim=1, layout=layout) for k, v in xs.items()}
         sent["layout"] = layout
-        sent["counted"] = (
-            counted(spec, plan, values, (rank, world), layout, tile)
+        sent["counted"] = (  # the ring's off the block map (document ids: an upper bound)
+            ring_sent_ranks(spec, plan, values, world, layout, tile or None)[rank]
             if ring
             else sum(item.at(values, world) for item in ulysses_sent(spec, plan))
         )

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import indexattn
 import indexattn.parallel.distributed as cp
 from indexattn.parallel.sends import ring_sent, ring_sent_ranks
-from indexattn.parallel.sequence import ZIGZAG, BlockMap, ulysses_sent
+from indexattn.parallel.sequence import ulysses_sent
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mha.attn"
 SIZES = {"d_m": 32, "h": 4, "d_k": 8}
@@ -65,9 +65,7 @@ def sent(spec, sizes: dict, world: int, strategy: str, batch: int) -> int:
     once = sum(item.at(sizes, world) for item in items if item.phase == "gradient")
     each = sum(item.at(sizes, world) for item in items if item.phase != "gradient")
     if strategy == "ring":
-        scalars = {s.symbol: s.value for s in spec.ir.scalars}
-        blocks = BlockMap(spec.ir, plan, sizes, scalars, world, ZIGZAG, None)
-        each = ring_sent_ranks(spec.ir, plan, blocks, sizes)[0]
+        each = ring_sent_ranks(spec.ir, plan, sizes, world, "zigzag")[0]
     return each * batch + once
 
 

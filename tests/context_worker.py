@@ -26,7 +26,7 @@ import indexattn.parallel.distributed
 import indexattn.parallel.ring
 from indexattn.parallel.distributed import CountSent, context_parallel, sequence_block
 from indexattn.parallel.sends import ring_sent, ring_sent_ranks
-from indexattn.parallel.sequence import CONTIGUOUS, ZIGZAG, BlockMap, ulysses_sent
+from indexattn.parallel.sequence import CONTIGUOUS, ZIGZAG, ulysses_sent
 
 B, N = 2, 8  # N divides into blocks for 2 and 4 ranks, and into zig-zag chunks for both
 CONTEXT = 16  # cross-attention's L, not N: also zig-zag chunks for 4 ranks
@@ -256,12 +256,9 @@ def ring_work(mesh, build=None) -> dict:
     most = sum(
         B * item.at(symbols, world) for item in ring_sent(ir_spec, plan) if item.phase != "gradient"
     )
-    scalars = {s.symbol: float(sizes[s.ascii]) for s in ir_spec.scalars}
+    symbols |= {s.symbol: sizes[s.ascii] for s in ir_spec.scalars}  # the module's
     counted = {
-        layout: B
-        * ring_sent_ranks(
-            ir_spec, plan, BlockMap(ir_spec, plan, symbols, scalars, world, layout, None), symbols
-        )[rank]
+        layout: B * ring_sent_ranks(ir_spec, plan, symbols, world, layout)[rank]
         for layout in (ZIGZAG, CONTIGUOUS)
     }
     return {

@@ -13,10 +13,10 @@ from ..errors import SpecError
 from .sequence import (
     RANKS,
     SHARE,
-    BlockMap,
     Sent,
     SequencePlan,
     balanced,
+    position_map,
     ring_form,
     ring_passes,
     ulysses_sent,
@@ -59,22 +59,27 @@ def ring_sent(spec: ir.Spec, plan: SequencePlan) -> tuple[Sent, ...]:
     return tuple(found)
 
 
-def ring_sent_ranks(spec: ir.Spec, plan: SequencePlan, block_map: BlockMap, sizes: dict):
+def ring_sent_ranks(
+    spec: ir.Spec, plan: SequencePlan, sizes: dict, world: int, layout, tile=None
+) -> list[int]:
     """The P2P elements each rank sends in one training step of the ring, per batch element,
-    read off `block_map` (`sizes` by symbol; scalars at the spec's values): each travelling
-    block to the ranks whose queries read it, where the pass makes its gradients from its
-    rows' statistics (tiles.kept) only the runs their tile pairs read (sequence.read_runs),
-    and those once more in the backward; and the gradients of the blocks it received, back
-    to their owners. What a call's `last_ring["sent"]` counts; `ring_sent` is its most."""
+    read off the block map of positions (`sizes` by symbol, scalars too; tiles of `tile`
+    positions, or those the map chooses): each travelling block to the ranks whose queries
+    read it, where the pass makes its gradients from its rows' statistics (tiles.kept) only
+    the runs their tile pairs read (sequence.read_runs), and those once more in the
+    backward; and the gradients of the blocks it received, back to their owners. What a
+    call's `last_ring["sent"]` counts (a mask reading document ids: an upper bound);
+    `ring_sent` is its most."""
+    block_map = position_map(spec, plan, sizes, world, layout, tile)
     run, values = ring_form(spec, plan), defaults(spec)
-    tensors, found = {t.name: t for t in spec.tensors}, [0] * block_map.world
+    tensors, found = {t.name: t for t in spec.tensors}, [0] * world
     for each in (p for passes in ring_passes(spec, plan).values() for p in passes):
         again = kept(core(run, plan, each), values)
         for name in each.travels:
             t = tensors[name]
             along = next(i for i in t.indices if i.glyph in plan.indices)
             width = int(sympy.Mul(*t.shape).subs(sizes) / along.size.subs(sizes))
-            for r in range(block_map.world):
+            for r in range(world):
                 moved = block_map.sent(r, again) * (1 + again)
                 moved += block_map.received(r, again) if t.dtype != "int" else 0
                 found[r] += width * moved
@@ -87,9 +92,7 @@ def _rank_lines(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> l
     layout = balanced(spec, plan, sizes, ranks)
     if layout is None:
         return []
-    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
-    block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
-    cells = "  ".join(f"{n:,}" for n in ring_sent_ranks(spec, plan, block_map, sizes))
+    cells = "  ".join(f"{n:,}" for n in ring_sent_ranks(spec, plan, sizes, ranks, layout))
     return [
         f"P2P elements each rank sends in one training step on {layout} blocks, per batch "
         "element, read off the block map (the keys its readers' tile pairs read; the send/recv "

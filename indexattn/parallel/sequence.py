@@ -566,8 +566,8 @@ def _box_test(cond: sympy.Basic, order: tuple[sympy.Symbol, ...]):
 
 MIN_TILE = 128  # the blocked kernel's block of queries (runtime/lib.py QUERY_BLOCK)
 MAX_TILE = 2048  # a tile pair's working set (its kernel's outputs and gradients, the merge's
-# terms) is a few tiles of features: mha's chunk of 8192 at N = 32768, W = 2 held 8 MB more
-# a rank than tiles of 2048, which cost some 3 % more time (more tile pairs)
+# terms) is a few tiles of features: mha's chunk of 16384 at one rank held 12 MB more than
+# tiles of 2048, which cost some 3 % more time (more tile pairs)
 PAIR_SCORES = 32768  # a tile pair's own cost (its call, checkpoint, merge) in score elements:
 # 2.8 ms against 0.084 µs a score, attention_sinks' compiled tile on this CPU (2 heads)
 
@@ -1209,15 +1209,21 @@ def balanced(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> Layo
     return None if found is None else _best(found)
 
 
+def position_map(spec: ir.Spec, plan, sizes: dict, world: int, layout, tile=None) -> BlockMap:
+    """The block map of positions alone at `sizes` (by symbol; a scalar not among them at
+    the spec's value): what the counts read."""
+    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
+    return BlockMap(spec, plan, sizes, scalars, world, layout_of(layout), tile)
+
+
 def _layouts(spec: ir.Spec, plan: SequencePlan, sizes: dict, ranks: int) -> dict | None:
     """Each layout's block map and each rank's scores on it; None where they cannot be
     counted."""
-    scalars = {s.symbol: float(sizes.get(s.symbol, s.value)) for s in spec.scalars}
     passes = sum(map(len, ring_passes(spec, plan).values()))
     found = {}
     for layout in (CONTIGUOUS, ZIGZAG):
         try:
-            block_map = BlockMap(spec, plan, sizes, scalars, ranks, layout, None)
+            block_map = position_map(spec, plan, sizes, ranks, layout)
         except (TypeError, ValueError):
             return None
         found[layout] = (block_map, [passes * block_map.work(r) for r in range(ranks)])
