@@ -2,10 +2,11 @@
 PORT OUT`.
 
 Each check calls a split layer with rank 1's call made different from rank 0's in one thing
-(a scalar, a block's length or dtype, the mode, a block's layout) and writes each rank's error
-message, or "no error", under the check's name to OUT/rank{RANK}.json; the twins call every
-rank alike. A rank that went on into the ring while another raised would wait for ever: the
-launch's time bound is the test of that."""
+(a scalar, a block's length or dtype, the mode, a block's layout) or every rank's block cut
+on another mesh (a 2-D mesh's other dimension), and writes each rank's error message, or
+"no error", under the check's name to OUT/rank{RANK}.json; the twins call every rank alike.
+A rank that went on into the ring while another raised would wait for ever: the launch's
+time bound is the test of that."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import functools
 import torch
 from context_worker import cases, inputs, raised
 from distributed_worker import run_checks, start  # this folder is on the path of a script run
+from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn.parallel.distributed as distributed
 from indexattn.parallel.distributed import context_parallel, sequence_block
 
 SPLIT = ("ulysses", "ring")
-DIFFERENT = ("scalar", "length", "dtype", "mode", "layout")  # rank 1's call, in one thing
+DIFFERENT = ("scalar", "length", "dtype", "mode", "layout", "mesh")  # in one thing
+BLOCKS = ("layout", "mesh")  # differences of a block: not for parallelize's whole inputs
 
 
 def layer(mesh, strategy: str, name: str = "softcap_window"):
@@ -32,8 +35,10 @@ def layer(mesh, strategy: str, name: str = "softcap_window"):
     return context_parallel(module, mesh, strategy=strategy), x
 
 
-def called(mesh, strategy: str, different: str | None) -> str:
-    """Every rank calls the layer alike, except rank 1 in `different` (None: the twin)."""
+def called(mesh, strategy: str, different: str | None, other=None) -> str:
+    """Every rank calls the layer alike, except rank 1 in `different` (None: the twin), or
+    every rank with its block cut on `other` (the other dimension of the mesh 1 × W: the
+    whole sequence, rank 0's block of 1), where `different` is "mesh"."""
     parallel, x = layer(mesh, strategy)
     odd = mesh.get_local_rank() == 1 and different is not None
     given = {"c": 2.0} if odd and different == "scalar" else {}
@@ -46,18 +51,21 @@ def called(mesh, strategy: str, different: str | None) -> str:
         parallel.train()
     if odd and different == "layout":
         block = sequence_block(x, mesh, dim=1, layout="zigzag")
+    if different == "mesh":
+        block = sequence_block(x, other, dim=1)
     return raised(lambda: parallel(block, **given))
 
 
 def main() -> None:
     torch.set_default_dtype(torch.float64)
     rank, out, mesh = start()
+    other = init_device_mesh("cpu", (1, mesh.size()), mesh_dim_names=("dp", "cp"))["dp"]
     checks = {}
     for strategy in (*SPLIT, "heads"):
         for different in (*DIFFERENT, None):
-            if different != "layout" or strategy != "heads":  # heads: whole inputs
+            if different not in BLOCKS or strategy != "heads":  # heads: whole inputs
                 checks[f"{strategy}_{different}"] = functools.partial(
-                    called, mesh, strategy, different
+                    called, mesh, strategy, different, other
                 )
     run_checks(checks, rank, out)
 

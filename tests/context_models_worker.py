@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import transformers
 from distributed_worker import error_of, run_checks, start  # tests/ is on a script's path
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -83,7 +84,9 @@ def main() -> None:
     torch.set_default_dtype(torch.float64)
     rank, out, mesh = start()
     world = mesh.size()
-    positions = sequence_block(torch.arange(N).expand(B, N), mesh, dim=1)
+    whole = torch.arange(N).expand(B, N)
+    positions = sequence_block(whole, mesh, dim=1)
+    other = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "cp"))["dp"]
     padding = torch.ones(B, N // world, dtype=torch.long)
     padding[0, 0] = 0
     checks = {
@@ -99,6 +102,7 @@ def main() -> None:
         "padding": lambda: refused(mesh, position_ids=positions, attention_mask=padding),
         "cache": lambda: refused(mesh, position_ids=positions, use_cache=True),
         "labels": lambda: refused(mesh, position_ids=positions, labels=positions),
+        "other_mesh": lambda: refused(mesh, position_ids=sequence_block(whole, other, dim=1)),
     }
     run_checks(checks, rank, out)
 

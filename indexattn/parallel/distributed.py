@@ -30,7 +30,7 @@ from ..errors import SpecError
 from ..runtime.module import SpecModule
 from . import ring
 from .agree import agree, described
-from .sequence import CONTIGUOUS, ZIGZAG, Layout, SequencePlan, layout_of
+from .sequence import CONTIGUOUS, ZIGZAG, Cut, Layout, SequencePlan, layout_of
 from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
 __all__ = [
@@ -213,22 +213,33 @@ def sequence_block(
     The block carries its layout: a split layer made for another refuses it by name.
     ValueError when the length does not divide."""
     laid = layout_of(layout, zigzag)
-    spans = laid.spans(value.shape[dim], mesh.size(), dim)[mesh.get_local_rank()]
+    rank, world = mesh.get_local_rank(), mesh.size()
+    spans = laid.spans(value.shape[dim], world, dim)[rank]
     block = torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
-    block._sequence_layout = laid  # read by the split layers (layout_refused)
+    block._sequence_cut = Cut(laid, rank, world)  # read by the split layers (block_refused)
     return block
 
 
-def layout_refused(name: str, given: dict, split, layout: Layout) -> str | None:
-    """Why a split layer refuses, by name, a block that `sequence_block` cut in another layout
-    than `layout` (a block made otherwise carries none, and is taken as `layout`)."""
-    for key in split:
-        found = getattr(given.get(key), "_sequence_layout", None)
-        if found is not None and found != layout:
+def block_refused(name: str, given: dict, keys, layout: Layout, mesh: DeviceMesh, whose="layer"):
+    """Why a split layer (or model, `whose`) on `mesh` refuses, by name, a block that
+    `sequence_block` cut in another layout than `layout`, or for another rank or mesh size
+    (a block made otherwise carries none, and is taken as this rank's); None: none refused."""
+    here = (mesh.get_local_rank(), mesh.size())
+    for key in keys:
+        cut = getattr(given.get(key), "_sequence_cut", None)
+        if cut is not None and cut.layout != layout:
             return (
-                f"{name}: {key} is a {found} block (sequence_block(..., layout={found.name!r})),"
-                f" and this layer was split for {layout} blocks: pass layout={layout.name!r} "
-                f"to sequence_block, or split the layer with layout={found.name!r}"
+                f"{name}: {key} is a {cut.layout} block (sequence_block(..., "
+                f"layout={cut.layout.name!r})), and this {whose} was split for {layout} "
+                f"blocks: pass layout={layout.name!r} to sequence_block, or split the {whose} "
+                f"with layout={cut.layout.name!r}"
+            )
+        if cut is not None and (cut.rank, cut.world) != here:
+            return (
+                f"{name}: {key} was cut for rank {cut.rank} of {cut.world} (sequence_block on "
+                f"another mesh), and this is rank {here[0]} of the {here[1]} ranks the {whose} "
+                f"was split over: cut every block with the mesh the {whose} was split over (of "
+                "a 2-D mesh, its sequence dimension: sequence_block(x, mesh['cp'], dim=1))"
             )
     return None
 
@@ -517,7 +528,7 @@ class ContextParallelModule(HeadParallelModule):
 
     def _refused(self, given: dict) -> str | None:
         shards = self._head_parallel
-        return layout_refused(self.spec.name, given, shards.split, shards.layout)
+        return block_refused(self.spec.name, given, shards.split, shards.layout, shards.mesh)
 
     def extra_repr(self) -> str:
         shards = self._head_parallel
@@ -632,7 +643,7 @@ class RingParallelModule(HeadParallelModule):
 
     def _refused(self, given: dict) -> str | None:
         setup = self._ring
-        return layout_refused(self.spec.name, given, setup.split, setup.layout)
+        return block_refused(self.spec.name, given, setup.split, setup.layout, setup.mesh)
 
     def extra_repr(self) -> str:
         setup = self._ring

@@ -74,6 +74,19 @@ class Layout:
 
 
 CONTIGUOUS, ZIGZAG = Layout("contiguous"), Layout("zigzag")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Which block of a sequence a tensor is: the one `sequence_block` cut in `layout` for
+    rank `rank` of `world` (the ranks of the mesh it was given). A split layer refuses a block
+    of another layout, or of another rank or mesh size than its own, by name."""
+
+    layout: Layout
+    rank: int
+    world: int
+
+
 LAYOUTS = {"contiguous": CONTIGUOUS, "zigzag": ZIGZAG, "zig-zag": ZIGZAG}
 
 

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..parallel.distributed import block_refused
 from ..spec import compile_spec
 from .attention import CARRIED, SCALARS, SINKS, shipped, unset_scaling
 from .guard import NAMES, install
@@ -222,23 +223,19 @@ def _no_mask(*args, attention_mask=None, **kwargs):
 BLOCKS = ("input_ids", "inputs_embeds", "position_ids", "labels", "shift_labels")
 
 
-def _needs_positions(layout, model: nn.Module, args: tuple, kwargs: dict) -> tuple:
+def _needs_positions(layout, mesh, model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     """position_ids required; the cache off (it would hold this rank's block of keys only);
-    labels only shifted on the whole sequence (shift_labels); blocks cut in `layout`."""
+    labels only shifted on the whole sequence (shift_labels); blocks cut in `layout` for this
+    rank of `mesh`."""
     if kwargs.get("position_ids") is None:
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: pass position_ids, this rank's"
             " block of the global positions (sequence_block(positions, mesh, dim=1,"
             f" layout={layout.name!r})), or rotary would read the block's own 0, 1, ..."
         )
-    for key in BLOCKS:
-        found = getattr(kwargs.get(key), "_sequence_layout", None)
-        if found is not None and found != layout:
-            raise ValueError(
-                f"{type(model).__name__}: {key} is a {found} block, and the model was split"
-                f" for {layout} blocks: pass layout={layout.name!r} to sequence_block, or"
-                f" split the model with layout={found.name!r}"
-            )
+    refused = block_refused(type(model).__name__, kwargs, BLOCKS, layout, mesh, "model")
+    if refused is not None:
+        raise ValueError(refused)
     if kwargs.get("use_cache"):
         raise ValueError(
             f"{type(model).__name__} is split over the sequence: call it with use_cache=False"
@@ -273,5 +270,6 @@ def split(model: nn.Module, mesh: DeviceMesh, strategy: str, layout, split_core)
         install()
         _FUNCTIONS[found] = mesh, name
     model.set_attn_implementation(_FUNCTIONS[found][1])
-    model.register_forward_pre_hook(functools.partial(_needs_positions, layout), with_kwargs=True)
+    hook = functools.partial(_needs_positions, layout, mesh)
+    model.register_forward_pre_hook(hook, with_kwargs=True)
     return model

@@ -48,6 +48,13 @@ def test_a_padding_mask_a_cache_and_labels_shifted_in_a_block_are_refused(ranks)
     assert "pass this rank's block as shift_labels too" in _result(ranks, "labels")[0]
 
 
+def test_a_block_cut_on_another_mesh_is_refused(ranks):
+    """position_ids cut on the other dimension of a 1 × 2 mesh (the whole sequence) are
+    refused by name; the twins, blocks cut on the model's mesh, run (above)."""
+    said = "position_ids was cut for rank 0 of 1 (sequence_block on another mesh)"
+    assert _result(ranks, "other_mesh")[0].startswith(f"LlamaForCausalLM: {said}")
+
+
 # -- without processes: what a layer's call may hand the split core
 
 

@@ -20,7 +20,8 @@ NAMED = {  # what each difference's message names, with rank 0's and rank 1's va
     "dtype": "X: (2, 4, 8) float64 on cpu on rank 0, (2, 4, 8) float32 on cpu on rank 1",
     "mode": "mode: eval on rank 0, training on rank 1",
 }
-CASES = [(s, d) for s in STRATEGIES for d in NAMED] + [(s, "layout") for s in ("ulysses", "ring")]
+BLOCKS = [(s, d) for s in ("ulysses", "ring") for d in ("layout", "mesh")]
+CASES = [(s, d) for s in STRATEGIES for d in NAMED] + BLOCKS
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,11 @@ def test_a_rank_called_differently_raises_on_every_rank(ranks, strategy, differe
     if different == "layout":  # rank 1's block is zig-zag: its refusal, raised by both
         assert messages[0].startswith("softcap_window: X is a zig-zag block"), messages[0]
         assert messages[0].endswith("(on rank 1; every rank of the layer raises this)")
+        return
+    if different == "mesh":  # every rank's block cut on the mesh's other dimension, of 1
+        cut = "X was cut for rank 0 of 1 (sequence_block on another mesh), and this is rank 0"
+        assert messages[0].startswith(f"softcap_window: {cut}"), messages[0]
+        assert messages[0].endswith("(on ranks 0, 1; every rank of the layer raises this)")
         return
     whole = NAMED[different]
     if strategy == "heads":  # whole inputs: every rank's X is the whole sequence
