@@ -89,6 +89,8 @@ def main() -> None:
     other = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "cp"))["dp"]
     padding = torch.ones(B, N // world, dtype=torch.long)
     padding[0, 0] = 0
+    at_the_end = torch.ones_like(padding)  # padded at the end: the last rank's block alone
+    at_the_end[:, -1] = 0 if rank == world - 1 else 1
     checks = {
         "ring": lambda: check(mesh, "ring", zigzag=True),
         "ring_contiguous": lambda: check(mesh, "ring", zigzag=False),
@@ -100,6 +102,9 @@ def main() -> None:
         "ring_local_positions": lambda: check(mesh, "ring", True, twin="local positions"),
         "no_positions": lambda: refused(mesh),
         "padding": lambda: refused(mesh, position_ids=positions, attention_mask=padding),
+        "padding_at_the_end": lambda: refused(
+            mesh, position_ids=positions, attention_mask=at_the_end
+        ),
         "cache": lambda: refused(mesh, position_ids=positions, use_cache=True),
         "labels": lambda: refused(mesh, position_ids=positions, labels=positions),
         "other_mesh": lambda: refused(mesh, position_ids=sequence_block(whole, other, dim=1)),

@@ -35,10 +35,10 @@ def described(given: dict, scalars: dict, training: bool) -> dict[str, str]:
     return found
 
 
-def agree(name: str, mesh, call: dict[str, str], refused: str | None) -> None:
+def agree(name: str, mesh, call: dict[str, str], refused: str | None, whose="layer") -> None:
     """Return where every rank of `mesh` described its call as `call` and refused nothing;
     else raise, on every rank, the same ValueError: the lowest rank's refusal, or what
-    differs (`name`: the spec's, for the message)."""
+    differs (`name`: the spec's or model's, `whose` what it is, for the message)."""
     mine = (call, refused)
     digest = hashlib.blake2b(repr(mine).encode(), digest_size=8).digest()
     number = int.from_bytes(digest, "little", signed=True)
@@ -52,17 +52,17 @@ def agree(name: str, mesh, call: dict[str, str], refused: str | None) -> None:
         return
     calls: list = [None] * world
     dist.all_gather_object(calls, mine, group=group)
-    raise ValueError(disagreement(name, calls))
+    raise ValueError(disagreement(name, calls, whose))
 
 
-def disagreement(name: str, calls: list[tuple[dict, str | None]]) -> str:
+def disagreement(name: str, calls: list[tuple[dict, str | None]], whose="layer") -> str:
     """The error for ranks whose calls (`calls[r]`: rank r's description and refusal)
     differ: the lowest rank's refusal with the ranks that refused, else the first thing
     described that differs, with its value on each rank."""
     refusing = [(r, message) for r, (_, message) in enumerate(calls) if message is not None]
     if refusing:
         ranks = [r for r, _ in refusing]
-        return f"{refusing[0][1]} (on {_ranks(ranks)}; every rank of the layer raises this)"
+        return f"{refusing[0][1]} (on {_ranks(ranks)}; every rank of the {whose} raises this)"
     keys = list(dict.fromkeys(k for call, _ in calls for k in call))
     key = next(k for k in keys if len({call.get(k) for call, _ in calls}) > 1)
     by_value: dict = {}

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..parallel.agree import agree, described
 from ..parallel.distributed import block_refused
 from ..spec import compile_spec
 from .attention import CARRIED, SCALARS, SINKS, shipped, unset_scaling
@@ -213,42 +214,64 @@ _PADDING = (
 )
 
 
+def _padded(mask: torch.Tensor | None) -> str | None:
+    """Why a padding mask is refused, where it hides some token; None: none."""
+    if mask is not None and not bool(mask.all()):
+        return f"attention_mask hides some tokens: {_PADDING}"
+    return None
+
+
 def _no_mask(*args, attention_mask=None, **kwargs):
     """transformers' mask function for the split: the core's mask is causal over global
-    positions, a block's local mask would be wrong; a padding mask is refused."""
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise NotImplementedError(f"attention_mask hides some tokens: {_PADDING}")
+    positions, a block's local mask would be wrong; a padding mask is refused (where the
+    model's call did not name it: passed by position)."""
+    refused = _padded(attention_mask)
+    if refused is not None:
+        raise NotImplementedError(refused)
 
 
 BLOCKS = ("input_ids", "inputs_embeds", "position_ids", "labels", "shift_labels")
 
 
-def _needs_positions(layout, mesh, model: nn.Module, args: tuple, kwargs: dict) -> tuple:
-    """position_ids required; the cache off (it would hold this rank's block of keys only);
-    labels only shifted on the whole sequence (shift_labels); blocks cut in `layout` for this
-    rank of `mesh`."""
+def _checked(layout, mesh, model: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """The model's call with the cache off, where every rank's call passes `_refusal` and
+    the ranks were called alike (agree.py): else every rank raises the same ValueError, so
+    that no rank goes on into a layer's collectives while another has raised (a batch padded
+    at the end pads the last rank's block alone)."""
+    name, refused = type(model).__name__, _refusal(layout, mesh, model, kwargs)
+    if mesh.size() > 1:
+        given = {key: kwargs.get(key) for key in (*BLOCKS, "attention_mask")}
+        agree(name, mesh, described(given, {}, model.training), refused, "model")
+    elif refused is not None:
+        raise ValueError(refused)
+    return args, {**kwargs, "use_cache": False}
+
+
+def _refusal(layout, mesh, model: nn.Module, kwargs: dict) -> str | None:
+    """Why this rank refuses the model's call, or None: position_ids required; blocks cut in
+    `layout` for this rank of `mesh`; the cache off (it would hold this rank's block of keys
+    only); labels only shifted on the whole sequence (shift_labels); no padding mask."""
+    name = type(model).__name__
     if kwargs.get("position_ids") is None:
-        raise ValueError(
-            f"{type(model).__name__} is split over the sequence: pass position_ids, this rank's"
-            " block of the global positions (sequence_block(positions, mesh, dim=1,"
+        return (
+            f"{name} is split over the sequence: pass position_ids, this rank's block of the"
+            " global positions (sequence_block(positions, mesh, dim=1,"
             f" layout={layout.name!r})), or rotary would read the block's own 0, 1, ..."
         )
-    refused = block_refused(type(model).__name__, kwargs, BLOCKS, layout, mesh, "model")
-    if refused is not None:
-        raise ValueError(refused)
-    if kwargs.get("use_cache"):
-        raise ValueError(
-            f"{type(model).__name__} is split over the sequence: call it with use_cache=False"
+    refused = block_refused(name, kwargs, BLOCKS, layout, mesh, "model")
+    if refused is None and kwargs.get("use_cache"):
+        refused = (
+            f"{name} is split over the sequence: call it with use_cache=False"
             " (a cache would hold this rank's block of keys only)"
         )
-    if kwargs.get("labels") is not None and kwargs.get("shift_labels") is None:
-        raise ValueError(
-            f"{type(model).__name__} is split over the sequence: labels shifted inside a block"
+    if refused is None and kwargs.get("labels") is not None and kwargs.get("shift_labels") is None:
+        refused = (
+            f"{name} is split over the sequence: labels shifted inside a block"
             " would give its last token no label; shift them on the whole sequence and pass"
             " this rank's block as shift_labels too (with num_items_in_batch, the whole"
             " batch's count, so that the ranks' losses add up to the one process's)"
         )
-    return args, {**kwargs, "use_cache": False}
+    return refused or _padded(kwargs.get("attention_mask"))
 
 
 # (id of the mesh, strategy, layout) -> the mesh and its function's registered name; the mesh
@@ -270,6 +293,6 @@ def split(model: nn.Module, mesh: DeviceMesh, strategy: str, layout, split_core)
         install()
         _FUNCTIONS[found] = mesh, name
     model.set_attn_implementation(_FUNCTIONS[found][1])
-    hook = functools.partial(_needs_positions, layout, mesh)
+    hook = functools.partial(_checked, layout, mesh)
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return model

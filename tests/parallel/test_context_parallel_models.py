@@ -48,6 +48,16 @@ def test_a_padding_mask_a_cache_and_labels_shifted_in_a_block_are_refused(ranks)
     assert "pass this rank's block as shift_labels too" in _result(ranks, "labels")[0]
 
 
+def test_padding_on_one_rank_alone_is_refused_by_every_rank(ranks):
+    """A batch padded at the end: the last rank's block alone is padded, and every rank raises
+    its refusal (once, rank 1 raised while rank 0 went on into the first layer's core and
+    waited there for ever)."""
+    messages = _result(ranks, "padding_at_the_end")
+    assert messages[0] == messages[1], messages
+    assert messages[0].startswith("attention_mask hides some tokens"), messages[0]
+    assert messages[0].endswith("(on rank 1; every rank of the model raises this)")
+
+
 def test_a_block_cut_on_another_mesh_is_refused(ranks):
     """position_ids cut on the other dimension of a 1 × 2 mesh (the whole sequence) are
     refused by name; the twins, blocks cut on the model's mesh, run (above)."""
