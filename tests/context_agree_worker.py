@@ -2,11 +2,11 @@
 PORT OUT`.
 
 Each check calls a split layer with rank 1's call made different from rank 0's in one thing
-(a scalar, a block's length or dtype, the mode, a block's layout) or every rank's block cut
-on another mesh (a 2-D mesh's other dimension), and writes each rank's error message, or
-"no error", under the check's name to OUT/rank{RANK}.json; the twins call every rank alike.
-A rank that went on into the ring while another raised would wait for ever: the launch's
-time bound is the test of that."""
+(a scalar, a block's length or dtype, the mode, a block's layout, a whole input's values) or
+every rank's block cut on another mesh (a 2-D mesh's other dimension), and writes each
+rank's error message, or "no error", under the check's name to OUT/rank{RANK}.json; the
+twins call every rank alike. A rank that went on into the ring while another raised would
+wait for ever: the launch's time bound is the test of that."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import indexattn.parallel.distributed as distributed
 from indexattn.parallel.distributed import context_parallel, sequence_block
 
 SPLIT = ("ulysses", "ring")
-DIFFERENT = ("scalar", "length", "dtype", "mode", "layout", "mesh")  # in one thing
+DIFFERENT = ("scalar", "length", "dtype", "mode", "layout", "mesh", "values")  # one thing
 BLOCKS = ("layout", "mesh")  # differences of a block: not for parallelize's whole inputs
+WHOLE = ("values",)  # of a whole input: parallelize's alone (a block's values differ anyway)
 
 
 def layer(mesh, strategy: str, name: str = "softcap_window"):
@@ -51,6 +52,8 @@ def called(mesh, strategy: str, different: str | None, other=None) -> str:
         parallel.train()
     if odd and different == "layout":
         block = sequence_block(x, mesh, dim=1, layout="zigzag")
+    if odd and different == "values":  # another batch on rank 1: a whole input differs
+        block = block + 1.0
     if different == "mesh":
         block = sequence_block(x, other, dim=1)
     return raised(lambda: parallel(block, **given))
@@ -63,7 +66,8 @@ def main() -> None:
     checks = {}
     for strategy in (*SPLIT, "heads"):
         for different in (*DIFFERENT, None):
-            if different not in BLOCKS or strategy != "heads":  # heads: whole inputs
+            heads = strategy == "heads"  # whole inputs: no block to cut, a whole input to pass
+            if different not in (BLOCKS if heads else WHOLE):
                 checks[f"{strategy}_{different}"] = functools.partial(
                     called, mesh, strategy, different, other
                 )

@@ -17,13 +17,15 @@ import torch.distributed as dist
 
 ALIKE = (
     "every rank of a split layer takes inputs of the same shapes, dtypes and devices (each "
-    "its own block of the sequence), the same scalars and the same mode (train or eval)"
+    "its own block of the sequence, a whole input the same tensor), the same scalars and the "
+    "same mode (train or eval)"
 )
 
 
-def described(given: dict, scalars: dict, training: bool) -> dict[str, str]:
+def described(given: dict, scalars: dict, training: bool, whole=()) -> dict[str, str]:
     """A call by what the ranks must agree on, printable: each input's shape, dtype and
-    device, each scalar's value, the mode."""
+    device, each scalar's value, the mode, and the values of the inputs named in `whole`
+    (the same tensor on every rank: `sampled`)."""
     found = {}
     for name, value in given.items():
         if isinstance(value, torch.Tensor):
@@ -32,7 +34,26 @@ def described(given: dict, scalars: dict, training: bool) -> dict[str, str]:
     for name, value in scalars.items():
         found[name] = repr(float(value))
     found["mode"] = "training" if training else "eval"
+    for name in whole:
+        if isinstance(given.get(name), torch.Tensor):
+            found[f"{name}'s values"] = f"sampled {sampled(given[name]):016x}"
     return found
+
+
+SAMPLES = 2**12  # the elements of a whole input that `sampled` reads, evenly spaced
+
+
+def sampled(t: torch.Tensor) -> int:
+    """A digest of up to SAMPLES of t's elements, evenly spaced, by their bits: each byte
+    times an odd weight by its place, summed modulo 2^64 where t is. Equal tensors give equal
+    digests on every rank; tensors that differ throughout (another batch, another seed)
+    differ in it, one changed element may not (a read of every element would cost as much
+    as a layer's projections)."""
+    flat = t.detach().reshape(-1)
+    flat = flat[:: max(1, flat.numel() // SAMPLES)].contiguous()
+    words = flat.view(torch.uint8).to(torch.int64)
+    odd = torch.arange(words.numel(), dtype=torch.int64, device=words.device) * 2 + 1
+    return int((words * odd).sum()) % 2**64
 
 
 def agree(name: str, mesh, call: dict[str, str], refused: str | None, whose="layer") -> None:

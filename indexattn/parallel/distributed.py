@@ -504,12 +504,16 @@ class HeadParallelModule(SpecModule):
             raise TypeError(f"{self.spec.name} is missing inputs: {', '.join(missing)}")
         mesh = self._mesh()
         if mesh.size() > 1:  # every rank called alike, or every rank raises (agree.py)
-            call = described(given, scalars, self.training)
+            call = described(given, scalars, self.training, self._whole(given))
             agree(self.spec.name, mesh, call, self._refused(given))
         return given, scalars
 
     def _mesh(self) -> DeviceMesh:
         return self._head_parallel.mesh
+
+    def _whole(self, given: dict) -> list[str]:
+        """The inputs every rank passes whole, the same tensor: split over heads, all."""
+        return list(given)
 
     def _refused(self, given: dict) -> str | None:
         """Why this rank refuses its call, beyond the checks of `_given`; None: it does not."""
@@ -525,6 +529,10 @@ class HeadParallelModule(SpecModule):
 
 class ContextParallelModule(HeadParallelModule):
     """A SpecModule whose forward takes and returns blocks of the sequence (Ulysses)."""
+
+    def _whole(self, given: dict) -> list[str]:
+        """Those not split over the sequence."""
+        return [name for name in given if name not in self._head_parallel.split]
 
     def _refused(self, given: dict) -> str | None:
         shards = self._head_parallel
@@ -640,6 +648,9 @@ class RingParallelModule(HeadParallelModule):
 
     def _mesh(self) -> DeviceMesh:
         return self._ring.mesh
+
+    def _whole(self, given: dict) -> list[str]:
+        return [name for name in given if name not in self._ring.split]
 
     def _refused(self, given: dict) -> str | None:
         setup = self._ring

@@ -7,9 +7,10 @@ and the message, made of every rank's description of its call, without processes
 from pathlib import Path
 
 import pytest
+import torch
 from test_distributed import _result, launch
 
-from indexattn.parallel.agree import ALIKE, described, disagreement
+from indexattn.parallel.agree import ALIKE, described, disagreement, sampled
 
 WORKER = Path(__file__).resolve().parents[1] / "context_agree_worker.py"
 TIMEOUT = 180  # a bound on a hang: a rank left waiting in the ring never finishes
@@ -21,7 +22,7 @@ NAMED = {  # what each difference's message names, with rank 0's and rank 1's va
     "mode": "mode: eval on rank 0, training on rank 1",
 }
 BLOCKS = [(s, d) for s in ("ulysses", "ring") for d in ("layout", "mesh")]
-CASES = [(s, d) for s in STRATEGIES for d in NAMED] + BLOCKS
+CASES = [(s, d) for s in STRATEGIES for d in NAMED] + BLOCKS + [("heads", "values")]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,10 @@ def test_a_rank_called_differently_raises_on_every_rank(ranks, strategy, differe
         assert messages[0].startswith(f"softcap_window: {cut}"), messages[0]
         assert messages[0].endswith("(on ranks 0, 1; every rank of the layer raises this)")
         return
+    if different == "values":  # parallelize's whole X, another batch on rank 1
+        said = "softcap_window: the ranks were called differently, X's values: sampled "
+        assert messages[0].startswith(said) and " on rank 1; " in messages[0], messages[0]
+        return
     whole = NAMED[different]
     if strategy == "heads":  # whole inputs: every rank's X is the whole sequence
         whole = whole.replace("(2, 4, 8)", "(2, 8, 8)").replace("(2, 3, 8)", "(2, 7, 8)")
@@ -51,6 +56,15 @@ def test_a_rank_called_differently_raises_on_every_rank(ranks, strategy, differe
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_twin_every_rank_called_alike_runs(ranks, strategy):
     assert _result(ranks, f"{strategy}_None") == ["no error", "no error"]
+
+
+def test_a_whole_inputs_sample_tells_equal_values_from_another_batch():
+    """`sampled` is the same for equal tensors (a copy), and differs for a tensor changed
+    throughout (another batch) or reversed."""
+    x = torch.randn(4, 1000, 24, dtype=torch.float64)
+    assert sampled(x) == sampled(x.clone())
+    assert sampled(x) != sampled(x + 1e-9)
+    assert sampled(x) != sampled(x.flip(1))
 
 
 def test_the_message_names_the_first_difference_and_groups_the_ranks():
