@@ -843,14 +843,14 @@ class _Kept:
         with torch.enable_grad():
             given = ring.given(tile, q, k, visiting, held, tile.flash is None, leaves)
         at = tile.given(ring.sizes, ring.scalars, q.start, k.start)
-        if tile.flash is not None:
-            outputs, grads = tile.flash.backward(given, ring.values, at, rows)
+        if tile.flash is not None:  # the kernel's gradients, taken back by hand
+            found = tile.flash.gradients(given, ring.values, at, rows)
         else:
             outputs, grads = tile.softmax.backward(given, at, ring.training, rows)
-        found = torch.autograd.grad(
-            outputs, [leaf for leaf, _, _ in leaves.values()], grads, allow_unused=True
-        )
-        for (leaf, read, cut), made in zip(leaves.values(), found):
+            wrt = [leaf for leaf, _, _ in leaves.values()]
+            found = dict(zip(leaves, torch.autograd.grad(outputs, wrt, grads, allow_unused=True)))
+        for name, (leaf, read, cut) in leaves.items():
+            made = found.get(name)
             if made is None:
                 continue
             into = blocks[read.name] if read.side == "k" else sums[read.name]

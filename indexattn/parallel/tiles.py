@@ -305,16 +305,15 @@ class FlashCore:
         out, lse = out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
         return _moved(out, self.out), _moved(lse, self.lse)
 
-    def backward(self, given: dict, values: dict, at: dict, rows: tuple) -> tuple:
-        """What to differentiate for one tile pair's part of the gradients, and its
-        gradients: the kernel's operands, made from `given` under autograd, and their
-        gradients from the rows' merged output, log-sum-exp, the output's gradient and the
-        log-sum-exp's (or None) (`rows`, in the target's and the tile log-sum-exp's layouts;
-        runtime/flash.py, attention_grads)."""
+    def gradients(self, given: dict, values: dict, at: dict, rows: tuple) -> dict:
+        """One tile pair's part of the gradients of its q, k and v (by ASCII name, each in
+        its input's layout; an input read as two of them gets both), from the rows' merged output, log-sum-exp, the output's gradient
+        and the log-sum-exp's (or None) (`rows`, in the target's and the tile log-sum-exp's
+        layouts; runtime/flash.py, attention_grads), taken back through `operands` by hand
+        (its broadcast summed, its axes moved back): no autograd graph per tile pair."""
         from ..runtime.flash import attention_grads, dense
 
-        with torch.enable_grad():
-            operands, lead = self.operands(given)
+        operands, lead = self.operands(given)
         out, lse, grad, grad_lse = rows
         out, grad = (_kernel(t, self.out, lead, 2) for t in (out, grad))
         lse, grad_lse = (
@@ -322,7 +321,12 @@ class FlashCore:
         )
         q, k, v = (dense(t) for t in operands)
         arguments = self.arguments(given, values, at, q, k, lead)
-        return operands, attention_grads(grad, q, k, v, out, lse, *arguments, grad_lse=grad_lse)
+        made = attention_grads(grad, q, k, v, out, lse, *arguments, grad_lse=grad_lse)
+        found: dict = {}
+        for (name, axes), g, groups in zip((self.q, self.k, self.v), made, (0, 1, 1)):
+            g = _pulled(g, given[name], axes, lead, groups * self.groups)
+            found[name] = found[name] + g if name in found else g  # K = V, or Q = K = V
+        return found
 
     def operands(self, given: dict) -> tuple:
         """The kernel's q, k and v, (-1, 1, positions, features), from the tile spec's inputs,
@@ -753,6 +757,17 @@ def _moved(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     """t's last axes taken in `order` (_order's), the batch axes before them kept."""
     lead = t.dim() - len(order)
     return t.permute(*range(lead), *(lead + j for j in order))
+
+
+def _pulled(g: torch.Tensor, t: torch.Tensor, axes: tuple, lead, groups: int) -> torch.Tensor:
+    """A kernel operand's gradient `g`, (-1, 1, positions, features), as the gradient of the
+    input `t` it was made from (FlashCore.operands: t's axes moved, `groups` unit axes of
+    query heads put in, broadcast to `lead` and flattened): summed over what was broadcast,
+    in t's layout."""
+    moved = _moved(t, axes).shape
+    shape = (*moved[:-2], *[1] * groups, *moved[-2:])
+    g = g.reshape(*lead, *g.shape[-2:]).sum_to_size(shape)
+    return _moved(g.reshape(moved), _inverse(axes))
 
 
 def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
