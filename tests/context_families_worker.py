@@ -6,11 +6,15 @@ Tiny causal LMs of the families whose layers are not all plainly causal, built f
 indexattn.distributed.context_parallel_model, against the same model in one process (eager;
 softmax and RMSNorms in float64): Mistral (a window on every layer), Gemma 2 (sliding and global
 layers alternating, soft-capped scores), Gemma 3 (sliding and global layers, each with its
-rotary), GPT-OSS (sinks, sliding and full layers) and Llama 4 (chunked and full layers). The
+rotary), GPT-OSS (sinks, sliding and full layers), Llama 4 (chunked and full layers), Qwen2,
+Cohere2 and OLMo 3 (sliding and full layers), and causal families with what the others lack:
+GPT-2 (learned positions), DeepSeek V3 (latent attention, keys and values of other widths),
+GPT-NeoX (rotary on half a head) and SmolLM3 (a layer without rotary). The
 largest difference in this rank's block of the logits and in every parameter's gradient
 (summed over the ranks) goes to OUT/rank{RANK}.json. The twins change one thing in what one
 layer kind gets: its window or chunk one longer, a sliding layer run as a global one, or the
-sinks left out, on every rank (ranks called with different windows raise: agree.py)."""
+sinks left out, a causal layer given a window, on every rank (ranks called with different
+windows raise: agree.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ SMALL = {
     "pad_token_id": None, "bos_token_id": None,
 }  # fmt: skip
 ALTERNATING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+LATENT = {  # DeepSeek V3's latent attention: keys of 8 features (rotary on 4), values of 6
+    "head_dim": 4, "num_key_value_heads": 4, "q_lora_rank": 8, "kv_lora_rank": 8,
+    "qk_rope_head_dim": 4, "qk_nope_head_dim": 4, "v_head_dim": 6, "first_k_dense_replace": 2,
+    "n_routed_experts": 2, "num_experts_per_tok": 1, "n_group": 1, "topk_group": 1,
+    "moe_intermediate_size": 8,
+}  # fmt: skip
 FAMILIES = {  # config class, its settings
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "gemma2": (
@@ -62,6 +72,16 @@ FAMILIES = {  # config class, its settings
             "moe_layers": [1],
         },
     ),
+    # causal on every layer, each with what the door's other families have that these lack
+    "gpt2": (  # learned absolute positions, no rotary, every head its own keys, Conv1D
+        "GPT2Config",
+        {"n_embd": 16, "n_layer": 2, "n_head": 4}
+        | {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+    ),
+    "deepseek_v3": ("DeepseekV3Config", LATENT),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),  # rotary on half of each head
+    "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0]}),  # a layer without rotary
+    "olmo3": ("Olmo3Config", ALTERNATING),  # queries and keys normed, sliding and full layers
 }
 EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
 
@@ -92,6 +112,9 @@ NORMS = {  # the families' RMSNorm classes and the offset of their weight
     "gpt_oss.modeling_gpt_oss.GptOssRMSNorm": 0.0,
     "llama4.modeling_llama4.Llama4TextRMSNorm": 0.0,
     "qwen2.modeling_qwen2.Qwen2RMSNorm": 0.0,
+    "deepseek_v3.modeling_deepseek_v3.DeepseekV3RMSNorm": 0.0,
+    "smollm3.modeling_smollm3.SmolLM3RMSNorm": 0.0,
+    "olmo3.modeling_olmo3.Olmo3RMSNorm": 0.0,
 }
 LAYER_NORMS = ["cohere2.modeling_cohere2.Cohere2LayerNorm"]  # mean removed, no bias
 
@@ -114,6 +137,7 @@ TWINS = {  # what rank 1's layers of one kind get instead
     "chunk": lambda kind: dataclasses.replace(kind, chunk=kind.chunk + 1),
     "global": lambda kind: dataclasses.replace(kind, window=None),
     "no sinks": lambda kind: dataclasses.replace(kind, sinks=False),
+    "windowed": lambda kind: dataclasses.replace(kind, window=WINDOW),
 }
 
 
@@ -128,7 +152,11 @@ def perturbed(twin: str):
 
     def kind(self, module, kwargs):
         found = kind_of(self, module, kwargs)
-        touched = {"chunk": found.chunk, "no sinks": found.sinks or None}.get(twin, found.window)
+        touched = {
+            "chunk": found.chunk,
+            "no sinks": found.sinks or None,
+            "windowed": found.window is None or None,  # a causal layer given a window
+        }.get(twin, found.window)
         if touched is None:
             return found
         return changed(found)
@@ -180,6 +208,21 @@ CHECKS = {  # name: family, strategy, layout, twin
     "cohere2_ring": ("cohere2", "ring", "contiguous", ""),
     "cohere2_ulysses": ("cohere2", "ulysses", "zigzag", ""),
     "cohere2_global_twin": ("cohere2", "ring", "contiguous", "global"),
+    "gpt2_ring": ("gpt2", "ring", "zigzag", ""),
+    "gpt2_ulysses": ("gpt2", "ulysses", "contiguous", ""),
+    "gpt2_windowed_twin": ("gpt2", "ring", "zigzag", "windowed"),
+    "deepseek_v3_ring": ("deepseek_v3", "ring", "zigzag", ""),
+    "deepseek_v3_ulysses": ("deepseek_v3", "ulysses", "contiguous", ""),
+    "deepseek_v3_windowed_twin": ("deepseek_v3", "ring", "zigzag", "windowed"),
+    "gpt_neox_ring": ("gpt_neox", "ring", "contiguous", ""),
+    "gpt_neox_ulysses": ("gpt_neox", "ulysses", "zigzag", ""),
+    "gpt_neox_windowed_twin": ("gpt_neox", "ulysses", "zigzag", "windowed"),
+    "smollm3_ring": ("smollm3", "ring", "zigzag", ""),
+    "smollm3_ulysses": ("smollm3", "ulysses", "contiguous", ""),
+    "smollm3_windowed_twin": ("smollm3", "ring", "zigzag", "windowed"),
+    "olmo3_ring": ("olmo3", "ring", "zigzag", ""),
+    "olmo3_ulysses": ("olmo3", "ulysses", "contiguous", ""),
+    "olmo3_global_twin": ("olmo3", "ring", "zigzag", "global"),
 }
 
 

@@ -307,10 +307,11 @@ class FlashCore:
 
     def gradients(self, given: dict, values: dict, at: dict, rows: tuple) -> dict:
         """One tile pair's part of the gradients of its q, k and v (by ASCII name, each in
-        its input's layout; an input read as two of them gets both), from the rows' merged output, log-sum-exp, the output's gradient
-        and the log-sum-exp's (or None) (`rows`, in the target's and the tile log-sum-exp's
-        layouts; runtime/flash.py, attention_grads), taken back through `operands` by hand
-        (its broadcast summed, its axes moved back): no autograd graph per tile pair."""
+        its input's layout; an input read as two of them gets both), from the rows' merged
+        output, log-sum-exp, the output's gradient and the log-sum-exp's (or None) (`rows`,
+        in the target's and the tile log-sum-exp's layouts; runtime/flash.py,
+        attention_grads), taken back through `operands` by hand (its broadcast summed, its
+        axes moved back): no autograd graph per tile pair."""
         from ..runtime.flash import attention_grads, dense
 
         operands, lead = self.operands(given)

@@ -27,9 +27,25 @@ def attention_lse(q, k, v, mask=None, causal=False, scale=1.0):
     """(softmax(scale · q kᵀ + mask) v, logsumexp of those scores over the keys): q (..., n,
     d), k and v (..., m, d) with the same leading axes; `mask` additive (0 or −∞) of
     (n, m), or None; `causal`: keys after their query hidden (n = m, one range)."""
-    if q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4:
-        return _FlashLSE.apply(q, k, v, mask, causal, scale)
-    return plain_lse(q, k, v, mask, causal, scale)
+    if not _kernel_takes(q):
+        return plain_lse(q, k, v, mask, causal, scale)
+    width, (q, k, v) = v.shape[-1], _one_width(q, k, v)
+    out, lse = _FlashLSE.apply(q, k, v, mask, causal, scale)
+    return out[..., :width], lse
+
+
+def _kernel_takes(q: torch.Tensor) -> bool:
+    """Whether the CPU flash kernel runs this call (else the formula)."""
+    return q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4
+
+
+def _one_width(*operands: torch.Tensor) -> tuple:
+    """The operands padded with features of 0 to the widest one's width: the kernel takes one
+    head size, and keys of other width than values (DeepSeek's latent attention) are exact so,
+    a feature of 0 changing no score, and making outputs and gradients of 0 where it was put."""
+    width = max(t.shape[-1] for t in operands)
+    pad = torch.nn.functional.pad
+    return tuple(t if t.shape[-1] == width else pad(t, (0, width - t.shape[-1])) for t in operands)
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:
@@ -125,11 +141,14 @@ def attention_grads(grad_out, q, k, v, out, lse, mask=None, causal=False, scale=
     anywhere (`lse` −∞) gets none. `grad_lse`: the gradient of the rows' log-sum-exp too,
     where it is read (D − dL in its place). On a CPU one call of the flash kernel's backward,
     which makes D from `out` itself; elsewhere the formula."""
-    if not (q.device.type == "cpu" and q.dtype in FLASH_DTYPES and q.dim() == 4):
+    if not _kernel_takes(q):
         return plain_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
-    grad_out, out = dense(grad_out.to(q.dtype)), dense(out.to(q.dtype))
+    widths = (q.shape[-1], k.shape[-1], v.shape[-1])
+    grad_out, out = grad_out.to(q.dtype), out.to(q.dtype)
+    grad_out, q, k, v, out = (dense(t) for t in _one_width(grad_out, q, k, v, out))
     lse = seen_rows(lse).to(torch.promote_types(q.dtype, torch.float32))
-    return _kernel_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
+    grads = _kernel_grads(grad_out, q, k, v, out, lse, mask, causal, scale, grad_lse)
+    return tuple(g[..., :w] for g, w in zip(grads, widths))
 
 
 def seen_rows(lse):

@@ -1,8 +1,10 @@
 """context_parallel_model on every mask kind the transformers door takes: tiny Mistral (a window
 on every layer), Gemma 2 (sliding and global layers, soft caps), Gemma 3 (sliding and global
 layers), GPT-OSS (sinks, sliding and full layers), Llama 4 (chunked and full layers), Qwen2
-(sliding and full layers, biases on q, k and v) and Cohere2 (sliding and full layers, a layer
-norm) on 2 CPU processes (gloo, float64), against the same model in one process (eager);
+(sliding and full layers, biases on q, k and v), Cohere2 (sliding and full layers, a layer
+norm), OLMo 3 (sliding and full layers, queries and keys normed), and causal GPT-2 (learned
+positions), DeepSeek V3 (latent attention), GPT-NeoX (partial rotary) and SmolLM3 (a layer
+without rotary) on 2 CPU processes (gloo, float64), against the same model in one process (eager);
 tests/context_families_worker.py runs every check in one launch. Without processes: the core
 each layer kind gets, and the kinds refused by name."""
 
@@ -19,7 +21,7 @@ pytest.importorskip("transformers")
 from indexattn.transformers.context import Kind, _refuse, kind_of
 
 WORKER = Path(__file__).resolve().parents[1] / "context_families_worker.py"
-TIMEOUT = 420  # a bound on a hang: five families, both strategies, on the loaded 2-core machine
+TIMEOUT = 600  # a bound on a hang: twelve families, both strategies, on the loaded 2-core machine
 EXACT, CHANGED = 1e-12, 1e-6  # float64: equal to rounding; a twin differs by more
 
 
@@ -30,7 +32,10 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 SPLIT = [
     f"{family}_{strategy}"
-    for family in ("mistral", "gemma2", "gemma3", "gpt_oss", "llama4", "qwen2", "cohere2")
+    for family in (
+        *("mistral", "gemma2", "gemma3", "gpt_oss", "llama4", "qwen2", "cohere2", "olmo3"),
+        *("gpt2", "deepseek_v3", "gpt_neox", "smollm3"),
+    )
     for strategy in ("ring", "ulysses")
 ]
 TWINS = [
@@ -41,6 +46,11 @@ TWINS = [
     "llama4_chunk_twin",
     "qwen2_window_twin",
     "cohere2_global_twin",
+    "olmo3_global_twin",
+    "gpt2_windowed_twin",
+    "deepseek_v3_windowed_twin",
+    "gpt_neox_windowed_twin",
+    "smollm3_windowed_twin",
 ]
 
 

@@ -60,6 +60,24 @@ def test_values_and_both_gradients_equal_the_formula(n, m, causal, masked):
     assert _gap(got, want) < EXACT
 
 
+@pytest.mark.parametrize("widths", [(8, 6), (4, 8)], ids=["values-narrower", "values-wider"])
+def test_keys_and_values_of_other_widths_equal_the_formula(widths):
+    """The kernel takes one head size: keys of 8 features and values of 6 (DeepSeek's latent
+    attention), or the other way, run padded with features of 0, values and the gradients
+    through both outputs and from the rows (the ring's backward) as the formula's."""
+    torch.manual_seed(0)
+    d, e = widths
+    q, k = (torch.randn(2, 3, n, d, dtype=torch.float64, requires_grad=True) for n in (5, 7))
+    v = torch.randn(2, 3, 7, e, dtype=torch.float64, requires_grad=True)
+    got = _values_and_grads(attention_lse, q, k, v, _mask(5, 7), False)
+    assert got[0].shape[-1] == e and [g.shape[-1] for g in got[2:]] == [d, d, e]
+    assert _gap(got, _values_and_grads(plain_lse, q, k, v, _mask(5, 7), False)) < EXACT
+    out, lse = (t.detach() for t in got[:2])
+    g_out = torch.randn(out.shape, dtype=out.dtype)
+    rows = (g_out, q, k, v, out, lse, _mask(5, 7), False, 0.37)
+    assert _gap(attention_grads(*rows), plain_grads(*rows)) < EXACT
+
+
 def test_a_fully_masked_row_has_lse_minus_infinity_zeros_and_no_nan():
     q, k, v = _operands(5, 7)
     out, lse, *grads = _values_and_grads(attention_lse, q, k, v, _mask(5, 7), False)
