@@ -6,7 +6,8 @@ Each check calls a split layer with rank 1's call made different from rank 0's i
 every rank's block cut on another mesh (a 2-D mesh's other dimension), and writes each
 rank's error message, or "no error", under the check's name to OUT/rank{RANK}.json; the
 twins call every rank alike. A rank that went on into the ring while another raised would
-wait for ever: the launch's time bound is the test of that."""
+wait for ever: the launch's time bound is the test of that. A ring layer called again after
+a tile pair raised on every rank equals one process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from distributed_worker import run_checks, start  # this folder is on the path o
 from torch.distributed.device_mesh import init_device_mesh
 
 import indexattn.parallel.distributed as distributed
+from indexattn.parallel import ring
 from indexattn.parallel.distributed import context_parallel, sequence_block
 
 SPLIT = ("ulysses", "ring")
@@ -59,6 +61,32 @@ def called(mesh, strategy: str, different: str | None, other=None) -> str:
     return raised(lambda: parallel(block, **given))
 
 
+def after_a_raise(mesh, name: str) -> dict:
+    """A ring layer whose first tile pair raises on every rank alike (an error of the spec's
+    own, the same everywhere), then called again: the error, and the largest difference of
+    the second call's block of the output from one process's (a transfer the first call
+    left posted would be waited for for ever, or read by the second)."""
+    torch.manual_seed(0)
+    module = cases()[name]().eval()
+    x = inputs(module)["X"]
+    want = sequence_block(module(x), mesh, dim=1)  # one process, before the split
+    layer = context_parallel(module, mesh, strategy="ring")
+    block = sequence_block(x, mesh, dim=1)
+    real = {n: getattr(ring._Ring, n) for n in ("flashed", "compiled")}
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("a tile pair failed")
+
+    for n in real:
+        setattr(ring._Ring, n, failing)
+    try:
+        error = raised(lambda: layer(block), (RuntimeError,))
+    finally:
+        for n, f in real.items():
+            setattr(ring._Ring, n, f)
+    return {"raised": error, "out": (layer(block) - want).abs().max().item()}
+
+
 def main() -> None:
     torch.set_default_dtype(torch.float64)
     rank, out, mesh = start()
@@ -71,6 +99,8 @@ def main() -> None:
                 checks[f"{strategy}_{different}"] = functools.partial(
                     called, mesh, strategy, different, other
                 )
+    for name in ("mha", "softcap_window"):  # SDPA's kernel, the one-step softmax
+        checks[f"after_a_raise_{name}"] = functools.partial(after_a_raise, mesh, name)
     run_checks(checks, rank, out)
 
 

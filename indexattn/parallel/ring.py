@@ -31,8 +31,8 @@ Imported only when used (`import indexattn.distributed`): it imports torch.distr
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import itertools
 import math
 
 import numpy as np
@@ -205,16 +205,25 @@ class _Step:
 
 def _tour(ring: _Ring, names: list[str], mine: list[torch.Tensor], counted=True):
     """None (this rank's own blocks), then each ring step, each posted a step ahead of its
-    use, so that its transfer overlaps the tile pairs of the step before."""
-    first = _Step(ring, 1, names, mine, counted) if ring.world > 1 else None
-    return itertools.chain([None], _ahead(ring, first, names, mine, counted))
+    use, so that its transfer overlaps the tile pairs of the step before. Closed early (a
+    tile pair raised, as it does on every rank alike where the error is the spec's own), the
+    step posted ahead is finished first (`_drained`)."""
+    ahead = _Step(ring, 1, names, mine, counted) if ring.world > 1 else None
+    try:
+        yield None
+        for s in range(2, ring.world + 1):
+            step, ahead = ahead, _Step(ring, s, names, mine, counted) if s < ring.world else None
+            yield step
+    finally:
+        _drained(ahead)
 
 
-def _ahead(ring: _Ring, step: _Step | None, names, mine, counted):
-    for s in range(2, ring.world + 1):
-        after = _Step(ring, s, names, mine, counted) if s < ring.world else None
-        yield step
-        step = after
+def _drained(ahead: _Step | None) -> None:
+    """A step posted ahead of its use, finished where its use never came: a transfer left
+    posted would be waited for for ever by the rank that posted its other end, or read by
+    the same ring's next call (whose steps have the same tags)."""
+    if ahead is not None:
+        ahead.wait()
 
 
 def _narrow(t: torch.Tensor, axis: int, run: tuple[int, int]) -> torch.Tensor:
@@ -254,22 +263,26 @@ def _pieces(ring: _Ring, names: list[str], mine: list, axes: list, counted: bool
     name), then each piece of each ring step (the _Piece, this rank's tile pairs with the
     run it brings, their key tiles shifted to the run, the run by name; none where it brings
     nothing), each posted a piece ahead of its use. Every piece's transfers are finished,
-    those that bring nothing too (gloo drops a send whose work is not waited on)."""
+    those that bring nothing too (gloo drops a send whose work is not waited on), and the
+    one posted ahead where the tour is closed early."""
     r = ring.rank
     plan, pairs = _planned(ring, mine[0].shape[axes[0]], counted) if mine else ([], {})
     ahead = _Piece(ring, plan[0], names, mine, axes) if plan else None
-    yield None, ring.seen(r, counted), dict(zip(names, mine))
-    for n in range(len(plan)):
-        piece = ahead
-        ahead = _Piece(ring, plan[n + 1], names, mine, axes) if n + 1 < len(plan) else None
-        visiting, (a, b) = piece.wait(), piece.into or (0, 0)
-        shifted = [
-            (q, Tile(k.offset - a, k.start, k.length))
-            for q, k in pairs[piece.s]
-            if a <= k.offset < b
-        ]
-        yield piece, shifted, visiting
-        piece.received = []  # the run's blocks freed as its use ends
+    try:
+        yield None, ring.seen(r, counted), dict(zip(names, mine))
+        for n in range(len(plan)):
+            piece = ahead
+            ahead = _Piece(ring, plan[n + 1], names, mine, axes) if n + 1 < len(plan) else None
+            visiting, (a, b) = piece.wait(), piece.into or (0, 0)
+            shifted = [
+                (q, Tile(k.offset - a, k.start, k.length))
+                for q, k in pairs[piece.s]
+                if a <= k.offset < b
+            ]
+            yield piece, shifted, visiting
+            piece.received = []  # the run's blocks freed as its use ends
+    finally:  # closed early: the piece posted ahead finished (_drained)
+        _drained(ahead)
 
 
 def _planned(ring: _Ring, length: int, counted: bool) -> tuple[list, dict]:
@@ -568,19 +581,20 @@ class _Ring(Interpreter):
         mine = [held[n][0] for n in names]
         online = tile.online if isinstance(tile, TileCore) else online
         merged: dict = {}
-        for step in _tour(self, names, mine):
-            src, visiting = self.rank, dict(zip(names, mine))
-            if step is not None:
-                self.token, visiting = step.arrive(self.token)
-                src = step.src
-                if not step.recv:
-                    continue
-            for q, k in self.seen(src):
-                if isinstance(tile, TileCore):
-                    pair = functools.partial(self.compiled, tile, q, k, visiting, held)
-                else:
-                    pair = functools.partial(self.pair, targets, online, q, k, visiting, held)
-                self.merge(merged, q, targets, online, checkpoint(pair, use_reentrant=False))
+        with contextlib.closing(_tour(self, names, mine)) as tour:  # closed on an error too
+            for step in tour:
+                src, visiting = self.rank, dict(zip(names, mine))
+                if step is not None:
+                    self.token, visiting = step.arrive(self.token)
+                    src = step.src
+                    if not step.recv:
+                        continue
+                for q, k in self.seen(src):
+                    if isinstance(tile, TileCore):
+                        pair = functools.partial(self.compiled, tile, q, k, visiting, held)
+                    else:
+                        pair = functools.partial(self.pair, targets, online, q, k, visiting, held)
+                    self.merge(merged, q, targets, online, checkpoint(pair, use_reentrant=False))
         for n, target in enumerate(targets):
             value, free = self.finish(n, target, merged)
             if isinstance(tile, TileCore) and getattr(target, "fn", None) == "logsumexp":
@@ -786,9 +800,12 @@ class _Kept:
         held, mine = self.split(tensors)
         merged: dict = {}
         pair = ring.flashed if tile.flash is not None else ring.compiled
-        for _, pairs, visiting in _pieces(ring, self.names, mine, self.axes(mine), True):
-            for q, k in pairs:
-                ring.merge(merged, q, [self.target], tile.online, pair(tile, q, k, visiting, held))
+        tour = _pieces(ring, self.names, mine, self.axes(mine), True)
+        with contextlib.closing(tour):  # closed on an error too
+            for _, pairs, visiting in tour:
+                for q, k in pairs:
+                    parts = pair(tile, q, k, visiting, held)
+                    ring.merge(merged, q, [self.target], tile.online, parts)
         return ring.finish(0, self.target, merged)[0], ring.merged_lse(self.each, merged)
 
     def axes(self, mine: list) -> list[int]:
@@ -812,18 +829,19 @@ class _Kept:
         sums = {n: _fresh(t, wide) for n, (t, _) in held.items() if t.is_floating_point()}
         ours: list = []
         axes = self.axes(mine)
-        for piece, pairs, visiting in _pieces(ring, self.names, mine, axes, False):
-            blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
-            for q, k in pairs:
-                self.pair(q, k, visiting, held, rows, sums, blocks)
-            back, visiting = [blocks.get(n) for n in self.names], None
-            if piece is None:  # this rank's own blocks (the first step): their sums start here
-                ours = back
-                continue
-            piece.received = []  # their gradients made: freed before those of ours arrive
-            for n, found in enumerate(piece.returned(back, wide)):
-                if found is not None:
-                    _narrow(ours[n], axes[n], piece.out).add_(found)
+        with contextlib.closing(_pieces(ring, self.names, mine, axes, False)) as tour:
+            for piece, pairs, visiting in tour:
+                blocks = {n: _fresh(t, wide) for n, t in visiting.items() if t.is_floating_point()}
+                for q, k in pairs:
+                    self.pair(q, k, visiting, held, rows, sums, blocks)
+                back, visiting = [blocks.get(n) for n in self.names], None
+                if piece is None:  # this rank's own blocks (the first step): their sums start
+                    ours = back
+                    continue
+                piece.received = []  # their gradients made: freed before those of ours arrive
+                for n, found in enumerate(piece.returned(back, wide)):
+                    if found is not None:
+                        _narrow(ours[n], axes[n], piece.out).add_(found)
         made = [sums.get(n) for n in self.sides] + ours
         return [None if g is None else g.to(t.dtype) for g, t in zip(made, tensors)]
 

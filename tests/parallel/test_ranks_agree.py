@@ -13,7 +13,7 @@ from test_distributed import _result, launch
 from indexattn.parallel.agree import ALIKE, described, disagreement, sampled
 
 WORKER = Path(__file__).resolve().parents[1] / "context_agree_worker.py"
-TIMEOUT = 180  # a bound on a hang: a rank left waiting in the ring never finishes
+TIMEOUT = 90  # a bound on a hang: a rank left waiting in the ring never finishes
 STRATEGIES = ("ulysses", "ring", "heads")
 NAMED = {  # what each difference's message names, with rank 0's and rank 1's values
     "scalar": "c: 1.0 on rank 0, 2.0 on rank 1",
@@ -56,6 +56,15 @@ def test_a_rank_called_differently_raises_on_every_rank(ranks, strategy, differe
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_twin_every_rank_called_alike_runs(ranks, strategy):
     assert _result(ranks, f"{strategy}_None") == ["no error", "no error"]
+
+
+@pytest.mark.parametrize("name", ["mha", "softcap_window"])
+def test_a_ring_called_again_after_a_tile_pair_raised_equals_one_process(ranks, name):
+    """Every rank's first tile pair raised alike; the transfers posted ahead of it were
+    finished before the error left the ring, so the next call equals one process."""
+    found = _result(ranks, f"after_a_raise_{name}")
+    assert [r["raised"] for r in found] == ["a tile pair failed"] * 2, found
+    assert all(r["out"] < 1e-12 for r in found), found
 
 
 def test_a_whole_inputs_sample_tells_equal_values_from_another_batch():
