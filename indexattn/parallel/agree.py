@@ -6,7 +6,8 @@ refused its own call while the others went on into the ring). Each rank describe
 (`described`: the inputs' shapes, dtypes and devices, the scalars, train or eval) with its own
 refusal, if any; one all-gather of a fingerprint of that per call, and where the
 fingerprints differ, one of the descriptions themselves: every rank then raises the same
-error, naming what differs on which ranks (docs/distributed.md, "Every rank called alike")."""
+error, naming what differs on which ranks (docs/distributed.md, "Every rank called alike").
+A rank's own refusal of a block cut for another layout or mesh is `block_refused`'s."""
 
 from __future__ import annotations
 
@@ -95,3 +96,27 @@ def disagreement(name: str, calls: list[tuple[dict, str | None]], whose="layer")
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def block_refused(name: str, given: dict, keys, layout, mesh, whose="layer") -> str | None:
+    """Why a split layer (or model, `whose`) on `mesh` refuses, by name, a block that
+    `sequence_block` cut in another layout than `layout`, or for another rank or mesh size
+    (a block made otherwise carries none, and is taken as this rank's); None: none refused."""
+    here = (mesh.get_local_rank(), mesh.size())
+    for key in keys:
+        cut = getattr(given.get(key), "_sequence_cut", None)
+        if cut is not None and cut.layout != layout:
+            return (
+                f"{name}: {key} is a {cut.layout} block (sequence_block(..., "
+                f"layout={cut.layout.name!r})), and this {whose} was split for {layout} "
+                f"blocks: pass layout={layout.name!r} to sequence_block, or split the {whose} "
+                f"with layout={cut.layout.name!r}"
+            )
+        if cut is not None and (cut.rank, cut.world) != here:
+            return (
+                f"{name}: {key} was cut for rank {cut.rank} of {cut.world} (sequence_block on "
+                f"another mesh), and this is rank {here[0]} of the {here[1]} ranks the {whose} "
+                f"was split over: cut every block with the mesh the {whose} was split over (of "
+                "a 2-D mesh, its sequence dimension: sequence_block(x, mesh['cp'], dim=1))"
+            )
+    return None

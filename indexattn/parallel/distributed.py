@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import SpecError
 from ..runtime.module import SpecModule
 from . import ring
-from .agree import agree, described
+from .agree import agree, block_refused, described
 from .sequence import CONTIGUOUS, ZIGZAG, Cut, Layout, SequencePlan, layout_of
 from .shard import ONCE, PARTIAL, SPLIT, ShardPlan
 
@@ -218,30 +218,6 @@ def sequence_block(
     block = torch.cat([value.narrow(dim, a, b - a) for a, b in spans], dim)
     block._sequence_cut = Cut(laid, rank, world)  # read by the split layers (block_refused)
     return block
-
-
-def block_refused(name: str, given: dict, keys, layout: Layout, mesh: DeviceMesh, whose="layer"):
-    """Why a split layer (or model, `whose`) on `mesh` refuses, by name, a block that
-    `sequence_block` cut in another layout than `layout`, or for another rank or mesh size
-    (a block made otherwise carries none, and is taken as this rank's); None: none refused."""
-    here = (mesh.get_local_rank(), mesh.size())
-    for key in keys:
-        cut = getattr(given.get(key), "_sequence_cut", None)
-        if cut is not None and cut.layout != layout:
-            return (
-                f"{name}: {key} is a {cut.layout} block (sequence_block(..., "
-                f"layout={cut.layout.name!r})), and this {whose} was split for {layout} "
-                f"blocks: pass layout={layout.name!r} to sequence_block, or split the {whose} "
-                f"with layout={cut.layout.name!r}"
-            )
-        if cut is not None and (cut.rank, cut.world) != here:
-            return (
-                f"{name}: {key} was cut for rank {cut.rank} of {cut.world} (sequence_block on "
-                f"another mesh), and this is rank {here[0]} of the {here[1]} ranks the {whose} "
-                f"was split over: cut every block with the mesh the {whose} was split over (of "
-                "a 2-D mesh, its sequence dimension: sequence_block(x, mesh['cp'], dim=1))"
-            )
-    return None
 
 
 class ContextParallel(ParallelStyle):

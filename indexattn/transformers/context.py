@@ -24,8 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..parallel.agree import agree, described
-from ..parallel.distributed import block_refused
+from ..parallel.agree import agree, block_refused, described
 from ..spec import compile_spec
 from .attention import CARRIED, SCALARS, SINKS, shipped, unset_scaling
 from .guard import NAMES, install
