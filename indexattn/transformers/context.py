@@ -258,19 +258,21 @@ def _refusal(layout, mesh, model: nn.Module, kwargs: dict) -> str | None:
             f" layout={layout.name!r})), or rotary would read the block's own 0, 1, ..."
         )
     refused = block_refused(name, kwargs, BLOCKS, layout, mesh, "model")
-    if refused is None and kwargs.get("use_cache"):
-        refused = (
+    if refused is not None:
+        return refused
+    if kwargs.get("use_cache"):
+        return (
             f"{name} is split over the sequence: call it with use_cache=False"
             " (a cache would hold this rank's block of keys only)"
         )
-    if refused is None and kwargs.get("labels") is not None and kwargs.get("shift_labels") is None:
-        refused = (
+    if kwargs.get("labels") is not None and kwargs.get("shift_labels") is None:
+        return (
             f"{name} is split over the sequence: labels shifted inside a block"
             " would give its last token no label; shift them on the whole sequence and pass"
             " this rank's block as shift_labels too (with num_items_in_batch, the whole"
             " batch's count, so that the ranks' losses add up to the one process's)"
         )
-    return refused or _padded(kwargs.get("attention_mask"))
+    return _padded(kwargs.get("attention_mask"))
 
 
 # (id of the mesh, strategy, layout) -> the mesh and its function's registered name; the mesh
